@@ -1,0 +1,52 @@
+"""Job configuration: dataclasses per section, TOML loading, CLI overrides, validation."""
+
+from kenotron.config.loader import (
+    ConfigError,
+    config_from_dict,
+    config_help,
+    config_to_toml,
+    load_config,
+    parse_overrides,
+)
+from kenotron.config.schema import FieldInfo, all_fields
+from kenotron.config.sections import (
+    ActivationCheckpoint,
+    Checkpoint,
+    Compile,
+    Data,
+    Job,
+    JobConfig,
+    LRScheduler,
+    Metrics,
+    Model,
+    Optimizer,
+    Parallelism,
+    Tokenizer,
+    Training,
+)
+from kenotron.config.validate import validate_config
+
+__all__ = [
+    "ActivationCheckpoint",
+    "Checkpoint",
+    "Compile",
+    "ConfigError",
+    "Data",
+    "FieldInfo",
+    "Job",
+    "JobConfig",
+    "LRScheduler",
+    "Metrics",
+    "Model",
+    "Optimizer",
+    "Parallelism",
+    "Tokenizer",
+    "Training",
+    "all_fields",
+    "config_from_dict",
+    "config_help",
+    "config_to_toml",
+    "load_config",
+    "parse_overrides",
+    "validate_config",
+]

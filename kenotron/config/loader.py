@@ -1,0 +1,199 @@
+"""Build a JobConfig from a TOML file and `--section.key value` overrides.
+
+Everything here runs before any process group exists, so a bad config stops the job with
+one message that names the key, the bad value and the fix.
+"""
+
+from __future__ import annotations
+
+import difflib
+import tomllib
+import typing
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Sequence
+
+from kenotron.config.schema import FieldInfo, all_fields, section_classes
+from kenotron.config.sections import JobConfig
+
+
+class ConfigError(ValueError):
+    """A bad configuration value; the message says which key and how to fix it."""
+
+
+def _suggest(word: str, candidates: Sequence[str]) -> str:
+    close = difflib.get_close_matches(word, list(candidates), n=1, cutoff=0.5)
+    return f"; did you mean '{close[0]}'?" if close else ""
+
+
+def _unknown_key(key: str) -> ConfigError:
+    fields = all_fields(JobConfig)
+    section = key.split(".", 1)[0]
+    if "." not in key or section not in section_classes(JobConfig):
+        hint = _suggest(key, list(fields)) or _suggest(section, list(section_classes(JobConfig)))
+        return ConfigError(f"unknown config key '{key}'{hint} (see --help for every key)")
+    return ConfigError(f"unknown config key '{key}'{_suggest(key, list(fields))} (see --help for every key)")
+
+
+def _convert(info: FieldInfo, value: Any, *, from_cli: bool) -> Any:
+    """Check or parse `value` against the field's type; CLI values arrive as strings."""
+    typ = info.type
+    choices = info.choices
+    if choices is not None:
+        if value not in choices:
+            valid = ", ".join(repr(c) for c in choices)
+            raise ConfigError(f"{info.key}={value!r} is not one of {valid}{_suggest(str(value), [str(c) for c in choices])}")
+        return value
+    origin = typing.get_origin(typ)
+    if origin is list:
+        (inner,) = typing.get_args(typ)
+        if from_cli and isinstance(value, str):
+            text = value.strip().removeprefix("[").removesuffix("]")
+            items: list[Any] = [v.strip().strip("'\"") for v in text.split(",") if v.strip()]
+        elif isinstance(value, list):
+            items = value
+        else:
+            raise ConfigError(f"{info.key} expects a list of {inner.__name__}, got {value!r}")
+        sub = FieldInfo(info.section, info.name, inner, None, "")
+        return [_convert(sub, v, from_cli=from_cli) for v in items]
+    if typ is bool:
+        if isinstance(value, bool):
+            return value
+        if from_cli and isinstance(value, str) and value.lower() in ("true", "1", "yes", "false", "0", "no"):
+            return value.lower() in ("true", "1", "yes")
+        raise ConfigError(f"{info.key} expects true or false, got {value!r}")
+    if typ is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if from_cli and isinstance(value, str):
+            try:
+                return int(value.replace("_", ""))
+            except ValueError:
+                pass
+        raise ConfigError(f"{info.key} expects an integer, got {value!r}")
+    if typ is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if from_cli and isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise ConfigError(f"{info.key} expects a number, got {value!r}")
+    if typ is str:
+        if isinstance(value, str):
+            return value
+        raise ConfigError(f"{info.key} expects a string, got {value!r} (quote it in TOML)")
+    raise TypeError(f"config field {info.key} has an unsupported type {typ!r}")
+
+
+def parse_overrides(args: Sequence[str]) -> dict[str, str]:
+    """`["--training.steps", "20", "--metrics.tensorboard"]` -> {"training.steps": "20", ...}.
+
+    Accepts `--key value` and `--key=value`; a boolean key given alone means true.
+    """
+    fields = all_fields(JobConfig)
+    out: dict[str, str] = {}
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if not arg.startswith("--"):
+            raise ConfigError(f"unexpected argument {arg!r}; overrides look like --section.key value")
+        key, eq, value = arg[2:].partition("=")
+        if key not in fields:
+            raise _unknown_key(key)
+        if not eq:
+            nxt = args[i + 1] if i + 1 < len(args) else None
+            if fields[key].type is bool and (nxt is None or nxt.startswith("--")):
+                value = "true"
+            elif nxt is None:
+                raise ConfigError(f"--{key} needs a value")
+            else:
+                value = nxt
+                i += 1
+        out[key] = value
+        i += 1
+    return out
+
+
+def _apply(cfg: JobConfig, key: str, value: Any, *, from_cli: bool) -> JobConfig:
+    fields = all_fields(JobConfig)
+    if key not in fields:
+        raise _unknown_key(key)
+    info = fields[key]
+    converted = _convert(info, value, from_cli=from_cli)
+    section = replace(getattr(cfg, info.section), **{info.name: converted})
+    return replace(cfg, **{info.section: section})
+
+
+def config_from_dict(data: dict[str, Any], cfg: JobConfig | None = None) -> JobConfig:
+    """Apply a TOML-shaped dict ({section: {key: value}}) on top of `cfg` (default: defaults)."""
+    cfg = cfg if cfg is not None else JobConfig()
+    for section, values in data.items():
+        if section not in section_classes(JobConfig):
+            raise _unknown_key(section)
+        if not isinstance(values, dict):
+            raise ConfigError(f"[{section}] must be a table of key = value lines, got {values!r}")
+        for key, value in values.items():
+            cfg = _apply(cfg, f"{section}.{key}", value, from_cli=False)
+    return cfg
+
+
+def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> JobConfig:
+    """Defaults <- TOML file <- command-line overrides, each value type-checked."""
+    cfg = JobConfig()
+    if path:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file {str(p)!r} does not exist; pass --config with a TOML file (see train_configs/)")
+        try:
+            data = tomllib.loads(p.read_text())
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"config file {str(p)!r} is not valid TOML: {e}") from None
+        cfg = config_from_dict(data, cfg)
+    for key, value in parse_overrides(list(overrides)).items():
+        cfg = _apply(cfg, key, value, from_cli=True)
+    return cfg
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+        return f'"{escaped}"'
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise TypeError(f"cannot write {value!r} as TOML")
+
+
+def config_to_toml(cfg: JobConfig) -> str:
+    """The resolved config as TOML, readable back by load_config."""
+    lines: list[str] = []
+    for section in section_classes(JobConfig):
+        lines.append(f"[{section}]")
+        obj = getattr(cfg, section)
+        for key, info in all_fields(JobConfig).items():
+            if info.section == section:
+                lines.append(f"{info.name} = {_toml_value(getattr(obj, info.name))}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def config_help() -> str:
+    """Every section and field with its type, default and doc, for --help."""
+    out = [
+        "usage: python -m kenotron.train [--config FILE.toml] [--section.key value ...]",
+        "",
+        "Values come from the defaults, then the TOML file, then the command line.",
+    ]
+    section = None
+    for info in all_fields(JobConfig).values():
+        if info.section != section:
+            section = info.section
+            out += ["", f"[{section}]"]
+        out.append(f"  --{info.key} ({info.type_name()}, default {_toml_value(info.default)})")
+        out.append(f"      {info.doc}")
+    return "\n".join(out)

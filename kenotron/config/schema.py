@@ -1,0 +1,85 @@
+"""Introspection of the config dataclasses: field types, defaults and docstrings.
+
+Field docs are the string literals written under each field in the dataclass body. Python
+drops those at runtime, so they are read back from the source with `ast` once.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import inspect
+import textwrap
+import typing
+from dataclasses import dataclass
+from functools import cache
+from typing import Any, Literal
+
+
+@dataclass(frozen=True)
+class FieldInfo:
+    """One configurable value: `section.name`, its type, default and documentation."""
+
+    section: str
+    name: str
+    type: Any
+    default: Any
+    doc: str
+
+    @property
+    def key(self) -> str:
+        return f"{self.section}.{self.name}"
+
+    @property
+    def choices(self) -> tuple[Any, ...] | None:
+        if typing.get_origin(self.type) is Literal:
+            return typing.get_args(self.type)
+        return None
+
+    def type_name(self) -> str:
+        choices = self.choices
+        if choices is not None:
+            return " | ".join(repr(c) for c in choices)
+        origin = typing.get_origin(self.type)
+        if origin is list:
+            (inner,) = typing.get_args(self.type)
+            return f"list[{inner.__name__}]"
+        return self.type.__name__
+
+
+@cache
+def field_docs(cls: type) -> dict[str, str]:
+    """Attribute docstrings of a dataclass: {field name: the string literal under it}."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    docs: dict[str, str] = {}
+    for stmt, nxt in zip(body, body[1:]):
+        if (
+            isinstance(stmt, ast.AnnAssign)
+            and isinstance(stmt.target, ast.Name)
+            and isinstance(nxt, ast.Expr)
+            and isinstance(nxt.value, ast.Constant)
+            and isinstance(nxt.value.value, str)
+        ):
+            docs[stmt.target.id] = " ".join(nxt.value.value.split())
+    return docs
+
+
+def section_classes(root: type) -> dict[str, type]:
+    """{section name: dataclass} for the root config class."""
+    hints = typing.get_type_hints(root)
+    return {f.name: hints[f.name] for f in dataclasses.fields(root)}
+
+
+@cache
+def all_fields(root: type) -> dict[str, FieldInfo]:
+    """{"section.name": FieldInfo} for every configurable value, in declaration order."""
+    out: dict[str, FieldInfo] = {}
+    for section, cls in section_classes(root).items():
+        hints = typing.get_type_hints(cls, include_extras=False)
+        docs = field_docs(cls)
+        defaults = cls()
+        for f in dataclasses.fields(cls):
+            info = FieldInfo(section, f.name, hints[f.name], getattr(defaults, f.name), docs.get(f.name, ""))
+            out[info.key] = info
+    return out

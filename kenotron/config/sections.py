@@ -1,0 +1,203 @@
+"""The job configuration: one dataclass per TOML section, a docstring per field.
+
+The string literal under each field is its documentation: `--help` prints it and the
+reference in README.md is generated from it, so keep it to one or two sentences that say
+what the value means and which values are valid.
+
+These names are the public interface of kenotron: configs in `train_configs/`, command-line
+overrides (`--training.steps 20`) and later features all rely on them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+
+@dataclass
+class Job:
+    dump_folder: str = "./outputs"
+    """Folder for everything a run writes: resolved config, metrics.jsonl, TensorBoard, checkpoints."""
+
+    description: str = ""
+    """Free text shown in the first log line, to tell runs apart."""
+
+
+@dataclass
+class Model:
+    name: str = "llama3"
+    """Model family, a key of the model registry (`python -m kenotron.train --list-models`)."""
+
+    flavor: str = "debug"
+    """Named size of the family, e.g. debug, 1B, 3B, 8B, 70B, 405B for llama3."""
+
+    vocab_size: int = 0
+    """Vocabulary rows of the embedding; 0 keeps the flavor's. Must be >= the tokenizer's vocabulary."""
+
+    n_layers: int = 0
+    """Number of transformer blocks; 0 keeps the flavor's (a smaller count gives a narrow-and-short benchmark shape)."""
+
+
+@dataclass
+class Tokenizer:
+    path: str = ""
+    """tiktoken BPE file (Llama 3 `tokenizer.model` format); empty uses kenotron's built-in 4k vocabulary."""
+
+
+@dataclass
+class Data:
+    dataset: str = "builtin"
+    """`builtin` (Python's own documentation, no download), `json`/`jsonl`/`parquet`/`text`/`auto` for local files at data.path, or a hub dataset name (streamed)."""
+
+    path: str = ""
+    """Local file or folder for the local formats; for a hub dataset, its config name (may be empty)."""
+
+    text_field: str = "text"
+    """Column of each record that holds the document text."""
+
+    split: str = "train"
+    """Dataset split to read."""
+
+    add_bos: bool = True
+    """Start every document with the tokenizer's BOS token (EOS always ends it)."""
+
+
+@dataclass
+class Training:
+    steps: int = 200
+    """Number of optimizer steps to run."""
+
+    seq_len: int = 256
+    """Tokens per sequence (each packed window holds seq_len + 1 tokens)."""
+
+    local_batch_size: int = 8
+    """Sequences per rank per micro-step."""
+
+    global_batch_size: int = -1
+    """Sequences per optimizer step over all ranks; -1 = local_batch_size x data-parallel degree. Gradient accumulation makes up the rest."""
+
+    seed: int = 42
+    """Seed for weight init and dropout-free training randomness; identical on every rank."""
+
+    deterministic: bool = False
+    """Use deterministic algorithms (slower on GPU); the CPU path is deterministic anyway."""
+
+    param_dtype: Literal["float32", "bfloat16"] = "float32"
+    """Compute dtype. bfloat16 keeps fp32 master weights and optimizer state and autocasts compute."""
+
+    max_norm: float = 1.0
+    """Clip the global gradient norm to this value; 0 disables clipping (the norm is still reported)."""
+
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where to train; auto picks CUDA when available."""
+
+
+@dataclass
+class Optimizer:
+    name: Literal["adamw"] = "adamw"
+    """Optimizer. AdamW with decoupled weight decay (none on norms and biases)."""
+
+    lr: float = 3e-3
+    """Peak learning rate, reached at the end of warmup."""
+
+    weight_decay: float = 0.1
+    """Decoupled weight decay for matrices and embeddings."""
+
+    beta1: float = 0.9
+    """AdamW first-moment decay."""
+
+    beta2: float = 0.95
+    """AdamW second-moment decay."""
+
+    eps: float = 1e-8
+    """AdamW epsilon."""
+
+    implementation: Literal["auto", "fused", "foreach", "for-loop"] = "auto"
+    """AdamW kernel: auto uses fused where the device supports it, else foreach."""
+
+
+@dataclass
+class LRScheduler:
+    warmup_steps: int = 20
+    """Steps of linear warmup from 0 to optimizer.lr."""
+
+    decay: Literal["linear", "cosine", "wsd", "1-sqrt", "constant"] = "cosine"
+    """Shape after warmup: linear or cosine to min_lr; wsd/1-sqrt hold the peak, then decay over the last decay_ratio of steps (linearly / as 1-sqrt); constant holds the peak."""
+
+    decay_ratio: float = 0.2
+    """For wsd and 1-sqrt: fraction of training steps spent decaying at the end."""
+
+    min_lr_ratio: float = 0.1
+    """Final learning rate as a fraction of optimizer.lr."""
+
+
+@dataclass
+class Parallelism:
+    dp_replicate: int = 1
+    """Data-parallel replicas (DDP, or the replicate dimension of HSDP)."""
+
+    dp_shard: int = -1
+    """FSDP sharding degree; -1 fills what the other degrees leave of the world size."""
+
+    tp: int = 1
+    """Tensor-parallel degree (with sequence parallel)."""
+
+    pp: int = 1
+    """Pipeline-parallel stages."""
+
+    cp: int = 1
+    """Context-parallel degree (sequence sharded across ranks)."""
+
+    ep: int = 1
+    """Expert-parallel degree, for mixture-of-experts models."""
+
+
+@dataclass
+class Checkpoint:
+    enable: bool = False
+    """Save checkpoints (and resume from the latest one found in checkpoint.folder)."""
+
+    folder: str = "checkpoints"
+    """Checkpoint folder, relative to job.dump_folder unless absolute."""
+
+    interval: int = 500
+    """Save every this many steps (and at the last step)."""
+
+
+@dataclass
+class Metrics:
+    log_freq: int = 10
+    """Print one progress line and append one record to metrics.jsonl every this many steps."""
+
+    tensorboard: bool = False
+    """Also write TensorBoard scalars under <dump_folder>/tb."""
+
+
+@dataclass
+class Compile:
+    enable: bool = False
+    """torch.compile each transformer block (and the loss)."""
+
+
+@dataclass
+class ActivationCheckpoint:
+    mode: Literal["none", "full"] = "none"
+    """Activation checkpointing: none, or full (recompute every block in backward)."""
+
+
+@dataclass
+class JobConfig:
+    """All sections of a kenotron job. Section names are the TOML tables and CLI prefixes."""
+
+    job: Job = field(default_factory=Job)
+    model: Model = field(default_factory=Model)
+    tokenizer: Tokenizer = field(default_factory=Tokenizer)
+    data: Data = field(default_factory=Data)
+    training: Training = field(default_factory=Training)
+    optimizer: Optimizer = field(default_factory=Optimizer)
+    lr_scheduler: LRScheduler = field(default_factory=LRScheduler)
+    parallelism: Parallelism = field(default_factory=Parallelism)
+    checkpoint: Checkpoint = field(default_factory=Checkpoint)
+    metrics: Metrics = field(default_factory=Metrics)
+    compile: Compile = field(default_factory=Compile)
+    activation_checkpoint: ActivationCheckpoint = field(default_factory=ActivationCheckpoint)

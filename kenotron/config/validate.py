@@ -1,0 +1,46 @@
+"""Checks between fields of one config that need no model, mesh or process group."""
+
+from __future__ import annotations
+
+from kenotron.config.loader import ConfigError
+from kenotron.config.sections import JobConfig
+
+
+def validate_config(cfg: JobConfig) -> None:
+    """Raise ConfigError for values that are valid types but unusable together."""
+    t = cfg.training
+    positive = {
+        "training.steps": t.steps,
+        "training.seq_len": t.seq_len,
+        "training.local_batch_size": t.local_batch_size,
+        "metrics.log_freq": cfg.metrics.log_freq,
+        "checkpoint.interval": cfg.checkpoint.interval,
+    }
+    for key, value in positive.items():
+        if value <= 0:
+            raise ConfigError(f"{key}={value} must be a positive integer")
+    if t.global_batch_size != -1 and t.global_batch_size <= 0:
+        raise ConfigError(
+            f"training.global_batch_size={t.global_batch_size} must be positive, or -1 for local_batch_size x dp"
+        )
+    if t.max_norm < 0:
+        raise ConfigError(f"training.max_norm={t.max_norm} must be >= 0 (0 disables clipping)")
+    o = cfg.optimizer
+    if o.lr <= 0:
+        raise ConfigError(f"optimizer.lr={o.lr} must be positive")
+    if not (0 <= o.beta1 < 1 and 0 <= o.beta2 < 1):
+        raise ConfigError(f"optimizer.beta1={o.beta1} and beta2={o.beta2} must lie in [0, 1)")
+    s = cfg.lr_scheduler
+    if s.warmup_steps < 0:
+        raise ConfigError(f"lr_scheduler.warmup_steps={s.warmup_steps} must be >= 0")
+    if s.warmup_steps > t.steps:
+        raise ConfigError(
+            f"lr_scheduler.warmup_steps={s.warmup_steps} exceeds training.steps={t.steps}; "
+            f"use at most {t.steps}"
+        )
+    if not 0 <= s.min_lr_ratio <= 1:
+        raise ConfigError(f"lr_scheduler.min_lr_ratio={s.min_lr_ratio} must lie in [0, 1]")
+    if not 0 < s.decay_ratio <= 1:
+        raise ConfigError(f"lr_scheduler.decay_ratio={s.decay_ratio} must lie in (0, 1]")
+    if cfg.model.vocab_size < 0 or cfg.model.n_layers < 0:
+        raise ConfigError("model.vocab_size and model.n_layers must be >= 0 (0 keeps the flavor's)")

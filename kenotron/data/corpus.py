@@ -1,0 +1,136 @@
+"""The built-in corpus: English text and code that ships with every CPython, no download.
+
+Two parts, in this order:
+
+1. the 79 topics of the Python language reference that `help()` shows
+   (`pydoc_data.topics.topics`, ~465 KB), sorted by topic name;
+2. one document per module of a fixed list of pure-Python standard-library modules: the
+   module docstring, then the signature and docstring of each public class, method and
+   function, in source order.
+
+The docstrings are read from the modules' source files with `ast`, never from live objects:
+importing nothing means no side effects, and the text cannot depend on what was imported or
+monkeypatched before (torch, for one, replaces `inspect.getfile`). The order is fixed (sorted
+topic names, a fixed module list, source order), so every process builds the same list.
+Docstrings change a little between Python versions; that only matters for reproducing the
+shipped tokenizer byte for byte (use the Python version named in scripts/train_tokenizer.py).
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import importlib.util
+from pathlib import Path
+
+# Pure-Python modules present in CPython 3.11 through 3.14 (none of those removed in 3.12 or
+# 3.13). A module whose source cannot be found (a stripped or zipped install without .py
+# files, or tkinter/turtle left out by a distribution) is skipped.
+# fmt: off
+STDLIB_MODULES: tuple[str, ...] = (
+    "abc", "argparse", "ast", "asyncio.base_events", "asyncio.events", "asyncio.futures",
+    "asyncio.locks", "asyncio.queues", "asyncio.streams", "asyncio.subprocess", "asyncio.tasks",
+    "base64", "bdb", "bisect", "bz2", "calendar", "cmd", "code", "codecs", "codeop",
+    "collections", "colorsys", "concurrent.futures.process", "concurrent.futures.thread",
+    "configparser", "contextlib", "contextvars", "copy", "copyreg", "csv", "dataclasses",
+    "datetime", "decimal", "difflib", "dis", "doctest", "email.headerregistry", "email.message",
+    "email.parser", "email.policy", "email.utils", "enum", "filecmp", "fileinput", "fnmatch",
+    "fractions", "ftplib", "functools", "getopt", "gettext", "glob", "graphlib", "gzip",
+    "hashlib", "heapq", "hmac", "html", "html.parser", "http.client", "http.cookiejar",
+    "http.cookies", "http.server", "imaplib", "importlib.abc", "importlib.metadata",
+    "importlib.util", "inspect", "io", "ipaddress", "json", "json.decoder", "json.encoder",
+    "keyword", "linecache", "locale", "logging", "logging.handlers", "lzma", "mailbox",
+    "mimetypes", "multiprocessing.connection", "multiprocessing.managers", "multiprocessing.pool",
+    "netrc", "numbers", "operator", "optparse", "os", "pathlib", "pdb", "pickle", "pickletools",
+    "pkgutil", "platform", "plistlib", "poplib", "pprint", "profile", "pstats", "pydoc", "queue",
+    "quopri", "random", "reprlib", "sched", "secrets", "selectors", "shelve", "shlex", "shutil",
+    "smtplib", "socket", "socketserver", "stat", "statistics", "string", "subprocess",
+    "symtable", "sysconfig", "tabnanny", "tarfile", "tempfile", "textwrap", "threading",
+    "timeit", "tokenize", "trace", "traceback", "tracemalloc", "turtle", "types", "typing",
+    "unittest.case", "unittest.loader", "unittest.mock", "urllib.parse", "urllib.request",
+    "urllib.robotparser", "uuid", "warnings", "wave", "weakref", "xml.dom.minidom",
+    "xml.dom.pulldom", "xml.etree.ElementTree", "xml.sax.handler", "xml.sax.saxutils",
+    "zipfile", "zipimport", "zoneinfo",
+)
+# fmt: on
+
+_DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+
+
+def _module_source(module_name: str) -> str | None:
+    """Source text of a stdlib module without importing it (parent packages are imported)."""
+    try:
+        spec = importlib.util.find_spec(module_name)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or spec.loader is None:
+        return None
+    get_source = getattr(spec.loader, "get_source", None)
+    source = get_source(module_name) if get_source is not None else None
+    # Frozen modules (os, io, abc, codecs, ... since 3.11) have no get_source but keep the
+    # path of their .py file in loader_state.
+    filename = getattr(spec.loader_state, "filename", None)
+    if source is None and filename and Path(filename).is_file():
+        source = Path(filename).read_text(encoding="utf-8")
+    return source
+
+
+def _signature(node: ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) -> str:
+    if isinstance(node, ast.ClassDef):
+        bases = ", ".join(ast.unparse(b) for b in node.bases + node.keywords)
+        return f"class {node.name}({bases})" if bases else f"class {node.name}"
+    prefix = "async def" if isinstance(node, ast.AsyncFunctionDef) else "def"
+    return f"{prefix} {node.name}({ast.unparse(node.args)})"
+
+
+def _public_definitions(
+    body: list[ast.stmt],
+) -> list[ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef]:
+    return [n for n in body if isinstance(n, _DEFINITIONS) and not n.name.startswith("_")]
+
+
+def module_document(module_name: str, source: str) -> str:
+    """Markdown-ish text of a module's docstrings: `# module`, then per definition a
+    `## module.name` header, its signature and its docstring (methods: only documented ones)."""
+    tree = ast.parse(source)
+    sections = [f"# {module_name}", ast.get_docstring(tree) or ""]
+    for node in _public_definitions(tree.body):
+        doc = ast.get_docstring(node) or ""
+        sections += [f"## {module_name}.{node.name}", _signature(node), doc]
+        if isinstance(node, ast.ClassDef):
+            for method in _public_definitions(node.body):
+                method_doc = ast.get_docstring(method)
+                if method_doc:
+                    sections += [
+                        f"### {module_name}.{node.name}.{method.name}",
+                        _signature(method),
+                        method_doc,
+                    ]
+    return "\n\n".join(section for section in sections if section) + "\n"
+
+
+def _stdlib_documents() -> list[str]:
+    documents = []
+    for module_name in STDLIB_MODULES:
+        source = _module_source(module_name)
+        if source is not None:
+            documents.append(module_document(module_name, source))
+    return documents
+
+
+def _help_topic_documents() -> list[str]:
+    from pydoc_data.topics import topics
+
+    return [topics[name] for name in sorted(topics)]
+
+
+@functools.cache
+def _builtin_documents() -> tuple[str, ...]:
+    # Parsing ~5 MB of stdlib source takes about a second; the result is a pure function of
+    # the Python installation, so it is built once per process and kept immutable.
+    return tuple(_help_topic_documents() + _stdlib_documents())
+
+
+def builtin_documents() -> list[str]:
+    """The built-in corpus as a list of documents, in a fixed order (see the module docstring)."""
+    return list(_builtin_documents())

@@ -1,0 +1,123 @@
+"""Packing: documents -> one token stream -> fixed windows of seq_len + 1 tokens.
+
+Each document becomes `[bos] + tokens + [eos]` (bos optional), the documents are concatenated
+in order, and the stream is cut into consecutive, non-overlapping windows of seq_len + 1
+tokens: a window w gives inputs w[:-1] and labels w[1:]. No token is dropped or repeated;
+documents run across window borders (no padding, no attention masking between documents).
+
+State is the position of the next window's first token: (epoch, document index, token offset
+inside that document's tokens). It is three integers whatever the document sizes, and
+resuming re-tokenizes only the document the window starts in. It does not depend on
+seq_len, so a run may resume with another sequence length.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from kenotron.data.text_source import DocumentSource
+from kenotron.data.tokenizer import Tokenizer
+
+
+@dataclass
+class _TokenizedDocument:
+    epoch: int
+    index: int
+    tokens: np.ndarray  # int64, [bos] + ids + [eos]
+    offset: int  # first token not yet put in a window
+
+
+class PackedWindows:
+    """Windows of `seq_len + 1` token ids (int64 numpy arrays) packed from `documents`.
+
+    `read_ahead` documents are tokenized at a time (on several threads when the tokenizer
+    supports it); reading ahead moves the document source but not this object's state.
+    """
+
+    def __init__(
+        self,
+        documents: DocumentSource,
+        tokenizer: Tokenizer,
+        seq_len: int,
+        add_bos: bool = True,
+        read_ahead: int = 16,
+    ) -> None:
+        if seq_len < 1:
+            raise ValueError(f"training.seq_len={seq_len} must be at least 1")
+        if read_ahead < 1:
+            raise ValueError(f"read_ahead={read_ahead} must be at least 1")
+        self.documents = documents
+        self.tokenizer = tokenizer
+        self.seq_len = seq_len
+        self.add_bos = add_bos
+        self.read_ahead = read_ahead
+        self._pending: deque[_TokenizedDocument] = deque()
+        self._pending_tokens = 0
+        # Tokens to skip in the next document read, set by load_state_dict.
+        self._resume_offset = 0
+
+    @property
+    def window_len(self) -> int:
+        return self.seq_len + 1
+
+    def _document_tokens(self, ids: list[int]) -> np.ndarray:
+        head = [self.tokenizer.bos_id] if self.add_bos else []
+        return np.array(head + ids + [self.tokenizer.eos_id], dtype=np.int64)
+
+    def _read_documents(self) -> None:
+        documents = [self.documents.next_document() for _ in range(self.read_ahead)]
+        token_ids = self.tokenizer.encode_batch([d.text for d in documents])
+        for document, ids in zip(documents, token_ids, strict=True):
+            tokens = self._document_tokens(ids)
+            offset, self._resume_offset = self._resume_offset, 0
+            if offset >= len(tokens):
+                raise ValueError(
+                    f"packing state points at token {offset} of document {document.index} "
+                    f"(epoch {document.epoch}), which has {len(tokens)} tokens; the checkpoint "
+                    "was made with other data, tokenizer or data.add_bos"
+                )
+            self._pending.append(_TokenizedDocument(document.epoch, document.index, tokens, offset))
+            self._pending_tokens += len(tokens) - offset
+
+    def next_window(self) -> np.ndarray:
+        """The next `seq_len + 1` tokens of the packed stream."""
+        while self._pending_tokens < self.window_len:
+            self._read_documents()
+        parts = []
+        missing = self.window_len
+        while missing:
+            head = self._pending[0]
+            take = min(missing, len(head.tokens) - head.offset)
+            parts.append(head.tokens[head.offset : head.offset + take])
+            head.offset += take
+            missing -= take
+            if head.offset == len(head.tokens):
+                self._pending.popleft()
+        self._pending_tokens -= self.window_len
+        return np.concatenate(parts)
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        while True:
+            yield self.next_window()
+
+    def state_dict(self) -> dict[str, int]:
+        """Where the next window starts: epoch, document index and token offset in it."""
+        if self._pending:
+            head = self._pending[0]
+            return {"epoch": head.epoch, "document_index": head.index, "token_offset": head.offset}
+        position = self.documents.state_dict()
+        return {
+            "epoch": position["epoch"],
+            "document_index": position["index"],
+            "token_offset": self._resume_offset,
+        }
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self._pending.clear()
+        self._pending_tokens = 0
+        self.documents.load_state_dict({"epoch": state["epoch"], "index": state["document_index"]})
+        self._resume_offset = int(state["token_offset"])

@@ -1,0 +1,18 @@
+"""Model families. `get_model_spec(name)` is the registry the trainer and tools use."""
+
+from __future__ import annotations
+
+from kenotron.models.llama3 import LLAMA3_SPEC
+from kenotron.models.spec import ModelSpec, UnknownModelError
+
+MODEL_SPECS: dict[str, ModelSpec] = {spec.name: spec for spec in (LLAMA3_SPEC,)}
+
+
+def get_model_spec(name: str) -> ModelSpec:
+    """The spec registered under `name`, or an error listing the known families."""
+    if name not in MODEL_SPECS:
+        raise UnknownModelError(f"model.name={name!r} is not a known model; use one of {', '.join(MODEL_SPECS)}")
+    return MODEL_SPECS[name]
+
+
+__all__ = ["MODEL_SPECS", "ModelSpec", "UnknownModelError", "get_model_spec"]

@@ -1,0 +1,9 @@
+"""Llama 3 family: model, flavors and spec."""
+
+from kenotron.models.llama3.flavors import LLAMA3_FLAVORS
+from kenotron.models.llama3.model import Llama3, Llama3Args, TransformerBlock
+from kenotron.models.spec import ModelSpec
+
+LLAMA3_SPEC = ModelSpec(name="llama3", model_cls=Llama3, flavors=LLAMA3_FLAVORS)
+
+__all__ = ["LLAMA3_FLAVORS", "LLAMA3_SPEC", "Llama3", "Llama3Args", "TransformerBlock"]

@@ -1,0 +1,46 @@
+"""ModelSpec: what the trainer needs to know about a model family, as one object."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from torch import nn
+
+
+class UnknownModelError(ValueError):
+    """A model name or flavor that the registry does not have."""
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A model family: its nn.Module class, its argument dataclass and its named sizes.
+
+    Later pieces attach to the spec rather than to the model class: the parallel plan, the
+    Hugging Face state-dict adapter, pipeline split hints.
+    """
+
+    name: str
+    model_cls: Callable[[Any], nn.Module]
+    flavors: dict[str, Any]
+    """{flavor name: frozen args dataclass}."""
+
+    def model_args(self, flavor: str, *, vocab_size: int = 0, n_layers: int = 0, max_seq_len: int = 0) -> Any:
+        """The flavor's args with the trainer's overrides applied (0 keeps the flavor's value)."""
+        if flavor not in self.flavors:
+            valid = ", ".join(self.flavors)
+            raise UnknownModelError(f"model.flavor={flavor!r} is not a {self.name} flavor; use one of {valid}")
+        args = self.flavors[flavor]
+        changes: dict[str, int] = {}
+        if vocab_size:
+            changes["vocab_size"] = vocab_size
+        if n_layers:
+            changes["n_layers"] = n_layers
+        if max_seq_len:
+            changes["max_seq_len"] = max_seq_len
+        return dataclasses.replace(args, **changes)
+
+    def build(self, args: Any) -> nn.Module:
+        """Construct the model on the current default device (use `torch.device("meta")`)."""
+        return self.model_cls(args)

@@ -1,0 +1,152 @@
+"""Parallel degrees -> one named N-D DeviceMesh, with every check done before it exists.
+
+Mesh dimensions, outermost first: pp, dp_replicate, dp_shard, cp, tp. Only degrees > 1
+become mesh dimensions; flattened views are built for the groups the plans need:
+
+- "dp"          = dp_replicate x dp_shard  (data loading: which slice of the global batch)
+- "dp_shard_cp" = dp_shard x cp            (FSDP shards parameters over this)
+- "dp_cp"       = dp_replicate x dp_shard x cp (the loss is averaged over this)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
+
+class ParallelConfigError(ValueError):
+    """Degrees that cannot be laid out on the world size or the model; the message says how to fix them."""
+
+
+MESH_DIM_ORDER = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+@dataclass(frozen=True)
+class ParallelDims:
+    """Resolved parallel degrees of one job (dp_shard never -1 here)."""
+
+    dp_replicate: int
+    dp_shard: int
+    cp: int
+    tp: int
+    pp: int
+    ep: int
+    world_size: int
+
+    @classmethod
+    def from_degrees(
+        cls,
+        world_size: int,
+        *,
+        dp_replicate: int = 1,
+        dp_shard: int = -1,
+        cp: int = 1,
+        tp: int = 1,
+        pp: int = 1,
+        ep: int = 1,
+    ) -> ParallelDims:
+        """Check the degrees against the world size, filling dp_shard=-1 with what is left."""
+        named = {"dp_replicate": dp_replicate, "cp": cp, "tp": tp, "pp": pp, "ep": ep}
+        for name, value in named.items():
+            if value < 1:
+                raise ParallelConfigError(f"parallelism.{name}={value} must be >= 1")
+        if dp_shard == 0 or dp_shard < -1:
+            raise ParallelConfigError(f"parallelism.dp_shard={dp_shard} must be >= 1, or -1 to fill the rest")
+        others = dp_replicate * cp * tp * pp
+        if dp_shard == -1:
+            if world_size % others != 0:
+                raise ParallelConfigError(
+                    f"dp_shard=-1 has no room: dp_replicate x cp x tp x pp = {dp_replicate} x {cp} x {tp} x {pp} "
+                    f"= {others} does not divide the world size {world_size}; choose degrees whose product "
+                    f"divides {world_size} (divisors: {_divisors(world_size)})"
+                )
+            dp_shard = world_size // others
+        if others * dp_shard != world_size:
+            raise ParallelConfigError(
+                f"parallel degrees multiply to {others * dp_shard} (dp_replicate {dp_replicate} x dp_shard "
+                f"{dp_shard} x cp {cp} x tp {tp} x pp {pp}) but the world size is {world_size}; "
+                f"set parallelism.dp_shard=-1 to fill the rest, or change the degrees"
+            )
+        if ep > 1 and (dp_shard * cp) % ep != 0:
+            raise ParallelConfigError(
+                f"parallelism.ep={ep} must divide dp_shard x cp = {dp_shard * cp} (experts are sharded over "
+                f"those ranks); use one of {_divisors(dp_shard * cp)}"
+            )
+        return cls(dp_replicate, dp_shard, cp, tp, pp, ep, world_size)
+
+    @property
+    def dp(self) -> int:
+        """Data-parallel degree: how many different slices of the global batch are in flight."""
+        return self.dp_replicate * self.dp_shard
+
+    @property
+    def fsdp_enabled(self) -> bool:
+        return self.dp_shard > 1 or self.cp > 1
+
+    def degrees(self) -> dict[str, int]:
+        return {name: getattr(self, name) for name in MESH_DIM_ORDER}
+
+    def mesh_shape(self) -> tuple[tuple[str, ...], tuple[int, ...]]:
+        """(names, sizes) of the mesh dimensions with degree > 1, outermost first."""
+        dims = [(n, d) for n, d in self.degrees().items() if d > 1]
+        return tuple(n for n, _ in dims), tuple(d for _, d in dims)
+
+    def grad_accum_steps(self, global_batch_size: int, local_batch_size: int) -> int:
+        """Micro-steps per optimizer step so that `global_batch_size` sequences are seen."""
+        per_micro = local_batch_size * self.dp
+        if global_batch_size % per_micro != 0:
+            raise ParallelConfigError(
+                f"training.global_batch_size={global_batch_size} is not divisible by local_batch_size x dp = "
+                f"{local_batch_size} x {self.dp} = {per_micro}; use a multiple of {per_micro}"
+            )
+        return global_batch_size // per_micro
+
+    def check_model(self, *, n_heads: int, n_kv_heads: int, ffn_dim: int, vocab_size: int, n_layers: int) -> None:
+        """Tensor/pipeline degrees against the model's dimensions."""
+        tp = self.tp
+        for name, value in (("n_heads", n_heads), ("n_kv_heads", n_kv_heads), ("ffn_dim", ffn_dim),
+                            ("vocab_size", vocab_size)):
+            if value % tp != 0:
+                valid = [d for d in _divisors(value) if d <= max(value, 1)][:12]
+                raise ParallelConfigError(f"tp={tp} does not divide {name}={value}; use one of {valid}")
+        if self.pp > n_layers:
+            raise ParallelConfigError(f"pp={self.pp} stages but the model has only {n_layers} layers; use pp <= {n_layers}")
+
+    def check_seq_len(self, seq_len: int) -> None:
+        """Sequence parallel splits by tp, load-balanced context parallel by 2 x cp."""
+        unit = self.tp * (2 * self.cp if self.cp > 1 else 1)
+        if seq_len % unit != 0:
+            what = f"tp x 2 x cp = {self.tp} x 2 x {self.cp}" if self.cp > 1 else f"tp = {self.tp}"
+            raise ParallelConfigError(
+                f"training.seq_len={seq_len} is not divisible by {what} = {unit}; use a multiple of {unit}"
+            )
+
+    def build_mesh(self, device_type: str) -> DeviceMesh:
+        """The named mesh (process group must exist) with the flattened views attached."""
+        from torch.distributed.device_mesh import init_device_mesh
+
+        names, sizes = self.mesh_shape()
+        if not names:
+            names, sizes = ("dp_shard",), (1,)
+        mesh = init_device_mesh(device_type, sizes, mesh_dim_names=names)
+        flat = {
+            "dp": ("dp_replicate", "dp_shard"),
+            "dp_shard_cp": ("dp_shard", "cp"),
+            "dp_cp": ("dp_replicate", "dp_shard", "cp"),
+        }
+        for flat_name, parts in flat.items():
+            present = tuple(p for p in parts if p in names)
+            if len(present) > 1:
+                mesh[present]._flatten(flat_name)
+        return mesh
+
+    def __str__(self) -> str:
+        degrees = " x ".join(f"{n} {d}" for n, d in self.degrees().items())
+        return f"ParallelDims(world {self.world_size}: {degrees}, ep {self.ep})"

@@ -1,0 +1,1 @@
+"""The trainer: loop, optimizer, LR schedules, loss, metrics."""

@@ -1,0 +1,57 @@
+"""Process-group set-up from torchrun's environment, and the device each rank uses."""
+
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class WorldInfo:
+    """Where this process stands: rank, world size, local rank (from torchrun's variables)."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @classmethod
+    def from_env(cls) -> WorldInfo:
+        return cls(
+            rank=int(os.environ.get("RANK", 0)),
+            world_size=int(os.environ.get("WORLD_SIZE", 1)),
+            local_rank=int(os.environ.get("LOCAL_RANK", 0)),
+        )
+
+    @property
+    def launched(self) -> bool:
+        """True under torchrun (even with one process), where a process group is expected."""
+        return "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ
+
+
+def pick_device(requested: str, world: WorldInfo) -> torch.device:
+    """cuda:<local rank> when asked for (or auto and available), else cpu."""
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("training.device='cuda' but no CUDA device is visible; use 'cpu' or 'auto'")
+    if requested == "cuda" or (requested == "auto" and torch.cuda.is_available()):
+        device = torch.device("cuda", world.local_rank % max(torch.cuda.device_count(), 1))
+        torch.cuda.set_device(device)
+        return device
+    return torch.device("cpu")
+
+
+def init_distributed(device: torch.device, timeout_s: float = 600) -> None:
+    """Join the default process group: NCCL for CUDA tensors plus gloo for CPU ones."""
+    if dist.is_initialized():
+        return
+    backend = "cuda:nccl,cpu:gloo" if device.type == "cuda" else "gloo"
+    kwargs = {"device_id": device} if device.type == "cuda" else {}
+    dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=timeout_s), **kwargs)
+
+
+def destroy_distributed() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()

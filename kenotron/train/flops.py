@@ -1,0 +1,69 @@
+"""Model FLOPs per token and device peak FLOP/s, for TFLOP/s and MFU.
+
+FLOPs per trained token (forward + backward) = 6·N + 12·L·H·d·T, where
+- N counts the parameters that take part in matrix products: every parameter except the
+  input embedding table (a lookup). A tied embedding counts once, as the output projection.
+- 12·L·H·d·T is attention's score and value products (L layers, H query heads of size d,
+  sequence length T), counted over the full T x T matrix as is customary (not halved for
+  the causal mask), so figures compare with other trainers that use the same formula.
+
+MFU = achieved model FLOP/s / peak dense bf16 FLOP/s of the device. The peak comes from the
+table below, matched on the device name; an unknown device has no peak and reports no MFU
+rather than a wrong one.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+# Dense (no sparsity) bf16 tensor-core peaks in FLOP/s, from the vendors' datasheets.
+# Order matters: the first entry whose key is in the device name wins, so specific
+# names come before the general ones.
+PEAK_BF16_FLOPS: tuple[tuple[str, float], ...] = (
+    ("H100 PCIe", 756e12),
+    ("H100 NVL", 835e12),
+    ("GH200", 989e12),
+    ("H200", 989e12),
+    ("H100", 989e12),
+    ("H800", 989e12),
+    ("H20", 148e12),
+    ("B200", 2250e12),
+    ("GB200", 2500e12),
+    ("B100", 1750e12),
+    ("A100", 312e12),
+    ("A800", 312e12),
+    ("A10G", 125e12),
+    ("L40S", 362e12),
+    ("L4", 121e12),
+    ("MI300X", 1307e12),
+    ("MI325X", 1307e12),
+    ("MI250X", 383e12),
+)
+
+
+def peak_flops(device_name: str) -> float | None:
+    """Peak dense bf16 FLOP/s of a device from its name, or None when not in the table."""
+    for key, value in PEAK_BF16_FLOPS:
+        if key in device_name:
+            return value
+    return None
+
+
+def matmul_params(model: nn.Module) -> int:
+    """N of the FLOP formula: parameters except the input embedding (tied ones counted once)."""
+    embedding_ids = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    tied_ids: set[int] = set()
+    for m in model.modules():
+        if isinstance(m, nn.Linear) and id(m.weight) in embedding_ids:
+            tied_ids.add(id(m.weight))
+    total = 0
+    for p in model.parameters():  # parameters() yields a shared tensor once
+        if id(p) in embedding_ids and id(p) not in tied_ids:
+            continue
+        total += p.numel()
+    return total
+
+
+def flops_per_token(n_matmul_params: int, n_layers: int, n_heads: int, head_dim: int, seq_len: int) -> float:
+    """6·N + 12·L·H·d·T: training FLOPs per token."""
+    return 6.0 * n_matmul_params + 12.0 * n_layers * n_heads * head_dim * seq_len

@@ -1,0 +1,58 @@
+"""Learning-rate schedules: linear warmup, then linear / cosine / WSD / 1-sqrt / constant.
+
+`lr_factor(step)` is the multiplier of the peak LR used for optimizer step `step` (1-based:
+the first step trains at factor 1/warmup, never 0). It is a pure function of the step so a
+resumed run continues the schedule exactly.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class LRSchedule:
+    """The schedule of one run, as plain data."""
+
+    total_steps: int
+    warmup_steps: int
+    decay: str
+    """linear | cosine | wsd | 1-sqrt | constant"""
+    min_lr_ratio: float
+    decay_ratio: float = 0.2
+    """For wsd / 1-sqrt: share of the total steps spent decaying at the end."""
+
+    def lr_factor(self, step: int) -> float:
+        if self.warmup_steps > 0 and step <= self.warmup_steps:
+            return step / self.warmup_steps
+        lo = self.min_lr_ratio
+        if self.decay == "constant":
+            return 1.0
+        if self.decay in ("linear", "cosine"):
+            span = max(self.total_steps - self.warmup_steps, 1)
+            progress = min(max((step - self.warmup_steps) / span, 0.0), 1.0)
+            if self.decay == "linear":
+                return lo + (1 - lo) * (1 - progress)
+            return lo + (1 - lo) * 0.5 * (1 + math.cos(math.pi * progress))
+        if self.decay in ("wsd", "1-sqrt"):
+            # Warmup-stable-decay: hold the peak, then decay over the last decay_ratio of training.
+            decay_steps = max(round(self.decay_ratio * self.total_steps), 1)
+            decay_start = max(self.total_steps - decay_steps, self.warmup_steps)
+            if step <= decay_start:
+                return 1.0
+            progress = min((step - decay_start) / max(self.total_steps - decay_start, 1), 1.0)
+            shape = 1 - progress if self.decay == "wsd" else 1 - math.sqrt(progress)
+            return lo + (1 - lo) * shape
+        raise ValueError(f"lr_scheduler.decay={self.decay!r} is not one of linear, cosine, wsd, 1-sqrt, constant")
+
+
+def build_lr_scheduler(optimizer: torch.optim.Optimizer, schedule: LRSchedule) -> torch.optim.lr_scheduler.LambdaLR:
+    """A LambdaLR whose k-th `.step()` sets the LR for optimizer step k + 1.
+
+    LambdaLR evaluates its lambda at 0 on construction; shifting by one makes the first
+    optimizer step use lr_factor(1).
+    """
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: schedule.lr_factor(i + 1))

@@ -1,0 +1,149 @@
+"""Training metrics: one progress line and one JSON record per log step, TensorBoard optional.
+
+Records go to `<dump_folder>/metrics.jsonl`, one JSON object per line, with at least:
+step, loss, grad_norm, lr, tokens_per_sec (per device), tflops (per device), mfu (percent, or
+null on a device with no known peak), memory_gib (peak: CUDA max allocated, or the process's
+peak RSS on CPU), elapsed_s (since training started), plus tokens_seen and step_time_s.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import resource
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kenotron.train.flops import peak_flops
+
+logger = logging.getLogger("kenotron")
+
+RECORD_KEYS = (
+    "step", "loss", "grad_norm", "lr", "tokens_per_sec", "tflops", "mfu",
+    "memory_gib", "elapsed_s", "tokens_seen", "step_time_s",
+)
+
+
+def peak_memory_gib(device: torch.device) -> float:
+    """Peak memory of this process so far: CUDA max allocated, else peak resident set size."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    rss_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    scale = 1 if sys.platform != "darwin" else 1 / 1024  # macOS reports bytes
+    return rss_kib * scale / 2**20
+
+
+def device_peak_flops(device: torch.device) -> tuple[str, float | None]:
+    """(device name, peak bf16 FLOP/s or None)."""
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+    else:
+        name = f"{device.type} ({torch.get_num_threads()} threads)"
+    return name, peak_flops(name)
+
+
+@dataclass
+class MetricsLogger:
+    """Turns per-step numbers into records; writes them on rank 0 only.
+
+    Throughput is measured over the window since the previous record (so the first record
+    includes warm-up and compilation), per device: global tokens / seconds / world size.
+    """
+
+    dump_folder: Path
+    flops_per_token: float
+    world_size: int
+    device: torch.device
+    write: bool = True
+    tensorboard: bool = False
+    _start: float = field(default_factory=time.perf_counter, init=False)
+    _window_start: float = field(default_factory=time.perf_counter, init=False)
+    _window_tokens: int = field(default=0, init=False)
+    _window_steps: int = field(default=0, init=False)
+    _tb: Any = field(default=None, init=False)
+    _peak: float | None = field(default=None, init=False)
+    _warned_peak: bool = field(default=False, init=False)
+
+    def __post_init__(self) -> None:
+        name, self._peak = device_peak_flops(self.device)
+        self.device_name = name
+        if self.write:
+            self.dump_folder.mkdir(parents=True, exist_ok=True)
+            self._jsonl = (self.dump_folder / "metrics.jsonl").open("a", buffering=1)
+            if self.tensorboard:
+                from torch.utils.tensorboard import SummaryWriter  # needs the tensorboard package
+
+                self._tb = SummaryWriter(log_dir=str(self.dump_folder / "tb"))
+
+    def reset_clock(self) -> None:
+        """Start timing now (call right before the first training step)."""
+        self._start = self._window_start = time.perf_counter()
+        self._window_tokens = self._window_steps = 0
+
+    def count(self, global_tokens: int) -> None:
+        """Account one finished optimizer step that consumed `global_tokens` tokens."""
+        self._window_tokens += global_tokens
+        self._window_steps += 1
+
+    def record(self, *, step: int, loss: float, grad_norm: float, lr: float, tokens_seen: int) -> dict[str, Any]:
+        """Close the window at this step: build, print and write the record."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        now = time.perf_counter()
+        seconds = max(now - self._window_start, 1e-9)
+        tps = self._window_tokens / seconds / self.world_size
+        tflops = tps * self.flops_per_token / 1e12
+        if self._peak is None and not self._warned_peak:
+            logger.warning("no peak FLOP/s known for device %r: MFU is not reported", self.device_name)
+            self._warned_peak = True
+        mfu = 100.0 * tflops * 1e12 / self._peak if self._peak else None
+        rec = {
+            "step": step,
+            "loss": loss,
+            "grad_norm": grad_norm,
+            "lr": lr,
+            "tokens_per_sec": tps,
+            "tflops": tflops,
+            "mfu": mfu,
+            "memory_gib": peak_memory_gib(self.device),
+            "elapsed_s": now - self._start,
+            "tokens_seen": tokens_seen,
+            "step_time_s": seconds / max(self._window_steps, 1),
+        }
+        self._window_start, self._window_tokens, self._window_steps = now, 0, 0
+        if self.write:
+            self._jsonl.write(json.dumps(rec) + "\n")
+            if self._tb is not None:
+                for key in ("loss", "grad_norm", "lr", "tokens_per_sec", "tflops", "mfu", "memory_gib"):
+                    if rec[key] is not None:
+                        self._tb.add_scalar(f"train/{key}", rec[key], step)
+            logger.info(format_record(rec))
+        return rec
+
+    def close(self) -> None:
+        if self.write:
+            self._jsonl.close()
+            if self._tb is not None:
+                self._tb.close()
+
+
+def _si(x: float) -> str:
+    for unit, scale in (("M", 1e6), ("k", 1e3)):
+        if abs(x) >= scale:
+            return f"{x / scale:.1f}{unit}"
+    return f"{x:.0f}"
+
+
+def format_record(rec: dict[str, Any]) -> str:
+    """The one-line progress view of a record."""
+    mfu = f"{rec['mfu']:.1f}%" if rec["mfu"] is not None else "n/a"
+    return (
+        f"step {rec['step']:>6} | loss {rec['loss']:.4f} | grad_norm {rec['grad_norm']:.3f} | lr {rec['lr']:.2e} | "
+        f"{_si(rec['tokens_per_sec'])} tok/s | {rec['tflops']:.3g} TFLOP/s | MFU {mfu} | "
+        f"mem {rec['memory_gib']:.2f} GiB | {rec['elapsed_s']:.1f}s"
+    )

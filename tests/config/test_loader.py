@@ -1,0 +1,152 @@
+"""Config loading: TOML, overrides, types, every error path, --help and the TOML dump."""
+
+from __future__ import annotations
+
+import tomllib
+
+import pytest
+
+from kenotron.config import (
+    ConfigError,
+    JobConfig,
+    all_fields,
+    config_from_dict,
+    config_help,
+    config_to_toml,
+    load_config,
+    validate_config,
+)
+
+PUBLIC_KEYS = [
+    "job.dump_folder", "model.name", "model.flavor", "tokenizer.path", "data.dataset", "data.path",
+    "training.steps", "training.seq_len", "training.local_batch_size", "training.global_batch_size",
+    "training.seed", "training.param_dtype", "training.max_norm", "optimizer.name", "optimizer.lr",
+    "optimizer.weight_decay", "lr_scheduler.warmup_steps", "lr_scheduler.decay", "lr_scheduler.min_lr_ratio",
+    "parallelism.dp_replicate", "parallelism.dp_shard", "parallelism.tp", "parallelism.pp", "parallelism.cp",
+    "parallelism.ep", "checkpoint.enable", "checkpoint.folder", "checkpoint.interval", "metrics.log_freq",
+    "metrics.tensorboard", "compile.enable", "activation_checkpoint.mode",
+]
+
+
+def test_every_public_key_exists_and_has_a_doc():
+    fields = all_fields(JobConfig)
+    for key in PUBLIC_KEYS:
+        assert key in fields, key
+    for key, info in fields.items():
+        assert info.doc, f"{key} has no docstring"
+
+
+def test_toml_file_then_overrides_take_precedence(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text('[training]\nsteps = 7\nseq_len = 64\n[optimizer]\nlr = 0.5\n[model]\nflavor = "1B"\n')
+    cfg = load_config(path, ["--training.steps", "9", "--optimizer.lr=1e-4"])
+    assert cfg.training.steps == 9
+    assert cfg.training.seq_len == 64
+    assert cfg.optimizer.lr == pytest.approx(1e-4)
+    assert cfg.model.flavor == "1B"
+
+
+def test_overrides_parse_ints_floats_bools_strings():
+    cfg = load_config(None, [
+        "--training.steps", "1_000", "--training.max_norm", "0.5", "--metrics.tensorboard",
+        "--compile.enable", "false", "--data.path", "/some/file.jsonl", "--lr_scheduler.decay", "wsd",
+    ])
+    assert cfg.training.steps == 1000
+    assert cfg.training.max_norm == 0.5
+    assert cfg.metrics.tensorboard is True
+    assert cfg.compile.enable is False
+    assert cfg.data.path == "/some/file.jsonl"
+    assert cfg.lr_scheduler.decay == "wsd"
+
+
+def test_int_in_toml_is_accepted_for_a_float_field():
+    cfg = config_from_dict({"optimizer": {"lr": 1}})
+    assert cfg.optimizer.lr == 1.0 and isinstance(cfg.optimizer.lr, float)
+
+
+def test_unknown_key_names_it_and_suggests_the_closest():
+    with pytest.raises(ConfigError, match=r"unknown config key 'training.step'.*did you mean 'training.steps'"):
+        load_config(None, ["--training.step", "3"])
+
+
+def test_unknown_section_in_toml_suggests_the_closest(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text("[trainig]\nsteps = 3\n")
+    with pytest.raises(ConfigError, match=r"unknown config key 'trainig'.*did you mean"):
+        load_config(path)
+
+
+def test_unknown_key_in_toml_is_an_error():
+    with pytest.raises(ConfigError, match=r"unknown config key 'optimizer.learning_rate'"):
+        config_from_dict({"optimizer": {"learning_rate": 1e-3}})
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--training.steps", "ten"], r"training.steps expects an integer, got 'ten'"),
+        (["--optimizer.lr", "fast"], r"optimizer.lr expects a number, got 'fast'"),
+        (["--metrics.tensorboard", "maybe"], r"metrics.tensorboard expects true or false, got 'maybe'"),
+        (["--lr_scheduler.decay", "cosin"], r"lr_scheduler.decay='cosin' is not one of .*did you mean 'cosine'"),
+        (["--training.param_dtype", "fp16"], r"training.param_dtype='fp16' is not one of 'float32', 'bfloat16'"),
+        (["--training.steps"], r"--training.steps needs a value"),
+        (["steps=3"], r"unexpected argument"),
+    ],
+)
+def test_bad_cli_values_name_the_key_and_the_fix(args, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, args)
+
+
+def test_wrong_type_in_toml_is_an_error():
+    with pytest.raises(ConfigError, match=r"training.steps expects an integer, got '10'"):
+        config_from_dict({"training": {"steps": "10"}})
+    with pytest.raises(ConfigError, match=r"job.dump_folder expects a string"):
+        config_from_dict({"job": {"dump_folder": 3}})
+
+
+def test_missing_and_invalid_toml_files(tmp_path):
+    with pytest.raises(ConfigError, match=r"does not exist"):
+        load_config(tmp_path / "nope.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[training\nsteps = ")
+    with pytest.raises(ConfigError, match=r"is not valid TOML"):
+        load_config(bad)
+
+
+def test_resolved_config_round_trips_through_toml():
+    cfg = load_config(None, ["--training.steps", "5", "--job.description", 'a "quoted" run', "--data.path", "x\\y"])
+    text = config_to_toml(cfg)
+    assert config_from_dict(tomllib.loads(text)) == cfg
+
+
+def test_help_lists_every_field_with_doc_and_default():
+    text = config_help()
+    for key, info in all_fields(JobConfig).items():
+        assert f"--{key} " in text
+        assert info.doc in text
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--training.steps", "0"], r"training.steps=0 must be a positive integer"),
+        (["--training.global_batch_size", "0"], r"global_batch_size=0 must be positive, or -1"),
+        (["--lr_scheduler.warmup_steps", "300", "--training.steps", "100"], r"warmup_steps=300 exceeds"),
+        (["--optimizer.lr", "-1"], r"optimizer.lr=-1.0 must be positive"),
+        (["--lr_scheduler.min_lr_ratio", "2"], r"min_lr_ratio=2.0 must lie in \[0, 1\]"),
+        (["--training.max_norm", "-1"], r"max_norm=-1.0 must be >= 0"),
+    ],
+)
+def test_validation_errors_name_the_value(args, message):
+    with pytest.raises(ConfigError, match=message):
+        validate_config(load_config(None, args))
+
+
+def test_shipped_configs_load_and_validate():
+    from pathlib import Path
+
+    configs = sorted(Path(__file__).parents[2].joinpath("train_configs").glob("*.toml"))
+    assert configs
+    for path in configs:
+        validate_config(load_config(path))

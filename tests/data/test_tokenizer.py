@@ -1,0 +1,196 @@
+import base64
+import itertools
+import platform
+import time
+from pathlib import Path
+
+import pytest
+
+from kenotron.data.bpe_training import count_pieces, train_bpe, write_rank_file
+from kenotron.data.corpus import builtin_documents
+from kenotron.data.tokenizer import (
+    BUILTIN_TOKENIZER_FILE,
+    LLAMA3_SPLIT_PATTERN,
+    TiktokenTokenizer,
+    build_tokenizer,
+    llama3_special_tokens,
+    read_rank_file,
+)
+
+ROUND_TRIP_TEXTS = [
+    "",
+    "Hello, world!",
+    "emoji 🤗🚀👩‍👩‍👧‍👦 flags 🇫🇷🇯🇵 skin 👋🏽",
+    "中文字符和日本語のテキスト、한국어 텍스트",
+    "Ελληνικά, кириллица, עברית, العربية, हिन्दी",
+    "def f(x: int) -> int:\n\treturn x ** 2  # comment\n\n\n",
+    "   leading and trailing   \n\n\r\n\t \u00a0\u2003\u3000 ",
+    "e\u0301 combining, \u200b zero width, \x00 nul, \ufeff bom, \U0010ffff last code point",
+    "numbers 1234567890 3.14159 1e-10 0xdeadbeef",
+    "<|begin_of_text|> <|end_of_text|> <|eot_id|> are text here",
+    "a" * 30_000 + " " * 30_000 + "b",
+]
+
+
+@pytest.fixture(scope="module")
+def builtin():
+    return build_tokenizer("")
+
+
+def tiny_rank_file(path: Path) -> Path:
+    """256 single bytes and a few merges, in the tiktoken format."""
+    tokens = [bytes([b]) for b in range(256)] + [b"he", b"ll", b"hell", b"hello", b" w", b"or"]
+    write_rank_file({t: i for i, t in enumerate(tokens)}, path)
+    return path
+
+
+def test_builtin_tokenizer_sizes(builtin):
+    assert builtin.name == "kenotron_bpe_4k"
+    assert builtin.vocab_size == 4096
+    assert builtin.num_ranks == 4080
+    assert (builtin.bos_id, builtin.eos_id) == (4080, 4081)
+    assert builtin.special_tokens["<|eot_id|>"] == 4080 + 9
+    assert BUILTIN_TOKENIZER_FILE.stat().st_size < 100 * 1024
+
+
+@pytest.mark.parametrize("text", ROUND_TRIP_TEXTS, ids=range(len(ROUND_TRIP_TEXTS)))
+def test_builtin_round_trip(builtin, text):
+    ids = builtin.encode(text)
+    assert all(0 <= i < builtin.num_ranks for i in ids)
+    assert builtin.decode(ids) == text
+
+
+def test_batch_encoding_matches_single(builtin):
+    assert builtin.encode_batch(ROUND_TRIP_TEXTS) == [builtin.encode(t) for t in ROUND_TRIP_TEXTS]
+
+
+def test_builtin_compresses_english(builtin):
+    # Docstring English is what it was trained on: ~4 characters per token.
+    text = "Return a new list containing all items from the iterable in ascending order."
+    assert len(builtin.encode(text)) < len(text) / 4
+
+
+def test_special_token_text_is_ordinary_text(builtin):
+    ids = builtin.encode("<|begin_of_text|>hi<|end_of_text|>")
+    assert builtin.bos_id not in ids and builtin.eos_id not in ids
+    assert builtin.decode([builtin.bos_id]) == "<|begin_of_text|>"
+
+
+def test_long_runs_are_fast_and_round_trip(builtin):
+    text = "x" * 200_000 + "\n" * 100_000
+    start = time.perf_counter()
+    assert builtin.decode(builtin.encode(text)) == text
+    assert time.perf_counter() - start < 5
+
+
+def test_tiny_rank_file(tmp_path):
+    tokenizer = build_tokenizer(str(tiny_rank_file(tmp_path / "tiny.tiktoken")))
+    assert tokenizer.vocab_size == 262 + 16
+    assert (tokenizer.bos_id, tokenizer.eos_id) == (262, 263)
+    assert tokenizer.encode("hello") == [259]
+    for text in ROUND_TRIP_TEXTS:
+        assert tokenizer.decode(tokenizer.encode(text)) == text
+
+
+def test_llama3_sized_file_gets_llama3_special_tokens(tmp_path):
+    # 256 single bytes, then made-up 2- and 3-byte tokens up to Llama 3's 128000 ranks.
+    multi_byte = (bytes(t) for n in (2, 3) for t in itertools.product(range(256), repeat=n))
+    tokens = [bytes([b]) for b in range(256)] + list(itertools.islice(multi_byte, 128_000 - 256))
+    path = tmp_path / "tokenizer.model"
+    with open(path, "w") as f:
+        f.writelines(f"{base64.b64encode(t).decode()} {i}\n" for i, t in enumerate(tokens))
+
+    start = time.perf_counter()
+    tokenizer = build_tokenizer(str(path))
+    assert time.perf_counter() - start < 5
+
+    assert tokenizer.vocab_size == 128_256
+    assert (tokenizer.bos_id, tokenizer.eos_id) == (128_000, 128_001)
+    expected = {
+        "<|reserved_special_token_0|>": 128_002,
+        "<|finetune_right_pad_id|>": 128_004,
+        "<|start_header_id|>": 128_006,
+        "<|end_header_id|>": 128_007,
+        "<|eom_id|>": 128_008,
+        "<|eot_id|>": 128_009,
+        "<|python_tag|>": 128_010,
+        "<|reserved_special_token_2|>": 128_011,
+        "<|reserved_special_token_246|>": 128_255,
+    }
+    assert {k: tokenizer.special_tokens[k] for k in expected} == expected
+    assert len(tokenizer.special_tokens) == 256
+    assert tokenizer.decode([128_009]) == "<|eot_id|>"
+    text = "Llama-sized 🦙 text"
+    assert tokenizer.decode(tokenizer.encode(text)) == text
+
+
+def test_small_vocab_specials_are_a_prefix_of_llama3():
+    assert llama3_special_tokens(16) == llama3_special_tokens()[:16]
+    assert len(set(llama3_special_tokens())) == 256
+
+
+def test_model_folder_resolves_original_tokenizer_model(tmp_path):
+    tiny_rank_file(tmp_path / "original" / "tokenizer.model")
+    assert build_tokenizer(str(tmp_path)).vocab_size == 278
+
+
+def test_missing_tokenizer_file(tmp_path):
+    missing = str(tmp_path / "nope.model")
+    with pytest.raises(FileNotFoundError, match="tokenizer.path=.*nope.model.* does not exist"):
+        build_tokenizer(missing)
+
+
+def test_not_a_rank_file(tmp_path):
+    path = tmp_path / "tokenizer.json"
+    path.write_text('{"model": {"type": "BPE"}}\n')
+    with pytest.raises(ValueError, match="not '<base64 token> <rank>'"):
+        build_tokenizer(str(path))
+
+
+def test_rank_file_without_all_bytes(tmp_path):
+    write_rank_file({b"a": 0, b"b": 1}, tmp_path / "two.tiktoken")
+    with pytest.raises(ValueError, match="lacks 254 single-byte tokens"):
+        read_rank_file(tmp_path / "two.tiktoken")
+
+
+@pytest.fixture(scope="module")
+def corpus_slice():
+    # The first documents of the built-in corpus (help topics), without building all of it.
+    from pydoc_data.topics import topics
+
+    return [topics[name] for name in sorted(topics)[:12]]
+
+
+def test_bpe_training_is_deterministic(tmp_path, corpus_slice):
+    first = train_bpe(corpus_slice, 700)
+    second = train_bpe(list(reversed(corpus_slice)), 700)
+    assert first == second
+    assert sorted(first.values()) == list(range(700))
+    write_rank_file(first, tmp_path / "a.tiktoken")
+    write_rank_file(second, tmp_path / "b.tiktoken")
+    assert (tmp_path / "a.tiktoken").read_bytes() == (tmp_path / "b.tiktoken").read_bytes()
+
+    tokenizer = TiktokenTokenizer(tmp_path / "a.tiktoken")
+    assert tokenizer.vocab_size == 716
+    for text in ROUND_TRIP_TEXTS:
+        assert tokenizer.decode(tokenizer.encode(text)) == text
+
+
+def test_bpe_merges_frequent_pieces_first(corpus_slice):
+    ranks = train_bpe(corpus_slice, 300)
+    counts = count_pieces(corpus_slice, LLAMA3_SPLIT_PATTERN)
+    # The most frequent multi-byte piece of English prose is a learned token early on.
+    top_piece = max((p for p in counts if len(p) == 2), key=counts.__getitem__)
+    assert top_piece in ranks
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    platform.python_version() != "3.11.7",
+    reason="the shipped vocabulary was trained on CPython 3.11.7's help topics and docstrings",
+)
+def test_training_script_reproduces_the_shipped_file(tmp_path):
+    shipped = read_rank_file(BUILTIN_TOKENIZER_FILE)
+    trained = train_bpe(builtin_documents(), len(shipped))
+    write_rank_file(trained, tmp_path / "retrained.tiktoken")
+    assert (tmp_path / "retrained.tiktoken").read_bytes() == BUILTIN_TOKENIZER_FILE.read_bytes()

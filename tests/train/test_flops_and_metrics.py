@@ -1,0 +1,74 @@
+"""The MFU formula against a hand computation, the peak table, and the metrics record schema."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from kenotron.models import get_model_spec
+from kenotron.train.flops import flops_per_token, matmul_params, peak_flops
+from kenotron.train.metrics import RECORD_KEYS, MetricsLogger, format_record
+
+
+def meta_model(flavor: str, **kw):
+    spec = get_model_spec("llama3")
+    with torch.device("meta"):
+        return spec.build(spec.model_args(flavor, max_seq_len=16, **kw))
+
+
+def test_matmul_params_excludes_the_input_embedding_only():
+    # 8B is untied: N = all parameters minus the 128256 x 4096 input table.
+    assert matmul_params(meta_model("8B")) == 8_030_261_248 - 128256 * 4096
+    # 1B is tied: the shared table is the output projection, counted once.
+    assert matmul_params(meta_model("1B")) == 1_235_814_400
+
+
+def test_reference_mfu_figures_are_reproduced_by_the_formula():
+    # The project's reference rows (1xH200): 1B shape b4 x 4096 at 59.4k tok/s is 54.3% MFU,
+    # and the 8B width with 8 layers, b2 x 8192 at 35.7k tok/s is 60.8% MFU.
+    f1b = flops_per_token(matmul_params(meta_model("1B")), 16, 32, 64, 4096)
+    assert 100 * f1b * 59.4e3 / 989e12 == pytest.approx(54.3, abs=0.1)
+    f8 = flops_per_token(matmul_params(meta_model("8B", n_layers=8)), 8, 32, 128, 8192)
+    assert 100 * f8 * 35.7e3 / 989e12 == pytest.approx(60.8, abs=0.1)
+
+
+def test_flops_formula_by_hand():
+    # 6 N + 12 L H d T with N=1000, L=2, H=4, d=8, T=16
+    assert flops_per_token(1000, 2, 4, 8, 16) == 6 * 1000 + 12 * 2 * 4 * 8 * 16
+
+
+def test_peak_table_matches_specific_names_first_and_never_guesses():
+    assert peak_flops("NVIDIA H100 80GB HBM3") == 989e12
+    assert peak_flops("NVIDIA H100 PCIe") == 756e12
+    assert peak_flops("NVIDIA H200") == 989e12
+    assert peak_flops("NVIDIA A100-SXM4-80GB") == 312e12
+    assert peak_flops("cpu (2 threads)") is None
+    assert peak_flops("Some Future GPU") is None
+
+
+def test_record_schema_jsonl_and_unknown_peak(tmp_path, caplog):
+    log = MetricsLogger(tmp_path, flops_per_token=1e6, world_size=2, device=torch.device("cpu"))
+    log.reset_clock()
+    log.count(4000)
+    with caplog.at_level("WARNING", logger="kenotron"):
+        rec = log.record(step=1, loss=2.5, grad_norm=0.5, lr=1e-3, tokens_seen=4000)
+    log.close()
+    assert set(RECORD_KEYS) <= set(rec)
+    assert rec["mfu"] is None and "MFU is not reported" in caplog.text
+    assert rec["tokens_per_sec"] > 0
+    assert rec["tflops"] == pytest.approx(rec["tokens_per_sec"] * 1e6 / 1e12)
+    assert rec["memory_gib"] > 0
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert json.loads(lines[0]) == rec
+    assert "loss 2.5000" in format_record(rec) and "MFU n/a" in format_record(rec)
+
+
+def test_tokens_per_sec_is_per_device(tmp_path):
+    log = MetricsLogger(tmp_path, flops_per_token=1.0, world_size=4, device=torch.device("cpu"), write=False)
+    log.reset_clock()
+    log.count(1_000_000)
+    rec = log.record(step=1, loss=1.0, grad_norm=1.0, lr=1.0, tokens_seen=1_000_000)
+    total_rate = 1_000_000 / rec["step_time_s"]
+    assert rec["tokens_per_sec"] == pytest.approx(total_rate / 4, rel=1e-6)
