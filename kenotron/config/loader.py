@@ -197,3 +197,24 @@ def config_help() -> str:
         out.append(f"  --{info.key} ({info.type_name()}, default {_toml_value(info.default)})")
         out.append(f"      {info.doc}")
     return "\n".join(out)
+
+
+def config_reference_markdown() -> str:
+    """docs/config_reference.md: one table per section (key, type, default, meaning)."""
+    out = [
+        "# Configuration reference",
+        "",
+        "Generated from the dataclasses in `kenotron/config/sections.py` by",
+        "`python scripts/gen_config_reference.py`; a test fails when this file is stale.",
+        "Set a value in a TOML file (`[section]` then `key = value`) or on the command line",
+        "(`--section.key value`); the command line wins.",
+    ]
+    section = None
+    for info in all_fields(JobConfig).values():
+        if info.section != section:
+            section = info.section
+            out += ["", f"## [{section}]", "", "| key | type | default | meaning |", "|---|---|---|---|"]
+        doc = info.doc.replace("|", "\\|")
+        kind = info.type_name().replace("|", "\\|")
+        out.append(f"| `{info.key}` | {kind} | `{_toml_value(info.default)}` | {doc} |")
+    return "\n".join(out) + "\n"

@@ -1,12 +1,16 @@
 """The built-in corpus: English text and code that ships with every CPython, no download.
 
-Two parts, in this order:
+Two parts:
 
 1. the 79 topics of the Python language reference that `help()` shows
    (`pydoc_data.topics.topics`, ~465 KB), sorted by topic name;
-2. one document per module of a fixed list of pure-Python standard-library modules: the
-   module docstring, then the signature and docstring of each public class, method and
-   function, in source order.
+2. for a fixed list of pure-Python standard-library modules, one document per module
+   docstring and one per public top-level class or function: its signature and docstring,
+   and for a class those of its documented public methods, in source order.
+
+The two parts are then interleaved by a fixed permutation (a seeded shuffle), so any stretch
+of training sees both prose and API text: a debug run's loss then falls smoothly instead of
+jumping where one kind of text gives way to the other.
 
 The docstrings are read from the modules' source files with `ast`, never from live objects:
 importing nothing means no side effects, and the text cannot depend on what was imported or
@@ -21,6 +25,7 @@ from __future__ import annotations
 import ast
 import functools
 import importlib.util
+import random
 from pathlib import Path
 
 # Pure-Python modules present in CPython 3.11 through 3.14 (none of those removed in 3.12 or
@@ -53,6 +58,9 @@ STDLIB_MODULES: tuple[str, ...] = (
     "zipfile", "zipimport", "zoneinfo",
 )
 # fmt: on
+
+# Seed of the fixed permutation that interleaves the corpus (part of its definition).
+SHUFFLE_SEED = 1234
 
 _DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 
@@ -89,24 +97,25 @@ def _public_definitions(
     return [n for n in body if isinstance(n, _DEFINITIONS) and not n.name.startswith("_")]
 
 
-def module_document(module_name: str, source: str) -> str:
-    """Markdown-ish text of a module's docstrings: `# module`, then per definition a
-    `## module.name` header, its signature and its docstring (methods: only documented ones)."""
+def _join(sections: list[str]) -> str:
+    return "\n\n".join(section for section in sections if section) + "\n"
+
+
+def module_documents(module_name: str, source: str) -> list[str]:
+    """Markdown-ish documents of a module's docstrings: `# module` and its docstring, then per
+    public definition a `## module.name` header, its signature and its docstring (for a class,
+    followed by its documented public methods)."""
     tree = ast.parse(source)
-    sections = [f"# {module_name}", ast.get_docstring(tree) or ""]
+    documents = [_join([f"# {module_name}", ast.get_docstring(tree) or ""])]
     for node in _public_definitions(tree.body):
-        doc = ast.get_docstring(node) or ""
-        sections += [f"## {module_name}.{node.name}", _signature(node), doc]
+        sections = [f"## {module_name}.{node.name}", _signature(node), ast.get_docstring(node) or ""]
         if isinstance(node, ast.ClassDef):
             for method in _public_definitions(node.body):
                 method_doc = ast.get_docstring(method)
                 if method_doc:
-                    sections += [
-                        f"### {module_name}.{node.name}.{method.name}",
-                        _signature(method),
-                        method_doc,
-                    ]
-    return "\n\n".join(section for section in sections if section) + "\n"
+                    sections += [f"### {module_name}.{node.name}.{method.name}", _signature(method), method_doc]
+        documents.append(_join(sections))
+    return documents
 
 
 def _stdlib_documents() -> list[str]:
@@ -114,7 +123,7 @@ def _stdlib_documents() -> list[str]:
     for module_name in STDLIB_MODULES:
         source = _module_source(module_name)
         if source is not None:
-            documents.append(module_document(module_name, source))
+            documents.extend(module_documents(module_name, source))
     return documents
 
 
@@ -128,7 +137,9 @@ def _help_topic_documents() -> list[str]:
 def _builtin_documents() -> tuple[str, ...]:
     # Parsing ~5 MB of stdlib source takes about a second; the result is a pure function of
     # the Python installation, so it is built once per process and kept immutable.
-    return tuple(_help_topic_documents() + _stdlib_documents())
+    documents = _help_topic_documents() + _stdlib_documents()
+    random.Random(SHUFFLE_SEED).shuffle(documents)
+    return tuple(documents)
 
 
 def builtin_documents() -> list[str]:

@@ -1,7 +1,7 @@
 """Training metrics: one progress line and one JSON record per log step, TensorBoard optional.
 
 Records go to `<dump_folder>/metrics.jsonl`, one JSON object per line, with at least:
-step, loss, grad_norm, lr, tokens_per_sec (per device), tflops (per device), mfu (percent, or
+step, loss (this step's), loss_avg (mean over the steps since the previous record), grad_norm, lr, tokens_per_sec (per device), tflops (per device), mfu (percent, or
 null on a device with no known peak), memory_gib (peak: CUDA max allocated, or the process's
 peak RSS on CPU), elapsed_s (since training started), plus tokens_seen and step_time_s.
 """
@@ -24,7 +24,7 @@ from kenotron.train.flops import peak_flops
 logger = logging.getLogger("kenotron")
 
 RECORD_KEYS = (
-    "step", "loss", "grad_norm", "lr", "tokens_per_sec", "tflops", "mfu",
+    "step", "loss", "loss_avg", "grad_norm", "lr", "tokens_per_sec", "tflops", "mfu",
     "memory_gib", "elapsed_s", "tokens_seen", "step_time_s",
 )
 
@@ -90,7 +90,9 @@ class MetricsLogger:
         self._window_tokens += global_tokens
         self._window_steps += 1
 
-    def record(self, *, step: int, loss: float, grad_norm: float, lr: float, tokens_seen: int) -> dict[str, Any]:
+    def record(
+        self, *, step: int, loss: float, grad_norm: float, lr: float, tokens_seen: int, loss_avg: float | None = None
+    ) -> dict[str, Any]:
         """Close the window at this step: build, print and write the record."""
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
@@ -105,6 +107,7 @@ class MetricsLogger:
         rec = {
             "step": step,
             "loss": loss,
+            "loss_avg": loss if loss_avg is None else loss_avg,
             "grad_norm": grad_norm,
             "lr": lr,
             "tokens_per_sec": tps,
@@ -143,7 +146,7 @@ def format_record(rec: dict[str, Any]) -> str:
     """The one-line progress view of a record."""
     mfu = f"{rec['mfu']:.1f}%" if rec["mfu"] is not None else "n/a"
     return (
-        f"step {rec['step']:>6} | loss {rec['loss']:.4f} | grad_norm {rec['grad_norm']:.3f} | lr {rec['lr']:.2e} | "
+        f"step {rec['step']:>6} | loss {rec['loss']:.4f} (avg {rec['loss_avg']:.4f}) | grad_norm {rec['grad_norm']:.3f} | lr {rec['lr']:.2e} | "
         f"{_si(rec['tokens_per_sec'])} tok/s | {rec['tflops']:.3g} TFLOP/s | MFU {mfu} | "
         f"mem {rec['memory_gib']:.2f} GiB | {rec['elapsed_s']:.1f}s"
     )

@@ -187,7 +187,8 @@ class Trainer:
 
     # -- the loop -------------------------------------------------------------------------
 
-    def _check_finite(self, losses: list[torch.Tensor], first_step: int) -> None:
+    def _check_finite(self, losses: list[torch.Tensor], first_step: int) -> float:
+        """Stop on the first non-finite loss of the window; returns the window's mean loss."""
         stacked = torch.stack(losses)
         finite = torch.isfinite(stacked)
         if not bool(finite.all()):
@@ -197,6 +198,7 @@ class Trainer:
                 f"(now {self.cfg.optimizer.lr}), lengthen lr_scheduler.warmup_steps (now "
                 f"{self.cfg.lr_scheduler.warmup_steps}), or set training.max_norm > 0"
             )
+        return stacked.mean().item()
 
     def train(self) -> list[dict[str, Any]]:
         cfg = self.cfg
@@ -222,9 +224,9 @@ class Trainer:
             self.metrics.count(tokens_per_step)
             window.append(loss)
             if self.step % cfg.metrics.log_freq == 0 or self.step == cfg.training.steps:
-                self._check_finite(window, window_start)
+                loss_avg = self._check_finite(window, window_start)
                 rec = self.metrics.record(
-                    step=self.step, loss=loss.item(), grad_norm=grad_norm.item(),
+                    step=self.step, loss=loss.item(), loss_avg=loss_avg, grad_norm=grad_norm.item(),
                     lr=self._lr_of_step(self.step),
                     tokens_seen=self.tokens_seen,
                 )

@@ -150,3 +150,12 @@ def test_shipped_configs_load_and_validate():
     assert configs
     for path in configs:
         validate_config(load_config(path))
+
+
+def test_docs_config_reference_is_up_to_date():
+    from pathlib import Path
+
+    from kenotron.config import config_reference_markdown
+
+    doc = Path(__file__).parents[2] / "docs" / "config_reference.md"
+    assert doc.read_text() == config_reference_markdown(), "run python scripts/gen_config_reference.py"
