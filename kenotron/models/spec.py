@@ -8,6 +8,8 @@ from typing import Any, Callable
 
 from torch import nn
 
+from kenotron.models.hf_adapter import HFAdapter
+
 
 class UnknownModelError(ValueError):
     """A model name or flavor that the registry does not have."""
@@ -25,6 +27,8 @@ class ModelSpec:
     model_cls: Callable[[Any], nn.Module]
     flavors: dict[str, Any]
     """{flavor name: frozen args dataclass}."""
+    hf_adapter: HFAdapter | None = None
+    """Key and config translation to/from the family's transformers class; None when there is none."""
 
     def model_args(self, flavor: str, *, vocab_size: int = 0, n_layers: int = 0, max_seq_len: int = 0) -> Any:
         """The flavor's args with the trainer's overrides applied (0 keeps the flavor's value)."""

@@ -117,8 +117,7 @@ class Trainer:
         if cfg.compile.enable:
             compile_blocks(model.layers)
         model.to_empty(device=self.device)
-        torch.manual_seed(cfg.training.seed)
-        model.init_weights(buffer_device=self.device)
+        model.init_weights(buffer_device=self.device, seed=cfg.training.seed)
         model.train()
         self.model: nn.Module = model
 

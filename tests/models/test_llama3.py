@@ -31,8 +31,7 @@ def tiny_model(seed: int = 0, **changes) -> torch.nn.Module:
     with torch.device("meta"):
         model = SPEC.build(args)
     model.to_empty(device="cpu")
-    torch.manual_seed(seed)
-    model.init_weights()
+    model.init_weights(seed=seed)
     return model
 
 
@@ -127,3 +126,18 @@ def test_unknown_flavor_lists_the_valid_ones():
 def test_overrides_of_vocab_and_depth():
     args = SPEC.model_args("8B", vocab_size=1024, n_layers=2, max_seq_len=64)
     assert (args.vocab_size, args.n_layers, args.max_seq_len, args.dim) == (1024, 2, 64, 4096)
+
+
+def test_init_of_a_partial_model_equals_the_same_blocks_of_the_whole_model():
+    # A pipeline stage holds only some blocks; its weights must not depend on that.
+    whole = tiny_model(seed=3)
+    args = SPEC.model_args("debug", max_seq_len=32)
+    with torch.device("meta"):
+        stage = SPEC.build(args)
+    del stage.layers["0"], stage.layers["1"]
+    stage.tok_embeddings = None
+    stage.to_empty(device="cpu")
+    stage.init_weights(seed=3)
+    whole_params = dict(whole.named_parameters())
+    for name, p in stage.named_parameters():
+        assert torch.equal(p, whole_params[name]), name

@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kenotron.models.common.init import ZEROS, InitSpec, trunc_normal
 from kenotron.models.common.rope import apply_rope
 
 
@@ -42,9 +43,12 @@ class GQAttention(nn.Module):
         out = out.transpose(1, 2).reshape(bsz, seqlen, -1)
         return self.wo(out)
 
-    def init_weights(self, init_std: float, out_std: float) -> None:
-        for lin in (self.wq, self.wk, self.wv):
-            nn.init.trunc_normal_(lin.weight, std=init_std, a=-3 * init_std, b=3 * init_std)
-            if lin.bias is not None:
-                nn.init.zeros_(lin.bias)
-        nn.init.trunc_normal_(self.wo.weight, std=out_std, a=-3 * out_std, b=3 * out_std)
+    def param_init_specs(self, init_std: float, out_std: float) -> dict[str, InitSpec]:
+        """q/k/v at init_std (biases zero); the output projection at out_std (depth-scaled)."""
+        specs: dict[str, InitSpec] = {}
+        for name in ("wq", "wk", "wv"):
+            specs[f"{name}.weight"] = trunc_normal(init_std)
+            if getattr(self, name).bias is not None:
+                specs[f"{name}.bias"] = ZEROS
+        specs["wo.weight"] = trunc_normal(out_std)
+        return specs

@@ -6,6 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kenotron.models.common.init import InitSpec, trunc_normal
+
 
 class SwiGLU(nn.Module):
     """w2(silu(w1 x) * w3 x): the gated MLP of Llama, Qwen and Mistral."""
@@ -19,7 +21,10 @@ class SwiGLU(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.w2(F.silu(self.w1(x)) * self.w3(x))
 
-    def init_weights(self, init_std: float, out_std: float) -> None:
-        nn.init.trunc_normal_(self.w1.weight, std=init_std, a=-3 * init_std, b=3 * init_std)
-        nn.init.trunc_normal_(self.w3.weight, std=init_std, a=-3 * init_std, b=3 * init_std)
-        nn.init.trunc_normal_(self.w2.weight, std=out_std, a=-3 * out_std, b=3 * out_std)
+    def param_init_specs(self, init_std: float, out_std: float) -> dict[str, InitSpec]:
+        """Input projections at init_std; the output projection at out_std (depth-scaled)."""
+        return {
+            "w1.weight": trunc_normal(init_std),
+            "w3.weight": trunc_normal(init_std),
+            "w2.weight": trunc_normal(out_std),
+        }

@@ -6,6 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kenotron.models.common.init import ONES, InitSpec
+
 
 class RMSNorm(nn.Module):
     """Root-mean-square norm with a learned scale, computed in fp32 for stability.
@@ -23,8 +25,8 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.rms_norm(x.float(), (self.dim,), self.weight.float(), self.eps).type_as(x)
 
-    def init_weights(self) -> None:
-        nn.init.ones_(self.weight)
+    def param_init_specs(self) -> dict[str, InitSpec]:
+        return {"weight": ONES}
 
     def extra_repr(self) -> str:
         return f"{self.dim}, eps={self.eps}"

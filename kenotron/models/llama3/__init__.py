@@ -1,9 +1,10 @@
 """Llama 3 family: model, flavors and spec."""
 
 from kenotron.models.llama3.flavors import LLAMA3_FLAVORS
+from kenotron.models.llama3.hf import LLAMA3_HF_ADAPTER
 from kenotron.models.llama3.model import Llama3, Llama3Args, TransformerBlock
 from kenotron.models.spec import ModelSpec
 
-LLAMA3_SPEC = ModelSpec(name="llama3", model_cls=Llama3, flavors=LLAMA3_FLAVORS)
+LLAMA3_SPEC = ModelSpec(name="llama3", model_cls=Llama3, flavors=LLAMA3_FLAVORS, hf_adapter=LLAMA3_HF_ADAPTER)
 
-__all__ = ["LLAMA3_FLAVORS", "LLAMA3_SPEC", "Llama3", "Llama3Args", "TransformerBlock"]
+__all__ = ["LLAMA3_FLAVORS", "LLAMA3_HF_ADAPTER", "LLAMA3_SPEC", "Llama3", "Llama3Args", "TransformerBlock"]

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from kenotron.models.common.attention import GQAttention
+from kenotron.models.common.init import InitSpec, init_parameters, normal, prefixed, trunc_normal
 from kenotron.models.common.mlp import SwiGLU
 from kenotron.models.common.norms import RMSNorm
 from kenotron.models.common.rope import RopeScaling, rope_cos_sin
@@ -66,11 +67,13 @@ class TransformerBlock(nn.Module):
         h = x + self.attention(self.attention_norm(x), cos, sin)
         return h + self.feed_forward(self.ffn_norm(h))
 
-    def init_weights(self) -> None:
-        self.attention_norm.init_weights()
-        self.ffn_norm.init_weights()
-        self.attention.init_weights(0.02, self.out_std)
-        self.feed_forward.init_weights(0.02, self.out_std)
+    def param_init_specs(self) -> dict[str, InitSpec]:
+        return {
+            **prefixed("attention_norm", self.attention_norm.param_init_specs()),
+            **prefixed("ffn_norm", self.ffn_norm.param_init_specs()),
+            **prefixed("attention", self.attention.param_init_specs(0.02, self.out_std)),
+            **prefixed("feed_forward", self.feed_forward.param_init_specs(0.02, self.out_std)),
+        }
 
 
 class Llama3(nn.Module):
@@ -120,26 +123,36 @@ class Llama3(nn.Module):
         h = self.norm(h) if self.norm is not None else h
         return self.output(h) if self.output is not None else h
 
-    @torch.no_grad()
-    def init_weights(self, buffer_device: torch.device | str | None = None) -> None:
-        """Initialize every parameter and buffer from the current RNG state.
+    def param_init_specs(self) -> dict[str, InitSpec]:
+        """How each parameter this model (or pipeline stage) holds is initialized."""
+        args = self.args
+        specs: dict[str, InitSpec] = {}
+        # Untied: unit-variance embedding rows (the first norm rescales them). Tied: the
+        # shared matrix must also give unit-scale logits, hence dim^-0.5.
+        if self.tok_embeddings is not None:
+            specs["tok_embeddings.weight"] = normal(args.dim**-0.5 if args.tie_embeddings else 1.0)
+        for name, layer in self.layers.items():
+            specs.update(prefixed(f"layers.{name}", layer.param_init_specs()))
+        if self.norm is not None:
+            specs.update(prefixed("norm", self.norm.param_init_specs()))
+        if self.output is not None:
+            specs["output.weight"] = trunc_normal(args.dim**-0.5)
+        return specs
 
-        Call under a fixed `torch.manual_seed` for reproducible weights.
+    @torch.no_grad()
+    def init_weights(self, buffer_device: torch.device | str | None = None, seed: int = 0) -> None:
+        """Compute the RoPE tables and initialize every parameter from `seed`.
+
+        Each parameter has its own generator (seeded by `seed` and its name), so the
+        weights are the same under any sharding or pipeline split (see common/init.py).
         """
         args = self.args
         device = buffer_device if buffer_device is not None else self.rope_cos.device
         self.rope_cos, self.rope_sin = rope_cos_sin(
             args.head_dim, args.max_seq_len, args.rope_theta, args.rope_scaling, device=device
         )
-        # Untied: unit-variance embedding rows (the first norm rescales them). Tied: the
-        # shared matrix must also give unit-scale logits, hence dim^-0.5.
-        if self.tok_embeddings is not None:
-            std = args.dim**-0.5 if args.tie_embeddings else 1.0
-            nn.init.normal_(self.tok_embeddings.weight, std=std)
-        for layer in self.layers.values():
-            layer.init_weights()
-        if self.norm is not None:
-            self.norm.init_weights()
-        if self.output is not None and not args.tie_embeddings:
-            std = args.dim**-0.5
-            nn.init.trunc_normal_(self.output.weight, std=std, a=-3 * std, b=3 * std)
+        specs = self.param_init_specs()
+        if args.tie_embeddings and "tok_embeddings.weight" in specs:
+            # One tensor, two names: named_parameters() reports it as the embedding.
+            specs.pop("output.weight", None)
+        init_parameters(self, specs, seed)

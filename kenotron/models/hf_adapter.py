@@ -1,0 +1,189 @@
+"""Hugging Face state-dict adapters: kenotron names and args <-> transformers names and config.json.
+
+An adapter only renames keys; it never copies, transposes or permutes a tensor (kenotron's
+RoPE already uses HF's "rotate half" layout). So it works unchanged on sharded DTensors and
+on the placeholder tensors of a DCP load plan, and its per-key functions (`to_hf_key`,
+`from_hf_key`) can drive a storage reader/writer that streams one tensor at a time.
+
+Each family fills an `HFAdapter` in its own `hf.py` and attaches it to its `ModelSpec`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from kenotron.models.common.rope import RopeScaling
+
+_LAYER_KEY = re.compile(r"^layers\.(\d+)\.(.+)$")
+_HF_LAYER_KEY = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
+
+# Keys that old checkpoints carry but that are recomputed, not learned.
+_IGNORED_HF_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+class HFConversionError(ValueError):
+    """A key, config value or architecture that an adapter cannot convert."""
+
+
+@dataclass(frozen=True)
+class HFAdapter:
+    """How one model family maps to its transformers counterpart (see the module docstring)."""
+
+    architecture: str
+    """The transformers class named in config.json's `architectures`, e.g. "LlamaForCausalLM"."""
+    model_type: str
+    """config.json's `model_type`, e.g. "llama"."""
+    top_keys: Mapping[str, str]
+    """{kenotron key: HF key} for the parameters outside the blocks."""
+    layer_keys: Mapping[str, str]
+    """{kenotron key suffix: HF key suffix} inside block i ("layers.{i}." <-> "model.layers.{i}.")."""
+    args_from_config: Callable[[dict[str, Any]], Any]
+    """config.json (as a dict) -> the family's args dataclass; raises HFConversionError on a
+    setting the kenotron model does not implement."""
+    config_from_args: Callable[[Any], dict[str, Any]]
+    """The family's args -> a config.json dict that transformers loads as `architecture`."""
+
+    # -- config ---------------------------------------------------------------------------------
+
+    def args_from_hf_config(self, config: Mapping[str, Any], *, max_seq_len: int = 0) -> Any:
+        """Args from a config.json dict. `max_seq_len` (0: the config's max_position_embeddings)
+        sizes the RoPE tables; pass the longest sequence you will run to keep them small."""
+        model_type = config.get("model_type")
+        if model_type is not None and model_type != self.model_type:
+            raise HFConversionError(
+                f"config.json has model_type={model_type!r} but this adapter converts {self.model_type!r}; "
+                f"use the family whose adapter has model_type {model_type!r}"
+            )
+        args = self.args_from_config(dict(config))
+        if max_seq_len:
+            args = dataclasses.replace(args, max_seq_len=max_seq_len)
+        return args
+
+    def hf_config_from_args(self, args: Any) -> dict[str, Any]:
+        """A config.json dict (architectures, model_type and the dimensions) for `args`."""
+        return {"architectures": [self.architecture], "model_type": self.model_type, **self.config_from_args(args)}
+
+    # -- keys -----------------------------------------------------------------------------------
+
+    def to_hf_key(self, key: str) -> str:
+        """The HF name of a kenotron parameter name."""
+        match = _LAYER_KEY.match(key)
+        if match and match.group(2) in self.layer_keys:
+            return f"model.layers.{match.group(1)}.{self.layer_keys[match.group(2)]}"
+        if key in self.top_keys:
+            return self.top_keys[key]
+        raise HFConversionError(f"{key!r} has no Hugging Face name in the {self.model_type} adapter")
+
+    def from_hf_key(self, hf_key: str) -> str:
+        """The kenotron name of an HF parameter name."""
+        match = _HF_LAYER_KEY.match(hf_key)
+        if match:
+            for ours, theirs in self.layer_keys.items():
+                if theirs == match.group(2):
+                    return f"layers.{match.group(1)}.{ours}"
+        for ours, theirs in self.top_keys.items():
+            if theirs == hf_key:
+                return ours
+        raise HFConversionError(
+            f"{hf_key!r} has no kenotron name in the {self.model_type} adapter: is the checkpoint a "
+            f"{self.architecture}?"
+        )
+
+    @staticmethod
+    def is_ignored_hf_key(hf_key: str) -> bool:
+        """Keys that carry no learned weight (e.g. old checkpoints' `rotary_emb.inv_freq`)."""
+        return hf_key.endswith(_IGNORED_HF_SUFFIXES)
+
+    def hf_keys(self, kenotron_keys: Iterable[str], args: Any) -> list[str]:
+        """The HF names that a checkpoint of this model holds (the tied output projection has none)."""
+        return [self.to_hf_key(k) for k in kenotron_keys if not (_tied(args) and k == "output.weight")]
+
+    # -- state dicts ----------------------------------------------------------------------------
+
+    def to_hf(self, state_dict: Mapping[str, torch.Tensor], args: Any) -> dict[str, torch.Tensor]:
+        """kenotron state dict -> HF state dict; the same tensor objects, renamed.
+
+        With tied embeddings the output projection is left out, as HF stores only
+        `model.embed_tokens.weight` then.
+        """
+        return {
+            self.to_hf_key(key): value
+            for key, value in state_dict.items()
+            if not (_tied(args) and key == "output.weight")
+        }
+
+    def from_hf(self, hf_state_dict: Mapping[str, torch.Tensor], args: Any) -> dict[str, torch.Tensor]:
+        """HF state dict -> kenotron state dict that `model.load_state_dict(..., strict=True)` takes.
+
+        With tied embeddings `output.weight` is the embedding tensor itself (whether or not the
+        checkpoint also stored an `lm_head.weight`).
+        """
+        out = {
+            self.from_hf_key(key): value for key, value in hf_state_dict.items() if not self.is_ignored_hf_key(key)
+        }
+        if _tied(args):
+            if "tok_embeddings.weight" not in out:
+                raise HFConversionError("a model with tied embeddings needs 'model.embed_tokens.weight'")
+            out["output.weight"] = out["tok_embeddings.weight"]
+        return out
+
+
+def _tied(args: Any) -> bool:
+    return bool(args.tie_embeddings)
+
+
+# -- helpers shared by the families' config translations ---------------------------------------
+
+
+def rope_from_hf_config(config: Mapping[str, Any], default_theta: float) -> tuple[float, RopeScaling | None]:
+    """(theta, Llama 3.1 scaling or None) from either transformers 5's `rope_parameters` or the
+    older `rope_theta` + `rope_scaling` keys that published config.json files use."""
+    params = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
+    theta = float(params.get("rope_theta", config.get("rope_theta", default_theta)))
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type == "default":
+        return theta, None
+    if rope_type == "llama3":
+        return theta, RopeScaling(
+            factor=float(params["factor"]),
+            low_freq_factor=float(params["low_freq_factor"]),
+            high_freq_factor=float(params["high_freq_factor"]),
+            original_max_len=int(params["original_max_position_embeddings"]),
+        )
+    raise HFConversionError(
+        f"rope type {rope_type!r} is not implemented in kenotron (it has 'default' and 'llama3'); "
+        f"convert a checkpoint that uses one of those"
+    )
+
+
+def rope_to_hf_config(theta: float, scaling: RopeScaling | None) -> dict[str, Any]:
+    """The `rope_theta` / `rope_scaling` keys (read by transformers 4.x and 5.x alike)."""
+    out: dict[str, Any] = {"rope_theta": theta, "rope_scaling": None}
+    if scaling is not None:
+        out["rope_scaling"] = {
+            "rope_type": "llama3",
+            "factor": scaling.factor,
+            "low_freq_factor": scaling.low_freq_factor,
+            "high_freq_factor": scaling.high_freq_factor,
+            "original_max_position_embeddings": scaling.original_max_len,
+        }
+    return out
+
+
+def require(config: Mapping[str, Any], key: str, expected: Any, why: str) -> None:
+    """Stop when config.json sets `key` to something other than `expected` (absent is fine)."""
+    value = config.get(key, expected)
+    if value != expected:
+        raise HFConversionError(f"config.json has {key}={value!r}; kenotron's model needs {expected!r} ({why})")
+
+
+def head_dim_from_hf_config(config: Mapping[str, Any]) -> int:
+    """The attention head size: `head_dim` when given, else hidden_size / num_attention_heads."""
+    head_dim = config.get("head_dim")
+    return int(head_dim) if head_dim else config["hidden_size"] // config["num_attention_heads"]
