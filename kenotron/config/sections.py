@@ -94,8 +94,8 @@ class Training:
 
 @dataclass
 class Optimizer:
-    name: Literal["adamw"] = "adamw"
-    """Optimizer. AdamW with decoupled weight decay (none on norms and biases)."""
+    name: Literal["adamw", "sgd"] = "adamw"
+    """AdamW with decoupled weight decay (none on norms and biases), or plain SGD (used by parity tests)."""
 
     lr: float = 3e-3
     """Peak learning rate, reached at the end of warmup."""
@@ -151,6 +151,21 @@ class Parallelism:
     ep: int = 1
     """Expert-parallel degree, for mixture-of-experts models."""
 
+    dp_mode: Literal["fsdp", "zero1"] = "fsdp"
+    """fsdp: shard parameters, gradients and optimizer state over dp_shard (HSDP with dp_replicate, DDP when dp_shard is 1); zero1: replicate parameters and gradients, shard only the optimizer state."""
+
+    fsdp_reshard_after_forward: Literal["default", "always", "never"] = "default"
+    """Free gathered parameters after each block's forward: default (all but the last block), always, or never (faster, more memory)."""
+
+    sequence_parallel: bool = True
+    """With tp > 1, also split norms and the residual stream along the sequence."""
+
+    loss_parallel: bool = True
+    """With tp > 1, compute the cross-entropy on vocabulary shards instead of gathering full logits."""
+
+    async_tp: bool = False
+    """With tp > 1 on CUDA and compile on: overlap TP communication with the matmuls."""
+
 
 @dataclass
 class Checkpoint:
@@ -162,6 +177,39 @@ class Checkpoint:
 
     interval: int = 500
     """Save every this many steps (and at the last step)."""
+
+    keep_latest_k: int = 0
+    """Keep only the newest k complete checkpoints, deleting older ones after each save; 0 keeps all."""
+
+    load_step: int = -1
+    """Step to resume from: -1 the latest complete checkpoint (local or remote), 0 start fresh, N that step."""
+
+    exclude_from_loading: list[str] = field(default_factory=list)
+    """Parts not restored on resume, among model, optimizer, lr_scheduler, dataloader, train_state (e.g. `optimizer,lr_scheduler` to restart the schedule)."""
+
+    async_mode: Literal["disabled", "async", "async_with_pinned_mem"] = "disabled"
+    """disabled: training waits for the write. async: copy to CPU memory, then write from a thread. async_with_pinned_mem: copy to (pinned, on CUDA) shared memory in the background and write from a separate process; needs a process group (torchrun)."""
+
+    initial_load_path: str = ""
+    """A checkpoint step folder (local or s3://) to start from when checkpoint.folder holds none, e.g. one made by scripts/convert_hf.py."""
+
+    initial_load_model_only: bool = True
+    """Take only the model weights from checkpoint.initial_load_path (fresh optimizer, schedule and data position)."""
+
+    last_save_model_only: bool = False
+    """At the last step save only the model weights, cast to checkpoint.export_dtype (for export, not for resuming)."""
+
+    export_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Weight dtype of model-only saves (checkpoint.last_save_model_only)."""
+
+    remote_folder: str = ""
+    """`s3://bucket/prefix` to upload every complete checkpoint to (in the background) and to resume from; empty disables."""
+
+    remote_endpoint_url: str = ""
+    """Endpoint of an S3-compatible store (MinIO, Ceph, R2 ...); empty uses AWS. Credentials come from the usual AWS sources."""
+
+    remote_delete_local: bool = False
+    """Delete a local checkpoint once its upload succeeded (a failed upload always keeps it)."""
 
 
 @dataclass

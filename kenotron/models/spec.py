@@ -27,6 +27,10 @@ class ModelSpec:
     model_cls: Callable[[Any], nn.Module]
     flavors: dict[str, Any]
     """{flavor name: frozen args dataclass}."""
+    tp_styles: dict[str, str] = dataclasses.field(default_factory=dict)
+    """Tensor-parallel style per module FQN pattern (see llama3/parallel_hints.py); empty = no TP plan."""
+    blocks: str = "layers.*"
+    """FQN pattern of the repeated transformer blocks (FSDP units, AC and compile units)."""
     hf_adapter: HFAdapter | None = None
     """Key and config translation to/from the family's transformers class; None when there is none."""
 

@@ -26,13 +26,3 @@ def checkpoint_module(module: nn.Module) -> None:
         return ckpt.checkpoint(inner, *args, use_reentrant=False, preserve_rng_state=False, **kwargs)
 
     module.forward = forward  # type: ignore[method-assign]
-
-
-def apply_activation_checkpointing(blocks: dict[str, nn.Module] | nn.ModuleDict, mode: str) -> None:
-    """Checkpoint every block for mode "full"; "none" leaves them as they are."""
-    if mode not in AC_MODES:
-        raise ValueError(f"activation_checkpoint.mode={mode!r} is not one of {', '.join(AC_MODES)}")
-    if mode == "none":
-        return
-    for block in blocks.values():
-        checkpoint_module(block)

@@ -10,7 +10,7 @@ become mesh dimensions; flattened views are built for the groups the plans need:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -22,6 +22,11 @@ class ParallelConfigError(ValueError):
 
 
 MESH_DIM_ORDER = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
+FLATTENED_DIMS: dict[str, tuple[str, ...]] = {
+    "dp": ("dp_replicate", "dp_shard"),
+    "dp_shard_cp": ("dp_shard", "cp"),
+    "dp_cp": ("dp_replicate", "dp_shard", "cp"),
+}
 
 
 def _divisors(n: int) -> list[int]:
@@ -119,34 +124,73 @@ class ParallelDims:
         if self.pp > n_layers:
             raise ParallelConfigError(f"pp={self.pp} stages but the model has only {n_layers} layers; use pp <= {n_layers}")
 
-    def check_seq_len(self, seq_len: int) -> None:
+    def check_seq_len(self, seq_len: int, sequence_parallel: bool = True) -> None:
         """Sequence parallel splits by tp, load-balanced context parallel by 2 x cp."""
-        unit = self.tp * (2 * self.cp if self.cp > 1 else 1)
+        tp = self.tp if sequence_parallel else 1
+        unit = tp * (2 * self.cp if self.cp > 1 else 1)
         if seq_len % unit != 0:
-            what = f"tp x 2 x cp = {self.tp} x 2 x {self.cp}" if self.cp > 1 else f"tp = {self.tp}"
+            what = f"tp x 2 x cp = {tp} x 2 x {self.cp}" if self.cp > 1 else f"tp = {tp}"
             raise ParallelConfigError(
                 f"training.seq_len={seq_len} is not divisible by {what} = {unit}; use a multiple of {unit}"
             )
 
-    def build_mesh(self, device_type: str) -> DeviceMesh:
-        """The named mesh (process group must exist) with the flattened views attached."""
+    def build_meshes(self, device_type: str) -> Meshes:
+        """The named mesh and its flattened views (the default process group must exist)."""
         from torch.distributed.device_mesh import init_device_mesh
 
         names, sizes = self.mesh_shape()
         if not names:
-            names, sizes = ("dp_shard",), (1,)
-        mesh = init_device_mesh(device_type, sizes, mesh_dim_names=names)
-        flat = {
-            "dp": ("dp_replicate", "dp_shard"),
-            "dp_shard_cp": ("dp_shard", "cp"),
-            "dp_cp": ("dp_replicate", "dp_shard", "cp"),
-        }
-        for flat_name, parts in flat.items():
+            return Meshes(self, None)
+        root = init_device_mesh(device_type, sizes, mesh_dim_names=names)
+        views: dict[str, DeviceMesh] = {}
+        for flat_name, parts in FLATTENED_DIMS.items():
             present = tuple(p for p in parts if p in names)
             if len(present) > 1:
-                mesh[present]._flatten(flat_name)
-        return mesh
+                # Keep the flattened mesh object: looking it up from the root later warns.
+                views[flat_name] = root[present]._flatten(flat_name)
+        return Meshes(self, root, views)
 
     def __str__(self) -> str:
         degrees = " x ".join(f"{n} {d}" for n, d in self.degrees().items())
         return f"ParallelDims(world {self.world_size}: {degrees}, ep {self.ep})"
+
+
+@dataclass
+class Meshes:
+    """The job's DeviceMesh and the views the plans use, looked up by name.
+
+    `get(name)` accepts a mesh dimension ("tp", "dp_shard", ...) or a flattened view ("dp",
+    "dp_shard_cp", "dp_cp"); it returns None when that degree is 1 (no group needed), and
+    the single existing dimension when a flattened view has only one part above 1.
+    """
+
+    dims: ParallelDims
+    root: DeviceMesh | None
+    views: dict[str, DeviceMesh] = field(default_factory=dict)
+
+    def get(self, name: str) -> DeviceMesh | None:
+        if self.root is None:
+            return None
+        names = self.root.mesh_dim_names or ()
+        if name in names:
+            return self.root[name]
+        if name in self.views:
+            return self.views[name]
+        if name in FLATTENED_DIMS:
+            present = [p for p in FLATTENED_DIMS[name] if p in names]
+            return self.root[present[0]] if len(present) == 1 else None
+        if name in MESH_DIM_ORDER:
+            return None
+        raise KeyError(f"unknown mesh dimension {name!r}; use one of {MESH_DIM_ORDER + tuple(FLATTENED_DIMS)}")
+
+    def coordinate(self, name: str) -> int:
+        """This rank's index along a dimension or flattened view (0 when absent)."""
+        mesh = self.get(name)
+        return 0 if mesh is None else mesh.get_local_rank()
+
+    def size(self, name: str) -> int:
+        mesh = self.get(name)
+        return 1 if mesh is None else mesh.size()
+
+    def __str__(self) -> str:
+        return f"Meshes({self.root}, views={list(self.views)})"

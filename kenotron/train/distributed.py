@@ -20,6 +20,10 @@ class WorldInfo:
 
     @classmethod
     def from_env(cls) -> WorldInfo:
+        """From an existing process group if there is one, else torchrun's variables."""
+        if dist.is_initialized():
+            rank = dist.get_rank()
+            return cls(rank, dist.get_world_size(), int(os.environ.get("LOCAL_RANK", rank)))
         return cls(
             rank=int(os.environ.get("RANK", 0)),
             world_size=int(os.environ.get("WORLD_SIZE", 1)),
@@ -43,13 +47,18 @@ def pick_device(requested: str, world: WorldInfo) -> torch.device:
     return torch.device("cpu")
 
 
-def init_distributed(device: torch.device, timeout_s: float = 600) -> None:
-    """Join the default process group: NCCL for CUDA tensors plus gloo for CPU ones."""
+def init_distributed(device: torch.device, timeout_s: float = 600) -> bool:
+    """Join the default process group: NCCL for CUDA tensors plus gloo for CPU ones.
+
+    Returns False when a group already existed (e.g. a notebook or test made it), so the
+    caller knows not to destroy it.
+    """
     if dist.is_initialized():
-        return
+        return False
     backend = "cuda:nccl,cpu:gloo" if device.type == "cuda" else "gloo"
     kwargs = {"device_id": device} if device.type == "cuda" else {}
     dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=timeout_s), **kwargs)
+    return True
 
 
 def destroy_distributed() -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 from torch import nn
 
@@ -34,13 +36,15 @@ def adamw_kernel_kwargs(implementation: str, device_type: str) -> dict[str, bool
     }[implementation]
 
 
-def build_optimizer(model: nn.Module, cfg: OptimizerConfig, device_type: str) -> torch.optim.Optimizer:
+def optimizer_factory(cfg: OptimizerConfig, device_type: str) -> Callable[[list[dict]], torch.optim.Optimizer]:
+    """A function from parameter groups to the configured optimizer."""
+    if cfg.name == "sgd":
+        return lambda groups: torch.optim.SGD(groups, lr=cfg.lr)
     if cfg.name != "adamw":
-        raise ValueError(f"optimizer.name={cfg.name!r} is not supported; use 'adamw'")
-    return torch.optim.AdamW(
-        param_groups(model, cfg.weight_decay),
-        lr=cfg.lr,
-        betas=(cfg.beta1, cfg.beta2),
-        eps=cfg.eps,
-        **adamw_kernel_kwargs(cfg.implementation, device_type),
-    )
+        raise ValueError(f"optimizer.name={cfg.name!r} is not supported; use 'adamw' or 'sgd'")
+    kernel = adamw_kernel_kwargs(cfg.implementation, device_type)
+    return lambda groups: torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, **kernel)
+
+
+def build_optimizer(model: nn.Module, cfg: OptimizerConfig, device_type: str) -> torch.optim.Optimizer:
+    return optimizer_factory(cfg, device_type)(param_groups(model, cfg.weight_decay))

@@ -1,0 +1,128 @@
+"""Data parallel through FSDP2: FSDP, HSDP, DDP, and ZeRO-1 (sharded optimizer state only).
+
+What each mode keeps on a rank (dp = the data-parallel degree of that mode):
+
+| mode  | when                                   | parameters | gradients | optimizer state |
+|-------|----------------------------------------|------------|-----------|-----------------|
+| FSDP  | dp_shard x cp > 1                      | 1/dp_shard·cp (gathered per block for compute) | 1/dp_shard·cp | 1/dp_shard·cp |
+| HSDP  | FSDP with dp_replicate > 1 too         | as FSDP, replicated over dp_replicate | as FSDP | as FSDP |
+| DDP   | dp_shard x cp = 1, dp_replicate > 1    | whole      | whole (all-reduced) | whole |
+| ZeRO-1| parallelism.dp_mode = "zero1"          | whole      | whole (all-reduced) | 1/dp (each rank steps the parameters it owns, then broadcasts them) |
+
+The loss is a sum over tokens divided by the global token count, so the right gradient is
+the *sum* over ranks, while FSDP and DDP average: the trainer multiplies the loss it
+back-propagates by `DataParallelState.averaging_size` (keeping the backends' native averaging
+collectives; gloo has no pre-multiplied sum).
+Gradients are reduced in `reduce_dtype` (fp32 by default) and accumulated in fp32 in the
+sharded gradient even when compute runs in bf16.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+
+from kenotron.parallel.plan import matching_modules
+
+if TYPE_CHECKING:
+    from kenotron.parallel.dims import Meshes
+    from kenotron.parallel.plan import Plan
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+@dataclass
+class DataParallelState:
+    """What apply_data_parallel did, for the trainer's micro-step and optimizer logic."""
+
+    kind: str | None
+    """"fsdp", "hsdp", "ddp", "zero1", or None (no data parallelism)."""
+    mesh: DeviceMesh | None
+    """The mesh the parameters are sharded or replicated over."""
+
+    @property
+    def averaging_size(self) -> int:
+        """Ranks the gradient reduction averages over (1 without data parallelism)."""
+        return self.mesh.size() if self.mesh is not None else 1
+
+    @property
+    def casts_params(self) -> bool:
+        """True when FSDP's mixed precision casts parameters (so no autocast is needed)."""
+        return self.kind is not None
+
+    def set_microstep(self, model: nn.Module, is_last: bool) -> None:
+        """Skip gradient all-reduce across replicas on non-final micro-steps.
+
+        FSDP keeps its per-micro-step reduce-scatter (so gradients stay sharded); the
+        replicate dimension (HSDP, DDP, ZeRO-1) accumulates locally and reduces once.
+        """
+        if self.kind in ("hsdp",):
+            _set_on_all(model, lambda m: m.set_requires_all_reduce(is_last, recurse=False))
+        elif self.kind in ("ddp", "zero1"):
+            _set_on_all(model, lambda m: m.set_requires_gradient_sync(is_last, recurse=False))
+
+
+def _set_on_all(model: nn.Module, fn) -> None:
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            fn(module)
+
+
+def fsdp_mesh(meshes: Meshes) -> DeviceMesh | None:
+    """1-D mesh over dp_shard x cp, or 2-D (dp_replicate, shard) for HSDP; None if no sharding."""
+    shard = meshes.get("dp_shard_cp")
+    if shard is None:
+        return None
+    replicate = meshes.get("dp_replicate")
+    if replicate is None:
+        return shard
+    assert meshes.root is not None
+    return meshes.root[("dp_replicate", shard.mesh_dim_names[0])]
+
+
+def _replicate(module: nn.Module, mesh: DeviceMesh, mp: MixedPrecisionPolicy) -> None:
+    from torch.distributed._composable.replicate_with_fsdp import replicate
+
+    replicate(module, mesh=mesh, mp_policy=mp)
+
+
+def apply_data_parallel(model: nn.Module, meshes: Meshes, plan: Plan) -> DataParallelState:
+    """Wrap each unit, then the root, in FSDP (or its replicate-only variant)."""
+    mp = MixedPrecisionPolicy(param_dtype=DTYPES[plan.param_dtype], reduce_dtype=DTYPES[plan.reduce_dtype])
+    units = [m for pattern in plan.fsdp_units for _, m in matching_modules(model, pattern)]
+
+    if plan.dp_mode == "zero1":
+        mesh = meshes.get("dp")
+        if mesh is None:
+            return DataParallelState(None, None)
+        if meshes.get("cp") is not None:
+            raise ValueError("parallelism.dp_mode='zero1' does not combine with cp > 1; use dp_mode='fsdp'")
+        kind = "zero1"
+    else:
+        mesh = fsdp_mesh(meshes)
+        kind = "hsdp" if mesh is not None and mesh.ndim == 2 else "fsdp"
+        if mesh is None:
+            mesh = meshes.get("dp_replicate")
+            kind = "ddp"
+        if mesh is None:
+            return DataParallelState(None, None)
+
+    if kind in ("ddp", "zero1"):
+        for unit in units:
+            _replicate(unit, mesh, mp)
+        _replicate(model, mesh, mp)
+    else:
+        for i, unit in enumerate(units):
+            if plan.reshard_after_forward == "default":
+                # The last unit's parameters are needed again right away by backward.
+                reshard = i < len(units) - 1
+            else:
+                reshard = plan.reshard_after_forward == "always"
+            fully_shard(unit, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
+        fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=plan.reshard_after_forward != "never")
+    return DataParallelState(kind, mesh)

@@ -1,0 +1,70 @@
+"""Global gradient norm and clipping over any mix of DTensor placements and meshes.
+
+Parameters of one model can live on different meshes (TP x FSDP for most weights, FSDP only
+for a norm outside TP, plain tensors without data parallelism) and pipeline stages hold
+different parameters. The squared norm is summed per group of gradients sharing a mesh and
+placements: the local shards' sums of squares are all-reduced over the mesh dimensions where
+the gradient is sharded (replicated dimensions hold copies, which must count once), then the
+groups are added and, with pipeline parallel, summed over the stages.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+@torch.no_grad()
+def reduce_partial_grads_(params: list[torch.nn.Parameter]) -> None:
+    """Turn Partial DTensor gradients into Replicate ones, in place.
+
+    A replicated weight used on sequence shards (a norm under sequence parallel) gets a
+    gradient that is a partial sum on each tp rank; norms and optimizers need the sum.
+    """
+    for p in params:
+        g = p.grad
+        if isinstance(g, DTensor) and any(isinstance(pl, Partial) for pl in g.placements):
+            placements = [Replicate() if isinstance(pl, Partial) else pl for pl in g.placements]
+            p.grad = g.redistribute(g.device_mesh, placements)
+
+
+@torch.no_grad()
+def total_grad_norm(grads: list[torch.Tensor], pp_mesh: DeviceMesh | None = None) -> torch.Tensor:
+    """L2 norm of all gradients as one vector, identical on every rank (fp32, plain tensor)."""
+    groups: dict[tuple, list[torch.Tensor]] = defaultdict(list)
+    for g in grads:
+        key = (g.device_mesh, tuple(g.placements)) if isinstance(g, DTensor) else (None, ())
+        groups[key].append(g)
+    device = grads[0].device if grads else torch.device("cpu")
+    total = torch.zeros((), dtype=torch.float32, device=device)
+    for (mesh, placements), group in groups.items():
+        sq = torch.stack([_local(g).float().pow(2).sum() for g in group]).sum()
+        for dim, placement in enumerate(placements):
+            if isinstance(placement, Partial):
+                raise RuntimeError("gradient norm of a Partial DTensor gradient: reduce gradients before clipping")
+            if isinstance(placement, Shard) or type(placement).__name__ == "_StridedShard":
+                dist.all_reduce(sq, group=mesh.get_group(dim))
+        total += sq.to(device)
+    if pp_mesh is not None:
+        dist.all_reduce(total, group=pp_mesh.get_group())
+    return total.sqrt()
+
+
+@torch.no_grad()
+def clip_grads_(grads: list[torch.Tensor], max_norm: float, total_norm: torch.Tensor) -> None:
+    """Scale gradients in place so their global norm is at most max_norm."""
+    coef = torch.clamp(max_norm / (total_norm + 1e-6), max=1.0)
+    locals_ = [_local(g) for g in grads]
+    by_device: dict[torch.device, list[torch.Tensor]] = defaultdict(list)
+    for t in locals_:
+        by_device[t.device].append(t)
+    for dev, tensors in by_device.items():
+        torch._foreach_mul_(tensors, coef.to(dev))

@@ -1,0 +1,240 @@
+"""Plans are data: how one model is parallelized, built without a process group.
+
+A `Plan` holds, as plain fields, the tensor-parallel style of each module (by FQN pattern),
+where sequence parallel applies, whether the loss is vocab-parallel, the data-parallel mode
+and its units, activation checkpointing and compile. Print it (a table), compare two
+(`plan.diff(other)`), edit it (it is a dataclass: change a field, add or drop a style),
+ask what it does to each parameter on a given mesh shape (`plan.describe(model, {...})`,
+no process group needed), then `plan.apply(model, meshes)`:
+
+    pipeline split -> TP/SP -> (CP) -> activation checkpointing -> compile -> FSDP
+
+FQN patterns use `*` for exactly one name component: `layers.*.attention.wq`.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import difflib
+import re
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Iterator
+
+from torch import nn
+
+from kenotron.parallel.activation_checkpoint import AC_MODES
+from kenotron.parallel.describe import describe_parameters, format_description
+
+if TYPE_CHECKING:
+    from kenotron.parallel.dims import Meshes
+
+TP_STYLES = ("embedding", "colwise", "rowwise", "norm", "block_input", "output")
+DP_MODES = ("fsdp", "zero1")
+RESHARD_POLICIES = ("default", "always", "never")
+
+
+class PlanError(ValueError):
+    """A plan that does not fit its model (unknown module, bad style); raised before training."""
+
+
+def fqn_matches(pattern: str, fqn: str) -> bool:
+    """`*` matches exactly one dotted component."""
+    p, f = pattern.split("."), fqn.split(".")
+    return len(p) == len(f) and all(a == "*" or a == b for a, b in zip(p, f))
+
+
+def matching_modules(model: nn.Module, pattern: str) -> list[tuple[str, nn.Module]]:
+    return [(name, m) for name, m in model.named_modules() if name and fqn_matches(pattern, name)]
+
+
+def _generalize(fqn: str) -> str:
+    return re.sub(r"(?<=\.)\d+(?=\.|$)", "*", fqn)
+
+
+@dataclass
+class Plan:
+    """How a model is split across a mesh. Every field is plain data; edit freely, then apply."""
+
+    tp_styles: dict[str, str] = field(default_factory=dict)
+    """Tensor-parallel style per module FQN pattern (styles: embedding, colwise, rowwise, norm, block_input, output)."""
+    blocks: str = "layers.*"
+    """FQN pattern of the transformer blocks: the units of FSDP, activation checkpointing and compile."""
+    sequence_parallel: bool = True
+    """Shard activations along the sequence between the TP regions (norms, residual stream)."""
+    sequence_parallel_off: list[str] = field(default_factory=list)
+    """Block FQN patterns that run without sequence parallel although it is on (or with it, if off)."""
+    loss_parallel: bool = True
+    """Compute the cross-entropy on vocabulary shards: no full-vocabulary logits are gathered."""
+    async_tp: bool = False
+    """Overlap TP collectives with matmuls (CUDA + compile only)."""
+    dp_mode: str = "fsdp"
+    """fsdp: shard params, grads and optimizer state over dp_shard (HSDP with dp_replicate; DDP if
+    dp_shard is 1). zero1: replicate params and grads over all dp ranks, shard only optimizer state."""
+    fsdp_units: list[str] = field(default_factory=lambda: ["layers.*"])
+    """Module FQN patterns that each become one FSDP unit (the root module is always the last unit)."""
+    reshard_after_forward: str = "default"
+    """default: free gathered params after forward except the last block; always; never (ZeRO-2-like)."""
+    param_dtype: str = "float32"
+    """Compute dtype of parameters (FSDP mixed precision, or autocast without FSDP)."""
+    reduce_dtype: str = "float32"
+    """Dtype of gradient reduction and accumulation."""
+    ac_mode: str = "none"
+    """Activation checkpointing of each block: none or full."""
+    compile: bool = False
+    """torch.compile each block."""
+
+    # -- checks -----------------------------------------------------------------------------
+
+    def check(self, model: nn.Module) -> None:
+        """Every pattern names existing modules and every value is valid; raises PlanError."""
+        known = sorted({_generalize(n) for n, _ in model.named_modules() if n})
+        for label, patterns in (
+            ("tp_styles", list(self.tp_styles)),
+            ("fsdp_units", self.fsdp_units),
+            ("sequence_parallel_off", self.sequence_parallel_off),
+            ("blocks", [self.blocks]),
+        ):
+            for pattern in patterns:
+                if not matching_modules(model, pattern):
+                    close = difflib.get_close_matches(pattern, known, n=1, cutoff=0.5)
+                    hint = f"; did you mean {close[0]!r}?" if close else ""
+                    raise PlanError(f"plan.{label} names module {pattern!r}, which the model does not have{hint}")
+        for pattern, style in self.tp_styles.items():
+            if style not in TP_STYLES:
+                raise PlanError(f"plan.tp_styles[{pattern!r}]={style!r} is not one of {', '.join(TP_STYLES)}")
+        for name, value, valid in (
+            ("dp_mode", self.dp_mode, DP_MODES),
+            ("reshard_after_forward", self.reshard_after_forward, RESHARD_POLICIES),
+            ("ac_mode", self.ac_mode, AC_MODES),
+            ("param_dtype", self.param_dtype, ("float32", "bfloat16")),
+            ("reduce_dtype", self.reduce_dtype, ("float32", "bfloat16")),
+        ):
+            if value not in valid:
+                raise PlanError(f"plan.{name}={value!r} is not one of {', '.join(valid)}")
+        for name, _ in model.named_modules():
+            styles = [p for p in self.tp_styles if name and fqn_matches(p, name)]
+            if len(styles) > 1:
+                raise PlanError(f"module {name!r} matches several tp_styles patterns: {styles}; keep one")
+
+    # -- queries ----------------------------------------------------------------------------
+
+    def style_of(self, fqn: str) -> str | None:
+        for pattern, style in self.tp_styles.items():
+            if fqn_matches(pattern, fqn):
+                return style
+        return None
+
+    def block_of(self, fqn: str) -> str | None:
+        """The block FQN containing `fqn` (itself included), or None for edge modules."""
+        parts = fqn.split(".")
+        depth = len(self.blocks.split("."))
+        if len(parts) >= depth and fqn_matches(self.blocks, ".".join(parts[:depth])):
+            return ".".join(parts[:depth])
+        return None
+
+    def sp_for(self, fqn: str) -> bool:
+        """Whether sequence parallel applies where `fqn` lives."""
+        block = self.block_of(fqn)
+        if block is not None and any(fqn_matches(p, block) for p in self.sequence_parallel_off):
+            return not self.sequence_parallel
+        return self.sequence_parallel
+
+    def iter_tp_modules(self, model: nn.Module) -> Iterator[tuple[str, nn.Module, str]]:
+        for name, module in model.named_modules():
+            style = self.style_of(name) if name else None
+            if style is not None:
+                yield name, module, style
+
+    # -- views ------------------------------------------------------------------------------
+
+    def diff(self, other: Plan) -> list[str]:
+        """Human-readable differences `self -> other`, one line each (empty when equal)."""
+        out: list[str] = []
+        for f in dataclasses.fields(self):
+            a, b = getattr(self, f.name), getattr(other, f.name)
+            if f.name == "tp_styles":
+                for key in sorted(set(a) | set(b)):
+                    if a.get(key) != b.get(key):
+                        out.append(f"tp_styles[{key!r}]: {a.get(key)} -> {b.get(key)}")
+            elif a != b:
+                out.append(f"{f.name}: {a!r} -> {b!r}")
+        return out
+
+    def copy(self) -> Plan:
+        return copy.deepcopy(self)
+
+    def describe(self, model: nn.Module, mesh_shape: dict[str, int]) -> list[dict[str, Any]]:
+        """Per parameter: global shape, placement per mesh dim, local shape and bytes on rank 0.
+
+        `mesh_shape` maps dimension names (dp_replicate, dp_shard, cp, tp) to degrees; works on a
+        meta-device model and needs no process group.
+        """
+        return describe_parameters(self, model, mesh_shape)
+
+    def format_description(self, model: nn.Module, mesh_shape: dict[str, int]) -> str:
+        return format_description(self.describe(model, mesh_shape), mesh_shape)
+
+    def __str__(self) -> str:
+        rows = [("module pattern", "TP style", "sequence parallel")]
+        for pattern, style in self.tp_styles.items():
+            rows.append((pattern, style, "on" if self.sp_for(pattern.replace("*", "0")) else "off"))
+        width = [max(len(r[i]) for r in rows) for i in range(3)]
+        lines = ["Plan"]
+        lines += ["  " + "  ".join(cell.ljust(w) for cell, w in zip(r, width)) for r in rows[:1]]
+        lines += ["  " + "  ".join("-" * w for w in width)]
+        lines += ["  " + "  ".join(cell.ljust(w) for cell, w in zip(r, width)) for r in rows[1:]]
+        lines += [
+            f"  blocks: {self.blocks}   sequence_parallel: {self.sequence_parallel}"
+            + (f" (off in {self.sequence_parallel_off})" if self.sequence_parallel_off else "")
+            + f"   loss_parallel: {self.loss_parallel}   async_tp: {self.async_tp}",
+            f"  data parallel: {self.dp_mode}, units {self.fsdp_units} + root, reshard_after_forward "
+            f"{self.reshard_after_forward}, params {self.param_dtype}, reduce {self.reduce_dtype}",
+            f"  activation checkpointing: {self.ac_mode}   compile: {self.compile}",
+        ]
+        return "\n".join(lines)
+
+    # -- application ------------------------------------------------------------------------
+
+    def apply(self, model: nn.Module, meshes: Meshes) -> AppliedPlan:
+        """Parallelize `model` in place (TP/SP -> AC -> compile -> data parallel)."""
+        from kenotron.parallel.activation_checkpoint import checkpoint_module
+        from kenotron.parallel.data import apply_data_parallel
+        from kenotron.parallel.tensor import apply_tensor_parallel
+
+        self.check(model)
+        tp_mesh = meshes.get("tp")
+        if tp_mesh is not None and self.tp_styles:
+            apply_tensor_parallel(model, tp_mesh, self)
+        blocks = matching_modules(model, self.blocks)
+        if self.ac_mode == "full":
+            for _, block in blocks:
+                checkpoint_module(block)
+        if self.compile:
+            for _, block in blocks:
+                block.compile(fullgraph=True)
+        data_parallel = apply_data_parallel(model, meshes, self)
+        return AppliedPlan([model], data_parallel, meshes, self)
+
+
+@dataclass
+class AppliedPlan:
+    """The result of Plan.apply: the model parts this rank runs and how they are wrapped."""
+
+    model_parts: list[nn.Module]
+    """One module per local pipeline stage (the whole model without pipeline parallel)."""
+    data_parallel: Any
+    """kenotron.parallel.data.DataParallelState: the FSDP/HSDP/DDP/ZeRO-1 wrapping."""
+    meshes: Meshes
+    plan: Plan
+
+    @property
+    def loss_parallel(self) -> bool:
+        """Whether logits come out vocabulary-sharded (compute the loss under loss_parallel())."""
+        return self.plan.loss_parallel and bool(self.plan.tp_styles) and self.meshes.get("tp") is not None
+
+
+def plan_for(spec: Any, **fields: Any) -> Plan:
+    """The family's default plan (from its ModelSpec), with fields overridden."""
+    plan = Plan(tp_styles=dict(spec.tp_styles), blocks=spec.blocks, fsdp_units=[spec.blocks])
+    return dataclasses.replace(plan, **fields)

@@ -1,0 +1,117 @@
+"""Tensor and sequence parallel: a Plan's style names -> torch ParallelStyle objects.
+
+Activations between the TP regions (the residual stream, the norms) are split along the
+sequence when sequence parallel is on, else replicated. Inside a region they are plain local
+tensors: colwise projections take the whole sequence and produce a slice of the heads or
+hidden features; rowwise projections reduce (all-reduce, or reduce-scatter along the
+sequence under SP) back to the residual layout. A block whose SP setting differs from the
+plan's gets its input and output converted at its boundary, so SP can be turned off for a
+single block.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import TYPE_CHECKING
+
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    PrepareModuleInput,
+    PrepareModuleOutput,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
+from torch.distributed.tensor.parallel.style import ParallelStyle
+
+from kenotron.parallel.plan import matching_modules
+
+if TYPE_CHECKING:
+    from kenotron.parallel.plan import Plan
+
+SEQ = Shard(1)
+
+
+def _positional_arity(module: nn.Module) -> int:
+    """Number of positional parameters of module.forward (the layouts tuple must match)."""
+    params = inspect.signature(module.forward).parameters.values()
+    return sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)
+
+
+def _first_input(layout, arity: int) -> tuple:
+    # Only the hidden states are converted; RoPE tables and other inputs pass as they are.
+    return (layout,) + (None,) * (arity - 1)
+
+
+def style_object(style: str, module: nn.Module, *, sp: bool, loss_parallel: bool) -> ParallelStyle | None:
+    """The torch ParallelStyle for one module, or None when the style is a no-op here."""
+    if style == "embedding":
+        return RowwiseParallel(input_layouts=Replicate(), output_layouts=SEQ if sp else Replicate())
+    if style == "colwise":
+        return ColwiseParallel()
+    if style == "rowwise":
+        return RowwiseParallel(output_layouts=SEQ if sp else Replicate())
+    if style == "norm":
+        return SequenceParallel() if sp else None
+    if style == "block_input":
+        if not sp:
+            return None
+        arity = _positional_arity(module)
+        return PrepareModuleInput(
+            input_layouts=_first_input(SEQ, arity),
+            desired_input_layouts=_first_input(Replicate(), arity),
+            use_local_output=True,
+        )
+    if style == "output":
+        return ColwiseParallel(
+            input_layouts=SEQ if sp else Replicate(),
+            output_layouts=Shard(-1) if loss_parallel else Replicate(),
+            use_local_output=not loss_parallel,
+        )
+    raise ValueError(f"unknown tensor-parallel style {style!r}")
+
+
+def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, plan: Plan) -> None:
+    styles: dict[str, ParallelStyle] = {}
+    for name, module, style in plan.iter_tp_modules(model):
+        obj = style_object(style, module, sp=plan.sp_for(name), loss_parallel=plan.loss_parallel)
+        if obj is not None:
+            styles[name] = obj
+    parallelize_module(model, tp_mesh, styles)
+
+    # Blocks whose SP differs from the residual stream's: convert at the block boundary.
+    for name, block in matching_modules(model, plan.blocks):
+        inside, outside = plan.sp_for(name), plan.sequence_parallel
+        if inside == outside:
+            continue
+        out_layout, in_layout = (SEQ, Replicate()) if outside else (Replicate(), SEQ)
+        arity = _positional_arity(block)
+        parallelize_module(
+            block, tp_mesh,
+            PrepareModuleInput(
+                input_layouts=_first_input(out_layout, arity),
+                desired_input_layouts=_first_input(in_layout, arity),
+                use_local_output=True,
+            ),
+        )
+        parallelize_module(
+            block, tp_mesh,
+            PrepareModuleOutput(output_layouts=in_layout, desired_output_layouts=out_layout, use_local_output=True),
+        )
+
+    if plan.async_tp:
+        _enable_async_tp(tp_mesh)
+
+
+def _enable_async_tp(tp_mesh: DeviceMesh) -> None:
+    """Fuse TP all-gather/reduce-scatter with the matmuls (needs CUDA and torch.compile)."""
+    import torch
+    from torch.distributed._symmetric_memory import enable_symm_mem_for_group
+
+    if tp_mesh.device_type != "cuda":
+        raise ValueError("parallelism.async_tp needs CUDA; turn it off on CPU")
+    torch._inductor.config._micro_pipeline_tp = True
+    enable_symm_mem_for_group(tp_mesh.get_group().group_name)

@@ -1,0 +1,96 @@
+"""From a config to a checked RunPlan, before any process group exists.
+
+Everything that can be wrong with a config is found here, on every rank, from the config,
+the world size, the tokenizer file and a meta-device model: bad degrees, a tokenizer larger
+than the model's vocabulary, batch sizes that do not divide, a plan naming missing modules.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from kenotron.config import ConfigError, JobConfig, validate_config
+from kenotron.data import build_tokenizer
+from kenotron.models import ModelSpec, get_model_spec
+from kenotron.parallel.dims import ParallelDims
+from kenotron.parallel.plan import Plan, plan_for
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """What the config resolves to: checked values, ready to build."""
+
+    cfg: JobConfig
+    dims: ParallelDims
+    spec: ModelSpec
+    model_args: Any
+    plan: Plan
+    global_batch_size: int
+    grad_accum_steps: int
+
+
+def build_plan(cfg: JobConfig, spec: ModelSpec) -> Plan:
+    """The family's default plan with the job's parallelism, precision, AC and compile choices."""
+    p = cfg.parallelism
+    return plan_for(
+        spec,
+        sequence_parallel=p.sequence_parallel,
+        loss_parallel=p.loss_parallel,
+        async_tp=p.async_tp,
+        dp_mode=p.dp_mode,
+        reshard_after_forward=p.fsdp_reshard_after_forward,
+        param_dtype=cfg.training.param_dtype,
+        ac_mode=cfg.activation_checkpoint.mode,
+        compile=cfg.compile.enable,
+    )
+
+
+def resolve_run(cfg: JobConfig, world_size: int) -> RunPlan:
+    """Every check that needs only the config, the world size and the tokenizer file.
+
+    Raises ConfigError / ParallelConfigError / UnknownModelError / PlanError with the fix in
+    the message.
+    """
+    validate_config(cfg)
+    p = cfg.parallelism
+    dims = ParallelDims.from_degrees(
+        world_size, dp_replicate=p.dp_replicate, dp_shard=p.dp_shard, cp=p.cp, tp=p.tp, pp=p.pp, ep=p.ep
+    )
+    unsupported = {name: getattr(dims, name) for name in ("pp", "cp", "ep") if getattr(dims, name) > 1}
+    if unsupported:
+        # These land with their own issues; until then say so plainly.
+        raise ConfigError(
+            f"parallel degrees {unsupported} are not supported yet in this version; use data parallel "
+            f"(dp_shard, dp_replicate) and tensor parallel (tp)"
+        )
+    spec = get_model_spec(cfg.model.name)
+    t = cfg.training
+    args = spec.model_args(
+        cfg.model.flavor, vocab_size=cfg.model.vocab_size, n_layers=cfg.model.n_layers, max_seq_len=t.seq_len
+    )
+    tokenizer = build_tokenizer(cfg.tokenizer.path)
+    if tokenizer.vocab_size > args.vocab_size:
+        raise ConfigError(
+            f"the tokenizer has {tokenizer.vocab_size} tokens but the model's vocabulary is {args.vocab_size}; "
+            f"set --model.vocab_size {tokenizer.vocab_size} (or larger) or use a smaller tokenizer"
+        )
+    dims.check_model(
+        n_heads=args.n_heads, n_kv_heads=args.n_kv_heads, ffn_dim=args.ffn_dim, vocab_size=args.vocab_size,
+        n_layers=args.n_layers,
+    )
+    dims.check_seq_len(t.seq_len, sequence_parallel=p.sequence_parallel)
+    global_batch = t.global_batch_size if t.global_batch_size != -1 else t.local_batch_size * dims.dp
+    accum = dims.grad_accum_steps(global_batch, t.local_batch_size)
+    if cfg.checkpoint.enable:
+        raise ConfigError("checkpoint.enable=true is not supported yet in this version; leave it false")
+    if dims.tp > 1 and not spec.tp_styles:
+        raise ConfigError(f"model.name={spec.name!r} has no tensor-parallel plan yet; use parallelism.tp=1")
+    plan = build_plan(cfg, spec)
+    with torch.device("meta"):
+        plan.check(spec.build(args))
+    if p.dp_mode == "zero1" and dims.dp == 1 and world_size > 1:
+        raise ConfigError("parallelism.dp_mode='zero1' needs a data-parallel degree > 1 (dp_shard or dp_replicate)")
+    return RunPlan(cfg, dims, spec, args, plan, global_batch, accum)

@@ -1,0 +1,62 @@
+"""Shared pieces of the parity tests: run a few trainer steps and report loss, norm, gradients.
+
+The same function runs in the test process (the 1-rank reference, no process group) and on
+the ranks of the harness (the layout under test), so both go through exactly the trainer's
+code path: config -> resolve_run -> Trainer (plan.apply, init, loader) -> steps.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+
+from kenotron.config import load_config
+from kenotron.train.resolve import resolve_run
+from kenotron.train.trainer import Trainer
+
+BASE = [
+    "--model.n_layers", "2", "--training.seq_len", "32", "--training.global_batch_size", "8",
+    "--training.local_batch_size", "2", "--optimizer.name", "sgd", "--optimizer.lr", "0.5",
+    "--training.max_norm", "1.0", "--lr_scheduler.warmup_steps", "0", "--lr_scheduler.decay", "constant",
+    "--metrics.tensorboard", "false",
+]
+
+
+def full(t: torch.Tensor) -> torch.Tensor:
+    return (t.full_tensor() if isinstance(t, DTensor) else t).detach().float().cpu().clone()
+
+
+def run_steps(overrides: list[str], dump_folder: str, steps: int = 3) -> dict:
+    """Losses and grad norms of `steps` steps, and every gradient of the first step (rank 0)."""
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    cfg = load_config(None, BASE + ["--job.dump_folder", dump_folder, "--training.steps", str(steps)] + overrides)
+    trainer = Trainer(resolve_run(cfg, world))
+    losses, norms, grads = [], [], {}
+    for step in range(steps):
+        loss = trainer.forward_backward(trainer.loader.next_step())
+        if step == 0:
+            grads = {name: full(p.grad) for name, p in trainer.model.named_parameters()}
+        norms.append(trainer.clip_gradients().item())
+        trainer.optimizer_step()
+        losses.append(trainer.global_losses([loss])[0].item())
+    trainer.close()
+    rank0 = not dist.is_initialized() or dist.get_rank() == 0
+    # What this rank actually holds, so a test can tell a sharded layout from a replicated one.
+    local_shapes = {
+        name: tuple((p.to_local() if isinstance(p, DTensor) else p).shape) for name, p in trainer.model.named_parameters()
+    }
+    return {"losses": losses, "norms": norms, "grads": grads if rank0 else None, "local_shapes": local_shapes}
+
+
+def assert_parity(reference: dict, results: list[dict], loss_tol: float, grad_tol: float) -> None:
+    for rank, res in enumerate(results):
+        for step, (a, b) in enumerate(zip(reference["losses"], res["losses"])):
+            assert abs(a - b) <= loss_tol, f"rank {rank} step {step + 1}: loss {b} vs reference {a}"
+        for step, (a, b) in enumerate(zip(reference["norms"], res["norms"])):
+            assert abs(a - b) <= max(loss_tol, 1e-6) * max(1.0, a), f"rank {rank} step {step + 1}: norm {b} vs {a}"
+    grads = results[0]["grads"]
+    assert set(grads) == set(reference["grads"])
+    for name, ref in reference["grads"].items():
+        diff = (grads[name] - ref).abs().max().item()
+        assert diff <= grad_tol, f"gradient of {name} differs by {diff}"
