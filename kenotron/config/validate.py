@@ -33,11 +33,6 @@ def validate_config(cfg: JobConfig) -> None:
     s = cfg.lr_scheduler
     if s.warmup_steps < 0:
         raise ConfigError(f"lr_scheduler.warmup_steps={s.warmup_steps} must be >= 0")
-    if s.warmup_steps > t.steps:
-        raise ConfigError(
-            f"lr_scheduler.warmup_steps={s.warmup_steps} exceeds training.steps={t.steps}; "
-            f"use at most {t.steps}"
-        )
     if not 0 <= s.min_lr_ratio <= 1:
         raise ConfigError(f"lr_scheduler.min_lr_ratio={s.min_lr_ratio} must lie in [0, 1]")
     if not 0 < s.decay_ratio <= 1:
