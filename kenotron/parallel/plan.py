@@ -206,6 +206,13 @@ class Plan:
         tp_mesh = meshes.get("tp")
         if tp_mesh is not None and self.tp_styles:
             apply_tensor_parallel(model, tp_mesh, self)
+            if self.compile and self.sequence_parallel:
+                # Compiled blocks under SP fail in backward when their input is a view of the
+                # embedding's output ("'Tensor' object has no attribute '_local_tensor'");
+                # handing them a fresh tensor avoids it.
+                for name, module, style in self.iter_tp_modules(model):
+                    if style == "embedding":
+                        module.register_forward_hook(lambda _m, _i, out: out.clone())
         blocks = matching_modules(model, self.blocks)
         if self.ac_mode == "full":
             for _, block in blocks:

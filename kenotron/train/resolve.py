@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from kenotron.checkpoint import check_checkpoint_config
 from kenotron.config import ConfigError, JobConfig, validate_config
 from kenotron.data import build_tokenizer
 from kenotron.models import ModelSpec, get_model_spec
@@ -84,8 +85,14 @@ def resolve_run(cfg: JobConfig, world_size: int) -> RunPlan:
     dims.check_seq_len(t.seq_len, sequence_parallel=p.sequence_parallel)
     global_batch = t.global_batch_size if t.global_batch_size != -1 else t.local_batch_size * dims.dp
     accum = dims.grad_accum_steps(global_batch, t.local_batch_size)
-    if cfg.checkpoint.enable:
-        raise ConfigError("checkpoint.enable=true is not supported yet in this version; leave it false")
+    check_checkpoint_config(cfg.checkpoint)
+    if p.async_tp and dims.tp > 1:
+        on_cuda = torch.cuda.is_available() and t.device != "cpu"
+        if not on_cuda or not cfg.compile.enable:
+            raise ConfigError(
+                "parallelism.async_tp needs CUDA and compile.enable=true (the overlap is done by the "
+                "compiler); turn it off or enable both"
+            )
     if dims.tp > 1 and not spec.tp_styles:
         raise ConfigError(f"model.name={spec.name!r} has no tensor-parallel plan yet; use parallelism.tp=1")
     plan = build_plan(cfg, spec)

@@ -7,11 +7,14 @@ code path: config -> resolve_run -> Trainer (plan.apply, init, loader) -> steps.
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from kenotron.config import load_config
+from kenotron.parallel.plan import Plan
 from kenotron.train.resolve import resolve_run
 from kenotron.train.trainer import Trainer
 
@@ -27,11 +30,20 @@ def full(t: torch.Tensor) -> torch.Tensor:
     return (t.full_tensor() if isinstance(t, DTensor) else t).detach().float().cpu().clone()
 
 
-def run_steps(overrides: list[str], dump_folder: str, steps: int = 3) -> dict:
-    """Losses and grad norms of `steps` steps, and every gradient of the first step (rank 0)."""
+def run_steps(
+    overrides: list[str], dump_folder: str, steps: int = 3, edit_plan: Callable[[Plan], None] | None = None
+) -> dict:
+    """Losses and grad norms of `steps` steps, and every gradient of the first step (rank 0).
+
+    `edit_plan` (a module-level function) changes the plan the config produced, as a user
+    editing a Plan object would.
+    """
     world = dist.get_world_size() if dist.is_initialized() else 1
     cfg = load_config(None, BASE + ["--job.dump_folder", dump_folder, "--training.steps", str(steps)] + overrides)
-    trainer = Trainer(resolve_run(cfg, world))
+    run = resolve_run(cfg, world)
+    if edit_plan is not None:
+        edit_plan(run.plan)
+    trainer = Trainer(run)
     losses, norms, grads = [], [], {}
     for step in range(steps):
         loss = trainer.forward_backward(trainer.loader.next_step())
@@ -46,7 +58,11 @@ def run_steps(overrides: list[str], dump_folder: str, steps: int = 3) -> dict:
     local_shapes = {
         name: tuple((p.to_local() if isinstance(p, DTensor) else p).shape) for name, p in trainer.model.named_parameters()
     }
-    return {"losses": losses, "norms": norms, "grads": grads if rank0 else None, "local_shapes": local_shapes}
+    dtensors = sorted(name for name, p in trainer.model.named_parameters() if isinstance(p, DTensor))
+    return {
+        "losses": losses, "norms": norms, "grads": grads if rank0 else None, "local_shapes": local_shapes,
+        "dtensor_params": dtensors,
+    }
 
 
 def assert_parity(reference: dict, results: list[dict], loss_tol: float, grad_tol: float) -> None:

@@ -1,0 +1,28 @@
+"""torch.compile per block under TP + sequence parallel (the embedding-output pitfall) on CPU."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.distributed.pool import run_on_ranks
+from tests.parallel.parity import assert_parity, run_steps
+
+ONE_LAYER = ["--model.n_layers", "1"]
+
+
+@pytest.mark.slow
+def test_compiled_blocks_with_tp_and_sequence_parallel_match_eager_one_rank(tmp_path):
+    reference = run_steps(ONE_LAYER, str(tmp_path / "ref"), 2)
+    overrides = ONE_LAYER + ["--parallelism.tp", "2", "--training.local_batch_size", "8", "--compile.enable", "true"]
+    results = run_on_ranks(2, run_steps, overrides, str(tmp_path), 2, timeout=600)
+    # Inductor fuses and reorders fp32 arithmetic: close, not bitwise.
+    assert_parity(reference, results, loss_tol=1e-5, grad_tol=1e-5)
+
+
+def test_async_tp_on_cpu_is_refused_before_any_process_group():
+    from kenotron.config import ConfigError, load_config
+    from kenotron.train.resolve import resolve_run
+
+    cfg = load_config(None, ["--parallelism.tp", "2", "--parallelism.async_tp", "true", "--training.device", "cpu"])
+    with pytest.raises(ConfigError, match=r"parallelism.async_tp needs CUDA and compile.enable=true"):
+        resolve_run(cfg, world_size=2)

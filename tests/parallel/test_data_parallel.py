@@ -1,0 +1,79 @@
+"""Data-parallel modes: ZeRO-1 shards optimizer state, replicas skip all-reduce on non-final micro-steps."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from kenotron.config import load_config
+from kenotron.parallel.zero1 import partition_params
+from kenotron.train.resolve import resolve_run
+from kenotron.train.trainer import Trainer
+from tests.distributed.pool import run_on_ranks
+
+
+def test_partition_balances_element_counts_deterministically():
+    params = [torch.nn.Parameter(torch.zeros(n)) for n in (100, 60, 50, 40, 10)]
+    owners = partition_params(params, 2)
+    # Largest first, each to the least-loaded rank: 100->0, 60->1, 50->1, 40->0, 10->1.
+    assert owners == [0, 1, 1, 0, 1]
+    assert partition_params(params, 2) == owners
+
+
+def _optimizer_state_bytes(mode: str, folder: str) -> int:
+    cfg = load_config(None, [
+        "--model.n_layers", "2", "--training.seq_len", "32", "--training.local_batch_size", "2",
+        "--parallelism.dp_mode", mode, "--job.dump_folder", folder, "--metrics.tensorboard", "false",
+    ] + (["--parallelism.dp_replicate", "4", "--parallelism.dp_shard", "1"] if mode == "fsdp" else []))
+    trainer = Trainer(resolve_run(cfg, dist.get_world_size()))
+    trainer.train_step(trainer.loader.next_step())
+    opt = trainer.optimizer
+    state = opt.inner.state if mode == "zero1" else opt.state
+    total = 0
+    for s in state.values():
+        for v in s.values():
+            if isinstance(v, torch.Tensor) and v.ndim > 0:
+                local = v.to_local() if hasattr(v, "to_local") else v
+                total += local.numel() * local.element_size()
+    trainer.close()
+    return total
+
+
+def test_zero1_optimizer_state_per_rank_is_about_one_over_dp(tmp_path):
+    ddp = run_on_ranks(4, _optimizer_state_bytes, "fsdp", str(tmp_path / "ddp"))  # DDP: whole state
+    zero1 = run_on_ranks(4, _optimizer_state_bytes, "zero1", str(tmp_path / "z1"))
+    assert len(set(ddp)) == 1
+    for per_rank in zero1:
+        assert 0.20 < per_rank / ddp[0] < 0.30, (per_rank, ddp[0])
+    assert abs(sum(zero1) - ddp[0]) < 1e-6 * ddp[0] + 1
+
+
+def _all_reduce_flags_during_accumulation(folder: str) -> list[list[bool]]:
+    from torch.distributed.fsdp import FSDPModule
+
+    cfg = load_config(None, [
+        "--model.n_layers", "1", "--training.seq_len", "32", "--training.local_batch_size", "1",
+        "--training.global_batch_size", "8", "--parallelism.dp_replicate", "2", "--parallelism.dp_shard", "2",
+        "--job.dump_folder", folder, "--metrics.tensorboard", "false",
+    ])
+    trainer = Trainer(resolve_run(cfg, dist.get_world_size()))
+    seen: list[list[bool]] = []
+    original = trainer.applied.data_parallel.set_microstep
+
+    def spy(model, is_last):
+        original(model, is_last)
+        seen.append([
+            g.all_reduce_grads for m in model.modules() if isinstance(m, FSDPModule)
+            for g in m._get_fsdp_state()._fsdp_param_groups
+        ])
+
+    trainer.applied.data_parallel.set_microstep = spy
+    trainer.forward_backward(trainer.loader.next_step())
+    trainer.close()
+    return seen
+
+
+def test_hsdp_skips_the_replica_all_reduce_on_non_final_micro_steps(tmp_path):
+    seen = run_on_ranks(4, _all_reduce_flags_during_accumulation, str(tmp_path))[0]
+    assert len(seen) == 2  # 8 sequences / (1 x dp 4) = 2 micro-steps
+    assert not any(seen[0]) and all(seen[1])
