@@ -187,3 +187,44 @@ def head_dim_from_hf_config(config: Mapping[str, Any]) -> int:
     """The attention head size: `head_dim` when given, else hidden_size / num_attention_heads."""
     head_dim = config.get("head_dim")
     return int(head_dim) if head_dim else config["hidden_size"] // config["num_attention_heads"]
+
+
+def decoder_fields_from_hf_config(config: Mapping[str, Any], *, tie_default: bool) -> dict[str, Any]:
+    """The args fields every family here shares, from config.json's standard names."""
+    n_heads = config["num_attention_heads"]
+    return {
+        "dim": config["hidden_size"],
+        "n_layers": config["num_hidden_layers"],
+        "n_heads": n_heads,
+        "n_kv_heads": config.get("num_key_value_heads") or n_heads,
+        "ffn_dim": config["intermediate_size"],
+        "vocab_size": config["vocab_size"],
+        "tie_embeddings": bool(config.get("tie_word_embeddings", tie_default)),
+        "max_seq_len": config.get("max_position_embeddings", 4096),
+    }
+
+
+def hf_config_decoder_fields(args: Any) -> dict[str, Any]:
+    """The reverse of `decoder_fields_from_hf_config` (plus head_dim, which every config takes)."""
+    return {
+        "hidden_size": args.dim,
+        "num_hidden_layers": args.n_layers,
+        "num_attention_heads": args.n_heads,
+        "num_key_value_heads": args.n_kv_heads,
+        "head_dim": args.head_dim,
+        "intermediate_size": args.ffn_dim,
+        "vocab_size": args.vocab_size,
+        "tie_word_embeddings": args.tie_embeddings,
+        "max_position_embeddings": args.max_seq_len,
+    }
+
+
+def require_derived_head_dim(config: Mapping[str, Any], family: str) -> None:
+    """Stop when config.json's head_dim differs from hidden_size / num_attention_heads, for a
+    family whose args derive the head size."""
+    derived = config["hidden_size"] // config["num_attention_heads"]
+    if head_dim_from_hf_config(config) != derived:
+        raise HFConversionError(
+            f"config.json has head_dim={config['head_dim']} but kenotron's {family} derives hidden_size / "
+            f"num_attention_heads = {derived}; this checkpoint's shape is not supported by that family"
+        )

@@ -11,7 +11,12 @@ from kenotron.models import get_model_spec
 from kenotron.models.common.rope import RopeScaling
 from kenotron.models.hf_adapter import HFConversionError
 from kenotron.models.llama3 import Llama3Args
-from tests.models.hf_parity import hf_model, max_logit_diff, random_hf_model, random_kenotron_model
+from tests.models.hf_parity import (
+    hf_model,
+    max_logit_diff,
+    random_hf_model,
+    random_kenotron_model,
+)
 
 SPEC = get_model_spec("llama3")
 ADAPTER = SPEC.hf_adapter

@@ -1,4 +1,10 @@
-"""Grouped-query self-attention over `scaled_dot_product_attention`."""
+"""Grouped-query self-attention over `scaled_dot_product_attention`, with the options the model
+families need: q/k/v and output biases (Qwen2, StarCoder2), per-head q/k RMSNorm (Qwen3),
+sliding windows (Mistral, StarCoder2, through an explicit mask) and a KV cache (generation).
+
+The training path without a window stays on SDPA's `is_causal=True` (no mask tensor), which
+the fused flash / cuDNN kernels take.
+"""
 
 from __future__ import annotations
 
@@ -6,13 +12,56 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kenotron.models.common.init import ZEROS, InitSpec, trunc_normal
+from kenotron.models.common.init import ONES, ZEROS, InitSpec, trunc_normal
+from kenotron.models.common.kv_cache import LayerKVCache
+from kenotron.models.common.norms import RMSNorm
 from kenotron.models.common.rope import apply_rope
 
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """Causal SDPA on (batch, heads, seq, head_dim); k/v may have fewer (grouped) heads."""
     return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=k.shape[1] != q.shape[1])
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
+    """SDPA on (batch, heads, seq, head_dim). `attn_mask` (bool, True = may attend) or None:
+    None means causal over equal-length q and k, or a single query that sees every key."""
+    if attn_mask is None:
+        if q.shape[2] == 1:
+            return F.scaled_dot_product_attention(q, k, v, enable_gqa=k.shape[1] != q.shape[1])
+        if q.shape[2] != k.shape[2]:
+            raise ValueError(
+                f"{q.shape[2]} queries against {k.shape[2]} keys need an explicit attention mask "
+                f"(see build_attention_mask)"
+            )
+        return causal_attention(q, k, v)
+    if q.is_cuda and k.shape[1] != q.shape[1]:
+        # CUDA's kernels that take an arbitrary mask have no grouped-query path; SDPA would
+        # fall back to the unfused math kernel, so repeat the k/v heads here instead.
+        repeats = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(repeats, dim=1), v.repeat_interleave(repeats, dim=1)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, enable_gqa=k.shape[1] != q.shape[1])
+
+
+def build_attention_mask(
+    q_positions: torch.Tensor,
+    k_positions: torch.Tensor,
+    sliding_window: int | None = None,
+    key_valid: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Boolean mask (batch or 1, 1, queries, keys): key at position p is visible from a query
+    at position q when p <= q, q - p < sliding_window (HF's convention: the window counts the
+    query itself) and the key is a real token (`key_valid` (batch, keys)). A padding query
+    still sees itself, so no row is empty (an empty row would give NaN that spreads)."""
+    q = q_positions[:, None]
+    k = k_positions[None, :]
+    allowed = k <= q
+    if sliding_window is not None:
+        allowed = allowed & (q - k < sliding_window)
+    allowed = allowed[None, None]
+    if key_valid is not None:
+        allowed = allowed & (key_valid[:, None, None, :] | (k == q)[None, None])
+    return allowed
 
 
 class GQAttention(nn.Module):
@@ -22,7 +71,19 @@ class GQAttention(nn.Module):
     same code runs on tensor-parallel shards that hold n_heads / tp heads.
     """
 
-    def __init__(self, dim: int, n_heads: int, n_kv_heads: int, head_dim: int, bias: bool = False) -> None:
+    def __init__(
+        self,
+        dim: int,
+        n_heads: int,
+        n_kv_heads: int,
+        head_dim: int,
+        bias: bool = False,
+        *,
+        out_bias: bool = False,
+        qk_norm_eps: float | None = None,
+    ) -> None:
+        """`bias`: biases on q/k/v; `out_bias`: on the output projection; `qk_norm_eps`: when
+        set, RMSNorm each query and key head (over head_dim) before RoPE, as Qwen3 does."""
         super().__init__()
         self.n_heads = n_heads
         self.n_kv_heads = n_kv_heads
@@ -30,16 +91,36 @@ class GQAttention(nn.Module):
         self.wq = nn.Linear(dim, n_heads * head_dim, bias=bias)
         self.wk = nn.Linear(dim, n_kv_heads * head_dim, bias=bias)
         self.wv = nn.Linear(dim, n_kv_heads * head_dim, bias=bias)
-        self.wo = nn.Linear(n_heads * head_dim, dim, bias=False)
+        self.wo = nn.Linear(n_heads * head_dim, dim, bias=out_bias)
+        self.q_norm: RMSNorm | None = None
+        self.k_norm: RMSNorm | None = None
+        if qk_norm_eps is not None:
+            self.q_norm = RMSNorm(head_dim, qk_norm_eps)
+            self.k_norm = RMSNorm(head_dim, qk_norm_eps)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        *,
+        attn_mask: torch.Tensor | None = None,
+        kv_cache: LayerKVCache | None = None,
+    ) -> torch.Tensor:
+        """x (batch, seq, dim) -> (batch, seq, dim). `attn_mask`: see `attend`; `kv_cache`:
+        this layer's cache, which this call's keys/values are appended to and read from."""
         bsz, seqlen, _ = x.shape
         q = self.wq(x).view(bsz, seqlen, -1, self.head_dim)
         k = self.wk(x).view(bsz, seqlen, -1, self.head_dim)
         v = self.wv(x).view(bsz, seqlen, -1, self.head_dim)
-        q = apply_rope(q, cos, sin)
-        k = apply_rope(k, cos, sin)
-        out = causal_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = apply_rope(q, cos, sin).transpose(1, 2)
+        k = apply_rope(k, cos, sin).transpose(1, 2)
+        v = v.transpose(1, 2)
+        if kv_cache is not None:
+            k, v = kv_cache.update(k, v)
+        out = attend(q, k, v, attn_mask)
         out = out.transpose(1, 2).reshape(bsz, seqlen, -1)
         return self.wo(out)
 
@@ -51,4 +132,9 @@ class GQAttention(nn.Module):
             if getattr(self, name).bias is not None:
                 specs[f"{name}.bias"] = ZEROS
         specs["wo.weight"] = trunc_normal(out_std)
+        if self.wo.bias is not None:
+            specs["wo.bias"] = ZEROS
+        if self.q_norm is not None:
+            specs["q_norm.weight"] = ONES
+            specs["k_norm.weight"] = ONES
         return specs

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kenotron.models.common.init import InitSpec, trunc_normal
+from kenotron.models.common.init import ZEROS, InitSpec, trunc_normal
 
 
 class SwiGLU(nn.Module):
@@ -28,3 +28,27 @@ class SwiGLU(nn.Module):
             "w3.weight": trunc_normal(init_std),
             "w2.weight": trunc_normal(out_std),
         }
+
+
+class GeluMLP(nn.Module):
+    """w2(gelu_tanh(w1 x + b1)) + b2: StarCoder2's MLP (HF's c_fc = w1, c_proj = w2).
+
+    Named like SwiGLU's up and down projections (there is no gate, so no w3) so that a
+    Llama tensor-parallel plan (w1 colwise, w2 rowwise) applies unchanged.
+    """
+
+    def __init__(self, dim: int, hidden_dim: int, bias: bool = True) -> None:
+        super().__init__()
+        self.w1 = nn.Linear(dim, hidden_dim, bias=bias)
+        self.w2 = nn.Linear(hidden_dim, dim, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.gelu(self.w1(x), approximate="tanh"))
+
+    def param_init_specs(self, init_std: float, out_std: float) -> dict[str, InitSpec]:
+        """Input projection at init_std; the output projection at out_std (depth-scaled); biases zero."""
+        specs = {"w1.weight": trunc_normal(init_std), "w2.weight": trunc_normal(out_std)}
+        for name in ("w1", "w2"):
+            if getattr(self, name).bias is not None:
+                specs[f"{name}.bias"] = ZEROS
+        return specs

@@ -61,8 +61,11 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate x (batch, seq, heads, head_dim) by cos/sin (seq, head_dim), in fp32."""
-    cos = cos[None, :, None, :]
-    sin = sin[None, :, None, :]
-    xf = x.float()
-    return (xf * cos + _rotate_half(xf) * sin).type_as(x)
+    """Rotate x (batch, seq, heads, head_dim) by cos/sin (seq, head_dim), in x's dtype.
+
+    The tables are kept in fp32 and cast to x's dtype here, as Hugging Face's models do;
+    computing in bf16 avoids an fp32 round trip of q and k in eager mode.
+    """
+    cos = cos[None, :, None, :].to(x.dtype)
+    sin = sin[None, :, None, :].to(x.dtype)
+    return x * cos + _rotate_half(x) * sin

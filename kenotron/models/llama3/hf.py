@@ -6,9 +6,10 @@ from typing import Any
 
 from kenotron.models.hf_adapter import (
     HFAdapter,
-    HFConversionError,
-    head_dim_from_hf_config,
+    decoder_fields_from_hf_config,
+    hf_config_decoder_fields,
     require,
+    require_derived_head_dim,
     rope_from_hf_config,
     rope_to_hf_config,
 )
@@ -37,43 +38,23 @@ def llama3_args_from_hf_config(config: dict[str, Any]) -> Llama3Args:
     require(config, "hidden_act", "silu", "the MLP is SwiGLU")
     require(config, "attention_bias", False, "Llama 3's projections have no bias")
     require(config, "mlp_bias", False, "Llama 3's projections have no bias")
-    n_heads = config["num_attention_heads"]
-    if head_dim_from_hf_config(config) * n_heads != config["hidden_size"]:
-        raise HFConversionError(
-            f"config.json has head_dim={config['head_dim']} but Llama3Args derives hidden_size / "
-            f"num_attention_heads = {config['hidden_size'] // n_heads}; such a checkpoint is not a Llama 3"
-        )
+    require_derived_head_dim(config, "llama3")
     theta, scaling = rope_from_hf_config(config, default_theta=10000.0)
     return Llama3Args(
-        dim=config["hidden_size"],
-        n_layers=config["num_hidden_layers"],
-        n_heads=n_heads,
-        n_kv_heads=config.get("num_key_value_heads") or n_heads,
-        ffn_dim=config["intermediate_size"],
-        vocab_size=config["vocab_size"],
+        **decoder_fields_from_hf_config(config, tie_default=False),
         norm_eps=config.get("rms_norm_eps", 1e-6),
         rope_theta=theta,
         rope_scaling=scaling,
-        tie_embeddings=config.get("tie_word_embeddings", False),
-        max_seq_len=config.get("max_position_embeddings", 8192),
     )
 
 
 def hf_config_from_llama3_args(args: Llama3Args) -> dict[str, Any]:
     return {
-        "hidden_size": args.dim,
-        "num_hidden_layers": args.n_layers,
-        "num_attention_heads": args.n_heads,
-        "num_key_value_heads": args.n_kv_heads,
-        "head_dim": args.head_dim,
-        "intermediate_size": args.ffn_dim,
-        "vocab_size": args.vocab_size,
+        **hf_config_decoder_fields(args),
         "rms_norm_eps": args.norm_eps,
         "hidden_act": "silu",
         "attention_bias": False,
         "mlp_bias": False,
-        "tie_word_embeddings": args.tie_embeddings,
-        "max_position_embeddings": args.max_seq_len,
         **rope_to_hf_config(args.rope_theta, args.rope_scaling),
     }
 
