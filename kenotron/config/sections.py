@@ -37,6 +37,9 @@ class Model:
     n_layers: int = 0
     """Number of transformer blocks; 0 keeps the flavor's (a smaller count gives a narrow-and-short benchmark shape)."""
 
+    attention_backend: Literal["auto", "cudnn", "flash", "efficient", "math"] = "auto"
+    """SDPA kernel: auto prefers cuDNN, then flash, on CUDA (measured fastest on H200) and lets torch pick on CPU."""
+
 
 @dataclass
 class Tokenizer:
@@ -47,7 +50,7 @@ class Tokenizer:
 @dataclass
 class Data:
     dataset: str = "builtin"
-    """`builtin` (Python's own documentation, no download), `json`/`jsonl`/`parquet`/`text`/`auto` for local files at data.path, or a hub dataset name (streamed)."""
+    """`builtin` (Python's own documentation, no download), `json`/`jsonl`/`parquet`/`text`/`auto` for local files at data.path, `synthetic` (random token ids, for speed benchmarks), or a hub dataset name (streamed)."""
 
     path: str = ""
     """Local file or folder for the local formats; for a hub dataset, its config name (may be empty)."""
@@ -83,13 +86,25 @@ class Training:
     """Use deterministic algorithms (slower on GPU); the CPU path is deterministic anyway."""
 
     param_dtype: Literal["float32", "bfloat16"] = "float32"
-    """Compute dtype. bfloat16 keeps fp32 master weights and optimizer state and autocasts compute."""
+    """Compute dtype. bfloat16 keeps fp32 master weights, gradients and optimizer state and computes in bf16."""
+
+    mixed_precision: Literal["auto", "fsdp", "autocast"] = "auto"
+    """How bfloat16 compute is done on a single device: fsdp (FSDP2 on a 1-device mesh casts the weights once per step, activations stay bf16), autocast (per-op casts, fp32 residual stream); auto = fsdp on CUDA, autocast on CPU. With data parallelism FSDP always does it."""
 
     max_norm: float = 1.0
     """Clip the global gradient norm to this value; 0 disables clipping (the norm is still reported)."""
 
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Where to train; auto picks CUDA when available."""
+
+    expandable_segments: bool = True
+    """CUDA caching allocator grows segments in place instead of caching fixed blocks: less fragmentation, lower reserved memory."""
+
+    loss: Literal["auto", "plain", "fused"] = "auto"
+    """plain: output layer then cross-entropy on full logits; fused: both in token chunks, no full-vocabulary logits kept (auto: fused unless tensor parallel's vocab-parallel loss applies)."""
+
+    loss_chunk_tokens: int = 4096
+    """Tokens per chunk of the fused loss (larger: fewer, bigger matmuls; smaller: less memory)."""
 
 
 @dataclass
@@ -213,6 +228,18 @@ class Checkpoint:
 
 
 @dataclass
+class Float8:
+    enable: bool = False
+    """Train the linear layers in float8 through torchao (needs the float8 extra and an H100-class GPU to be fast)."""
+
+    recipe: Literal["tensorwise", "rowwise"] = "rowwise"
+    """Scaling granularity of the float8 casts."""
+
+    fsdp_all_gather: bool = True
+    """With tensorwise and FSDP: all-gather weights in float8 (half the traffic)."""
+
+
+@dataclass
 class Metrics:
     log_freq: int = 10
     """Print one progress line and append one record to metrics.jsonl every this many steps."""
@@ -229,8 +256,11 @@ class Compile:
 
 @dataclass
 class ActivationCheckpoint:
-    mode: Literal["none", "full"] = "none"
-    """Activation checkpointing: none, or full (recompute every block in backward)."""
+    mode: Literal["none", "full", "selective-op", "every-n-layers"] = "none"
+    """none; full (recompute each block in backward); selective-op (save matmul/attention outputs, recompute the rest); every-n-layers (full on one block in every_n)."""
+
+    every_n: int = 2
+    """For every-n-layers: checkpoint one block in every this many."""
 
 
 @dataclass
@@ -246,6 +276,7 @@ class JobConfig:
     lr_scheduler: LRScheduler = field(default_factory=LRScheduler)
     parallelism: Parallelism = field(default_factory=Parallelism)
     checkpoint: Checkpoint = field(default_factory=Checkpoint)
+    float8: Float8 = field(default_factory=Float8)
     metrics: Metrics = field(default_factory=Metrics)
     compile: Compile = field(default_factory=Compile)
     activation_checkpoint: ActivationCheckpoint = field(default_factory=ActivationCheckpoint)

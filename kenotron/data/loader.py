@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from kenotron.data.packing import PackedWindows
+from kenotron.data.synthetic import SyntheticWindows
 from kenotron.data.text_source import open_documents
 from kenotron.data.tokenizer import Tokenizer
 
@@ -158,13 +159,22 @@ def build_text_loader(
     add_bos: bool = True,
     streaming: bool = False,
     cache_dir: str | None = None,
+    synthetic_vocab_size: int = 0,
 ) -> GlobalBatchLoader:
-    """Documents -> packed windows -> this rank's micro-batches, from config-level values."""
+    """Documents -> packed windows -> this rank's micro-batches, from config-level values.
+
+    `dataset="synthetic"` gives random token ids below `synthetic_vocab_size` (default: the
+    tokenizer's vocabulary) instead of text, for speed benchmarks.
+    """
     # Validate the batch layout before opening (maybe downloading) anything.
     if global_batch_size != -1:
         check_batch_sizes(global_batch_size, local_batch_size, dp_size)
-    documents = open_documents(dataset, path, text_field, split, streaming, cache_dir)
-    windows = PackedWindows(documents, tokenizer, seq_len, add_bos=add_bos)
+    windows: WindowSource
+    if dataset == "synthetic":
+        windows = SyntheticWindows(synthetic_vocab_size or tokenizer.vocab_size, seq_len)
+    else:
+        documents = open_documents(dataset, path, text_field, split, streaming, cache_dir)
+        windows = PackedWindows(documents, tokenizer, seq_len, add_bos=add_bos)
     return GlobalBatchLoader(
         windows, seq_len, global_batch_size, local_batch_size, dp_rank=dp_rank, dp_size=dp_size
     )

@@ -119,10 +119,14 @@ def apply_data_parallel(model: nn.Module, meshes: Meshes, plan: Plan) -> DataPar
     else:
         for i, unit in enumerate(units):
             if plan.reshard_after_forward == "default":
-                # The last unit's parameters are needed again right away by backward.
-                reshard = i < len(units) - 1
+                # The last unit's parameters are needed again right away by backward; on a
+                # 1-device mesh resharding saves only the bf16 copy, at the price of a second cast.
+                reshard = i < len(units) - 1 and mesh.size() > 1
             else:
                 reshard = plan.reshard_after_forward == "always"
             fully_shard(unit, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
-        fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=plan.reshard_after_forward != "never")
+        # Left unset, the root keeps its parameters gathered after forward (backward needs them at
+        # once, and a loss that reads the output weight after forward relies on it).
+        root_kwargs = {"reshard_after_forward": False} if plan.reshard_after_forward == "never" else {}
+        fully_shard(model, mesh=mesh, mp_policy=mp, **root_kwargs)
     return DataParallelState(kind, mesh)

@@ -80,9 +80,15 @@ class Plan:
     reduce_dtype: str = "float32"
     """Dtype of gradient reduction and accumulation."""
     ac_mode: str = "none"
-    """Activation checkpointing of each block: none or full."""
+    """Activation checkpointing of blocks: none, full, selective-op, every-n-layers."""
+    ac_every_n: int = 2
+    """For every-n-layers: checkpoint one block in every this many."""
     compile: bool = False
     """torch.compile each block."""
+    float8: str = ""
+    """torchao float8 recipe for the linear layers ("tensorwise" or "rowwise"); empty keeps bf16/fp32."""
+    float8_all_gather: bool = False
+    """With the tensorwise recipe under FSDP, all-gather weights in float8."""
 
     # -- checks -----------------------------------------------------------------------------
 
@@ -190,7 +196,9 @@ class Plan:
             + f"   loss_parallel: {self.loss_parallel}   async_tp: {self.async_tp}",
             f"  data parallel: {self.dp_mode}, units {self.fsdp_units} + root, reshard_after_forward "
             f"{self.reshard_after_forward}, params {self.param_dtype}, reduce {self.reduce_dtype}",
-            f"  activation checkpointing: {self.ac_mode}   compile: {self.compile}",
+            f"  activation checkpointing: {self.ac_mode}"
+            + (f" (every {self.ac_every_n})" if self.ac_mode == "every-n-layers" else "")
+            + f"   compile: {self.compile}   float8: {self.float8 or 'off'}",
         ]
         return "\n".join(lines)
 
@@ -198,11 +206,15 @@ class Plan:
 
     def apply(self, model: nn.Module, meshes: Meshes) -> AppliedPlan:
         """Parallelize `model` in place (TP/SP -> AC -> compile -> data parallel)."""
-        from kenotron.parallel.activation_checkpoint import checkpoint_module
+        from kenotron.parallel.activation_checkpoint import apply_activation_checkpointing
         from kenotron.parallel.data import apply_data_parallel
         from kenotron.parallel.tensor import apply_tensor_parallel
 
         self.check(model)
+        if self.float8:
+            from kenotron.parallel.float8 import convert_to_float8
+
+            convert_to_float8(model, self.float8, fsdp_float8_all_gather=self.float8_all_gather)
         tp_mesh = meshes.get("tp")
         if tp_mesh is not None and self.tp_styles:
             apply_tensor_parallel(model, tp_mesh, self)
@@ -214,9 +226,7 @@ class Plan:
                     if style == "embedding":
                         module.register_forward_hook(lambda _m, _i, out: out.clone())
         blocks = matching_modules(model, self.blocks)
-        if self.ac_mode == "full":
-            for _, block in blocks:
-                checkpoint_module(block)
+        apply_activation_checkpointing([b for _, b in blocks], self.ac_mode, self.ac_every_n)
         if self.compile:
             for _, block in blocks:
                 block.compile(fullgraph=True)

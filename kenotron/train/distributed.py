@@ -36,11 +36,17 @@ class WorldInfo:
         return "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ
 
 
-def pick_device(requested: str, world: WorldInfo) -> torch.device:
-    """cuda:<local rank> when asked for (or auto and available), else cpu."""
+def pick_device(requested: str, world: WorldInfo, expandable_segments: bool = True) -> torch.device:
+    """cuda:<local rank> when asked for (or auto and available), else cpu.
+
+    With `expandable_segments` the CUDA caching allocator is configured before the first
+    allocation to map memory into growing segments (less fragmentation than fixed blocks).
+    """
     if requested == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("training.device='cuda' but no CUDA device is visible; use 'cpu' or 'auto'")
     if requested == "cuda" or (requested == "auto" and torch.cuda.is_available()):
+        if expandable_segments:
+            torch.cuda.memory._set_allocator_settings("expandable_segments:True")
         device = torch.device("cuda", world.local_rank % max(torch.cuda.device_count(), 1))
         torch.cuda.set_device(device)
         return device

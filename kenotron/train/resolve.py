@@ -45,7 +45,10 @@ def build_plan(cfg: JobConfig, spec: ModelSpec) -> Plan:
         reshard_after_forward=p.fsdp_reshard_after_forward,
         param_dtype=cfg.training.param_dtype,
         ac_mode=cfg.activation_checkpoint.mode,
+        ac_every_n=cfg.activation_checkpoint.every_n,
         compile=cfg.compile.enable,
+        float8=cfg.float8.recipe if cfg.float8.enable else "",
+        float8_all_gather=cfg.float8.fsdp_all_gather,
     )
 
 

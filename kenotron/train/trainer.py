@@ -19,13 +19,17 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
+from kenotron.checkpoint import CheckpointManager, TrainState
+from kenotron.checkpoint.model_info import describe_model
 from kenotron.config import JobConfig, config_to_toml
 from kenotron.data import MicroBatch, build_text_loader, build_tokenizer
 from kenotron.parallel.dims import Meshes
 from kenotron.parallel.grad_norm import clip_grads_, reduce_partial_grads_, total_grad_norm
 from kenotron.parallel.zero1 import Zero1Optimizer
 from kenotron.train.distributed import WorldInfo, destroy_distributed, init_distributed, pick_device
+from kenotron.train.attention_backend import attention_context
 from kenotron.train.flops import flops_per_token, matmul_params
+from kenotron.train.fused_loss import compiled_chunk_fn, linear_cross_entropy_sum
 from kenotron.train.loss import IGNORE_INDEX, cross_entropy_sum
 from kenotron.train.lr_schedule import LRSchedule, build_lr_scheduler
 from kenotron.train.metrics import MetricsLogger
@@ -39,6 +43,25 @@ class NonFiniteLossError(RuntimeError):
     """The loss became NaN or infinite; training stops rather than writing garbage."""
 
 
+def single_device_fsdp(training: Any, device: torch.device) -> bool:
+    """bf16 on one device through FSDP2's mixed precision (see training.mixed_precision)."""
+    if training.param_dtype != "bfloat16" or training.mixed_precision == "autocast":
+        return False
+    return training.mixed_precision == "fsdp" or device.type == "cuda"
+
+
+def _hidden_states(h: torch.Tensor) -> torch.Tensor:
+    return h
+
+
+def uses_fused_loss(choice: str, tensor_parallel: bool, model: nn.Module) -> bool:
+    """auto -> fused, except under tensor parallel (whose vocab-parallel loss shards the logits)."""
+    has_output = isinstance(getattr(model, "output", None), nn.Linear)
+    if choice == "fused" and (tensor_parallel or not has_output):
+        raise ValueError("training.loss='fused' does not combine with tensor parallel; use 'auto' or 'plain'")
+    return choice == "fused" or (choice == "auto" and has_output and not tensor_parallel)
+
+
 def _local(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if isinstance(t, DTensor) else t
 
@@ -50,7 +73,7 @@ class Trainer:
         self.run = run
         cfg = self.cfg = run.cfg
         self.world = WorldInfo.from_env()
-        self.device = pick_device(cfg.training.device, self.world)
+        self.device = pick_device(cfg.training.device, self.world, cfg.training.expandable_segments)
         self._owns_process_group = False
         if self.world.world_size > 1 or self.world.launched:
             self._owns_process_group = init_distributed(self.device)
@@ -63,7 +86,7 @@ class Trainer:
             self.dump_folder.mkdir(parents=True, exist_ok=True)
             (self.dump_folder / "config.toml").write_text(config_to_toml(cfg))
 
-        self.meshes = run.dims.build_meshes(self.device.type) if self.world.world_size > 1 else Meshes(run.dims, None)
+        self.meshes = self._build_meshes()
         with torch.device("meta"):
             model = run.spec.build(run.model_args)
         self.n_params = sum(p.numel() for p in model.parameters())
@@ -96,16 +119,62 @@ class Trainer:
             self.tokenizer, d.dataset, d.path, seq_len=cfg.training.seq_len, global_batch_size=run.global_batch_size,
             local_batch_size=cfg.training.local_batch_size, dp_rank=self.meshes.coordinate("dp"),
             dp_size=run.dims.dp, text_field=d.text_field, split=d.split, add_bos=d.add_bos,
+            synthetic_vocab_size=run.model_args.vocab_size,
         )
         self.metrics = MetricsLogger(
             self.dump_folder, self.flops_per_token, self.world.world_size, self.device, write=self.is_rank0,
             tensorboard=cfg.metrics.tensorboard,
         )
-        self.step = 0
-        self.tokens_seen = 0
+        self.train_state = TrainState()  # step and tokens_seen live here so checkpoints hold them
         bf16 = cfg.training.param_dtype == "bfloat16"
         # FSDP casts parameters itself; without it, autocast gives bf16 compute on fp32 weights.
         self.use_autocast = bf16 and not self.applied.data_parallel.casts_params
+        self.compute_dtype = torch.bfloat16 if bf16 else torch.float32
+        tensor_parallel = self.meshes.get("tp") is not None
+        self.fused_loss = uses_fused_loss(cfg.training.loss, tensor_parallel, model)
+        if self.fused_loss:
+            # The model stops at the final norm; the loss applies the output weight in chunks.
+            model.output.forward = _hidden_states  # type: ignore[union-attr,method-assign]
+            self.chunk_fn = compiled_chunk_fn() if cfg.compile.enable else None
+
+        # -- checkpointing: hand the stateful parts to the manager, resume if a checkpoint exists --
+        self.checkpointer = CheckpointManager(
+            cfg.checkpoint, self.dump_folder / cfg.checkpoint.folder, model_parts=[model],
+            optimizers=[scheduled], lr_schedulers=[self.lr_scheduler], dataloader=self.loader,
+            train_state=self.train_state, model_info=describe_model(run.spec, run.model_args, cfg.model.flavor),
+        )
+        self.checkpointer.load()
+        # -- end checkpointing --
+
+    @property
+    def step(self) -> int:
+        return self.train_state.step
+
+    @step.setter
+    def step(self, value: int) -> None:
+        self.train_state.step = value
+
+    @property
+    def tokens_seen(self) -> int:
+        return self.train_state.tokens_seen
+
+    @tokens_seen.setter
+    def tokens_seen(self, value: int) -> None:
+        self.train_state.tokens_seen = value
+
+    def _build_meshes(self) -> Meshes:
+        """The job's meshes; on one device with FSDP mixed precision, a 1-device FSDP mesh."""
+        if self.world.world_size > 1:
+            return self.run.dims.build_meshes(self.device.type)
+        if not single_device_fsdp(self.cfg.training, self.device):
+            return Meshes(self.run.dims, None)
+        if not dist.is_initialized():
+            backend = "nccl" if self.device.type == "cuda" else "gloo"
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+            self._owns_process_group = True
+        from torch.distributed.device_mesh import init_device_mesh
+
+        return Meshes(self.run.dims, init_device_mesh(self.device.type, (1,), mesh_dim_names=("dp_shard",)))
 
     # -- one optimizer step -------------------------------------------------------------
 
@@ -129,10 +198,17 @@ class Trainer:
             self.applied.data_parallel.set_microstep(self.model, is_last=i == len(microbatches) - 1)
             inputs = mb.inputs.to(self.device, non_blocking=True)
             labels = mb.labels.to(self.device, non_blocking=True)
-            with self._loss_context():
+            with self._loss_context(), attention_context(self.cfg.model.attention_backend, self.device):
                 with autocast:
-                    logits = self.model(inputs)
-                loss = cross_entropy_sum(logits, labels) / label_tokens
+                    out = self.model(inputs)
+                if self.fused_loss:
+                    loss_sum = linear_cross_entropy_sum(
+                        out, self.model.output.weight, labels, chunk_tokens=self.cfg.training.loss_chunk_tokens,
+                        compute_dtype=self.compute_dtype, chunk_fn=self.chunk_fn,
+                    )
+                else:
+                    loss_sum = cross_entropy_sum(out, labels)
+                loss = loss_sum / label_tokens
                 # Data parallel averages gradients over ranks; the loss wants their sum.
                 (loss * self.applied.data_parallel.averaging_size).backward()
             total += _local(loss.detach())
@@ -149,6 +225,7 @@ class Trainer:
         return norm
 
     def optimizer_step(self) -> None:
+        self.checkpointer.wait_for_staging()  # a background copy of the weights must finish first
         self.optimizer.step()
         self.lr_scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -210,6 +287,8 @@ class Trainer:
                 )
                 records.append(rec)
                 window, window_start = [], self.step + 1
+            self.checkpointer.maybe_save(self.step, last=self.step == cfg.training.steps)
+        self.checkpointer.close()  # the last save and uploads are complete when train() returns
         self.metrics.close()
         return records
 
@@ -218,6 +297,7 @@ class Trainer:
         return self.cfg.optimizer.lr * self.schedule.lr_factor(step)
 
     def close(self) -> None:
+        self.checkpointer.close()
         if self._owns_process_group:
             destroy_distributed()
 

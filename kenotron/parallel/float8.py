@@ -1,0 +1,41 @@
+"""float8 training of the linear layers through torchao (optional dependency, imported lazily).
+
+Each eligible `nn.Linear` becomes a torchao `Float8Linear`: its matmuls run in float8 with
+dynamic scales (per tensor for "tensorwise", per row for "rowwise"), weights and master
+copies stay in their usual dtype, so optimizer and checkpoints are unchanged. Applied before
+tensor parallel and FSDP (torchao's Float8Linear composes with both; with "tensorwise" FSDP
+can all-gather the float8 weights). The output projection stays in bf16 (its gradient feeds
+the loss directly; float8 there costs accuracy for little speed), as do layers whose
+dimensions are not multiples of 16 (the float8 GEMM needs them).
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+FLOAT8_RECIPES = ("tensorwise", "rowwise")
+
+
+def float8_eligible(module: nn.Module, fqn: str) -> bool:
+    if not isinstance(module, nn.Linear) or fqn.split(".")[-1] == "output":
+        return False
+    return module.in_features % 16 == 0 and module.out_features % 16 == 0
+
+
+def convert_to_float8(model: nn.Module, recipe: str, *, fsdp_float8_all_gather: bool = False) -> int:
+    """Swap eligible Linear layers for float8 ones in place; returns how many were converted."""
+    if recipe not in FLOAT8_RECIPES:
+        raise ValueError(f"float8 recipe {recipe!r} is not one of {', '.join(FLOAT8_RECIPES)}")
+    try:
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise ImportError("float8 training needs torchao: pip install 'kenotron[float8]'") from e
+    config = Float8LinearConfig.from_recipe_name(recipe)
+    if recipe == "tensorwise" and fsdp_float8_all_gather:
+        import dataclasses
+
+        config = dataclasses.replace(config, enable_fsdp_float8_all_gather=True)
+    before = sum(isinstance(m, nn.Linear) for m in model.modules())
+    convert_to_float8_training(model, module_filter_fn=float8_eligible, config=config)
+    after = sum(type(m) is nn.Linear for m in model.modules())
+    return before - after

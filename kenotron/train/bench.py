@@ -1,0 +1,204 @@
+"""Benchmark: run the real trainer on a few configurations, print one table row each.
+
+    python scripts/bench.py --preset h200-1gpu                       # the reference shapes
+    python scripts/bench.py --case "1B eager=--config train_configs/llama3_1b.toml" \\
+                            --case "1B compiled=--config train_configs/llama3_1b.toml --compile.enable true"
+    python scripts/bench.py --ngpu 4 --preset h200-4gpu --json results.json
+
+Each case runs in its own process (torchrun for several GPUs) so compile caches, CUDA memory
+statistics and allocator state never carry over. A case trains `--warmup` steps (excluded:
+compilation, allocator growth), then `--steps` timed steps with a device synchronization
+around each; the row reports medians over the timed steps: tokens/s per device, TFLOP/s per
+device and MFU (formula in kenotron/train/flops.py), and the peak memory of rank 0 (max
+allocated and max reserved by the caching allocator).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+SYNTHETIC = ["--data.dataset", "synthetic", "--metrics.tensorboard", "false", "--metrics.log_freq", "1000000"]
+_1B = ["--config", "train_configs/llama3_1b.toml", "--training.local_batch_size", "4", "--training.seq_len", "4096"]
+_8B_WIDTH = [
+    "--config", "train_configs/llama3_8b.toml", "--model.n_layers", "8", "--training.local_batch_size", "2",
+    "--training.seq_len", "8192", "--activation_checkpoint.mode", "none",
+]
+
+# Named sets of cases: the shapes of the reference figures (see docs/performance.md).
+PRESETS: dict[str, dict[str, list[str]]] = {
+    "h200-1gpu": {
+        "1B b4x4096 compiled": _1B + ["--compile.enable", "true"],
+        "1B b4x4096 eager": _1B + ["--compile.enable", "false"],
+        "8B-width 8L b2x8192 compiled": _8B_WIDTH + ["--compile.enable", "true"],
+    },
+    "h200-4gpu": {
+        "1B b4x4096 FSDP4 compiled": _1B + ["--compile.enable", "true"],
+        "8B b2x8192 FSDP4 compiled selective-AC": [
+            "--config", "train_configs/llama3_8b.toml", "--training.local_batch_size", "2",
+            "--training.seq_len", "8192", "--compile.enable", "true", "--activation_checkpoint.mode", "selective-op",
+        ],
+    },
+    "cpu-smoke": {
+        "debug fp32": ["--training.local_batch_size", "2", "--training.seq_len", "64"],
+        "debug fp32 plain loss": ["--training.local_batch_size", "2", "--training.seq_len", "64", "--training.loss", "plain"],
+    },
+}
+
+
+def _profile_table(trainer, steps: int = 2, rows: int = 25) -> str:
+    """Top kernels by device time over `steps` extra steps (torch.profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            trainer.train_step(trainer.loader.next_step())
+        import torch
+
+        torch.cuda.synchronize()
+    return prof.key_averages().table(sort_by="device_time_total", row_limit=rows, max_name_column_width=70)
+
+
+def run_worker(out_path: str, warmup: int, steps: int, overrides: list[str], profile: bool = False) -> None:
+    """Inside one case's process (every rank): build the trainer, time the steps, write JSON."""
+    import torch
+    import torch.distributed as dist
+
+    from kenotron.train.__main__ import split_config_arg
+    from kenotron.config import load_config
+    from kenotron.train.resolve import resolve_run
+    from kenotron.train.trainer import Trainer, setup_logging
+    from kenotron.train.distributed import WorldInfo
+
+    world = WorldInfo.from_env()
+    setup_logging(world.rank)
+    path, rest = split_config_arg(overrides)
+    cfg = load_config(path, SYNTHETIC + rest + ["--training.steps", str(warmup + steps)])
+    trainer = Trainer(resolve_run(cfg, world.world_size))
+    device = trainer.device
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    tokens = trainer.run.global_batch_size * cfg.training.seq_len
+    times, losses = [], []
+    for i in range(warmup + steps):
+        if i == warmup and device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        batch = trainer.loader.next_step()
+        sync()
+        t0 = time.perf_counter()
+        loss, _ = trainer.train_step(batch)
+        sync()
+        if i >= warmup:
+            times.append(time.perf_counter() - t0)
+        losses.append(trainer.global_losses([loss])[0].item())
+    step_time = statistics.median(times)
+    tps = tokens / step_time / world.world_size
+    peak = trainer.metrics._peak
+    allocated = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else 0.0
+    reserved = torch.cuda.max_memory_reserved(device) / 2**30 if device.type == "cuda" else 0.0
+    if dist.is_initialized():
+        mem = torch.tensor([allocated, reserved], device=device)
+        dist.all_reduce(mem, op=dist.ReduceOp.MAX)
+        allocated, reserved = mem.tolist()
+    result = {
+        "tokens_per_sec": tps,
+        "tflops": tps * trainer.flops_per_token / 1e12,
+        "mfu": 100 * tps * trainer.flops_per_token / peak if peak else None,
+        "memory_allocated_gib": allocated,
+        "memory_reserved_gib": reserved,
+        "step_time_s": step_time,
+        "loss_first": losses[0],
+        "loss_last": losses[-1],
+        "world_size": world.world_size,
+        "device": trainer.metrics.device_name,
+        "torch": torch.__version__,
+    }
+    if profile and device.type == "cuda":
+        result["profile"] = _profile_table(trainer)
+    if world.rank == 0:
+        Path(out_path).write_text(json.dumps(result))
+    trainer.close()
+
+
+def run_case(
+    name: str, overrides: list[str], ngpu: int, warmup: int, steps: int, timeout: float, profile: bool = False
+) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "result.json")
+        worker = ["-m", "kenotron.train.bench", "--worker", out, "--warmup", str(warmup), "--steps", str(steps)]
+        worker += ["--profile"] if profile else []
+        worker += ["--"]
+        if ngpu > 1:
+            cmd = ["torchrun", "--standalone", "--nproc-per-node", str(ngpu), *worker, *overrides]
+        else:
+            cmd = [sys.executable, *worker, *overrides]
+        t0 = time.perf_counter()
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        wall = time.perf_counter() - t0
+        if proc.returncode != 0 or not os.path.exists(out):
+            tail = (proc.stdout + proc.stderr).strip().splitlines()[-15:]
+            return {"name": name, "error": "\n".join(tail), "wall_s": wall, "args": overrides}
+        result = json.loads(Path(out).read_text())
+    return {"name": name, **result, "wall_s": wall, "args": overrides}
+
+
+def format_row(r: dict) -> str:
+    if "error" in r:
+        return f"| {r['name']} | failed: {r['error'].splitlines()[-1][:90]} | | | | |"
+    mfu = f"{r['mfu']:.1f}%" if r["mfu"] is not None else "n/a"
+    return (
+        f"| {r['name']} | {r['tokens_per_sec']:,.0f} | {r['tflops']:.1f} | {mfu} | "
+        f"{r['memory_allocated_gib']:.1f} / {r['memory_reserved_gib']:.1f} | {r['loss_last']:.3f} |"
+    )
+
+
+HEADER = "| case | tokens/s/device | TFLOP/s/device | MFU | peak GiB alloc / reserved | last loss |\n|---|---|---|---|---|---|"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="kenotron training benchmark (one table row per case)")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--preset", choices=sorted(PRESETS), action="append", default=[])
+    parser.add_argument("--case", action="append", default=[], help='"name=--section.key value ..."')
+    parser.add_argument("--extra", default="", help="overrides appended to every case")
+    parser.add_argument("--ngpu", type=int, default=1)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=7)
+    parser.add_argument("--timeout", type=float, default=900)
+    parser.add_argument("--json", help="write all rows to this file")
+    parser.add_argument("--profile", action="store_true", help="print the top CUDA kernels of each case")
+    args, rest = parser.parse_known_args(argv)
+    if args.worker:
+        run_worker(args.worker, args.warmup, args.steps, [a for a in rest if a != "--"], args.profile)
+        return 0
+    cases: dict[str, list[str]] = {}
+    for preset in args.preset:
+        cases.update(PRESETS[preset])
+    for case in args.case:
+        name, _, spec = case.partition("=")
+        cases[name.strip()] = shlex.split(spec)
+    if not cases:
+        parser.error("give --preset or --case")
+    extra = shlex.split(args.extra)
+    print(HEADER, flush=True)
+    rows = []
+    for name, overrides in cases.items():
+        row = run_case(name, overrides + extra, args.ngpu, args.warmup, args.steps, args.timeout, args.profile)
+        rows.append(row)
+        print(format_row(row), flush=True)
+        if row.get("profile"):
+            print(row.pop("profile"), flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=2))
+    return 0 if all("error" not in r for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,41 @@
+"""The chunked linear + cross-entropy equals the plain one, in value and gradients."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kenotron.train.fused_loss import linear_cross_entropy_sum
+from kenotron.train.loss import IGNORE_INDEX
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 64, 1000])
+def test_chunked_loss_and_gradients_equal_plain_in_fp32(chunk):
+    torch.manual_seed(0)
+    h = torch.randn(2, 30, 16, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(50, 16, dtype=torch.float64, requires_grad=True)
+    labels = torch.randint(0, 50, (2, 30))
+    labels[0, :3] = IGNORE_INDEX
+    plain = F.cross_entropy((h @ w.t()).flatten(0, 1), labels.flatten(), reduction="sum", ignore_index=IGNORE_INDEX)
+    gh, gw = torch.autograd.grad(plain * 0.7, (h, w))
+    fused = linear_cross_entropy_sum(h, w, labels, chunk_tokens=chunk)
+    fh, fw = torch.autograd.grad(fused * 0.7, (h, w))
+    torch.testing.assert_close(fused, plain.float(), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(fh, gh, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(fw, gw, rtol=1e-6, atol=1e-6)
+
+
+def test_bf16_compute_stays_close_to_the_fp32_loss():
+    torch.manual_seed(0)
+    h = torch.randn(64, 32)
+    w = torch.randn(100, 32) * 0.1
+    labels = torch.randint(0, 100, (64,))
+    plain = F.cross_entropy(h @ w.t(), labels, reduction="sum")
+    fused = linear_cross_entropy_sum(h, w, labels, chunk_tokens=16, compute_dtype=torch.bfloat16)
+    assert abs(fused.item() - plain.item()) / plain.item() < 1e-2
+
+
+def test_bad_chunk_size_is_rejected():
+    with pytest.raises(ValueError, match="chunk_tokens=0 must be >= 1"):
+        linear_cross_entropy_sum(torch.zeros(2, 3), torch.zeros(4, 3), torch.zeros(2, dtype=torch.long), chunk_tokens=0)
