@@ -1,0 +1,123 @@
+"""The three save modes, on top of `torch.distributed.checkpoint` (DCP).
+
+- `disabled` (synchronous): `dcp.save`; training waits for the whole write.
+- `async`: `dcp.async_save` in a thread. The state is first copied to CPU memory (training
+  waits for that copy), then written in the background.
+- `async_with_pinned_mem`: `dcp.async_save` with a `DefaultStager` that copies the state in a
+  background thread into shared (and, on CUDA, pinned) host memory, and a separate writer
+  process (DCP's `AsyncCheckpointerType.PROCESS`) that writes it. Training continues during
+  the copy, but must not change the parameters before it is done: call `wait_for_staging()`
+  before the next `optimizer.step()` (a step during the copy saves a mix of two steps).
+
+Only one save is in flight at a time: the stager reuses its buffers, so the next copy may only
+start once the previous write is done.
+
+Background saves talk over their own gloo process group, made here, so that their collectives
+never interleave with the training loop's on the default group. The writer process of
+`async_with_pinned_mem` is DCP's: one per training process, started by the first such save
+(seconds: it imports torch) and stopped when the training process exits. Because it re-imports
+the entry script, that script needs an `if __name__ == "__main__":` guard.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+from kenotron.checkpoint.errors import CheckpointError
+
+AsyncMode = Literal["disabled", "async", "async_with_pinned_mem"]
+ASYNC_MODES: tuple[str, ...] = ("disabled", "async", "async_with_pinned_mem")
+
+
+@dataclass
+class SaveInFlight:
+    """A save that DCP has started; `staged` and `written` are None when already done."""
+
+    path: Path
+    staged: Future | None
+    """Done once the state is copied out of the training tensors (async_with_pinned_mem only)."""
+    written: Future | None
+    """Done once every rank's data and DCP's .metadata are on disk (its exception if the write failed)."""
+
+
+class DcpSaver:
+    """Starts DCP saves of a state dict into a folder, in one of the three modes."""
+
+    def __init__(self, mode: str, process_group: dist.ProcessGroup | None = None) -> None:
+        if mode not in ASYNC_MODES:
+            raise CheckpointError(f"checkpoint.async_mode={mode!r} is not one of {', '.join(ASYNC_MODES)}")
+        self.mode = mode
+        self.process_group = process_group
+        distributed = dist.is_available() and dist.is_initialized()
+        if mode == "async_with_pinned_mem" and not distributed:
+            raise CheckpointError(
+                "checkpoint.async_mode='async_with_pinned_mem' writes from a separate process that joins a process "
+                "group, but none is initialized; launch with torchrun (run_train.sh does, also for one process) or "
+                "use checkpoint.async_mode='async'"
+            )
+        # A gloo group of its own for background saves (see the module docstring).
+        self._background_group = dist.new_group(backend="gloo") if mode != "disabled" and distributed else None
+        self._stager: _ReusedStager | None = None
+        if mode == "async_with_pinned_mem":
+            on_accelerator = torch.cuda.is_available()
+            self._stager = _ReusedStager(
+                StagingOptions(
+                    use_pinned_memory=on_accelerator,
+                    use_shared_memory=True,  # the writer process maps the staged tensors, no pickled copy
+                    use_async_staging=True,
+                    use_non_blocking_copy=on_accelerator,
+                )
+            )
+
+    def start(self, state_dict: dict[str, Any], path: Path) -> SaveInFlight:
+        """Start saving `state_dict` (values: tensors, DTensors, plain objects) into `path`."""
+        checkpoint_id = str(path)
+        if self.mode == "disabled":
+            dcp.save(state_dict, checkpoint_id=checkpoint_id, process_group=self.process_group)
+            return SaveInFlight(path, staged=None, written=None)
+        from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
+
+        if self.mode == "async":
+            future = dcp.async_save(
+                state_dict, checkpoint_id=checkpoint_id, process_group=self._background_group,
+                async_checkpointer_type=AsyncCheckpointerType.THREAD,
+            )
+            return SaveInFlight(path, staged=None, written=future)
+        response = dcp.async_save(
+            state_dict, checkpoint_id=checkpoint_id, process_group=self._background_group,
+            async_checkpointer_type=AsyncCheckpointerType.PROCESS, async_stager=self._stager,
+        )
+        # With a background-thread stager DCP answers with both futures; older versions that
+        # stage synchronously answer with the write future alone.
+        if isinstance(response, Future):
+            return SaveInFlight(path, staged=None, written=response)
+        return SaveInFlight(path, staged=response.staging_completion, written=response.upload_completion)
+
+    def close(self) -> None:
+        """Free the staging buffers. The caller has waited for the save in flight."""
+        if self._stager is not None:
+            self._stager.release()
+            self._stager = None
+
+
+class _ReusedStager(DefaultStager):
+    """A DefaultStager that only its owner closes.
+
+    Its buffers (pinned on CUDA) are reused from one save to the next. torch 2.11's async_save
+    closes the stager it was given once the write is done, which empties its copy tables and
+    makes the next save fail (`KeyError: <class 'type'>`); torch 2.13 leaves closing to the caller.
+    """
+
+    def close(self) -> None:
+        pass
+
+    def release(self) -> None:
+        super().close()

@@ -1,0 +1,149 @@
+"""The parts of a training run that a checkpoint holds, each behind DCP's `Stateful` protocol.
+
+DCP calls `state_dict()` when saving and `load_state_dict()` after loading in place. The
+wrappers here decide how each part is stored:
+
+- model and optimizer go through `torch.distributed.checkpoint.state_dict`, which gives
+  parameter-name (FQN) keyed tensors for plain modules and for FSDP2 / tensor-parallel DTensor
+  ones alike, so a checkpoint saved under one layout loads under another;
+- small Python state (LR schedulers, the data loader, step counters, RNG states) is pickled into
+  one bytes value per part: DCP stores it once, every rank reads it, and its key set does not
+  change between torch versions (LambdaLR's state_dict keys did).
+"""
+
+from __future__ import annotations
+
+import copy
+import pickle
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+
+PART_NAMES = ("model", "optimizer", "lr_scheduler", "dataloader", "train_state")
+"""Names of the parts, in save order; `checkpoint.exclude_from_loading` takes these."""
+
+# Per-parameter param-group entries ("param_groups.<fqn>.lr") instead of index-based groups:
+# the same keys whatever the pipeline split, so optimizer state reshards like the model does.
+_OPTIM_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
+
+
+class HasState(Protocol):
+    """Anything with PyTorch-style `state_dict()` / `load_state_dict()`."""
+
+    def state_dict(self) -> Any: ...
+
+    def load_state_dict(self, state: Any) -> Any: ...
+
+
+class ModelState:
+    """The parameters of one or more model parts (pipeline stages hold disjoint names)."""
+
+    def __init__(self, model_parts: Sequence[nn.Module]) -> None:
+        self.model_parts = list(model_parts)
+
+    def state_dict(self) -> dict[str, Any]:
+        merged: dict[str, Any] = {}
+        for part in self.model_parts:
+            merged.update(get_model_state_dict(part))
+        return merged
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        # Each part takes its own names from the merged dict; the manager has already checked
+        # that every name a part needs is present, so strict=False only skips the other parts'.
+        for part in self.model_parts:
+            set_model_state_dict(part, state, options=StateDictOptions(strict=False))
+
+
+class OptimizerState:
+    """Optimizer state of the model parts, keyed by parameter name (one optimizer per part)."""
+
+    def __init__(self, model_parts: Sequence[nn.Module], optimizers: Sequence[torch.optim.Optimizer]) -> None:
+        if len(model_parts) != len(optimizers):
+            raise ValueError(
+                f"got {len(model_parts)} model parts but {len(optimizers)} optimizers; pass one optimizer per part"
+            )
+        self.pairs = list(zip(model_parts, optimizers))
+
+    def state_dict(self) -> dict[str, Any]:
+        merged: dict[str, Any] = {}
+        for part, optimizer in self.pairs:
+            merged.update(get_optimizer_state_dict(part, optimizer, options=_OPTIM_OPTIONS))
+        return merged
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for part, optimizer in self.pairs:
+            set_optimizer_state_dict(part, optimizer, state, options=_OPTIM_OPTIONS)
+
+
+class PickledState:
+    """Small Python state stored as one pickled value.
+
+    Several targets share it (e.g. one LR scheduler per pipeline stage, all on one schedule):
+    the first one's state is saved and every one of them gets it back. The state must be the
+    same on every rank, as it is for `GlobalBatchLoader` and kenotron's LR schedulers.
+    """
+
+    def __init__(self, targets: Sequence[HasState]) -> None:
+        if not targets:
+            raise ValueError("PickledState needs at least one object with state_dict()/load_state_dict()")
+        self.targets = list(targets)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"pickle": pickle.dumps(self.targets[0].state_dict(), protocol=pickle.HIGHEST_PROTOCOL)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        value = pickle.loads(state["pickle"])
+        for target in self.targets:
+            target.load_state_dict(copy.deepcopy(value))
+
+
+def capture_rng_state() -> dict[str, Any]:
+    """Every RNG a training step may draw from: torch (CPU and current CUDA device), Python, numpy."""
+    cuda = torch.cuda.get_rng_state() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    return {"torch": torch.get_rng_state(), "cuda": cuda, "python": random.getstate(), "numpy": np.random.get_state()}
+
+
+def restore_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    if state.get("cuda") is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+
+
+@dataclass
+class TrainState:
+    """Where training stands: the optimizer steps done, tokens consumed, and the RNG states.
+
+    The RNG states are the saving process's; every rank gets them back on load. kenotron
+    seeds every rank alike and draws no per-rank randomness, so that is exact for its runs.
+    """
+
+    step: int = 0
+    """Optimizer steps completed."""
+    tokens_seen: int = 0
+    """Training tokens consumed over all ranks."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "tokens_seen": self.tokens_seen,
+            "rng": pickle.dumps(capture_rng_state(), protocol=pickle.HIGHEST_PROTOCOL),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.step = int(state["step"])
+        self.tokens_seen = int(state["tokens_seen"])
+        restore_rng_state(pickle.loads(state["rng"]))

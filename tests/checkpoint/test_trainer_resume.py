@@ -1,0 +1,84 @@
+"""Exact resume through the trainer: N steps in one go, or stopped at k and resumed to N, write
+the same metrics.jsonl losses, bit for bit (fp32 on CPU), under 1 rank, FSDP 2 and FSDP 2 x TP 2.
+
+Each layout saves in another of the three modes, so the background modes are checked end to end
+too: a save that did not hold the state of its step would change the resumed losses.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kenotron.config import load_config
+from kenotron.train.distributed import WorldInfo
+from kenotron.train.resolve import resolve_run
+from kenotron.train.trainer import Trainer
+from tests.distributed.pool import run_on_ranks
+
+STEPS, STOP_AFTER = 4, 2
+COMMON = [
+    "--model.n_layers", "2", "--training.seq_len", "16", "--training.global_batch_size", "4",
+    "--training.local_batch_size", "2", "--training.steps", str(STEPS), "--metrics.log_freq", "1",
+    "--lr_scheduler.warmup_steps", "2", "--metrics.tensorboard", "false", "--checkpoint.interval", str(STOP_AFTER),
+    "--training.device", "cpu",
+]
+
+
+class _Stopped(Exception):
+    """Ends a run after a step, the way a killed job would (the loop is left mid-way)."""
+
+
+def train(folder: str, overrides: list[str], stop_after: int = 0) -> None:
+    """Run the trainer (on every rank of the pool, or in this process); optionally stop after
+    step `stop_after`, at the moment it would fetch the next batch."""
+    cfg = load_config(None, COMMON + ["--job.dump_folder", folder] + overrides)
+    trainer = Trainer(resolve_run(cfg, WorldInfo.from_env().world_size))
+    if stop_after:
+        next_step = trainer.loader.next_step
+
+        def next_step_or_stop():
+            if trainer.step == stop_after:
+                raise _Stopped
+            return next_step()
+
+        trainer.loader.next_step = next_step_or_stop
+    try:
+        trainer.train()
+    except _Stopped:
+        pass
+    finally:
+        trainer.close()
+
+
+def losses_by_step(folder: Path) -> dict[int, float]:
+    records = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["loss"] for r in records}
+
+
+LAYOUTS = {
+    "1rank-sync": (1, ["--checkpoint.async_mode", "disabled"]),
+    "fsdp2-async_with_pinned_mem": (2, ["--checkpoint.async_mode", "async_with_pinned_mem"]),
+    "fsdp2_tp2-async": (4, ["--parallelism.dp_shard", "2", "--parallelism.tp", "2", "--checkpoint.async_mode", "async"]),
+}
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_stopped_and_resumed_run_logs_the_same_losses_bitwise(layout, tmp_path):
+    world, overrides = LAYOUTS[layout]
+
+    def run(folder: Path, extra: list[str], stop_after: int = 0) -> None:
+        if world == 1:
+            train(str(folder), overrides + extra, stop_after)
+        else:
+            run_on_ranks(world, train, str(folder), overrides + extra, stop_after)
+
+    run(tmp_path / "full", [])  # checkpointing off: saving must not change training either
+    run(tmp_path / "resumed", ["--checkpoint.enable", "true"], stop_after=STOP_AFTER)
+    assert list(losses_by_step(tmp_path / "resumed")) == list(range(1, STOP_AFTER + 1))
+    run(tmp_path / "resumed", ["--checkpoint.enable", "true"])
+    full, resumed = losses_by_step(tmp_path / "full"), losses_by_step(tmp_path / "resumed")
+    assert list(resumed) == list(range(1, STEPS + 1))
+    assert resumed == full
