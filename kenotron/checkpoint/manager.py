@@ -41,7 +41,7 @@ from kenotron.checkpoint.folders import (
     write_marker,
 )
 from kenotron.checkpoint.remote import BackgroundUploader, S3Store, is_remote
-from kenotron.checkpoint.saver import ASYNC_MODES, DcpSaver, SaveInFlight
+from kenotron.checkpoint.saver import ASYNC_MODES, NO_GROUP_FOR_WRITER_PROCESS, DcpSaver, SaveInFlight
 from kenotron.checkpoint.state import PART_NAMES, HasState, ModelState, OptimizerState, PickledState, TrainState
 from kenotron.config import ConfigError
 from kenotron.config.sections import Checkpoint as CheckpointConfig
@@ -105,6 +105,9 @@ class CheckpointManager:
         self.model_info = dict(model_info or {})
         self.process_group = process_group
         self.distributed = dist.is_available() and dist.is_initialized()
+        if config.enable and config.async_mode == "async_with_pinned_mem" and not self.distributed:
+            # Said now rather than at the first save, checkpoint.interval steps into the run.
+            raise CheckpointError(NO_GROUP_FOR_WRITER_PROCESS)
         self.rank = dist.get_rank(process_group) if self.distributed else 0
         self.world_size = dist.get_world_size(process_group) if self.distributed else 1
         self.parts: dict[str, HasState] = {"model": ModelState(model_parts)}

@@ -43,11 +43,19 @@ class NonFiniteLossError(RuntimeError):
     """The loss became NaN or infinite; training stops rather than writing garbage."""
 
 
-def single_device_fsdp(training: Any, device: torch.device) -> bool:
-    """bf16 on one device through FSDP2's mixed precision (see training.mixed_precision)."""
+def single_device_fsdp(cfg: JobConfig, device: torch.device) -> bool:
+    """bf16 on one device through FSDP2's mixed precision (see training.mixed_precision).
+
+    auto: on an H200 FSDP's bf16 weights and activations made eager steps 4-5% faster than
+    autocast, while with compile autocast was as fast or faster (1.7% on the 8B width) and
+    used less memory, so auto picks FSDP for eager CUDA runs only.
+    """
+    training = cfg.training
     if training.param_dtype != "bfloat16" or training.mixed_precision == "autocast":
         return False
-    return training.mixed_precision == "fsdp" or device.type == "cuda"
+    if training.mixed_precision == "fsdp":
+        return True
+    return device.type == "cuda" and not cfg.compile.enable
 
 
 def _hidden_states(h: torch.Tensor) -> torch.Tensor:
@@ -166,7 +174,7 @@ class Trainer:
         """The job's meshes; on one device with FSDP mixed precision, a 1-device FSDP mesh."""
         if self.world.world_size > 1:
             return self.run.dims.build_meshes(self.device.type)
-        if not single_device_fsdp(self.cfg.training, self.device):
+        if not single_device_fsdp(self.cfg, self.device):
             return Meshes(self.run.dims, None)
         if not dist.is_initialized():
             backend = "nccl" if self.device.type == "cuda" else "gloo"

@@ -9,12 +9,15 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from kenotron.checkpoint import list_step_folders
 from tests.checkpoint.tiny import make_run
 
 REPO = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow  # a training process and its writer process start from scratch (~7 s)
 def test_killing_the_writer_process_midway_keeps_the_previous_checkpoint_loadable(tmp_path):
     flag = tmp_path / "writer.pid"
     folder = tmp_path / "ckpt"

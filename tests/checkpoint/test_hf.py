@@ -93,6 +93,18 @@ def test_hf_folder_imports_under_fsdp_x_tp_with_the_logits_of_transformers(tmp_p
         torch.testing.assert_close(rank_logits, hf_logits(model), atol=TOL, rtol=0)
 
 
+def _save_hf_under_fsdp_tp(out_dir: str, args: Llama3Args) -> None:
+    model, *_ = build_llama(args, "fsdp_tp")
+    save_hf(model, out_dir)
+
+
+def test_model_under_fsdp_x_tp_exports_to_transformers_with_the_same_logits(tmp_path):
+    run_on_ranks(4, _save_hf_under_fsdp_tp, str(tmp_path / "out"), SMALL)
+    reference, *_ = build_llama(SMALL, "single")  # init is layout-invariant: the same weights
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out", attn_implementation="eager").float()
+    torch.testing.assert_close(hf_logits(theirs), our_logits(reference), atol=TOL, rtol=0)
+
+
 def test_trainer_checkpoint_exports_to_transformers_in_bfloat16(tmp_path):
     model, *_, manager, _, _ = make_run("single", tmp_path / "run")
     checkpoint_to_hf(manager.save(5), tmp_path / "hf", dtype=torch.bfloat16)

@@ -66,6 +66,8 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     The tables are kept in fp32 and cast to x's dtype here, as Hugging Face's models do;
     computing in bf16 avoids an fp32 round trip of q and k in eager mode.
     """
+    half = x.shape[-1] // 2
     cos = cos[None, :, None, :].to(x.dtype)
-    sin = sin[None, :, None, :].to(x.dtype)
-    return x * cos + _rotate_half(x) * sin
+    # rotate_half(x) * sin == roll(x, half) * [-sin_lo, sin_hi]: one roll instead of neg + cat.
+    sin = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1)[None, :, None, :].to(x.dtype)
+    return torch.addcmul(x * cos, torch.roll(x, half, dims=-1), sin)
