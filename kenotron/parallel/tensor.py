@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_module
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     PrepareModuleInput,
@@ -46,6 +46,33 @@ def _first_input(layout, arity: int) -> tuple:
     return (layout,) + (None,) * (arity - 1)
 
 
+class ReplicatedOverShards(ParallelStyle):
+    """A module with replicated weights applied to a tensor sharded along `shard_dim`.
+
+    Per-head norms (Qwen3's q/k RMSNorm) see only this rank's heads; each rank's weight
+    gradient is then a partial sum over its heads. Making the weights Replicate DTensors and
+    the input a Shard(shard_dim) DTensor lets autograd mark that gradient Partial, so it is
+    summed over tp before clipping and the optimizer step.
+    """
+
+    def __init__(self, shard_dim: int) -> None:
+        super().__init__()
+        self.shard_dim = shard_dim
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        placements = [Shard(self.shard_dim)]
+
+        def to_dtensor(_module, inputs, mesh):
+            first = DTensor.from_local(inputs[0], mesh, placements, run_check=False)
+            return (first, *inputs[1:])
+
+        def to_local(_module, output, mesh):
+            return output.to_local()
+
+        # Without a partition_fn, distribute_module replicates every parameter over the mesh.
+        return distribute_module(module, device_mesh, input_fn=to_dtensor, output_fn=to_local)
+
+
 def style_object(style: str, module: nn.Module, *, sp: bool, loss_parallel: bool) -> ParallelStyle | None:
     """The torch ParallelStyle for one module, or None when the style is a no-op here."""
     if style == "embedding":
@@ -65,6 +92,9 @@ def style_object(style: str, module: nn.Module, *, sp: bool, loss_parallel: bool
             desired_input_layouts=_first_input(Replicate(), arity),
             use_local_output=True,
         )
+    if style == "head_norm":
+        # Applied to (batch, seq, heads, head_dim) with the heads split over tp.
+        return ReplicatedOverShards(shard_dim=2)
     if style == "output":
         return ColwiseParallel(
             input_layouts=SEQ if sp else Replicate(),

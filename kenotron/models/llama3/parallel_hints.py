@@ -9,6 +9,8 @@ are style names that kenotron.parallel.plan understands:
 - "norm":        sequence-parallel norm (replicated weight, activations split along the sequence)
 - "block_input": the input of a sub-block, gathered from sequence shards before the colwise projections
 - "output":      the output projection, vocabulary-sharded (feeds the vocab-parallel loss)
+- "head_norm":   a norm applied per attention head to the tp-sharded heads (replicated weight,
+                 gradient summed over tp)
 
 This file says nothing about meshes or torch.distributed: it is data the plan reads.
 """
@@ -34,3 +36,8 @@ LLAMA3_TP_STYLES: dict[str, str] = {
 
 # The repeated unit: FSDP wraps, checkpoints and compiles each of these.
 LLAMA3_BLOCKS = "layers.*"
+
+
+def tp_styles_without(*patterns: str) -> dict[str, str]:
+    """LLAMA3_TP_STYLES minus some patterns, for families with the same names but fewer modules."""
+    return {k: v for k, v in LLAMA3_TP_STYLES.items() if k not in patterns}

@@ -3,8 +3,20 @@
 from kenotron.models.qwen3.flavors import QWEN3_FLAVORS
 from kenotron.models.qwen3.hf import QWEN3_HF_ADAPTER
 from kenotron.models.qwen3.model import Qwen3, Qwen3Args
+from kenotron.models.llama3.parallel_hints import LLAMA3_TP_STYLES
 from kenotron.models.spec import ModelSpec
 
-QWEN3_SPEC = ModelSpec(name="qwen3", model_cls=Qwen3, flavors=QWEN3_FLAVORS, hf_adapter=QWEN3_HF_ADAPTER)
+# Llama 3's module names and styles, plus the per-head q/k norms over the tp-sharded heads.
+QWEN3_SPEC = ModelSpec(
+    name="qwen3",
+    model_cls=Qwen3,
+    flavors=QWEN3_FLAVORS,
+    hf_adapter=QWEN3_HF_ADAPTER,
+    tp_styles={
+        **LLAMA3_TP_STYLES,
+        "layers.*.attention.q_norm": "head_norm",
+        "layers.*.attention.k_norm": "head_norm",
+    },
+)
 
 __all__ = ["QWEN3_FLAVORS", "QWEN3_HF_ADAPTER", "QWEN3_SPEC", "Qwen3", "Qwen3Args"]
