@@ -29,7 +29,7 @@ from kenotron.parallel.describe import describe_parameters, format_description
 if TYPE_CHECKING:
     from kenotron.parallel.dims import Meshes
 
-TP_STYLES = ("embedding", "colwise", "rowwise", "norm", "block_input", "output")
+TP_STYLES = ("embedding", "colwise", "rowwise", "norm", "block_input", "output", "head_norm")
 DP_MODES = ("fsdp", "zero1")
 RESHARD_POLICIES = ("default", "always", "never")
 
