@@ -30,13 +30,17 @@ def flatten_state_dict(state: Mapping[str, Any], prefix: str = "") -> dict[str, 
     return flat
 
 
-def check_state_fits(state_dict: Mapping[str, Any], metadata: Any, path: str | Path, model_info: str = "") -> None:
+def check_state_fits(
+    state_dict: Mapping[str, Any], metadata: Any, path: str | Path, model_info: str = "",
+    model_keys: set[str] | None = None,
+) -> None:
     """Raise CheckpointMismatchError unless every entry of `state_dict` is in the checkpoint with
     the same shape, and the checkpoint's model has no parameter that the model here lacks.
 
     `state_dict` is keyed by part ("model", "optimizer", ...) as passed to DCP; tensors may be
     DTensors (their global shape is compared). `model_info` describes the saved model for the
-    message (from the completion marker).
+    message (from the completion marker). `model_keys`: the "model." keys of the whole model
+    when this rank holds only some of it (pipeline stages); default: those of `state_dict`.
     """
     stored = metadata.state_dict_metadata
     flat = flatten_state_dict(state_dict)
@@ -69,7 +73,7 @@ def check_state_fits(state_dict: Mapping[str, Any], metadata: Any, path: str | P
             f"or another code version; build the same model, or leave the part out with "
             f"checkpoint.exclude_from_loading"
         )
-    ours = {k for k in flat if k.startswith("model.")}
+    ours = model_keys if model_keys is not None else {k for k in flat if k.startswith("model.")}
     if ours:
         extra = [k for k in stored if k.startswith("model.") and k not in ours]
         if extra:

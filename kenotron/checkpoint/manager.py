@@ -30,7 +30,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 
-from kenotron.checkpoint.checks import check_state_fits
+from kenotron.checkpoint.checks import check_state_fits, flatten_state_dict
 from kenotron.checkpoint.errors import CheckpointError, CheckpointFormatError, CheckpointSaveError, RemoteStorageError
 from kenotron.checkpoint.folders import (
     check_checkpoint,
@@ -298,6 +298,16 @@ class CheckpointManager:
             exclude |= set(self.parts) - {"model"}
         return self.load_from(Path(path), exclude=exclude)
 
+    def _whole_model_keys(self, state: dict[str, Any]) -> set[str] | None:
+        """The "model." keys held by all ranks together: under pipeline parallel each rank holds
+        only its stages' parameters, and the checkpoint has the others' too."""
+        if "model" not in state or not self.distributed:
+            return None
+        mine = sorted(k for k in flatten_state_dict({"model": state["model"]}) if k.startswith("model."))
+        gathered: list[Any] = [None] * self.world_size
+        dist.all_gather_object(gathered, mine, group=self.process_group)
+        return {k for keys in gathered for k in keys}
+
     def load_from(self, path: str | Path, *, exclude: Sequence[str] = ()) -> int:
         """Restore the parts not in `exclude` from the checkpoint folder `path`; returns its step.
 
@@ -321,7 +331,7 @@ class CheckpointManager:
                 f"to checkpoint.exclude_from_loading to start that part fresh"
             )
         state = {name: self.parts[name].state_dict() for name in names}
-        check_state_fits(state, metadata, path, _describe_model(marker.get("model")))
+        check_state_fits(state, metadata, path, _describe_model(marker.get("model")), self._whole_model_keys(state))
         dcp.load(state, checkpoint_id=str(path), process_group=self.process_group)
         for name in names:
             self.parts[name].load_state_dict(state[name])

@@ -158,7 +158,30 @@ class Parallelism:
     """Tensor-parallel degree (with sequence parallel)."""
 
     pp: int = 1
-    """Pipeline-parallel stages."""
+    """Pipeline-parallel degree: ranks along the pipeline (each holds one stage, or several with looped/V schedules)."""
+
+    pp_schedule: Literal[
+        "GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"
+    ] = "1F1B"
+    """torch.distributed.pipelining schedule. GPipe and 1F1B run one stage per rank; Interleaved1F1B, LoopedBFS and InterleavedZeroBubble loop over several (stage s on rank s mod pp); ZBVZeroBubble and DualPipeV fold exactly 2 per rank into a V (stages r and 2·pp−1−r on rank r)."""
+
+    pp_microbatches: int = 0
+    """Pipeline microbatches per micro-step: the local batch (training.local_batch_size) is split into this many; must divide it. 0 = local_batch_size (one sequence each). 1F1B needs >= pp, DualPipeV >= 2·pp."""
+
+    pp_stages_per_rank: int = 0
+    """Stages per pipeline rank for the automatic split: 0 = the schedule's own (1 for GPipe/1F1B, 2 for the looped and V schedules)."""
+
+    pp_layers_per_stage: list[int] = field(default_factory=list)
+    """Explicit blocks per stage, in order (e.g. `3,5,5,3`); must add up to the model's layers. Empty = balanced automatically."""
+
+    pp_stage_modules: list[str] = field(default_factory=list)
+    """Explicit modules per stage, one entry per stage with space-separated FQNs in forward order (e.g. `tok_embeddings layers.0 layers.1, layers.2 layers.3 norm output`); overrides pp_layers_per_stage."""
+
+    pp_first_stage_weight: float = 1.0
+    """Cost of the embedding in the automatic split, in transformer blocks: a larger weight gives the first stage fewer blocks."""
+
+    pp_last_stage_weight: float = 1.0
+    """Cost of the final norm and output projection (and the loss) in the automatic split, in transformer blocks."""
 
     cp: int = 1
     """Context-parallel degree (sequence sharded across ranks)."""
@@ -170,7 +193,7 @@ class Parallelism:
     """fsdp: shard parameters, gradients and optimizer state over dp_shard (HSDP with dp_replicate, DDP when dp_shard is 1); zero1: replicate parameters and gradients, shard only the optimizer state."""
 
     fsdp_reshard_after_forward: Literal["default", "always", "never"] = "default"
-    """Free gathered parameters after each block's forward: default (all but the last block), always, or never (faster, more memory)."""
+    """Free gathered parameters after each block's forward: default (all but the last block; none under pipeline parallel, whose microbatches would gather every block again), always, or never (faster, more memory)."""
 
     sequence_parallel: bool = True
     """With tp > 1, also split norms and the residual stream along the sequence."""

@@ -117,11 +117,17 @@ def apply_data_parallel(model: nn.Module, meshes: Meshes, plan: Plan) -> DataPar
             _replicate(unit, mesh, mp)
         _replicate(model, mesh, mp)
     else:
+        # Under pipeline parallel a schedule step runs the forward of every microbatch through
+        # the same blocks, and the backwards come later: resharding after each forward would
+        # all-gather every block again per microbatch. A stage holds 1/pp of the blocks, so
+        # keeping them gathered for the step (the schedule reshards after its last backward)
+        # costs little memory.
+        pipelined = plan.pipeline is not None and meshes.get("pp") is not None
         for i, unit in enumerate(units):
             if plan.reshard_after_forward == "default":
                 # The last unit's parameters are needed again right away by backward; on a
                 # 1-device mesh resharding saves only the bf16 copy, at the price of a second cast.
-                reshard = i < len(units) - 1 and mesh.size() > 1
+                reshard = i < len(units) - 1 and mesh.size() > 1 and not pipelined
             else:
                 reshard = plan.reshard_after_forward == "always"
             fully_shard(unit, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)

@@ -9,6 +9,9 @@ no process group needed), then `plan.apply(model, meshes)`:
 
     pipeline split -> TP/SP -> (CP) -> activation checkpointing -> compile -> FSDP
 
+With pipeline parallel, `plan.pipeline` (a `PipelineSplit`) lists the modules of every stage;
+`apply` cuts this rank's stages out of the model first and runs the rest on each of them.
+
 FQN patterns use `*` for exactly one name component: `layers.*.attention.wq`.
 """
 
@@ -25,6 +28,7 @@ from torch import nn
 
 from kenotron.parallel.activation_checkpoint import AC_MODES
 from kenotron.parallel.describe import describe_parameters, format_description
+from kenotron.parallel.pipeline import PipelineSplit
 
 if TYPE_CHECKING:
     from kenotron.parallel.dims import Meshes
@@ -89,6 +93,8 @@ class Plan:
     """torchao float8 recipe for the linear layers ("tensorwise" or "rowwise"); empty keeps bf16/fp32."""
     float8_all_gather: bool = False
     """With the tensorwise recipe under FSDP, all-gather weights in float8."""
+    pipeline: PipelineSplit | None = None
+    """Pipeline stages (module FQNs per stage), schedule and microbatches; None without pipeline parallel."""
 
     # -- checks -----------------------------------------------------------------------------
 
@@ -200,17 +206,49 @@ class Plan:
             + (f" (every {self.ac_every_n})" if self.ac_mode == "every-n-layers" else "")
             + f"   compile: {self.compile}   float8: {self.float8 or 'off'}",
         ]
+        if self.pipeline is not None:
+            lines.append("  " + str(self.pipeline))
         return "\n".join(lines)
 
     # -- application ------------------------------------------------------------------------
 
     def apply(self, model: nn.Module, meshes: Meshes) -> AppliedPlan:
-        """Parallelize `model` in place (TP/SP -> AC -> compile -> data parallel)."""
+        """Parallelize `model` (pipeline split -> TP/SP -> AC -> compile -> data parallel).
+
+        Without pipeline parallel the model is changed in place and is the only model part;
+        with it, the returned parts are this rank's stages (copies of `model` cut down to their
+        modules, so build `model` on the meta device) and `model` itself is left unused.
+        """
+        from kenotron.parallel.pipeline import feed_full_positions, stage_module
+
+        self.check(model)
+        pp_mesh = meshes.get("pp")
+        if pp_mesh is None:
+            stage_ids: list[int] = []
+            parts = [model]
+        else:
+            if self.pipeline is None:
+                raise PlanError("the mesh has a pp dimension but plan.pipeline is None; set a PipelineSplit")
+            self.pipeline.check(model, self.blocks)
+            stage_ids = self.pipeline.local_stages(pp_mesh.get_local_rank())
+            parts = [stage_module(model, self.pipeline.stages[s], self.blocks) for s in stage_ids]
+        data_parallel = None
+        for index, part in enumerate(parts):
+            data_parallel = self._apply_to_part(part, meshes)
+            if stage_ids and stage_ids[index] > 0 and self._sequence_sharded(meshes):
+                feed_full_positions(part, meshes.size("tp"))
+        return AppliedPlan(parts, data_parallel, meshes, self, stage_ids)
+
+    def _sequence_sharded(self, meshes: Meshes) -> bool:
+        """Whether the residual stream between blocks (and stages) is split along the sequence."""
+        return meshes.get("tp") is not None and bool(self.tp_styles) and self.sequence_parallel
+
+    def _apply_to_part(self, model: nn.Module, meshes: Meshes) -> Any:
+        """TP/SP -> AC -> compile -> data parallel on one model part; returns the DataParallelState."""
         from kenotron.parallel.activation_checkpoint import apply_activation_checkpointing
         from kenotron.parallel.data import apply_data_parallel
         from kenotron.parallel.tensor import apply_tensor_parallel
 
-        self.check(model)
         if self.float8:
             from kenotron.parallel.float8 import convert_to_float8
 
@@ -230,8 +268,7 @@ class Plan:
         if self.compile:
             for _, block in blocks:
                 block.compile(fullgraph=True)
-        data_parallel = apply_data_parallel(model, meshes, self)
-        return AppliedPlan([model], data_parallel, meshes, self)
+        return apply_data_parallel(model, meshes, self)
 
 
 @dataclass
@@ -244,6 +281,8 @@ class AppliedPlan:
     """kenotron.parallel.data.DataParallelState: the FSDP/HSDP/DDP/ZeRO-1 wrapping."""
     meshes: Meshes
     plan: Plan
+    stage_ids: list[int] = field(default_factory=list)
+    """Pipeline stage index of each model part (empty without pipeline parallel)."""
 
     @property
     def loss_parallel(self) -> bool:

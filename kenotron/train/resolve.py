@@ -17,6 +17,7 @@ from kenotron.config import ConfigError, JobConfig, validate_config
 from kenotron.data import build_tokenizer
 from kenotron.models import ModelSpec, get_model_spec
 from kenotron.parallel.dims import ParallelDims
+from kenotron.parallel.pipeline import PipelineSplit, build_pipeline_split, check_compile
 from kenotron.parallel.plan import Plan, plan_for
 
 
@@ -52,6 +53,19 @@ def build_plan(cfg: JobConfig, spec: ModelSpec) -> Plan:
     )
 
 
+def build_pipeline_split_from_config(
+    meta_model: torch.nn.Module, p: Any, pp: int, local_batch_size: int, blocks: str
+) -> PipelineSplit:
+    """The pipeline split that `[parallelism]`'s pp_* fields describe (checked; ParallelConfigError)."""
+    stage_modules = [entry.split() for entry in p.pp_stage_modules] or None
+    return build_pipeline_split(
+        meta_model, pp=pp, schedule=p.pp_schedule, local_batch_size=local_batch_size,
+        microbatches=p.pp_microbatches, stages_per_rank=p.pp_stages_per_rank,
+        layers_per_stage=list(p.pp_layers_per_stage) or None, stage_modules=stage_modules,
+        first_stage_weight=p.pp_first_stage_weight, last_stage_weight=p.pp_last_stage_weight, blocks=blocks,
+    )
+
+
 def resolve_run(cfg: JobConfig, world_size: int) -> RunPlan:
     """Every check that needs only the config, the world size and the tokenizer file.
 
@@ -63,12 +77,12 @@ def resolve_run(cfg: JobConfig, world_size: int) -> RunPlan:
     dims = ParallelDims.from_degrees(
         world_size, dp_replicate=p.dp_replicate, dp_shard=p.dp_shard, cp=p.cp, tp=p.tp, pp=p.pp, ep=p.ep
     )
-    unsupported = {name: getattr(dims, name) for name in ("pp", "cp", "ep") if getattr(dims, name) > 1}
+    unsupported = {name: getattr(dims, name) for name in ("cp", "ep") if getattr(dims, name) > 1}
     if unsupported:
         # These land with their own issues; until then say so plainly.
         raise ConfigError(
             f"parallel degrees {unsupported} are not supported yet in this version; use data parallel "
-            f"(dp_shard, dp_replicate) and tensor parallel (tp)"
+            f"(dp_shard, dp_replicate), tensor parallel (tp) and pipeline parallel (pp)"
         )
     spec = get_model_spec(cfg.model.name)
     t = cfg.training
@@ -100,7 +114,16 @@ def resolve_run(cfg: JobConfig, world_size: int) -> RunPlan:
         raise ConfigError(f"model.name={spec.name!r} has no tensor-parallel plan yet; use parallelism.tp=1")
     plan = build_plan(cfg, spec)
     with torch.device("meta"):
-        plan.check(spec.build(args))
+        meta_model = spec.build(args)
+    plan.check(meta_model)
+    if dims.pp > 1:
+        if t.loss == "fused":
+            raise ConfigError(
+                "training.loss='fused' does not combine with pipeline parallel (the last stage computes the plain "
+                "loss per microbatch); use 'auto' or 'plain'"
+            )
+        check_compile(p.pp_schedule, cfg.compile.enable)
+        plan.pipeline = build_pipeline_split_from_config(meta_model, p, dims.pp, t.local_batch_size, spec.blocks)
     if p.dp_mode == "zero1" and dims.dp == 1 and world_size > 1:
         raise ConfigError("parallelism.dp_mode='zero1' needs a data-parallel degree > 1 (dp_shard or dp_replicate)")
     return RunPlan(cfg, dims, spec, args, plan, global_batch, accum)

@@ -2,14 +2,17 @@
 
 Every piece is a plain object a notebook can build by hand; `Trainer` only wires them:
 config checks (resolve_run, before any process group) -> process group -> mesh -> model on
-meta -> plan.apply (TP/SP -> AC -> compile -> FSDP) -> materialize and init -> optimizer,
-LR schedule, data loader (dp-rank aware), metrics -> loop.
+meta -> plan.apply (pipeline split -> TP/SP -> AC -> compile -> FSDP) -> materialize and init
+-> optimizer, LR schedule, data loader (dp-rank aware), metrics -> loop. With pipeline
+parallel the model is a list of parts (this rank's stages) and a PipelineRunner
+(train/pipeline_step.py) runs the schedule in place of forward/backward.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +37,7 @@ from kenotron.train.loss import IGNORE_INDEX, cross_entropy_sum
 from kenotron.train.lr_schedule import LRSchedule, build_lr_scheduler
 from kenotron.train.metrics import MetricsLogger
 from kenotron.train.optim import optimizer_factory, param_groups
+from kenotron.train.pipeline_step import PipelineRunner
 from kenotron.train.resolve import RunPlan, resolve_run
 
 logger = logging.getLogger("kenotron")
@@ -103,23 +107,30 @@ class Trainer:
             matmul_params(model), args.n_layers, args.n_heads, args.head_dim, cfg.training.seq_len
         )
         self.applied = run.plan.apply(model, self.meshes)
-        model.to_empty(device=self.device)
-        model.init_weights(buffer_device=self.device, seed=cfg.training.seed)
-        model.train()
-        self.model: nn.Module = model
+        # One part per local pipeline stage; without pipeline parallel, the model itself.
+        self.model_parts: list[nn.Module] = self.applied.model_parts
+        for part in self.model_parts:
+            part.to_empty(device=self.device)
+            part.init_weights(buffer_device=self.device, seed=cfg.training.seed)
+            part.train()
+        self.model: nn.Module = self.model_parts[0]  # the whole model, or this rank's first stage
 
+        # One optimizer and LR scheduler per part: checkpoints key optimizer state by part.
         factory = optimizer_factory(cfg.optimizer, self.device.type)
-        groups = param_groups(model, cfg.optimizer.weight_decay)
-        if self.applied.data_parallel.kind == "zero1":
-            self.optimizer: Any = Zero1Optimizer(groups, self.applied.data_parallel.mesh, factory)
-            scheduled = self.optimizer.inner
-        else:
-            self.optimizer = scheduled = factory(groups)
+        self.optimizers: list[Any] = []
+        for part in self.model_parts:
+            groups = param_groups(part, cfg.optimizer.weight_decay)
+            if self.applied.data_parallel.kind == "zero1":
+                self.optimizers.append(Zero1Optimizer(groups, self.applied.data_parallel.mesh, factory))
+            else:
+                self.optimizers.append(factory(groups))
+        scheduled = [o.inner if isinstance(o, Zero1Optimizer) else o for o in self.optimizers]
         self.schedule = LRSchedule(
             total_steps=cfg.training.steps, warmup_steps=cfg.lr_scheduler.warmup_steps, decay=cfg.lr_scheduler.decay,
             min_lr_ratio=cfg.lr_scheduler.min_lr_ratio, decay_ratio=cfg.lr_scheduler.decay_ratio,
         )
-        self.lr_scheduler = build_lr_scheduler(scheduled, self.schedule)
+        self.lr_schedulers = [build_lr_scheduler(o, self.schedule) for o in scheduled]
+        self.optimizer, self.lr_scheduler = self.optimizers[0], self.lr_schedulers[0]
 
         self.tokenizer = build_tokenizer(cfg.tokenizer.path)
         d = cfg.data
@@ -139,7 +150,16 @@ class Trainer:
         self.use_autocast = bf16 and not self.applied.data_parallel.casts_params
         self.compute_dtype = torch.bfloat16 if bf16 else torch.float32
         tensor_parallel = self.meshes.get("tp") is not None
-        self.fused_loss = uses_fused_loss(cfg.training.loss, tensor_parallel, model)
+        # -- pipeline parallel: the schedule runs forward and backward (train/pipeline_step.py) --
+        self.pipeline: PipelineRunner | None = None
+        if self.applied.stage_ids:
+            label_tokens = run.global_batch_size * cfg.training.seq_len
+            self.pipeline = PipelineRunner(self.applied, self.device, label_tokens, self._step_context)
+            self.pipeline.after_init()
+            if self.is_rank0:
+                logger.info("%s", run.plan.pipeline)
+        # -- end pipeline parallel --
+        self.fused_loss = self.pipeline is None and uses_fused_loss(cfg.training.loss, tensor_parallel, model)
         if self.fused_loss:
             # The model stops at the final norm; the loss applies the output weight in chunks.
             model.output.forward = _hidden_states  # type: ignore[union-attr,method-assign]
@@ -147,8 +167,8 @@ class Trainer:
 
         # -- checkpointing: hand the stateful parts to the manager, resume if a checkpoint exists --
         self.checkpointer = CheckpointManager(
-            cfg.checkpoint, self.dump_folder / cfg.checkpoint.folder, model_parts=[model],
-            optimizers=[scheduled], lr_schedulers=[self.lr_scheduler], dataloader=self.loader,
+            cfg.checkpoint, self.dump_folder / cfg.checkpoint.folder, model_parts=self.model_parts,
+            optimizers=scheduled, lr_schedulers=self.lr_schedulers, dataloader=self.loader,
             train_state=self.train_state, model_info=describe_model(run.spec, run.model_args, cfg.model.flavor),
         )
         self.checkpointer.load()
@@ -189,6 +209,13 @@ class Trainer:
     def _loss_context(self) -> contextlib.AbstractContextManager:
         return loss_parallel() if self.applied.loss_parallel else contextlib.nullcontext()
 
+    @contextlib.contextmanager
+    def _step_context(self) -> Iterator[None]:
+        """Around a pipeline schedule step: what forward_backward enters around forward and backward."""
+        autocast = torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.use_autocast)
+        with self._loss_context(), attention_context(self.cfg.model.attention_backend, self.device), autocast:
+            yield
+
     def forward_backward(self, microbatches: list[MicroBatch]) -> torch.Tensor:
         """Accumulate this rank's gradients over its micro-batches.
 
@@ -200,6 +227,8 @@ class Trainer:
         if local != label_tokens // self.run.dims.dp:
             # Packed windows never hold ignored labels; anything else needs a global count.
             raise RuntimeError(f"expected {label_tokens // self.run.dims.dp} label tokens per rank, got {local}")
+        if self.pipeline is not None:
+            return self.pipeline.forward_backward(microbatches)
         total = torch.zeros((), device=self.device)
         autocast = torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.use_autocast)
         for i, mb in enumerate(microbatches):
@@ -224,19 +253,22 @@ class Trainer:
 
     def clip_gradients(self) -> torch.Tensor:
         """Global L2 norm of all gradients; scaled down to training.max_norm when above it."""
-        params = [p for p in self.model.parameters() if p.grad is not None]
+        params = [p for part in self.model_parts for p in part.parameters() if p.grad is not None]
         reduce_partial_grads_(params)
         grads = [p.grad for p in params]
-        norm = total_grad_norm(grads, pp_mesh=self.meshes.get("pp"))
+        # A weight tied across pipeline stages has one copy per stage: its norm counts once.
+        duplicates = self.pipeline.tied.norm_duplicates() if self.pipeline is not None else set()
+        norm = total_grad_norm([p.grad for p in params if id(p) not in duplicates], pp_mesh=self.meshes.get("pp"))
         if self.cfg.training.max_norm > 0:
             clip_grads_(grads, self.cfg.training.max_norm, norm)
         return norm
 
     def optimizer_step(self) -> None:
         self.checkpointer.wait_for_staging()  # a background copy of the weights must finish first
-        self.optimizer.step()
-        self.lr_scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        for optimizer, lr_scheduler in zip(self.optimizers, self.lr_schedulers):
+            optimizer.step()
+            lr_scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
 
     def train_step(self, microbatches: list[MicroBatch]) -> tuple[torch.Tensor, torch.Tensor]:
         loss = self.forward_backward(microbatches)
@@ -250,6 +282,10 @@ class Trainer:
         dp_cp = self.meshes.get("dp_cp")
         if dp_cp is not None:
             dist.all_reduce(stacked, group=dp_cp.get_group())
+        pp = self.meshes.get("pp")
+        if pp is not None:
+            # Only the last stage computed the loss (the others hold 0): every rank logs it.
+            dist.all_reduce(stacked, group=pp.get_group())
         return stacked
 
     # -- the loop -------------------------------------------------------------------------

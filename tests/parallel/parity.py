@@ -7,6 +7,7 @@ code path: config -> resolve_run -> Trainer (plan.apply, init, loader) -> steps.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Callable
 
 import torch
@@ -30,11 +31,20 @@ def full(t: torch.Tensor) -> torch.Tensor:
     return (t.full_tensor() if isinstance(t, DTensor) else t).detach().float().cpu().clone()
 
 
+def named_parameters(trainer: Trainer) -> Iterator[tuple[str, torch.nn.Parameter]]:
+    """Every parameter of this rank's model parts (pipeline stages keep the whole model's names)."""
+    for part in trainer.model_parts:
+        yield from part.named_parameters()
+
+
 def run_steps(
     overrides: list[str], dump_folder: str, steps: int = 3, edit_plan: Callable[[Plan], None] | None = None
 ) -> dict:
-    """Losses and grad norms of `steps` steps, and every gradient of the first step (rank 0).
+    """Losses and grad norms of `steps` steps, and every gradient of the first step.
 
+    Gradients come back gathered over data and tensor parallel from the ranks at position 0 of
+    those dimensions: rank 0 alone, or one rank per pipeline stage (assert_parity merges them).
+    A tied weight's second copy on another stage is left out (it equals the first).
     `edit_plan` (a module-level function) changes the plan the config produced, as a user
     editing a Plan object would.
     """
@@ -45,34 +55,44 @@ def run_steps(
         edit_plan(run.plan)
     trainer = Trainer(run)
     losses, norms, grads = [], [], {}
+    duplicates = trainer.pipeline.tied.norm_duplicates() if trainer.pipeline is not None else set()
     for step in range(steps):
         loss = trainer.forward_backward(trainer.loader.next_step())
         if step == 0:
-            grads = {name: full(p.grad) for name, p in trainer.model.named_parameters()}
+            grads = {name: full(p.grad) for name, p in named_parameters(trainer) if id(p) not in duplicates}
         norms.append(trainer.clip_gradients().item())
         trainer.optimizer_step()
         losses.append(trainer.global_losses([loss])[0].item())
     trainer.close()
-    rank0 = not dist.is_initialized() or dist.get_rank() == 0
+    reports = all(trainer.meshes.coordinate(d) == 0 for d in ("dp_replicate", "dp_shard", "cp", "tp"))
     # What this rank actually holds, so a test can tell a sharded layout from a replicated one.
     local_shapes = {
-        name: tuple((p.to_local() if isinstance(p, DTensor) else p).shape) for name, p in trainer.model.named_parameters()
+        name: tuple((p.to_local() if isinstance(p, DTensor) else p).shape) for name, p in named_parameters(trainer)
     }
-    dtensors = sorted(name for name, p in trainer.model.named_parameters() if isinstance(p, DTensor))
+    dtensors = sorted(name for name, p in named_parameters(trainer) if isinstance(p, DTensor))
     return {
-        "losses": losses, "norms": norms, "grads": grads if rank0 else None, "local_shapes": local_shapes,
-        "dtensor_params": dtensors,
+        "losses": losses, "norms": norms, "grads": grads if reports else None, "local_shapes": local_shapes,
+        "dtensor_params": dtensors, "stage_ids": list(trainer.applied.stage_ids),
     }
 
 
-def assert_parity(reference: dict, results: list[dict], loss_tol: float, grad_tol: float) -> None:
+def assert_parity(reference: dict, results: list[dict], loss_tol: float, grad_tol: float) -> dict[str, float]:
+    """Check every rank's losses and norms and the (merged) gradients; returns the largest
+    differences found: {"loss": ..., "norm": ..., "grad": ...}."""
+    worst = {"loss": 0.0, "norm": 0.0, "grad": 0.0}
     for rank, res in enumerate(results):
         for step, (a, b) in enumerate(zip(reference["losses"], res["losses"])):
+            worst["loss"] = max(worst["loss"], abs(a - b))
             assert abs(a - b) <= loss_tol, f"rank {rank} step {step + 1}: loss {b} vs reference {a}"
         for step, (a, b) in enumerate(zip(reference["norms"], res["norms"])):
+            worst["norm"] = max(worst["norm"], abs(a - b))
             assert abs(a - b) <= max(loss_tol, 1e-6) * max(1.0, a), f"rank {rank} step {step + 1}: norm {b} vs {a}"
-    grads = results[0]["grads"]
-    assert set(grads) == set(reference["grads"])
+    grads: dict[str, torch.Tensor] = {}
+    for res in results:
+        grads.update(res["grads"] or {})
+    assert set(grads) == set(reference["grads"]), set(grads) ^ set(reference["grads"])
     for name, ref in reference["grads"].items():
         diff = (grads[name] - ref).abs().max().item()
+        worst["grad"] = max(worst["grad"], diff)
         assert diff <= grad_tol, f"gradient of {name} differs by {diff}"
+    return worst
