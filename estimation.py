@@ -1,0 +1,14 @@
+"""Per-rank GPU memory of a kenotron job without GPUs (a dry run on fake tensors).
+
+    python estimation.py --config train_configs/llama3_8b.toml --ngpu 64 [--section.key value ...]
+                         [--gpu-memory-gib 80] [--json report.json] [--search] [--full-depth]
+
+The logic lives in kenotron/estimate (see docs/estimation.md).
+"""
+
+import sys
+
+from kenotron.estimate.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())

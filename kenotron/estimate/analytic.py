@@ -1,0 +1,347 @@
+"""Closed-form per-rank memory of a decoder training step: the planner's fast first pass.
+
+Notation (per rank): b local batch, s sequence, T = b·s tokens, t = tp, T_r = T/t under
+sequence parallel (else T), d width, F FFN width, H / K query / kv heads of size h, V
+vocabulary, L blocks, c = 2 (bf16 compute) or 4, c_r = bytes of the residual stream (4 under
+autocast, else c). Every tensor is rounded up to 512 bytes as the CUDA allocator does.
+
+Static (exact, from `plan.describe`, i.e. the same per-parameter table the plan prints):
+  P = Σ local fp32 parameter shards (+ buffers);  G = the same bytes once gradients exist;
+  O = AdamW: 2 · P + one 512-byte step counter per parameter (ZeRO-1: the partition's
+      largest rank, from `Zero1Optimizer`'s own greedy partition); SGD: 0.
+Gathered compute copies U (FSDP mixed precision): the root unit (embedding, final norm,
+  output) stays gathered from forward to backward; one block is gathered while it runs (the
+  last one stays gathered, `default` policy), two during backward (prefetch); `never` keeps
+  all L; DDP / ZeRO-1 / one-GPU FSDP keep all L.
+Activations kept per block (no AC), bytes:
+  2·T_r·d·c_r (block input and mid-block residual, saved by the norms)
+  + 2·T·d·c (the norms' outputs, or their sequence-parallel all-gathers, saved by the matmuls;
+    under autocast each matmul casts its own copy: 5·T·d·2)
+  + T·(2H + 2K)·h·c / t (RoPE'd q and k, v, attention output) + b·H·s·4/t (log-sum-exp)
+  + 4·T·F·c / t (SwiGLU: w1 and w3 outputs, silu, product; 2 for a GELU MLP)
+  + T·(H + K)·h·c / t with per-head q/k norms (Qwen3); LayerNorm in fp32 (StarCoder2) keeps
+    2·T_r·d·4 instead of the residuals
+  full AC: T_r·d·c_r (the block input);  selective-op: the block input, matmul, attention and
+  collective outputs: T_r·d·c_r + T·(H+2K)·h·c/t + T·H·h·c/t + 2·T·d·c + 2·T·F·c/t (+ SP
+  all-gathers 2·T·d·c and reduce-scatters 2·T_r·d·c);  every-n-layers: 1 full + (n-1) none.
+Loss: fused chunked (C = min(chunk, T) tokens): keeps grad_h (T·d·c) and grad_w (V·d·4);
+  temporaries max(2·C·V·c, C·V·c + V·d·c + V·d·4). Plain: keeps logits (T·V·c/t) and
+  log-softmax (T·V·4/t); temporaries 2·T·V·4/t (fp32 copy and exp) -- the vocab-parallel
+  loss adds one more T·V·4/t.
+Peak = max of these moments:
+  loss:      P + O + G_acc + U_fwd + L·A_block + A_edges + loss kept + loss temporaries
+  backward:  P + O + G_acc + U_bwd + L·A_block + A_edges + block backward temporaries
+             (2·T·F·c/t + 2·T·d·c + the block's gathered gradient in c and in fp32, plus
+             the recomputed block under AC)
+  optimizer: P + O + G (fused AdamW and the multi-tensor gradient norm need no scratch)
+  embedding backward (TP with data parallel): P + O + G + the root's gathered copies + the
+             embedding's whole gradient (DTensor returns it Replicate: V·d·c), its TP shard and
+             two fp32 copies of that shard for the reduce-scatter
+with G_acc the gradients accumulated by earlier micro-steps (FSDP: sharded; DDP/ZeRO-1: whole).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from kenotron.estimate.fake_job import target_device
+from kenotron.estimate.tracker import Breakdown, allocated_bytes
+from kenotron.models.common.norms import LayerNorm
+from kenotron.parallel.plan import matching_modules
+from kenotron.parallel.zero1 import partition_params
+from kenotron.train.resolve import RunPlan
+from kenotron.train.trainer import single_device_fsdp, uses_fused_loss
+
+FP32 = 4
+STEP_COUNTER = 512
+"""A fused AdamW step counter is a 0-d fp32 tensor on the GPU: one allocator block."""
+
+
+def data_parallel_kind(run: RunPlan) -> str:
+    """fsdp, hsdp, ddp, zero1 or none, as kenotron.parallel.data decides it."""
+    d = run.dims
+    if run.plan.dp_mode == "zero1":
+        return "zero1" if d.dp > 1 else "none"
+    if d.dp_shard * d.cp > 1:
+        return "hsdp" if d.dp_replicate > 1 else "fsdp"
+    return "ddp" if d.dp_replicate > 1 else "none"
+
+
+def one_gpu_fsdp(run: RunPlan) -> bool:
+    """The trainer's choice of FSDP mixed precision on a single GPU."""
+    return run.dims.world_size == 1 and single_device_fsdp(run.cfg, target_device(run))
+
+
+def meta_model(run: RunPlan) -> nn.Module:
+    with torch.device("meta"):
+        return run.spec.build(run.model_args)
+
+
+@dataclass(frozen=True)
+class ParameterBytes:
+    """Per-rank parameter sizes the formulas need, from plan.describe."""
+
+    local: int
+    """Σ local fp32 shards (P)."""
+    block_gathered: int
+    """One block's parameters gathered over data parallel (TP-local), in the compute dtype."""
+    root_gathered: int
+    """The parameters outside the blocks, gathered, in the compute dtype."""
+    count: int
+    """Number of parameter tensors."""
+    buffers: int
+    """Buffers (RoPE tables)."""
+
+
+def parameter_bytes(run: RunPlan, model: nn.Module) -> ParameterBytes:
+    degrees = {k: v for k, v in run.dims.degrees().items() if k != "pp"}
+    sharded = run.plan.describe(model, degrees)
+    tp_only = run.plan.describe(model, {"tp": run.dims.tp})
+    c_p = 2 if run.cfg.training.param_dtype == "bfloat16" else FP32
+    first_block = matching_modules(model, run.plan.blocks)[0][0] + "."
+    block = sum(math.prod(r["local_shape"]) * c_p for r in tp_only if r["name"].startswith(first_block))
+    root = sum(math.prod(r["local_shape"]) * c_p for r in tp_only if run.plan.block_of(r["name"]) is None)
+    return ParameterBytes(
+        local=sum(allocated_bytes(r["bytes"]) for r in sharded),
+        block_gathered=block, root_gathered=root, count=len(sharded),
+        buffers=sum(allocated_bytes(b.numel() * b.element_size()) for b in model.buffers()),
+    )
+
+
+def optimizer_state_bytes(run: RunPlan, model: nn.Module, params: ParameterBytes) -> int:
+    """AdamW moments + step counters on the rank holding the most (ZeRO-1: the partition's largest)."""
+    if run.cfg.optimizer.name != "adamw":
+        return 0
+    if data_parallel_kind(run) != "zero1":
+        return 2 * params.local + STEP_COUNTER * params.count
+    rows = {r["name"]: r for r in run.plan.describe(model, {"tp": run.dims.tp})}
+    named = dict(model.named_parameters())
+    ordered = [n for n, p in named.items() if p.ndim >= 2] + [n for n, p in named.items() if p.ndim < 2]
+    owner = partition_params([named[n] for n in ordered], run.dims.dp)
+    per_rank = [0] * run.dims.dp
+    for name, rank in zip(ordered, owner):
+        per_rank[rank] += 2 * allocated_bytes(rows[name]["bytes"]) + STEP_COUNTER
+    return max(per_rank)
+
+
+@dataclass(frozen=True)
+class StepShape:
+    """Sizes of one micro-step on one rank."""
+
+    tokens: int
+    residual_tokens: int
+    batch: int
+    seq: int
+    tp: int
+    dim: int
+    ffn: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    layers: int
+    compute: int
+    residual: int
+    autocast: bool
+    gated_mlp: bool
+    qk_norm: bool
+    fp32_norm: bool
+
+    @classmethod
+    def of(cls, run: RunPlan, block_kind: dict[str, bool]) -> StepShape:
+        a, t, tp = run.model_args, run.cfg.training, run.dims.tp
+        sp = tp > 1 and run.plan.sequence_parallel
+        bf16 = t.param_dtype == "bfloat16"
+        autocast = bf16 and data_parallel_kind(run) == "none" and not one_gpu_fsdp(run)
+        tokens = t.local_batch_size * t.seq_len
+        return cls(
+            tokens=tokens, residual_tokens=tokens // tp if sp else tokens, batch=t.local_batch_size, seq=t.seq_len,
+            tp=tp, dim=a.dim, ffn=a.ffn_dim, heads=a.n_heads, kv_heads=a.n_kv_heads, head_dim=a.head_dim,
+            vocab=a.vocab_size, layers=a.n_layers, compute=2 if bf16 else FP32, residual=FP32 if autocast else (2 if bf16 else FP32),
+            autocast=autocast, **block_kind,
+        )
+
+
+def block_kind(model: nn.Module, blocks: str) -> dict[str, bool]:
+    """Which variant of the decoder block the family uses (what the activation formula reads)."""
+    block = matching_modules(model, blocks)[0][1]
+    return {
+        "gated_mlp": hasattr(getattr(block, "feed_forward", None), "w3"),
+        "qk_norm": getattr(getattr(block, "attention", None), "q_norm", None) is not None,
+        "fp32_norm": isinstance(getattr(block, "attention_norm", None), LayerNorm),
+    }
+
+
+def block_activations(s: StepShape, mode: str, sp: bool) -> int:
+    """Bytes one block keeps for backward under AC `mode` (none, full, selective-op)."""
+    T, Tr, t, c = s.tokens, s.residual_tokens, s.tp, s.compute
+    block_input = allocated_bytes(Tr * s.dim * s.residual)
+    if mode == "full":
+        return block_input
+    q_width, kv_width = s.heads * s.head_dim // t, s.kv_heads * s.head_dim // t
+    lse = allocated_bytes(s.batch * s.heads // t * s.seq * FP32)
+    mlp = (4 if s.gated_mlp else 2) * allocated_bytes(T * s.ffn // t * c)
+    if mode == "selective-op":
+        qkv = allocated_bytes(T * q_width * c) + 2 * allocated_bytes(T * kv_width * c)
+        out = allocated_bytes(T * q_width * c) + lse + 2 * allocated_bytes(T * s.dim * c)
+        comms = 2 * allocated_bytes(T * s.dim * c) + 2 * allocated_bytes(Tr * s.dim * c) if sp else 0
+        return block_input + qkv + out + mlp // 2 + comms
+    if s.fp32_norm:  # LayerNorm in fp32 keeps an fp32 copy of its input instead of the input itself
+        residuals = 2 * allocated_bytes(Tr * s.dim * FP32) + 4 * allocated_bytes(Tr * FP32)
+    else:
+        residuals = 2 * block_input + 2 * allocated_bytes(Tr * FP32)
+    matmul_inputs = 5 * allocated_bytes(T * s.dim * 2) if s.autocast else 2 * allocated_bytes(T * s.dim * c)
+    attention = 2 * allocated_bytes(T * q_width * c) + 2 * allocated_bytes(T * kv_width * c) + lse
+    if s.qk_norm:  # the per-head norms keep their inputs (the projections' outputs)
+        attention += allocated_bytes(T * q_width * c) + allocated_bytes(T * kv_width * c)
+    rope_tables = 2 * allocated_bytes(s.seq * s.head_dim * c) if c != FP32 else 0
+    return residuals + matmul_inputs + attention + rope_tables + mlp
+
+
+def activations_per_block(run: RunPlan, s: StepShape) -> float:
+    """Mean bytes per block over the AC pattern."""
+    ac = run.plan.ac_mode
+    sp = s.tp > 1 and run.plan.sequence_parallel
+    if ac == "every-n-layers":
+        n = run.plan.ac_every_n
+        return (block_activations(s, "full", sp) + (n - 1) * block_activations(s, "none", sp)) / n
+    return block_activations(s, ac, sp)
+
+
+def loss_bytes(run: RunPlan, s: StepShape, fused: bool) -> tuple[int, int]:
+    """(kept for backward, temporaries at the loss' peak) of the fused chunked or the plain loss."""
+    V, d, c = s.vocab // s.tp, s.dim, s.compute
+    if fused:
+        chunk = min(run.cfg.training.loss_chunk_tokens, s.tokens)
+        kept = allocated_bytes(s.tokens * d * c) + allocated_bytes(V * d * FP32)
+        grad_w_chunk = allocated_bytes(V * d * c) + (allocated_bytes(V * d * FP32) if c != FP32 else 0)
+        temp = max(2 * allocated_bytes(chunk * V * c), allocated_bytes(chunk * V * c) + grad_w_chunk)
+        if s.autocast:  # the fp32 hidden states and output weight are cast for the chunks
+            temp += allocated_bytes(s.tokens * d * 2) + allocated_bytes(V * d * 2)
+        return kept, temp
+    logits = allocated_bytes(s.tokens * V * c)
+    fp32 = allocated_bytes(s.tokens * V * FP32)
+    vocab_parallel = s.tp > 1 and run.plan.loss_parallel
+    return logits + fp32, (3 if vocab_parallel else 2) * fp32
+
+
+def gathered_bytes(run: RunPlan, params: ParameterBytes, layers: int, moment: str) -> int:
+    """FSDP compute copies alive at the loss (`forward`) or during a block's backward (`backward`)."""
+    kind = data_parallel_kind(run)
+    if kind == "none" and not one_gpu_fsdp(run):
+        return 0
+    keep_all = kind in ("ddp", "zero1") or one_gpu_fsdp(run) or run.plan.reshard_after_forward == "never"
+    if keep_all:
+        return params.root_gathered + layers * params.block_gathered
+    blocks = 2 if moment == "backward" else (0 if run.plan.reshard_after_forward == "always" else 1)
+    return params.root_gathered + blocks * params.block_gathered
+
+
+def uncheckpointed_fraction(run: RunPlan) -> float:
+    """Share of blocks whose forward is not recomputed (their autocast weight copies stay saved)."""
+    mode = run.plan.ac_mode
+    if mode == "none":
+        return 1.0
+    if mode == "every-n-layers":
+        return (run.plan.ac_every_n - 1) / run.plan.ac_every_n
+    return 0.0
+
+
+def replicated_embedding_gradient(run: RunPlan, s: StepShape) -> int:
+    """Extra gradient bytes when TP runs without data parallel: DTensor's embedding backward
+    returns the vocab-sharded table's gradient Replicate, i.e. whole on every TP rank."""
+    if s.tp == 1 or data_parallel_kind(run) != "none" or "embedding" not in run.plan.tp_styles.values():
+        return 0
+    return allocated_bytes(s.vocab * s.dim * FP32) - allocated_bytes(s.vocab // s.tp * s.dim * FP32)
+
+
+def peak_breakdown(run: RunPlan, params: ParameterBytes, O: int, kind: dict[str, bool], fused: bool) -> Breakdown:
+    """The highest moment (see the module doc), given the parameter table, the optimizer bytes,
+    the block variant and whether the loss is the fused chunked one."""
+    s = StepShape.of(run, kind)
+    P = params.local + params.buffers
+    extra_grad = replicated_embedding_gradient(run, s)
+    G = params.local + extra_grad
+    sharded_grads = data_parallel_kind(run) in ("fsdp", "hsdp")
+    accumulated = G if run.grad_accum_steps > 1 else 0
+    blocks = round(s.layers * activations_per_block(run, s))
+    if s.autocast:  # autocast keeps the bf16 copy of each matmul weight until its backward
+        blocks += round(s.layers * params.block_gathered * uncheckpointed_fraction(run))
+    edges = 2 * allocated_bytes(s.residual_tokens * s.dim * s.residual)  # embedding output, final norm output
+    kept, loss_temp = loss_bytes(run, s, fused)
+    loss_moment = Breakdown(
+        parameters=P, unsharded_parameters=gathered_bytes(run, params, s.layers, "forward"), gradients=accumulated,
+        optimizer_state=O, activations=blocks + edges + kept, temporaries=loss_temp,
+    )
+    T, c, t = s.tokens, s.compute, s.tp
+    block_grad = params.block_gathered * (1 + (FP32 // c if c != FP32 else 0))
+    backward_temp = 2 * allocated_bytes(T * s.ffn // t * c) + 2 * allocated_bytes(T * s.dim * c) + block_grad
+    if run.plan.ac_mode != "none":
+        backward_temp += block_activations(s, "none", t > 1 and run.plan.sequence_parallel)
+    backward_moment = Breakdown(
+        parameters=P, unsharded_parameters=gathered_bytes(run, params, s.layers, "backward"),
+        gradients=accumulated if sharded_grads or not accumulated else G, optimizer_state=O,
+        activations=blocks + edges, temporaries=backward_temp,
+    )
+    # The optimizer updates a vocab-sharded parameter from a replicated gradient through a shard copy.
+    optimizer_temp = allocated_bytes(s.vocab // s.tp * s.dim * FP32) if extra_grad else 0
+    optimizer_moment = Breakdown(parameters=P, gradients=G, optimizer_state=O, temporaries=optimizer_temp)
+    moments = [loss_moment, backward_moment, optimizer_moment]
+    if s.tp > 1 and not extra_grad and "embedding" in run.plan.tp_styles.values():
+        # Data parallel takes the embedding's whole (Replicate) gradient, keeps its TP shard, casts it
+        # to fp32 and reduce-scatters it: briefly the largest temporaries of the step for a big vocabulary.
+        V, d = s.vocab, s.dim
+        shard_temp = allocated_bytes(V * d * c) + allocated_bytes(V // t * d * c) + 2 * allocated_bytes(V // t * d * FP32)
+        moments.append(Breakdown(parameters=P, unsharded_parameters=params.root_gathered, gradients=G,
+                                 optimizer_state=O, temporaries=shard_temp))
+    return max(moments, key=lambda b: b.total)
+
+
+class AnalyticModel:
+    """The closed-form model for one family and size: keeps the meta model and what does not
+    depend on the layout, so that the planner can price hundreds of layouts quickly."""
+
+    def __init__(self, run: RunPlan) -> None:
+        self.model = meta_model(run)
+        self.kind = block_kind(self.model, run.plan.blocks)
+        self._params: dict[tuple, ParameterBytes] = {}
+        self._optimizer: dict[tuple, int] = {}
+
+    @property
+    def parameter_count(self) -> int:
+        return sum(p.numel() for p in self.model.parameters())
+
+    def parameters(self, run: RunPlan) -> ParameterBytes:
+        key = (tuple(run.dims.degrees().items()), run.plan.dp_mode, run.cfg.training.param_dtype)
+        if key not in self._params:
+            self._params[key] = parameter_bytes(run, self.model)
+        return self._params[key]
+
+    def optimizer_state(self, run: RunPlan) -> int:
+        params = self.parameters(run)
+        key = (tuple(run.dims.degrees().items()), data_parallel_kind(run), run.cfg.optimizer.name)
+        if key not in self._optimizer:
+            self._optimizer[key] = optimizer_state_bytes(run, self.model, params)
+        return self._optimizer[key]
+
+    def fused_loss(self, run: RunPlan) -> bool:
+        """The trainer's choice of loss for this layout."""
+        return uses_fused_loss(run.cfg.training.loss, run.dims.tp > 1, self.model)
+
+    def peak(self, run: RunPlan) -> Breakdown:
+        """Peak breakdown of `run` (same family and size as the one this model was built for)."""
+        return peak_breakdown(run, self.parameters(run), self.optimizer_state(run), self.kind, self.fused_loss(run))
+
+    def zero1_correction(self, run: RunPlan, simulated_optimizer_state: int) -> int:
+        """ZeRO-1: bytes to add to a simulated rank's optimizer state to get the fullest rank's.
+
+        The shallow simulated models partition fewer parameters than the real one, and rank 0
+        need not be the fullest, so the optimizer state is taken from the real partition.
+        """
+        if data_parallel_kind(run) != "zero1" or run.cfg.optimizer.name != "adamw":
+            return 0
+        return self.optimizer_state(run) - simulated_optimizer_state

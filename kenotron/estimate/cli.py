@@ -1,0 +1,72 @@
+"""`python estimation.py --config X.toml --ngpu N [--section.key value ...]` and its options."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from kenotron.config import ConfigError, load_config
+from kenotron.models import UnknownModelError
+from kenotron.parallel.dims import ParallelConfigError
+from kenotron.parallel.plan import PlanError
+from kenotron.train.__main__ import split_config_arg
+
+CONFIG_ERRORS = (ConfigError, ParallelConfigError, UnknownModelError, PlanError, FileNotFoundError)
+"""What a bad config raises; reported as the trainer reports them (`kenotron: config error: ...`)."""
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python estimation.py",
+        description="Per-rank GPU memory of a kenotron job, from a dry run on fake tensors and a fake process "
+        "group (no GPU needed). Any other --section.key value overrides the config, as for training.",
+    )
+    p.add_argument("--ngpu", type=int, required=True, help="world size (number of GPUs)")
+    p.add_argument("--gpu-memory-gib", type=float, default=None,
+                   help="memory per GPU for the verdict (default: the visible GPU's, else 80)")
+    p.add_argument("--json", type=Path, default=None, help="also write the report (or the search) as JSON here")
+    p.add_argument("--search", action="store_true",
+                   help="search layouts, AC modes and local batch sizes that fit, ranked by modelled throughput")
+    p.add_argument("--full-depth", action="store_true",
+                   help="simulate every block instead of extrapolating from two shallow copies (slower)")
+    p.add_argument("--top-modules", type=int, default=8, help="modules listed by activation memory")
+    p.add_argument("--top", type=int, default=10, help="--search: candidates listed")
+    p.add_argument("--confirm", type=int, default=3, help="--search: best candidates re-checked on fake tensors")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        config_path, rest = split_config_arg(argv)
+    except ConfigError as e:
+        print(f"kenotron: config error: {e}", file=sys.stderr)
+        return 2
+    args, overrides = parser().parse_known_args(rest)
+    if args.ngpu < 1:
+        print(f"kenotron: --ngpu {args.ngpu} must be >= 1", file=sys.stderr)
+        return 2
+    # Imported after argument parsing so that --help answers at once.
+    from kenotron.estimate.memory import default_gpu_memory_gib, estimate_memory
+    from kenotron.estimate.search import format_search, search_layouts
+
+    budget = args.gpu_memory_gib if args.gpu_memory_gib is not None else default_gpu_memory_gib()
+    try:
+        cfg = load_config(config_path, overrides)
+        if args.search:
+            result = search_layouts(cfg, args.ngpu, budget, top=args.top, confirm=args.confirm)
+            print(format_search(result))
+            payload = result.to_dict()
+        else:
+            report = estimate_memory(cfg, args.ngpu, budget, full_depth=args.full_depth)
+            print(report.format(top_modules=args.top_modules))
+            payload = report.to_dict()
+    except CONFIG_ERRORS as e:
+        print(f"kenotron: config error: {e}", file=sys.stderr)
+        return 2
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(payload, indent=2) + "\n")
+    return 0

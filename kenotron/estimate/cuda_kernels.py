@@ -1,0 +1,76 @@
+"""Stand-ins, on fake CPU tensors, for CUDA kernels whose memory differs from the CPU path.
+
+The estimator runs the step on fake tensors that live on the CPU (FSDP, DTensor and the
+fake process group need no GPU that way), but a CPU-only torch decomposes some ops that
+CUDA runs as one kernel, and the decomposition keeps different tensors for backward:
+
+- `F.rms_norm`: CUDA runs `_fused_rms_norm`, which saves the input and one fp32 `rstd` per
+  row. A CPU-only build decomposes it into an fp32 upcast, pow, mean, rsqrt and two
+  multiplications, keeping several fp32 copies of the input: 3-5x the memory per norm.
+
+- kenotron's gradient norm (`parallel/grad_norm.py`) takes, on the CPU, a per-tensor path
+  for accuracy that makes one gradient-sized temporary; on CUDA it runs one multi-tensor
+  norm kernel (`torch._foreach_norm`) that makes none.
+
+`cuda_kernel_memory()` swaps in, for the duration of an estimate, an autograd function with
+the CUDA kernel's allocations (output, rstd; grad input, grad weight) and no values, and the
+CUDA branch of the gradient norm. The RMSNorm stand-in refuses real tensors, so it can never
+change a real computation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+import torch.nn.functional as F
+from torch._subclasses.fake_tensor import FakeTensor
+from torch.distributed.tensor import DTensor
+
+from kenotron.parallel import grad_norm
+
+
+def _is_fake(t: torch.Tensor) -> bool:
+    local = t.to_local() if isinstance(t, DTensor) else t
+    return isinstance(local, FakeTensor)
+
+
+class _FusedRMSNormMemory(torch.autograd.Function):
+    """Allocations of CUDA's fused RMSNorm: out and fp32 rstd forward; grad input and weight backward."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
+        out = torch.empty_like(x)
+        rstd = torch.empty_like(x[..., :1], dtype=torch.float32)
+        ctx.save_for_backward(x, rstd, weight)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):
+        x, _rstd, weight = ctx.saved_tensors
+        grad_weight = torch.empty_like(weight) if weight is not None and ctx.needs_input_grad[1] else None
+        return torch.empty_like(x), grad_weight
+
+
+def _rms_norm_memory(input, normalized_shape, weight=None, eps=None):
+    if not _is_fake(input):
+        raise RuntimeError("the estimator's rms_norm stand-in only runs on fake tensors; it computes no values")
+    return _FusedRMSNormMemory.apply(input, weight)
+
+
+def _sum_of_squares_cuda_path(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """grad_norm._sum_of_squares as it runs on CUDA: one multi-tensor norm, no big temporaries."""
+    return torch.stack(torch._foreach_norm(tensors, 2)).float().pow(2).sum()
+
+
+@contextlib.contextmanager
+def cuda_kernel_memory() -> Iterator[None]:
+    """While active, RMSNorm and the gradient norm allocate what their CUDA kernels do."""
+    original_norm, original_sum = F.rms_norm, grad_norm._sum_of_squares
+    F.rms_norm = _rms_norm_memory
+    grad_norm._sum_of_squares = _sum_of_squares_cuda_path
+    try:
+        yield
+    finally:
+        F.rms_norm, grad_norm._sum_of_squares = original_norm, original_sum

@@ -1,0 +1,189 @@
+"""estimate_memory: a config and a GPU count in, per-rank peak memory out, without GPUs.
+
+For each group of ranks that hold the same things (all ranks today; one per pipeline stage
+once pipeline parallel exists) one rank is simulated: a fake process group of the job's
+world size in which this process is that rank, the trainer's job built on fake tensors
+(fake_job.py), one warm-up step (which creates the optimizer state and FSDP's lazily
+allocated buffers, as a real first step does), then one tracked step (tracker.py). Deep
+models are not run whole: two shallow copies give the line that memory follows with depth
+(depth.py), which keeps every estimate to seconds and a few hundred MB.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from kenotron.config import ConfigError, JobConfig
+from kenotron.estimate import analytic
+from kenotron.estimate.cuda_kernels import cuda_kernel_memory
+from kenotron.estimate.depth import (
+    StepPlace,
+    activations_by_module,
+    block_period,
+    extrapolate_peaks,
+    peaks_by_place,
+    shallow_depths,
+)
+from kenotron.estimate.fake_job import (
+    build_fake_job,
+    fake_process_group,
+    ignored_features,
+    train_step,
+)
+from kenotron.estimate.report import MemoryReport, RankEstimate
+from kenotron.estimate.tracker import Breakdown, StepMemoryTracker, TrackedStep
+from kenotron.parallel.dims import ParallelDims
+from kenotron.train.resolve import RunPlan, resolve_run
+
+DEFAULT_GPU_MEMORY_GIB = 80.0
+"""Budget when none is given and no GPU is visible (an 80 GB H100 / A100)."""
+
+
+@dataclass(frozen=True)
+class RankClass:
+    """Ranks that hold the same parameters and run the same step."""
+
+    description: str
+    """In words, e.g. "all 64 ranks" or "pipeline stage 1 (ranks 16-31)"."""
+    rank: int
+    """The rank simulated for the whole class."""
+
+
+def rank_classes(dims: ParallelDims) -> list[RankClass]:
+    """All ranks are alike without pipeline parallel; with it, each stage is its own class."""
+    if dims.pp == 1:
+        return [RankClass(f"all {dims.world_size} ranks", 0)]
+    per_stage = dims.world_size // dims.pp
+    return [
+        RankClass(f"pipeline stage {s} (ranks {s * per_stage}-{(s + 1) * per_stage - 1})", s * per_stage)
+        for s in range(dims.pp)
+    ]
+
+
+def default_gpu_memory_gib() -> float:
+    """The visible GPU's memory, else DEFAULT_GPU_MEMORY_GIB."""
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_properties(0).total_memory / 2**30
+    return DEFAULT_GPU_MEMORY_GIB
+
+
+def track_step(run: RunPlan, n_layers: int | None, rank: int) -> TrackedStep:
+    """Build the job on fake tensors as `rank`, run a warm-up step, then track one step."""
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    with fake_process_group(run.dims.world_size, rank), cuda_kernel_memory():
+        job = build_fake_job(run, mode, n_layers)
+        with mode:
+            train_step(job)
+            tracker = StepMemoryTracker(job.model, job.blocks)
+            tracker.register_static([*job.model.parameters(), *job.model.buffers()], "parameters")
+            tracker.register_static(job.optimizer_state(), "optimizer_state")
+            tracker.register_other_live_tensors("parameters")
+            with tracker:
+                train_step(job, tracker)
+    return tracker.result()
+
+
+def _phase_peaks(peaks: dict[StepPlace, Breakdown]) -> dict[str, Breakdown]:
+    out: dict[str, Breakdown] = {}
+    for place, b in peaks.items():
+        if place.phase != "start" and (place.phase not in out or b.total > out[place.phase].total):
+            out[place.phase] = b
+    return out
+
+
+def estimate_rank(
+    run: RunPlan, rank_class: RankClass, model: analytic.AnalyticModel, full_depth: bool = False
+) -> tuple[RankEstimate, str]:
+    """One rank class's estimate (with `model`'s analytic figures beside it) and how it was obtained."""
+    n_layers = run.model_args.n_layers
+    period = block_period(run.plan)
+    depths = None if full_depth else shallow_depths(n_layers, period)
+    if depths is None:
+        step = track_step(run, None, rank_class.rank)
+        peaks = peaks_by_place(step, n_layers, period)
+        modules = activations_by_module(step, run.plan, n_layers, n_layers)
+        method = f"fake tensors, all {n_layers} blocks"
+    else:
+        shallow = (track_step(run, depths[0], rank_class.rank), track_step(run, depths[1], rank_class.rank))
+        peaks = extrapolate_peaks(shallow, depths, n_layers, period)
+        modules = activations_by_module(shallow[1], run.plan, depths[1], n_layers)
+        method = f"fake tensors, {depths[0]} and {depths[1]} blocks extrapolated to {n_layers}"
+    start = [b.optimizer_state for place, b in peaks.items() if place.phase == "start"]
+    correction = model.zero1_correction(run, start[0] if start else 0)
+    if correction:
+        peaks = {p: dataclasses.replace(b, optimizer_state=b.optimizer_state + correction) for p, b in peaks.items()}
+    place, peak = max(peaks.items(), key=lambda kv: kv[1].total)
+    estimate = RankEstimate(
+        ranks=rank_class.description, simulated_rank=rank_class.rank, peak=peak, peak_at=place.describe(),
+        phase_peaks=_phase_peaks(peaks), activations=modules, analytic=model.peak(run),
+    )
+    return estimate, method
+
+
+def describe_model(run: RunPlan, model: analytic.AnalyticModel) -> str:
+    return f"{run.spec.name} {run.cfg.model.flavor} ({model.parameter_count / 1e9:.2f} B parameters)"
+
+
+def describe_settings(run: RunPlan, model: analytic.AnalyticModel) -> dict[str, object]:
+    cfg = run.cfg
+    dp = analytic.data_parallel_kind(run)
+    return {
+        "data parallel": dp,
+        "param_dtype": cfg.training.param_dtype,
+        "AC": cfg.activation_checkpoint.mode
+        + (f"/{cfg.activation_checkpoint.every_n}" if cfg.activation_checkpoint.mode == "every-n-layers" else ""),
+        "local batch": cfg.training.local_batch_size,
+        "seq_len": cfg.training.seq_len,
+        "micro-steps": run.grad_accum_steps,
+        "loss": "fused chunked" if model.fused_loss(run) else "plain" + (
+            " (vocab-parallel)" if run.dims.tp > 1 and run.plan.loss_parallel else ""),
+    }
+
+
+def estimate_run(run: RunPlan, gpu_memory_gib: float | None = None, full_depth: bool = False) -> MemoryReport:
+    """The report for a resolved run (see estimate_memory)."""
+    start = time.perf_counter()
+    if run.dims.cp > 1:
+        raise ConfigError(
+            f"the estimator does not simulate context parallel yet (parallelism.cp={run.dims.cp}); "
+            "estimate with parallelism.cp=1 (see docs/estimation.md, 'Not covered yet')"
+        )
+    if run.dims.pp > 1:
+        raise ConfigError(
+            f"the estimator does not simulate pipeline parallel yet (parallelism.pp={run.dims.pp}): "
+            "torch.distributed.pipelining sets its stages up with point-to-point messages and .item() calls that "
+            "fake tensors on a fake process group cannot answer. Estimate with parallelism.pp=1 for now "
+            "(see docs/estimation.md, 'Not covered yet')"
+        )
+    model = analytic.AnalyticModel(run)
+    ranks, methods = [], set()
+    for rank_class in rank_classes(run.dims):
+        estimate, method = estimate_rank(run, rank_class, model, full_depth)
+        ranks.append(estimate)
+        methods.add(method)
+    notes = ignored_features(run)
+    if run.plan.dp_mode == "zero1" and run.dims.dp > 1:
+        notes.append("zero1: optimizer state is that of the rank owning the most parameters (from the partition)")
+    return MemoryReport(
+        model=describe_model(run, model),
+        ngpu=run.dims.world_size, layout=run.dims.degrees(), settings=describe_settings(run, model), ranks=ranks,
+        gpu_memory_gib=gpu_memory_gib if gpu_memory_gib is not None else default_gpu_memory_gib(),
+        method="; ".join(sorted(methods)), notes=notes, elapsed_s=time.perf_counter() - start,
+    )
+
+
+def estimate_memory(
+    cfg: JobConfig, ngpu: int, gpu_memory_gib: float | None = None, full_depth: bool = False
+) -> MemoryReport:
+    """Per-rank peak memory of `cfg` trained on `ngpu` GPUs.
+
+    The config is checked by the trainer's own `resolve_run`, so a bad config raises the
+    same error the trainer would. `full_depth` runs every block instead of extrapolating
+    from two shallow copies (slower; for checking the extrapolation).
+    """
+    return estimate_run(resolve_run(cfg, ngpu), gpu_memory_gib, full_depth)

@@ -1,0 +1,238 @@
+"""The planner: layouts that fit a memory budget, ranked by modelled throughput.
+
+1. Enumerate: tp (a divisor of the world that divides the heads, kv heads, FFN width and
+   vocabulary, within one node), the split of the rest into dp_replicate x dp_shard, the
+   data-parallel mode (FSDP/HSDP/DDP, and ZeRO-1), activation checkpointing (none,
+   selective-op, full) and the local batch (powers of two). The global batch stays the
+   config's (training.global_batch_size, or local_batch_size x the data-parallel degree of the
+   config's own layout), so every candidate trains the same way; accumulation makes up the rest.
+   Pipeline and context parallel are not enumerated yet: the estimator cannot simulate them.
+2. Price each with the analytic model (analytic.py) and keep those under the budget (the
+   verdict's 90%).
+3. Rank by modelled tokens/s per GPU (throughput.py).
+4. Confirm the best few with the FakeTensor estimate (memory.py), through the trainer's own
+   resolve_run; a candidate the fake run finds too large is dropped and the next one checked.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from kenotron.config import ConfigError, JobConfig
+from kenotron.estimate.analytic import AnalyticModel
+from kenotron.estimate.memory import describe_model, estimate_run
+from kenotron.estimate.report import RESERVED_FRACTION, gib
+from kenotron.estimate.throughput import Hardware, StepTime, step_time
+from kenotron.parallel.dims import ParallelConfigError, ParallelDims
+from kenotron.train.flops import matmul_params
+from kenotron.train.resolve import RunPlan, build_plan, resolve_run
+
+AC_CHOICES = ("none", "selective-op", "full")
+MAX_LOCAL_BATCH = 16
+
+
+@dataclass
+class Candidate:
+    """One layout the planner considered."""
+
+    degrees: dict[str, int]
+    """dp_replicate, dp_shard, tp, pp, cp."""
+    dp_mode: str
+    """fsdp or zero1 (parallelism.dp_mode)."""
+    ac_mode: str
+    """activation_checkpoint.mode."""
+    local_batch: int
+    """training.local_batch_size."""
+    micro_steps: int
+    """Gradient accumulation steps that make up the global batch."""
+    analytic_peak: int
+    """Per-rank peak bytes from the analytic model."""
+    step: StepTime
+    """The throughput model's step time."""
+    confirmed_peak: int | None = None
+    """Per-rank peak bytes from the FakeTensor estimate (for the confirmed ones)."""
+
+    def overrides(self) -> list[str]:
+        """The command-line overrides that select this candidate."""
+        out = [f"--parallelism.{k} {v}" for k, v in self.degrees.items() if v > 1 or k not in ("pp", "cp")]
+        out += [f"--parallelism.dp_mode {self.dp_mode}", f"--activation_checkpoint.mode {self.ac_mode}",
+                f"--training.local_batch_size {self.local_batch}"]
+        return out
+
+    def label(self) -> str:
+        d = self.degrees
+        parts = [f"{k}{v}" for k, v in (("r", d["dp_replicate"]), ("s", d["dp_shard"]), ("tp", d["tp"]),
+                                          ("pp", d["pp"]), ("cp", d["cp"])) if v > 1]
+        return (" ".join(parts) or "1 GPU") + (" zero1" if self.dp_mode == "zero1" else "")
+
+
+@dataclass
+class SearchResult:
+    """The planner's answer."""
+
+    model: str
+    """Family, flavor and parameter count."""
+    ngpu: int
+    """World size searched."""
+    gpu_memory_gib: float
+    """Budget per GPU."""
+    global_batch: int
+    """Sequences per optimizer step (kept fixed)."""
+    ranked: list[Candidate]
+    """Candidates that fit (analytic), best modelled throughput first."""
+    considered: int
+    """How many valid candidates were priced."""
+    notes: list[str] = field(default_factory=list)
+    """What was not searched, and why."""
+    elapsed_s: float = 0.0
+    """Wall time."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model, "ngpu": self.ngpu, "gpu_memory_gib": self.gpu_memory_gib,
+            "global_batch": self.global_batch, "considered": self.considered, "notes": self.notes,
+            "elapsed_s": round(self.elapsed_s, 2),
+            "candidates": [
+                {"layout": c.degrees, "dp_mode": c.dp_mode, "ac_mode": c.ac_mode, "local_batch": c.local_batch,
+                 "micro_steps": c.micro_steps, "analytic_peak_gib": round(gib(c.analytic_peak), 3),
+                 "confirmed_peak_gib": None if c.confirmed_peak is None else round(gib(c.confirmed_peak), 3),
+                 "tokens_per_s_per_gpu": round(c.step.tokens_per_s_per_gpu), "step_s": round(c.step.seconds, 4),
+                 "overrides": " ".join(c.overrides())}
+                for c in self.ranked
+            ],
+        }
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def target_global_batch(cfg: JobConfig, ngpu: int) -> int:
+    """The config's global batch: explicit, or local batch x the dp degree of its own layout."""
+    t, p = cfg.training, cfg.parallelism
+    if t.global_batch_size != -1:
+        return t.global_batch_size
+    try:
+        dims = ParallelDims.from_degrees(ngpu, dp_replicate=p.dp_replicate, dp_shard=p.dp_shard, cp=p.cp, tp=p.tp, pp=p.pp)
+        return t.local_batch_size * dims.dp
+    except ParallelConfigError:
+        return t.local_batch_size * ngpu
+
+
+def _with(cfg: JobConfig, **sections: dict[str, Any]) -> JobConfig:
+    for name, values in sections.items():
+        cfg = dataclasses.replace(cfg, **{name: dataclasses.replace(getattr(cfg, name), **values)})
+    return cfg
+
+
+def _candidate_run(base: RunPlan, cfg: JobConfig, dims: ParallelDims, global_batch: int) -> RunPlan | None:
+    """A RunPlan for one candidate, with the checks of resolve_run that depend on the layout."""
+    a, t = base.model_args, cfg.training
+    try:
+        dims.check_model(n_heads=a.n_heads, n_kv_heads=a.n_kv_heads, ffn_dim=a.ffn_dim, vocab_size=a.vocab_size,
+                         n_layers=a.n_layers)
+        dims.check_seq_len(t.seq_len, sequence_parallel=cfg.parallelism.sequence_parallel)
+        accum = dims.grad_accum_steps(global_batch, t.local_batch_size)
+    except ParallelConfigError:
+        return None
+    if dims.tp > 1 and not base.spec.tp_styles:
+        return None
+    return dataclasses.replace(base, cfg=cfg, dims=dims, plan=build_plan(cfg, base.spec),
+                               global_batch_size=global_batch, grad_accum_steps=accum)
+
+
+def enumerate_candidates(
+    base: RunPlan, model: AnalyticModel, ngpu: int, global_batch: int, hw: Hardware
+) -> list[Candidate]:
+    """Every valid candidate, priced (analytic memory, modelled step time)."""
+    n_matmul = matmul_params(model.model)
+    out = []
+    for tp in [d for d in _divisors(ngpu) if d <= hw.gpus_per_node]:
+        rest = ngpu // tp
+        layouts = [(r, rest // r, "fsdp") for r in _divisors(rest)] + ([(1, rest, "zero1")] if rest > 1 else [])
+        for dp_replicate, dp_shard, dp_mode in layouts:
+            dims = ParallelDims.from_degrees(ngpu, dp_replicate=dp_replicate, dp_shard=dp_shard, tp=tp)
+            if global_batch % dims.dp:
+                continue
+            per_rank = global_batch // dims.dp
+            for ac in AC_CHOICES:
+                for local in [b for b in (1, 2, 4, 8, MAX_LOCAL_BATCH) if per_rank % b == 0]:
+                    cfg = _with(
+                        base.cfg,
+                        parallelism={"dp_replicate": dp_replicate, "dp_shard": dp_shard, "tp": tp, "pp": 1, "cp": 1,
+                                     "dp_mode": dp_mode},
+                        activation_checkpoint={"mode": ac},
+                        training={"local_batch_size": local, "global_batch_size": global_batch},
+                    )
+                    run = _candidate_run(base, cfg, dims, global_batch)
+                    if run is None:
+                        continue
+                    degrees = {k: v for k, v in dims.degrees().items()}
+                    out.append(Candidate(
+                        degrees, dp_mode, ac, local, run.grad_accum_steps, model.peak(run).total,
+                        step_time(run, model.parameters(run), n_matmul, hw),
+                    ))
+    return out
+
+
+def search_layouts(
+    cfg: JobConfig, ngpu: int, gpu_memory_gib: float, *, top: int = 10, confirm: int = 3, hw: Hardware | None = None
+) -> SearchResult:
+    """Fitting layouts for `cfg`'s model on `ngpu` GPUs, best modelled throughput first."""
+    start = time.perf_counter()
+    hw = hw or Hardware()
+    global_batch = target_global_batch(cfg, ngpu)
+    defaults = {"dp_replicate": 1, "dp_shard": -1, "tp": 1, "pp": 1, "cp": 1}
+    # The config's other values get the trainer's checks once, on a plain data-parallel layout.
+    base = resolve_run(_with(cfg, parallelism=defaults, training={"global_batch_size": -1}), ngpu)
+    model = AnalyticModel(base)
+    candidates = enumerate_candidates(base, model, ngpu, global_batch, hw)
+    budget = gpu_memory_gib * (1 - RESERVED_FRACTION) * 2**30
+    fitting = sorted((c for c in candidates if c.analytic_peak <= budget),
+                     key=lambda c: (-c.step.tokens_per_s_per_gpu, c.analytic_peak))
+    notes = ["pipeline and context parallel are not searched yet: the estimator does not simulate them"]
+    if not candidates:
+        notes.append(f"no layout of {ngpu} GPUs divides the global batch {global_batch} and the model's dimensions")
+    confirmed, ranked = 0, []
+    for c in fitting:
+        if confirmed < confirm:
+            c_cfg = _with(cfg, parallelism={**c.degrees, "dp_mode": c.dp_mode}, activation_checkpoint={"mode": c.ac_mode},
+                          training={"local_batch_size": c.local_batch, "global_batch_size": global_batch})
+            try:
+                report = estimate_run(resolve_run(c_cfg, ngpu), gpu_memory_gib)
+            except ConfigError as e:
+                notes.append(f"{c.label()}: refused by resolve_run: {e}")
+                continue
+            c.confirmed_peak = report.peak_bytes
+            if c.confirmed_peak > budget:
+                notes.append(f"{c.label()} {c.ac_mode} b{c.local_batch}: the fake-tensor estimate "
+                             f"({gib(c.confirmed_peak):.1f} GiB) is over the budget; dropped")
+                continue
+            confirmed += 1
+        ranked.append(c)
+        if len(ranked) >= top and confirmed >= min(confirm, len(fitting)):
+            break
+    return SearchResult(describe_model(base, model), ngpu, gpu_memory_gib, global_batch, ranked, len(candidates), notes,
+                        time.perf_counter() - start)
+
+
+def format_search(result: SearchResult) -> str:
+    title = (f"{result.model} on {result.ngpu} GPU(s), {result.gpu_memory_gib:g} GiB each, global batch "
+             f"{result.global_batch}: {len(result.ranked)} shown of {result.considered} layouts priced "
+             f"({result.elapsed_s:.1f} s)")
+    header = (f"  {'#':>2} {'layout':22s} {'AC':13s} {'batch':>5s} {'accum':>5s} {'analytic GiB':>12s} "
+              f"{'fake GiB':>9s} {'tok/s/GPU':>10s}")
+    lines = [title, header]
+    for i, c in enumerate(result.ranked, 1):
+        fake = f"{gib(c.confirmed_peak):9.2f}" if c.confirmed_peak is not None else f"{'-':>9s}"
+        lines.append(f"  {i:>2} {c.label():22s} {c.ac_mode:13s} {c.local_batch:>5d} {c.micro_steps:>5d} "
+                     f"{gib(c.analytic_peak):12.2f} {fake} {c.step.tokens_per_s_per_gpu:10.0f}")
+    if result.ranked:
+        lines.append(f"best: {' '.join(result.ranked[0].overrides())}")
+    else:
+        lines.append("no layout fits: use more GPUs, a shorter sequence or a smaller model")
+    lines += [f"note: {n}" for n in result.notes]
+    return "\n".join(lines)

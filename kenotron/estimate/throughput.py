@@ -1,0 +1,122 @@
+"""A first-order model of step time, to rank the layouts the planner finds.
+
+Per optimizer step, on one rank (G global batch, s sequence, dp = dp_replicate·dp_shard,
+m micro-steps, t = tp, f = the trainer's FLOPs per token 6·N + 12·L·H·h·s):
+
+  compute  = f · G·s / (dp · t) · r / (peak · e)
+             r: recomputation factor of activation checkpointing (none 1, selective-op 1.05,
+             full 4/3, every-n-layers 1 + 1/(3n)); e: share of peak the matmuls reach.
+  tp       = m · L · k · 2·(t-1)/t · T·d·c / B_tp          (not overlapped; k = 8 collectives per
+             block per micro-step: 2 all-gathers + 2 reduce-scatters forward and backward, 12 with
+             full AC's recomputation; B_tp the bandwidth of the TP group)
+  fsdp     = m · (n-1)/n · (a·U + P_full) / B_fsdp   (a = 2 all-gathers of the compute copies U
+             per micro-step, 1 with reshard `never`; one reduce-scatter of the fp32 gradients,
+             P_full bytes; n = dp_shard·cp)
+  replicas = 2·(r-1)/r · P_local / B_dp once per step      (HSDP / DDP all-reduce of the rank's
+             fp32 gradients; ZeRO-1 adds its broadcast of the updated parameters)
+  step     = compute + tp + max(0, fsdp + replicas - compute)  (data-parallel traffic overlaps compute)
+  tokens/s per GPU = G·s / step / world
+
+A group's bandwidth is the NVLink figure while it fits in one node (its size times the
+product of the inner mesh dimensions is at most gpus_per_node), the network's otherwise.
+The constants are ballpark figures for H100/H200 nodes; the ranking, not the absolute
+numbers, is what the planner uses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kenotron.estimate.analytic import ParameterBytes, data_parallel_kind
+from kenotron.train.flops import flops_per_token
+from kenotron.train.resolve import RunPlan
+
+RECOMPUTE_FACTOR = {"none": 1.0, "selective-op": 1.05, "full": 4 / 3}
+"""Extra compute of activation checkpointing: full AC reruns each block's forward (a third of
+its forward + backward FLOPs); selective-op reruns only element-wise ops and norms."""
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """The cluster the throughput model assumes."""
+
+    peak_flops: float = 989e12
+    """Dense bf16 FLOP/s of one GPU (H100 / H200 SXM)."""
+    matmul_efficiency: float = 0.55
+    """Share of the peak the model's step reaches (kenotron measured 55-61% MFU on one H200)."""
+    gpus_per_node: int = 8
+    """GPUs joined by NVLink."""
+    nvlink_bytes_per_s: float = 360e9
+    """Bus bandwidth of a collective inside a node, per GPU."""
+    network_bytes_per_s: float = 45e9
+    """Bus bandwidth of a collective across nodes, per GPU (400 Gb/s InfiniBand)."""
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """Modelled seconds of one optimizer step and what they are made of."""
+
+    compute: float
+    """Matmul time including recomputation."""
+    tensor_parallel: float
+    """TP collectives (on the critical path)."""
+    data_parallel: float
+    """FSDP and replica traffic (overlaps compute; only the excess is exposed)."""
+    tokens: int
+    """Tokens per optimizer step (G·s)."""
+    world: int
+    """GPUs."""
+
+    @property
+    def seconds(self) -> float:
+        return self.compute + self.tensor_parallel + max(0.0, self.data_parallel - self.compute)
+
+    @property
+    def tokens_per_s_per_gpu(self) -> float:
+        return self.tokens / self.seconds / self.world
+
+
+def _bandwidth(group_size: int, inner: int, hw: Hardware) -> float:
+    """NVLink if the group (with `inner` ranks between its members) stays inside a node."""
+    return hw.nvlink_bytes_per_s if group_size * inner <= hw.gpus_per_node else hw.network_bytes_per_s
+
+
+def recompute_factor(run: RunPlan) -> float:
+    mode = run.plan.ac_mode
+    if mode == "every-n-layers":
+        return 1 + (RECOMPUTE_FACTOR["full"] - 1) / run.plan.ac_every_n
+    return RECOMPUTE_FACTOR[mode]
+
+
+def step_time(run: RunPlan, params: ParameterBytes, matmul_params: int, hw: Hardware | None = None) -> StepTime:
+    """The model above for one resolved run; `matmul_params` is N of the FLOP formula."""
+    hw = hw or Hardware()
+    a, t, d = run.model_args, run.cfg.training, run.dims
+    tokens = run.global_batch_size * t.seq_len
+    c = 2 if t.param_dtype == "bfloat16" else 4
+    per_token = flops_per_token(matmul_params, a.n_layers, a.n_heads, a.head_dim, t.seq_len)
+    compute = per_token * tokens / (d.dp * d.tp) * recompute_factor(run) / (hw.peak_flops * hw.matmul_efficiency)
+
+    micro_tokens = t.local_batch_size * t.seq_len
+    tp_time = 0.0
+    if d.tp > 1:
+        collectives = 12 if run.plan.ac_mode == "full" else 8
+        volume = run.grad_accum_steps * a.n_layers * collectives * 2 * (d.tp - 1) / d.tp * micro_tokens * a.dim * c
+        tp_time = volume / _bandwidth(d.tp, 1, hw)
+
+    kind = data_parallel_kind(run)
+    dp_time = 0.0
+    shard = d.dp_shard * d.cp
+    if kind in ("fsdp", "hsdp") and shard > 1:
+        gathers = 1 if run.plan.reshard_after_forward == "never" else 2
+        gathered = params.root_gathered + a.n_layers * params.block_gathered
+        per_micro = (shard - 1) / shard * (gathers * gathered + params.local * shard)
+        dp_time += run.grad_accum_steps * per_micro / _bandwidth(shard, d.tp, hw)
+    replicas = d.dp_replicate if kind in ("hsdp", "ddp") else (d.dp if kind == "zero1" else 1)
+    if replicas > 1:
+        inner = d.tp * (shard if kind == "hsdp" else 1)
+        all_reduce = 2 * (replicas - 1) / replicas * params.local
+        if kind == "zero1":
+            all_reduce += (replicas - 1) / replicas * params.local
+        dp_time += all_reduce / _bandwidth(replicas, inner, hw)
+    return StepTime(compute, tp_time, dp_time, tokens, d.world_size)

@@ -1,0 +1,78 @@
+"""estimation.py: the 8B model on 64 GPUs within the time and memory the issue sets, JSON
+output, and config errors reported as the trainer reports them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from kenotron.estimate.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# Runs estimation.py's main in a fresh interpreter and prints its own peak RSS (KiB on Linux)
+# last, so that the figure is the estimator's and not another test's child process.
+_RUN_AND_MEASURE = (
+    "import resource, runpy, sys\n"
+    "sys.argv = ['estimation.py'] + sys.argv[1:]\n"
+    "try:\n"
+    "    runpy.run_path('estimation.py', run_name='__main__')\n"
+    "except SystemExit as e:\n"
+    "    code = e.code\n"
+    "print('MAXRSS_KIB', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n"
+    "sys.exit(code)\n"
+)
+
+
+def test_8b_on_64_gpus_in_under_a_minute_and_2_gib(tmp_path):
+    out = tmp_path / "report.json"
+    start = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-c", _RUN_AND_MEASURE, "--config", "train_configs/llama3_8b.toml", "--ngpu", "64",
+         "--json", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
+    )
+    elapsed = time.perf_counter() - start
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rss_gib = int(proc.stdout.rsplit("MAXRSS_KIB", 1)[1]) / 2**20
+    assert elapsed < 60, f"took {elapsed:.1f} s"
+    assert rss_gib < 2, f"peak RSS {rss_gib:.2f} GiB"
+    assert "all 64 ranks" in proc.stdout and "verdict:" in proc.stdout
+    report = json.loads(out.read_text())
+    rank = report["ranks"][0]
+    assert report["ngpu"] == 64 and report["layout"]["dp_shard"] == 64
+    assert sum(rank["breakdown_bytes"].values()) == rank["peak_bytes"]
+    assert report["verdict"] in ("fits", "tight", "does not fit")
+    assert rank["activations_by_module"][0]["bytes"] > 0
+
+
+def test_config_errors_are_reported_as_the_trainer_does(capsys):
+    code = main(["--config", "train_configs/debug.toml", "--ngpu", "6", "--parallelism.tp", "3"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith("kenotron: config error: tp=3 does not divide n_heads=8")
+
+
+def test_unknown_keys_get_the_loaders_suggestion(capsys):
+    code = main(["--config", "train_configs/debug.toml", "--ngpu", "4", "--training.local_batch", "2"])
+    assert code == 2
+    assert "did you mean 'training.local_batch_size'" in capsys.readouterr().err
+
+
+def test_the_gpu_accuracy_script_covers_the_issues_matrix(capsys):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("estimate_vs_measured", ROOT / "scripts/estimate_vs_measured.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    cases = script.CASES.values()
+    flat = [" ".join(overrides) for _, overrides in cases]
+    assert len(script.CASES) >= 6
+    assert {n for n, _ in cases} >= {1, 2, 4}
+    for needed in ("llama3_1b.toml", "--model.n_layers 8", "mode none", "mode selective-op", "mode full",
+                   "--parallelism.tp"):
+        assert any(needed in f for f in flat), needed
+    assert script.main(["--list"]) == 0 and "8B-width" in capsys.readouterr().out

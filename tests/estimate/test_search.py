@@ -1,0 +1,43 @@
+"""The planner: candidates fit the budget, are ranked by modelled throughput, and the best
+ones are confirmed on fake tensors."""
+
+from __future__ import annotations
+
+import pytest
+
+from kenotron.config import load_config
+from kenotron.estimate import search_layouts
+from kenotron.estimate.search import format_search
+
+BUDGET_GIB = 0.25
+
+
+@pytest.fixture(scope="module")
+def result():
+    cfg = load_config("train_configs/debug.toml", ["--training.global_batch_size", "16"])
+    return search_layouts(cfg, 4, BUDGET_GIB, top=8, confirm=2)
+
+
+def test_candidates_fit_and_are_ranked_by_throughput(result):
+    assert result.ranked and result.considered > len(result.ranked)
+    budget = BUDGET_GIB * 0.9 * 2**30
+    assert all(c.analytic_peak <= budget for c in result.ranked)
+    speeds = [c.step.tokens_per_s_per_gpu for c in result.ranked]
+    assert speeds == sorted(speeds, reverse=True)
+    assert all(c.local_batch * c.micro_steps * c.degrees["dp_replicate"] * c.degrees["dp_shard"] == 16
+               for c in result.ranked)
+
+
+def test_the_best_candidates_are_confirmed_on_fake_tensors(result):
+    confirmed = [c for c in result.ranked if c.confirmed_peak is not None]
+    assert len(confirmed) == 2 and result.ranked[0].confirmed_peak is not None
+    for c in confirmed:
+        assert c.confirmed_peak <= BUDGET_GIB * 0.9 * 2**30
+        assert c.analytic_peak == pytest.approx(c.confirmed_peak, rel=0.05)
+
+
+def test_the_search_prints_a_table_and_the_overrides_of_the_best(result):
+    text = format_search(result)
+    assert "tok/s/GPU" in text and text.count("\n") > 3
+    assert "best: --parallelism.dp_replicate" in text
+    assert result.to_dict()["candidates"][0]["overrides"] == " ".join(result.ranked[0].overrides())
