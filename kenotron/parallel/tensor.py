@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING
 
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_module
+import torch.nn.functional as F
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_module, distribute_tensor
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     PrepareModuleInput,
@@ -73,10 +74,46 @@ class ReplicatedOverShards(ParallelStyle):
         return distribute_module(module, device_mesh, input_fn=to_dtensor, output_fn=to_local)
 
 
+class VocabParallelEmbedding(ParallelStyle):
+    """Embedding rows split over tp; each rank looks up the ids it holds, the partial rows are summed.
+
+    Written out rather than left to DTensor's embedding rule, whose backward returns the
+    weight gradient Replicate: the whole vocab x dim table on every tp rank (2 GiB for 8B,
+    8 GiB for 405B). Here the gradient is computed from the local lookup only and stays a
+    Shard(0) DTensor like the weight. The sum of the partial rows is a reduce-scatter along
+    the sequence under SP (an all-reduce without), so the output is what RowwiseParallel gives.
+    """
+
+    def __init__(self, output_layout: Shard | Replicate) -> None:
+        super().__init__()
+        self.output_layout = output_layout
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        if not isinstance(module, nn.Embedding):
+            raise ValueError(f"the 'embedding' style needs an nn.Embedding, got {type(module).__name__}")
+        rows = module.num_embeddings
+        tp, rank = device_mesh.size(), device_mesh.get_local_rank()
+        if rows % tp != 0:
+            raise ValueError(f"tp={tp} does not divide the vocabulary ({rows} rows)")
+        start, stop = rank * rows // tp, (rank + 1) * rows // tp
+        module.weight = nn.Parameter(distribute_tensor(module.weight, device_mesh, [Shard(0)], src_data_rank=None))
+        output_layout = self.output_layout
+
+        def forward(ids):
+            outside = (ids < start) | (ids >= stop)
+            local = F.embedding((ids - start).masked_fill(outside, 0), module.weight.to_local())
+            local = local.masked_fill(outside[..., None], 0.0)
+            partial = DTensor.from_local(local, device_mesh, [Partial()], run_check=False)
+            return partial.redistribute(device_mesh, [output_layout]).to_local()
+
+        module.forward = forward  # type: ignore[method-assign]
+        return module
+
+
 def style_object(style: str, module: nn.Module, *, sp: bool, loss_parallel: bool) -> ParallelStyle | None:
     """The torch ParallelStyle for one module, or None when the style is a no-op here."""
     if style == "embedding":
-        return RowwiseParallel(input_layouts=Replicate(), output_layouts=SEQ if sp else Replicate())
+        return VocabParallelEmbedding(SEQ if sp else Replicate())
     if style == "colwise":
         return ColwiseParallel()
     if style == "rowwise":

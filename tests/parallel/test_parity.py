@@ -49,6 +49,9 @@ def test_layout_matches_one_rank_fp32(layout, reference_fp32, tmp_path):
     results = run_on_ranks(world, run_steps, overrides, str(tmp_path))
     for name, shape in EXPECTED_LOCAL[layout].items():
         assert results[0]["local_shapes"][name] == shape, (name, results[0]["local_shapes"][name])
+    # Gradients are as sharded as their weights (the vocab-parallel embedding's too).
+    for name, shape in results[0]["local_shapes"].items():
+        assert results[0]["grad_local_shapes"][name] == shape, (name, results[0]["grad_local_shapes"][name])
     assert_parity(reference_fp32, results, loss_tol=1e-6, grad_tol=1e-6)
 
 
