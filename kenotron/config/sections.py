@@ -184,7 +184,16 @@ class Parallelism:
     """Cost of the final norm and output projection (and the loss) in the automatic split, in transformer blocks."""
 
     cp: int = 1
-    """Context-parallel degree (sequence sharded across ranks)."""
+    """Context-parallel degree: each sequence is split over this many ranks (attention runs as a ring over them); training.seq_len must be a multiple of 2·cp·tp."""
+
+    cp_load_balance: bool = True
+    """With cp > 1: cut the sequence into 2·cp chunks and give rank r chunks r and 2·cp−1−r, so causal attention costs every rank the same; false gives rank r the r-th contiguous piece."""
+
+    cp_rotate_method: Literal["allgather", "alltoall"] = "allgather"
+    """With cp > 1: how keys/values reach every rank: allgather (one collective per layer; cp× key/value memory during attention) or alltoall (a ring of sends to the next rank, each overlapped with compute)."""
+
+    cp_attention: Literal["auto", "torch", "ring"] = "auto"
+    """With cp > 1: auto (torch's context-parallel SDPA over the fused kernels on CUDA, kenotron's ring attention on CPU), torch (CUDA only), or ring (kenotron's exact fp32 ring attention on any device, slower: a fallback)."""
 
     ep: int = 1
     """Expert-parallel degree, for mixture-of-experts models."""

@@ -7,7 +7,11 @@ and its units, activation checkpointing and compile. Print it (a table), compare
 ask what it does to each parameter on a given mesh shape (`plan.describe(model, {...})`,
 no process group needed), then `plan.apply(model, meshes)`:
 
-    pipeline split -> TP/SP -> (CP) -> activation checkpointing -> compile -> FSDP
+    pipeline split -> TP/SP -> CP -> activation checkpointing -> compile -> FSDP
+
+With context parallel (a `cp` mesh dimension), the CP step replaces the `attention_fn` of the
+modules `attention_modules` names (kenotron/parallel/context/apply.py), and the applied plan's
+`sequence_sharder` slices each batch for this rank.
 
 With pipeline parallel, `plan.pipeline` (a `PipelineSplit`) lists the modules of every stage;
 `apply` cuts this rank's stages out of the model first and runs the rest on each of them.
@@ -27,6 +31,8 @@ from typing import TYPE_CHECKING, Any, Iterator
 from torch import nn
 
 from kenotron.parallel.activation_checkpoint import AC_MODES
+from kenotron.parallel.context.apply import CP_ATTENTION_CHOICES, SequenceSharder, resolve_cp_attention
+from kenotron.parallel.context.ring import ROTATE_METHODS
 from kenotron.parallel.describe import describe_parameters, format_description
 from kenotron.parallel.pipeline import PipelineSplit
 
@@ -95,6 +101,14 @@ class Plan:
     """With the tensorwise recipe under FSDP, all-gather weights in float8."""
     pipeline: PipelineSplit | None = None
     """Pipeline stages (module FQNs per stage), schedule and microbatches; None without pipeline parallel."""
+    attention_modules: str = "layers.*.attention"
+    """FQN pattern of the attention modules whose `attention_fn` context parallel replaces."""
+    cp_load_balance: bool = True
+    """Context parallel: rank r holds chunks r and 2*cp-1-r of 2*cp (even causal work); False: contiguous chunk r."""
+    cp_rotate_method: str = "allgather"
+    """Context parallel: keys/values reach every rank by one all-gather ("allgather") or a ring of sends ("alltoall")."""
+    cp_attention: str = "auto"
+    """Context-parallel attention: auto (torch's ring over fused SDPA on CUDA, kenotron's elsewhere), torch, ring."""
 
     # -- checks -----------------------------------------------------------------------------
 
@@ -106,6 +120,7 @@ class Plan:
             ("fsdp_units", self.fsdp_units),
             ("sequence_parallel_off", self.sequence_parallel_off),
             ("blocks", [self.blocks]),
+            ("attention_modules", [self.attention_modules]),
         ):
             for pattern in patterns:
                 if not matching_modules(model, pattern):
@@ -121,6 +136,8 @@ class Plan:
             ("ac_mode", self.ac_mode, AC_MODES),
             ("param_dtype", self.param_dtype, ("float32", "bfloat16")),
             ("reduce_dtype", self.reduce_dtype, ("float32", "bfloat16")),
+            ("cp_rotate_method", self.cp_rotate_method, ROTATE_METHODS),
+            ("cp_attention", self.cp_attention, CP_ATTENTION_CHOICES),
         ):
             if value not in valid:
                 raise PlanError(f"plan.{name}={value!r} is not one of {', '.join(valid)}")
@@ -206,6 +223,10 @@ class Plan:
             + (f" (every {self.ac_every_n})" if self.ac_mode == "every-n-layers" else "")
             + f"   compile: {self.compile}   float8: {self.float8 or 'off'}",
         ]
+        lines.append(
+            f"  context parallel (when cp > 1): attention {self.cp_attention} in {self.attention_modules}, "
+            f"load_balance {self.cp_load_balance}, rotate {self.cp_rotate_method}"
+        )
         if self.pipeline is not None:
             lines.append("  " + str(self.pipeline))
         return "\n".join(lines)
@@ -213,7 +234,7 @@ class Plan:
     # -- application ------------------------------------------------------------------------
 
     def apply(self, model: nn.Module, meshes: Meshes) -> AppliedPlan:
-        """Parallelize `model` (pipeline split -> TP/SP -> AC -> compile -> data parallel).
+        """Parallelize `model` (pipeline split -> TP/SP -> CP -> AC -> compile -> data parallel).
 
         Without pipeline parallel the model is changed in place and is the only model part;
         with it, the returned parts are this rank's stages (copies of `model` cut down to their
@@ -231,21 +252,25 @@ class Plan:
                 raise PlanError("the mesh has a pp dimension but plan.pipeline is None; set a PipelineSplit")
             self.pipeline.check(model, self.blocks)
             stage_ids = self.pipeline.local_stages(pp_mesh.get_local_rank())
+            if meshes.get("cp") is not None:
+                raise PlanError("context parallel does not combine with pipeline parallel yet; use cp=1 or pp=1")
             parts = [stage_module(model, self.pipeline.stages[s], self.blocks) for s in stage_ids]
-        data_parallel = None
+        data_parallel = sharder = None
         for index, part in enumerate(parts):
-            data_parallel = self._apply_to_part(part, meshes)
+            data_parallel, sharder = self._apply_to_part(part, meshes)
             if stage_ids and stage_ids[index] > 0 and self._sequence_sharded(meshes):
                 feed_full_positions(part, meshes.size("tp"))
-        return AppliedPlan(parts, data_parallel, meshes, self, stage_ids)
+        return AppliedPlan(parts, data_parallel, meshes, self, stage_ids, sharder)
 
     def _sequence_sharded(self, meshes: Meshes) -> bool:
         """Whether the residual stream between blocks (and stages) is split along the sequence."""
         return meshes.get("tp") is not None and bool(self.tp_styles) and self.sequence_parallel
 
-    def _apply_to_part(self, model: nn.Module, meshes: Meshes) -> Any:
-        """TP/SP -> AC -> compile -> data parallel on one model part; returns the DataParallelState."""
+    def _apply_to_part(self, model: nn.Module, meshes: Meshes) -> tuple[Any, SequenceSharder | None]:
+        """TP/SP -> CP -> AC -> compile -> data parallel on one model part; returns the
+        DataParallelState and, under context parallel, how to slice batches."""
         from kenotron.parallel.activation_checkpoint import apply_activation_checkpointing
+        from kenotron.parallel.context.apply import apply_context_parallel
         from kenotron.parallel.data import apply_data_parallel
         from kenotron.parallel.tensor import apply_tensor_parallel
 
@@ -263,12 +288,17 @@ class Plan:
                 for name, module, style in self.iter_tp_modules(model):
                     if style == "embedding":
                         module.register_forward_hook(lambda _m, _i, out: out.clone())
+        cp_mesh = meshes.get("cp")
+        sharder = apply_context_parallel(model, cp_mesh, self) if cp_mesh is not None else None
         blocks = matching_modules(model, self.blocks)
         apply_activation_checkpointing([b for _, b in blocks], self.ac_mode, self.ac_every_n)
         if self.compile:
+            # Dynamo cannot trace kenotron's ring attention (point-to-point sends): blocks that
+            # hold it compile around it.
+            ring = cp_mesh is not None and resolve_cp_attention(self.cp_attention, cp_mesh.device_type) == "ring"
             for _, block in blocks:
-                block.compile(fullgraph=True)
-        return apply_data_parallel(model, meshes, self)
+                block.compile(fullgraph=not ring)
+        return apply_data_parallel(model, meshes, self), sharder
 
 
 @dataclass
@@ -283,6 +313,8 @@ class AppliedPlan:
     plan: Plan
     stage_ids: list[int] = field(default_factory=list)
     """Pipeline stage index of each model part (empty without pipeline parallel)."""
+    sequence_sharder: SequenceSharder | None = None
+    """Under context parallel: slices each (batch, seq) micro-batch for this rank (None otherwise)."""
 
     @property
     def loss_parallel(self) -> bool:

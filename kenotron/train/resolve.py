@@ -50,7 +50,37 @@ def build_plan(cfg: JobConfig, spec: ModelSpec) -> Plan:
         compile=cfg.compile.enable,
         float8=cfg.float8.recipe if cfg.float8.enable else "",
         float8_all_gather=cfg.float8.fsdp_all_gather,
+        cp_load_balance=p.cp_load_balance,
+        cp_rotate_method=p.cp_rotate_method,
+        cp_attention=p.cp_attention,
     )
+
+
+def check_context_parallel(cfg: JobConfig, dims: ParallelDims, meta_model: torch.nn.Module) -> None:
+    """What context parallel (cp > 1) cannot run: its attention is plain causal attention over
+    the whole sequence, on one model part, with FSDP sharding over dp_shard x cp."""
+    p, t = cfg.parallelism, cfg.training
+    if dims.cp == 1:
+        return
+    if dims.pp > 1:
+        raise ConfigError(f"parallelism.cp={dims.cp} does not combine with pipeline parallel (pp={dims.pp}) yet; "
+                          f"use cp=1 or pp=1")
+    if p.dp_mode == "zero1":
+        raise ConfigError(f"parallelism.dp_mode='zero1' does not combine with cp={dims.cp}; use dp_mode='fsdp'")
+    window = getattr(meta_model, "sliding_window", None)
+    if window is not None and t.seq_len > window:
+        raise ConfigError(
+            f"parallelism.cp={dims.cp} supports plain causal attention only, but model {cfg.model.name} "
+            f"{cfg.model.flavor} attends through a {window}-token sliding window, shorter than training.seq_len="
+            f"{t.seq_len}; use training.seq_len <= {window}, a flavor without a window, or cp=1"
+        )
+    on_cuda = torch.cuda.is_available() and t.device != "cpu"
+    if p.cp_attention == "torch" and not on_cuda:
+        raise ConfigError("parallelism.cp_attention='torch' needs CUDA (torch has no context-parallel CPU kernel); "
+                          "use 'auto' or 'ring'")
+    if p.cp_attention != "ring" and on_cuda and cfg.model.attention_backend == "math":
+        raise ConfigError("torch's context-parallel attention runs only the fused SDPA kernels, not "
+                          "model.attention_backend='math'; choose another backend or parallelism.cp_attention='ring'")
 
 
 def build_pipeline_split_from_config(
@@ -77,12 +107,12 @@ def resolve_run(cfg: JobConfig, world_size: int) -> RunPlan:
     dims = ParallelDims.from_degrees(
         world_size, dp_replicate=p.dp_replicate, dp_shard=p.dp_shard, cp=p.cp, tp=p.tp, pp=p.pp, ep=p.ep
     )
-    unsupported = {name: getattr(dims, name) for name in ("cp", "ep") if getattr(dims, name) > 1}
+    unsupported = {name: getattr(dims, name) for name in ("ep",) if getattr(dims, name) > 1}
     if unsupported:
         # These land with their own issues; until then say so plainly.
         raise ConfigError(
             f"parallel degrees {unsupported} are not supported yet in this version; use data parallel "
-            f"(dp_shard, dp_replicate), tensor parallel (tp) and pipeline parallel (pp)"
+            f"(dp_shard, dp_replicate), tensor parallel (tp), pipeline parallel (pp) and context parallel (cp)"
         )
     spec = get_model_spec(cfg.model.name)
     t = cfg.training
@@ -116,6 +146,7 @@ def resolve_run(cfg: JobConfig, world_size: int) -> RunPlan:
     with torch.device("meta"):
         meta_model = spec.build(args)
     plan.check(meta_model)
+    check_context_parallel(cfg, dims, meta_model)
     if dims.pp > 1:
         if t.loss == "fused":
             raise ConfigError(

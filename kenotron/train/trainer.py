@@ -2,7 +2,7 @@
 
 Every piece is a plain object a notebook can build by hand; `Trainer` only wires them:
 config checks (resolve_run, before any process group) -> process group -> mesh -> model on
-meta -> plan.apply (pipeline split -> TP/SP -> AC -> compile -> FSDP) -> materialize and init
+meta -> plan.apply (pipeline split -> TP/SP -> CP -> AC -> compile -> FSDP) -> materialize and init
 -> optimizer, LR schedule, data loader (dp-rank aware), metrics -> loop. With pipeline
 parallel the model is a list of parts (this rank's stages) and a PipelineRunner
 (train/pipeline_step.py) runs the schedule in place of forward/backward.
@@ -220,7 +220,8 @@ class Trainer:
         """Accumulate this rank's gradients over its micro-batches.
 
         Returns this rank's share of the step loss (sum of token losses / global token
-        count), detached; summed over the data-parallel ranks it is the step's mean loss.
+        count), detached; summed over the data- and context-parallel ranks (each cp rank
+        holds part of every sequence) it is the step's mean loss.
         """
         label_tokens = self.run.global_batch_size * self.cfg.training.seq_len
         local = sum(int((mb.labels != IGNORE_INDEX).sum()) for mb in microbatches)
@@ -235,9 +236,14 @@ class Trainer:
             self.applied.data_parallel.set_microstep(self.model, is_last=i == len(microbatches) - 1)
             inputs = mb.inputs.to(self.device, non_blocking=True)
             labels = mb.labels.to(self.device, non_blocking=True)
+            positions = None
+            if self.applied.sequence_sharder is not None:
+                # Context parallel: this rank's tokens and labels, and their global RoPE positions.
+                shard = self.applied.sequence_sharder.shard(inputs, labels)
+                inputs, labels, positions = shard.inputs, shard.labels, shard.positions
             with self._loss_context(), attention_context(self.cfg.model.attention_backend, self.device):
                 with autocast:
-                    out = self.model(inputs)
+                    out = self.model(inputs) if positions is None else self.model(inputs, positions)
                 if self.fused_loss:
                     loss_sum = linear_cross_entropy_sum(
                         out, self.model.output.weight, labels, chunk_tokens=self.cfg.training.loss_chunk_tokens,

@@ -54,12 +54,16 @@ def run_steps(
     if edit_plan is not None:
         edit_plan(run.plan)
     trainer = Trainer(run)
-    losses, norms, grads = [], [], {}
+    losses, norms, grads, grad_local_shapes = [], [], {}, {}
     duplicates = trainer.pipeline.tied.norm_duplicates() if trainer.pipeline is not None else set()
     for step in range(steps):
         loss = trainer.forward_backward(trainer.loader.next_step())
         if step == 0:
             grads = {name: full(p.grad) for name, p in named_parameters(trainer) if id(p) not in duplicates}
+            grad_local_shapes = {
+                name: tuple((p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad).shape)
+                for name, p in named_parameters(trainer)
+            }
         norms.append(trainer.clip_gradients().item())
         trainer.optimizer_step()
         losses.append(trainer.global_losses([loss])[0].item())
@@ -72,7 +76,8 @@ def run_steps(
     dtensors = sorted(name for name, p in named_parameters(trainer) if isinstance(p, DTensor))
     return {
         "losses": losses, "norms": norms, "grads": grads if reports else None, "local_shapes": local_shapes,
-        "dtensor_params": dtensors, "stage_ids": list(trainer.applied.stage_ids),
+        "dtensor_params": dtensors,
+        "grad_local_shapes": grad_local_shapes, "stage_ids": list(trainer.applied.stage_ids),
     }
 
 

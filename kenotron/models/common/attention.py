@@ -3,10 +3,14 @@ families need: q/k/v and output biases (Qwen2, StarCoder2), per-head q/k RMSNorm
 sliding windows (Mistral, StarCoder2, through an explicit mask) and a KV cache (generation).
 
 The training path without a window stays on SDPA's `is_causal=True` (no mask tensor), which
-the fused flash / cuDNN kernels take.
+the fused flash / cuDNN kernels take. That path goes through the module's `attention_fn`
+(`causal_attention` by default), which a parallel plan may replace: context parallel puts a
+module there that attends over a sequence sharded across ranks. The model never does.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -97,6 +101,8 @@ class GQAttention(nn.Module):
         if qk_norm_eps is not None:
             self.q_norm = RMSNorm(head_dim, qk_norm_eps)
             self.k_norm = RMSNorm(head_dim, qk_norm_eps)
+        # Causal attention (q, k, v) -> out of the training path (no mask, no cache).
+        self.attention_fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] = causal_attention
 
     def forward(
         self,
@@ -118,9 +124,18 @@ class GQAttention(nn.Module):
         q = apply_rope(q, cos, sin).transpose(1, 2)
         k = apply_rope(k, cos, sin).transpose(1, 2)
         v = v.transpose(1, 2)
-        if kv_cache is not None:
-            k, v = kv_cache.update(k, v)
-        out = attend(q, k, v, attn_mask)
+        if attn_mask is None and kv_cache is None:
+            out = self.attention_fn(q, k, v)
+        else:
+            if self.attention_fn is not causal_attention:
+                # A replaced attention_fn (context parallel) sees only part of the sequence.
+                raise RuntimeError(
+                    f"this attention's attention_fn was replaced by {type(self.attention_fn).__name__}, which "
+                    f"supports plain causal attention only; an attention mask or a KV cache needs the default"
+                )
+            if kv_cache is not None:
+                k, v = kv_cache.update(k, v)
+            out = attend(q, k, v, attn_mask)
         out = out.transpose(1, 2).reshape(bsz, seqlen, -1)
         return self.wo(out)
 
