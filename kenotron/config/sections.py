@@ -37,8 +37,8 @@ class Model:
     n_layers: int = 0
     """Number of transformer blocks; 0 keeps the flavor's (a smaller count gives a narrow-and-short benchmark shape)."""
 
-    attention_backend: Literal["auto", "cudnn", "flash", "efficient", "math"] = "auto"
-    """SDPA kernel: auto prefers cuDNN, then flash, on CUDA (measured fastest on H200) and lets torch pick on CPU."""
+    attention_backend: Literal["auto", "cudnn", "flash", "efficient", "math", "flex", "flash_attn"] = "auto"
+    """SDPA kernel (cudnn, flash, efficient, math), flex (torch's FlexAttention; needed for data.document_masking) or flash_attn (the flash-attn package, FlashAttention-3 on Hopper if installed; CUDA and bfloat16 only). auto: flex with data.document_masking, else SDPA preferring cuDNN, then flash, on CUDA (measured fastest on H200); torch picks on CPU."""
 
 
 @dataclass
@@ -63,6 +63,9 @@ class Data:
 
     add_bos: bool = True
     """Start every document with the tokenizer's BOS token (EOS always ends it)."""
+
+    document_masking: bool = False
+    """Attend only within each token's own document of a packed window (block-causal; a document ends with its EOS token, which belongs to it). Runs through FlexAttention (model.attention_backend flex or auto); off, attention crosses document borders."""
 
 
 @dataclass

@@ -37,5 +37,11 @@ def validate_config(cfg: JobConfig) -> None:
         raise ConfigError(f"lr_scheduler.min_lr_ratio={s.min_lr_ratio} must lie in [0, 1]")
     if not 0 < s.decay_ratio <= 1:
         raise ConfigError(f"lr_scheduler.decay_ratio={s.decay_ratio} must lie in (0, 1]")
+    backend = cfg.model.attention_backend
+    if cfg.data.document_masking and backend not in ("auto", "flex"):
+        raise ConfigError(
+            f"data.document_masking=true needs FlexAttention, but model.attention_backend={backend!r} runs plain "
+            f"causal attention over the whole window; set model.attention_backend to 'flex' or 'auto'"
+        )
     if cfg.model.vocab_size < 0 or cfg.model.n_layers < 0:
         raise ConfigError("model.vocab_size and model.n_layers must be >= 0 (0 keeps the flavor's)")

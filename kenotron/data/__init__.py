@@ -20,7 +20,7 @@ from kenotron.data.loader import (
     build_text_loader,
     check_batch_sizes,
 )
-from kenotron.data.packing import PackedWindows
+from kenotron.data.packing import PackedWindows, document_ids
 from kenotron.data.text_source import (
     Document,
     DocumentSource,
@@ -55,6 +55,7 @@ __all__ = [
     "build_tokenizer",
     "builtin_documents",
     "check_batch_sizes",
+    "document_ids",
     "list_documents",
     "llama3_special_tokens",
     "open_documents",

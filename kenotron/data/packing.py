@@ -3,7 +3,9 @@
 Each document becomes `[bos] + tokens + [eos]` (bos optional), the documents are concatenated
 in order, and the stream is cut into consecutive, non-overlapping windows of seq_len + 1
 tokens: a window w gives inputs w[:-1] and labels w[1:]. No token is dropped or repeated;
-documents run across window borders (no padding, no attention masking between documents).
+documents run across window borders (no padding). Attention crosses document borders unless
+`data.document_masking` is on: the trainer then derives each token's document from the EOS
+tokens of the inputs (`document_ids`) and attends within documents only.
 
 State is the position of the next window's first token: (epoch, document index, token offset
 inside that document's tokens). It is three integers whatever the document sizes, and
@@ -18,6 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from kenotron.data.text_source import DocumentSource
 from kenotron.data.tokenizer import Tokenizer
@@ -121,3 +124,17 @@ class PackedWindows:
         self._pending_tokens = 0
         self.documents.load_state_dict({"epoch": state["epoch"], "index": state["document_index"]})
         self._resume_offset = int(state["token_offset"])
+
+
+def document_ids(tokens: torch.Tensor, eos_id: int) -> torch.Tensor:
+    """Each token's document within its window: (batch, seq) int32, counting from 0 per row.
+
+    A document ends with its EOS token, and that EOS belongs to the document it ends: the
+    next document starts at the token after it. So the EOS is predicted from its own document
+    (the label of the token before it) and itself sees only that document when predicting
+    what follows (the next document's BOS, or its first token without data.add_bos). The
+    first tokens of a window may be the tail of a document begun in the previous window; they
+    form document 0.
+    """
+    is_eos = (tokens == eos_id).to(torch.int32)
+    return torch.cumsum(is_eos, dim=-1, dtype=torch.int32) - is_eos

@@ -56,6 +56,8 @@ def ignored_features(run: RunPlan) -> list[str]:
         notes.append("compile.enable: blocks are estimated eager (compiled blocks usually keep fewer activations)")
     if run.cfg.float8.enable:
         notes.append("float8.enable: linear layers are estimated in bf16 (float8 keeps smaller activations)")
+    if run.cfg.model.attention_backend in ("flex", "flash_attn") or run.cfg.data.document_masking:
+        notes.append("flex / flash_attn attention: estimated as SDPA's fused kernels (none of them keeps the scores)")
     return notes
 
 

@@ -33,17 +33,27 @@ _SAVED_ATEN_OPS = (
     "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu",
 )
 _SAVED_COLLECTIVES = ("reduce_scatter_tensor", "all_gather_into_tensor", "all_reduce")
+# flash-attn's forward (model.attention_backend = "flash_attn"), a custom op once the package is imported.
+_SAVED_FLASH_ATTN_OPS = ("_flash_attn_forward",)
 
 
 def _ops_to_save() -> set:
     """Matmuls, attention kernels and collectives: expensive to redo, so their outputs are kept."""
     ops = set()
-    for namespace, names in ((torch.ops.aten, _SAVED_ATEN_OPS), (torch.ops._c10d_functional, _SAVED_COLLECTIVES)):
+    for namespace, names in (
+        (torch.ops.aten, _SAVED_ATEN_OPS),
+        (torch.ops._c10d_functional, _SAVED_COLLECTIVES),
+        (torch.ops.flash_attn, _SAVED_FLASH_ATTN_OPS),
+    ):
         for name in names:
-            try:  # not every op exists on every build
+            try:  # not every op exists on every build (nor without the package)
                 ops.add(getattr(namespace, name).default)
             except AttributeError:
                 continue
+    # FlexAttention is a higher-order op: it has no overloads, the op itself is what the policy sees.
+    flex = getattr(torch.ops.higher_order, "flex_attention", None)
+    if flex is not None:
+        ops.add(flex)
     return ops
 
 

@@ -1,11 +1,21 @@
-"""Which fused SDPA kernel runs the attention, chosen once per run.
+"""Which attention kernel runs, chosen once per run (`model.attention_backend`).
 
-On an H200 (torch 2.11, bf16, causal, GQA) cuDNN's attention ran forward+backward 1.6x faster
-than the flash kernel torch picks by default (see docs/performance.md). "auto" therefore
-puts cuDNN first on CUDA, then flash, efficient and math, with torch trying them in that
-order; a named backend is used alone (and torch errors if it cannot run the shapes). On CPU
-"auto" leaves the choice to torch. The choice is made by a context around the model's
-forward: the kernel picked in forward also runs the backward.
+SDPA backends. On an H200 (torch 2.11, bf16, causal, GQA) cuDNN's attention ran
+forward+backward 1.6x faster than the flash kernel torch picks by default (see
+docs/performance.md). "auto" therefore puts cuDNN first on CUDA, then flash, efficient and
+math, with torch trying them in that order; a named backend is used alone (and torch errors
+if it cannot run the shapes). On CPU "auto" leaves the choice to torch. The choice is made by
+a context around the model's forward: the kernel picked in forward also runs the backward.
+
+"flex": FlexAttention (models/common/flex_attention.py). The trainer builds one BlockMask per
+micro-batch (`BlockMasks`): causal, or block-causal over the documents of the packed windows
+with `data.document_masking` (for which "auto" means flex), plus the model's sliding window;
+the model hands it to every layer.
+
+"flash_attn": the flash-attn package (models/common/flash_attention.py) becomes every attention
+module's `attention_fn` (`use_attention_kernel`), before the plan is applied.
+
+`check_attention` refuses, before any process group exists, what these cannot run.
 """
 
 from __future__ import annotations
@@ -13,7 +23,24 @@ from __future__ import annotations
 import contextlib
 
 import torch
+from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention.flex_attention import BlockMask
+
+from kenotron.config import ConfigError, JobConfig
+from kenotron.data import document_ids
+from kenotron.models.common.attention import GQAttention
+from kenotron.models.common.flash_attention import (
+    INSTALL_HINT,
+    MIN_COMPILE_VERSION,
+    FlashAttnUnavailable,
+    flash_attn_version,
+    import_flash_attn,
+    is_hopper,
+    load_flash_attention,
+)
+from kenotron.models.common.flex_attention import causal_block_mask, document_block_mask
+from kenotron.parallel.dims import ParallelDims
 
 NAMED = {
     "cudnn": SDPBackend.CUDNN_ATTENTION,
@@ -22,13 +49,116 @@ NAMED = {
     "math": SDPBackend.MATH,
 }
 CUDA_AUTO_ORDER = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+NOT_SDPA = ("flex", "flash_attn")
+
+
+def resolve_attention_backend(backend: str, document_masking: bool) -> str:
+    """The backend that runs: "auto" becomes "flex" when documents are masked."""
+    if backend == "auto" and document_masking:
+        return "flex"
+    return backend
 
 
 def attention_context(backend: str, device: torch.device) -> contextlib.AbstractContextManager:
+    """The SDPA kernel choice around forward (nothing for flex and flash_attn, which skip SDPA)."""
+    if backend in NOT_SDPA:
+        return contextlib.nullcontext()
     if backend == "auto":
         if device.type != "cuda":
             return contextlib.nullcontext()
         return sdpa_kernel(CUDA_AUTO_ORDER, set_priority=True)
     if backend not in NAMED:
-        raise ValueError(f"model.attention_backend={backend!r} is not one of auto, {', '.join(NAMED)}")
+        raise ValueError(f"model.attention_backend={backend!r} is not one of auto, {', '.join([*NAMED, *NOT_SDPA])}")
     return sdpa_kernel([NAMED[backend]])
+
+
+def use_attention_kernel(model: nn.Module, backend: str, device: torch.device) -> None:
+    """For flash_attn, make every attention module's `attention_fn` flash-attn's kernel
+    (FlashAttention-3 on Hopper when installed). Call it on the (meta) model before
+    `plan.apply`, so pipeline stages, which are copies, keep it. Other backends: no change."""
+    if backend != "flash_attn":
+        return
+    kernel = load_flash_attention(prefer_v3=is_hopper(device))
+    for module in model.modules():
+        if isinstance(module, GQAttention):
+            module.attention_fn = kernel
+
+
+class BlockMasks:
+    """The FlexAttention BlockMask of each micro-batch, built once and shared by every layer.
+
+    `eos_id` None: causal masks, which depend only on the length and are kept. Otherwise
+    block-causal masks over the documents the EOS tokens of each batch delimit
+    (kenotron.data.packing.document_ids: an EOS belongs to the document it ends).
+    """
+
+    def __init__(self, eos_id: int | None, sliding_window: int | None) -> None:
+        self.eos_id = eos_id
+        self.sliding_window = sliding_window
+        self._causal: dict[tuple[int, str], BlockMask] = {}
+
+    def __call__(self, inputs: torch.Tensor) -> BlockMask:
+        """The mask for token ids `inputs` (batch, seq), on their device."""
+        if self.eos_id is not None:
+            return document_block_mask(document_ids(inputs, self.eos_id), self.sliding_window)
+        key = (inputs.shape[1], str(inputs.device))
+        if key not in self._causal:
+            self._causal[key] = causal_block_mask(inputs.shape[1], inputs.device, self.sliding_window)
+        return self._causal[key]
+
+
+def check_attention(cfg: JobConfig, dims: ParallelDims, meta_model: nn.Module) -> None:
+    """What flex and flash_attn cannot run, refused with the fix in the message (ConfigError)."""
+    backend = resolve_attention_backend(cfg.model.attention_backend, cfg.data.document_masking)
+    if backend not in NOT_SDPA:
+        return
+    name = f"model.attention_backend={backend!r}"
+    if cfg.data.document_masking:
+        name = f"data.document_masking=true ({name})"
+    if dims.cp > 1:
+        raise ConfigError(
+            f"{name} does not combine with context parallel (parallelism.cp={dims.cp}): context parallel "
+            f"replaces the attention with its own ring of plain causal SDPA; use cp=1"
+            + (", or turn data.document_masking off" if cfg.data.document_masking else ", or model.attention_backend='auto'")
+        )
+    if backend == "flex":
+        if dims.pp > 1:
+            raise ConfigError(
+                f"{name} does not combine with pipeline parallel (parallelism.pp={dims.pp}) yet: the block mask is "
+                f"built from the token ids, which the stages after the first never see; use pp=1"
+                + (", or turn data.document_masking off" if cfg.data.document_masking else "")
+            )
+        return
+    _check_flash_attn(cfg, meta_model)
+
+
+def _check_flash_attn(cfg: JobConfig, meta_model: nn.Module) -> None:
+    t = cfg.training
+    try:
+        module = import_flash_attn()
+    except FlashAttnUnavailable as e:
+        raise ConfigError(
+            f"model.attention_backend='flash_attn' needs the flash-attn package, which is not installed here: "
+            f"{INSTALL_HINT}; or use model.attention_backend='auto' (torch's fused SDPA kernels)"
+        ) from e
+    if not (torch.cuda.is_available() and t.device != "cpu"):
+        raise ConfigError("model.attention_backend='flash_attn' needs CUDA (flash-attn has no CPU kernel); "
+                          "use model.attention_backend='auto' on CPU")
+    if t.param_dtype != "bfloat16":
+        raise ConfigError(f"model.attention_backend='flash_attn' computes in bf16/fp16 only, but training.param_dtype="
+                          f"{t.param_dtype!r}; set training.param_dtype='bfloat16' or use model.attention_backend='auto'")
+    window = getattr(meta_model, "sliding_window", None)
+    if window is not None and t.seq_len > window:
+        raise ConfigError(
+            f"model.attention_backend='flash_attn' runs plain causal attention here, but model {cfg.model.name} "
+            f"{cfg.model.flavor} attends through a {window}-token sliding window, shorter than training.seq_len="
+            f"{t.seq_len}; use model.attention_backend='flex' (which applies the window) or 'auto', or "
+            f"training.seq_len <= {window}"
+        )
+    version = flash_attn_version(module)
+    if cfg.compile.enable and version < MIN_COMPILE_VERSION:
+        wanted = ".".join(map(str, MIN_COMPILE_VERSION))
+        raise ConfigError(
+            f"flash-attn {getattr(module, '__version__', '?')} is not traceable by torch.compile (its kernels became "
+            f"torch custom ops in {wanted}); pip install 'flash-attn>={wanted}', or set compile.enable=false"
+        )

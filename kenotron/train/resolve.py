@@ -19,6 +19,7 @@ from kenotron.models import ModelSpec, get_model_spec
 from kenotron.parallel.dims import ParallelDims
 from kenotron.parallel.pipeline import PipelineSplit, build_pipeline_split, check_compile
 from kenotron.parallel.plan import Plan, plan_for
+from kenotron.train.attention_backend import check_attention
 
 
 @dataclass(frozen=True)
@@ -147,6 +148,7 @@ def resolve_run(cfg: JobConfig, world_size: int) -> RunPlan:
         meta_model = spec.build(args)
     plan.check(meta_model)
     check_context_parallel(cfg, dims, meta_model)
+    check_attention(cfg, dims, meta_model)
     if dims.pp > 1:
         if t.loss == "fused":
             raise ConfigError(

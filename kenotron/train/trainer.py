@@ -30,7 +30,12 @@ from kenotron.parallel.dims import Meshes
 from kenotron.parallel.grad_norm import clip_grads_, reduce_partial_grads_, total_grad_norm
 from kenotron.parallel.zero1 import Zero1Optimizer
 from kenotron.train.distributed import WorldInfo, destroy_distributed, init_distributed, pick_device
-from kenotron.train.attention_backend import attention_context
+from kenotron.train.attention_backend import (
+    BlockMasks,
+    attention_context,
+    resolve_attention_backend,
+    use_attention_kernel,
+)
 from kenotron.train.flops import flops_per_token, matmul_params
 from kenotron.train.fused_loss import compiled_chunk_fn, linear_cross_entropy_sum
 from kenotron.train.loss import IGNORE_INDEX, cross_entropy_sum
@@ -99,8 +104,10 @@ class Trainer:
             (self.dump_folder / "config.toml").write_text(config_to_toml(cfg))
 
         self.meshes = self._build_meshes()
+        self.attention_backend = resolve_attention_backend(cfg.model.attention_backend, cfg.data.document_masking)
         with torch.device("meta"):
             model = run.spec.build(run.model_args)
+        use_attention_kernel(model, self.attention_backend, self.device)
         self.n_params = sum(p.numel() for p in model.parameters())
         args = run.model_args
         self.flops_per_token = flops_per_token(
@@ -140,6 +147,11 @@ class Trainer:
             dp_size=run.dims.dp, text_field=d.text_field, split=d.split, add_bos=d.add_bos,
             synthetic_vocab_size=run.model_args.vocab_size,
         )
+        # flex: one BlockMask per micro-batch (block-causal over documents, or causal), for every layer.
+        self.block_masks: BlockMasks | None = None
+        if self.attention_backend == "flex":
+            eos_id = self.tokenizer.eos_id if d.document_masking else None
+            self.block_masks = BlockMasks(eos_id, getattr(model, "sliding_window", None))
         self.metrics = MetricsLogger(
             self.dump_folder, self.flops_per_token, self.world.world_size, self.device, write=self.is_rank0,
             tensorboard=cfg.metrics.tensorboard,
@@ -213,7 +225,7 @@ class Trainer:
     def _step_context(self) -> Iterator[None]:
         """Around a pipeline schedule step: what forward_backward enters around forward and backward."""
         autocast = torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.use_autocast)
-        with self._loss_context(), attention_context(self.cfg.model.attention_backend, self.device), autocast:
+        with self._loss_context(), attention_context(self.attention_backend, self.device), autocast:
             yield
 
     def forward_backward(self, microbatches: list[MicroBatch]) -> torch.Tensor:
@@ -241,9 +253,13 @@ class Trainer:
                 # Context parallel: this rank's tokens and labels, and their global RoPE positions.
                 shard = self.applied.sequence_sharder.shard(inputs, labels)
                 inputs, labels, positions = shard.inputs, shard.labels, shard.positions
-            with self._loss_context(), attention_context(self.cfg.model.attention_backend, self.device):
+            block_mask = self.block_masks(inputs) if self.block_masks is not None else None
+            with self._loss_context(), attention_context(self.attention_backend, self.device):
                 with autocast:
-                    out = self.model(inputs) if positions is None else self.model(inputs, positions)
+                    if block_mask is not None:
+                        out = self.model(inputs, block_mask=block_mask)
+                    else:
+                        out = self.model(inputs) if positions is None else self.model(inputs, positions)
                 if self.fused_loss:
                     loss_sum = linear_cross_entropy_sum(
                         out, self.model.output.weight, labels, chunk_tokens=self.cfg.training.loss_chunk_tokens,

@@ -111,3 +111,32 @@ def test_real_tokenizer_windows_decode_to_the_documents():
 def test_bad_seq_len():
     with pytest.raises(ValueError, match="training.seq_len=0"):
         packer(seq_len=0)
+
+
+def test_document_ids_count_eos_tokens_and_eos_belongs_to_the_document_it_ends():
+    import torch
+
+    from kenotron.data.packing import document_ids
+
+    # A window starting inside a document ("tail"), then two whole ones, then the start of a fourth.
+    tokens = torch.tensor([[7, 8, EOS, BOS, 9, EOS, BOS, EOS, BOS, 6]])
+    assert document_ids(tokens, EOS).tolist() == [[0, 0, 0, 1, 1, 1, 2, 2, 3, 3]]
+    assert document_ids(tokens, EOS).dtype == torch.int32
+    # Rows are independent, a window without EOS is one document, and a window ending on EOS
+    # keeps that EOS in its last document.
+    rows = torch.tensor([[1, 2, 3, 4], [EOS, 1, 2, EOS]])
+    assert document_ids(rows, EOS).tolist() == [[0, 0, 0, 0], [0, 1, 1, 1]]
+
+
+def test_document_ids_of_packed_windows_match_the_documents():
+    import torch
+
+    from kenotron.data.packing import document_ids
+
+    windows = packer(seq_len=39, add_bos=True)
+    window = torch.from_numpy(windows.next_window())[None]
+    ids = document_ids(window, EOS)[0].tolist()
+    # Every document is BOS ... EOS: the document index changes exactly after each EOS.
+    for i in range(1, window.shape[1]):
+        assert ids[i] == ids[i - 1] + (window[0, i - 1].item() == EOS)
+    assert ids[0] == 0 and window[0, 0].item() == BOS

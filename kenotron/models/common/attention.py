@@ -4,8 +4,12 @@ sliding windows (Mistral, StarCoder2, through an explicit mask) and a KV cache (
 
 The training path without a window stays on SDPA's `is_causal=True` (no mask tensor), which
 the fused flash / cuDNN kernels take. That path goes through the module's `attention_fn`
-(`causal_attention` by default), which a parallel plan may replace: context parallel puts a
-module there that attends over a sequence sharded across ranks. The model never does.
+(`causal_attention` by default), which others may replace: context parallel puts a module
+there that attends over a sequence sharded across ranks, and the trainer's `flash_attn`
+backend a `FlashAttention` (flash_attention.py). The model never does.
+
+With a FlexAttention `block_mask` (flex_attention.py: causal, windowed or block-causal over
+the documents of a packed window, built once per batch) the layer runs flex_attention instead.
 """
 
 from __future__ import annotations
@@ -15,7 +19,10 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention.flex_attention import BlockMask
 
+from kenotron.models.common.flash_attention import FlashAttention
+from kenotron.models.common.flex_attention import flex_attend
 from kenotron.models.common.init import ONES, ZEROS, InitSpec, trunc_normal
 from kenotron.models.common.kv_cache import LayerKVCache
 from kenotron.models.common.norms import RMSNorm
@@ -25,6 +32,12 @@ from kenotron.models.common.rope import apply_rope
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """Causal SDPA on (batch, heads, seq, head_dim); k/v may have fewer (grouped) heads."""
     return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=k.shape[1] != q.shape[1])
+
+
+def sees_whole_sequence(attention_fn: Callable[..., torch.Tensor]) -> bool:
+    """Whether an attention_fn works on this rank's whole sequence (SDPA, flash-attn), so the
+    layer may bypass it for a mask or a KV cache; context parallel's, which sees a shard, may not."""
+    return attention_fn is causal_attention or isinstance(attention_fn, FlashAttention)
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
@@ -112,9 +125,11 @@ class GQAttention(nn.Module):
         *,
         attn_mask: torch.Tensor | None = None,
         kv_cache: LayerKVCache | None = None,
+        block_mask: BlockMask | None = None,
     ) -> torch.Tensor:
         """x (batch, seq, dim) -> (batch, seq, dim). `attn_mask`: see `attend`; `kv_cache`:
-        this layer's cache, which this call's keys/values are appended to and read from."""
+        this layer's cache, which this call's keys/values are appended to and read from;
+        `block_mask`: attend through FlexAttention under this mask (training, no cache)."""
         bsz, seqlen, _ = x.shape
         q = self.wq(x).view(bsz, seqlen, -1, self.head_dim)
         k = self.wk(x).view(bsz, seqlen, -1, self.head_dim)
@@ -124,18 +139,24 @@ class GQAttention(nn.Module):
         q = apply_rope(q, cos, sin).transpose(1, 2)
         k = apply_rope(k, cos, sin).transpose(1, 2)
         v = v.transpose(1, 2)
-        if attn_mask is None and kv_cache is None:
+        if attn_mask is None and kv_cache is None and block_mask is None:
             out = self.attention_fn(q, k, v)
         else:
-            if self.attention_fn is not causal_attention:
+            if not sees_whole_sequence(self.attention_fn):
                 # A replaced attention_fn (context parallel) sees only part of the sequence.
                 raise RuntimeError(
                     f"this attention's attention_fn was replaced by {type(self.attention_fn).__name__}, which "
-                    f"supports plain causal attention only; an attention mask or a KV cache needs the default"
+                    f"supports plain causal attention only; an attention mask, a block mask or a KV cache "
+                    f"needs the default"
                 )
-            if kv_cache is not None:
-                k, v = kv_cache.update(k, v)
-            out = attend(q, k, v, attn_mask)
+            if block_mask is not None:
+                if attn_mask is not None or kv_cache is not None:
+                    raise ValueError("block_mask replaces attn_mask and does not combine with a KV cache")
+                out = flex_attend(q, k, v, block_mask)
+            else:
+                if kv_cache is not None:
+                    k, v = kv_cache.update(k, v)
+                out = attend(q, k, v, attn_mask)
         out = out.transpose(1, 2).reshape(bsz, seqlen, -1)
         return self.wo(out)
 

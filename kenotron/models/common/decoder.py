@@ -1,8 +1,9 @@
 """The pre-norm decoder every family here shares: embedding -> blocks -> norm -> output.
 
 A family says which attention, norm and MLP its blocks use; `CausalLM` does the rest: tied
-embeddings, RoPE tables, the attention mask (none on the fast causal path), the KV cache
-and the per-parameter init. Parameter names follow Llama's (`tok_embeddings`,
+embeddings, RoPE tables, the attention mask (none on the fast causal path; or a FlexAttention
+block mask the caller builds once per batch and every layer shares), the KV cache and the
+per-parameter init. Parameter names follow Llama's (`tok_embeddings`,
 `layers.N.attention.wq`, `layers.N.feed_forward.w1`, `norm`, `output`, ...), so parallel
 plans written against those names apply to every family.
 """
@@ -14,6 +15,7 @@ from typing import Protocol
 
 import torch
 from torch import nn
+from torch.nn.attention.flex_attention import BlockMask
 
 from kenotron.models.common.attention import build_attention_mask
 from kenotron.models.common.init import (
@@ -59,11 +61,13 @@ class DecoderBlock(nn.Module):
 
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, attn_mask: torch.Tensor | None = None,
-        kv_cache: LayerKVCache | None = None,
+        kv_cache: LayerKVCache | None = None, block_mask: BlockMask | None = None,
     ) -> torch.Tensor:
         # attention gets (x, cos, sin) positionally and the rest by keyword: tensor-parallel
         # input hooks (PrepareModuleInput) count positional inputs.
-        if attn_mask is None and kv_cache is None:
+        if block_mask is not None:
+            h = x + self.attention(self.attention_norm(x), cos, sin, block_mask=block_mask)
+        elif attn_mask is None and kv_cache is None:
             h = x + self.attention(self.attention_norm(x), cos, sin)
         else:
             h = x + self.attention(self.attention_norm(x), cos, sin, attn_mask=attn_mask, kv_cache=kv_cache)
@@ -129,13 +133,19 @@ class CausalLM(nn.Module):
         *,
         kv_cache: KVCache | None = None,
         token_mask: torch.Tensor | None = None,
+        block_mask: BlockMask | None = None,
     ) -> torch.Tensor:
         """`tokens` are ids (or hidden states on a later pipeline stage); `positions` (seq,)
         overrides 0..seq-1, e.g. for a context-parallel shard of the sequence.
 
+        Training with FlexAttention: `block_mask` (common/flex_attention.py) is handed to every
+        layer in place of any other mask; it must include the model's `sliding_window`, if any.
+
         Generation: with `kv_cache` the tokens continue the cached ones (positions follow
         `kv_cache.length`); `token_mask` (batch, seq) marks real tokens, False for the left
         padding of shorter prompts."""
+        if block_mask is not None and (kv_cache is not None or token_mask is not None):
+            raise ValueError("block_mask is for training: it does not combine with kv_cache or token_mask")
         # The sequence length comes from the token ids, never from a hidden state that
         # sequence parallel may have sharded along the sequence.
         seqlen = tokens.shape[1]
@@ -148,11 +158,15 @@ class CausalLM(nn.Module):
             cos, sin = self.rope_cos[positions], self.rope_sin[positions]
         if kv_cache is not None:
             kv_cache.append(seqlen, token_mask)
-        attn_mask = self._attention_mask(seqlen, positions, kv_cache, token_mask, tokens.device)
+        attn_mask = None
+        if block_mask is None:
+            attn_mask = self._attention_mask(seqlen, positions, kv_cache, token_mask, tokens.device)
 
         h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
         for name, layer in self.layers.items():
-            if attn_mask is None and kv_cache is None:
+            if block_mask is not None:
+                h = layer(h, cos, sin, block_mask=block_mask)
+            elif attn_mask is None and kv_cache is None:
                 h = layer(h, cos, sin)
             else:
                 layer_cache = kv_cache.layer(int(name)) if kv_cache is not None else None

@@ -1,0 +1,135 @@
+"""Attention backends through the trainer: flex with and without document masking, the block
+masks built per batch, and the config checks that stop unusable combinations before training."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+
+from kenotron.config import ConfigError, load_config
+from kenotron.models.common.flex_attention import dense_mask
+from kenotron.train.attention_backend import BlockMasks, attention_context, resolve_attention_backend
+from kenotron.train.trainer import resolve_run, run_training
+from tests.models.fake_flash_attn import fake_flash_attn
+from tests.parallel.parity import run_steps
+
+TINY = [
+    "--training.seq_len", "64", "--training.local_batch_size", "4", "--metrics.log_freq", "5",
+    "--lr_scheduler.warmup_steps", "5",
+]
+DOCS = ["--data.document_masking", "true"]
+
+
+def test_auto_means_flex_with_document_masking_and_flex_needs_no_sdpa_context():
+    assert resolve_attention_backend("auto", True) == "flex"
+    assert resolve_attention_backend("auto", False) == "auto"
+    assert resolve_attention_backend("flex", False) == "flex"
+    for backend in ("flex", "flash_attn"):
+        with attention_context(backend, torch.device("cpu")):
+            pass
+
+
+def test_block_masks_are_causal_and_kept_or_per_batch_documents():
+    eos = 2
+    tokens = torch.tensor([[5, 6, eos, 7, 8, 9, eos, 1], [5, 5, 5, 5, 5, 5, 5, 5]])
+    causal = BlockMasks(None, None)
+    assert causal(tokens) is causal(tokens)  # depends on the length only
+    assert torch.equal(dense_mask(causal(tokens))[0, 0], torch.ones(8, 8, dtype=torch.bool).tril())
+    masks = BlockMasks(eos, sliding_window=2)
+    dense = dense_mask(masks(tokens))
+    assert dense.shape == (2, 1, 8, 8)
+    # Row 0: documents [0..2], [3..6], [7]; the window keeps the token and the one before.
+    assert dense[0, 0, 4].tolist() == [False, False, False, True, True, False, False, False]
+    assert dense[0, 0, 3].tolist() == [False, False, False, True, False, False, False, False]
+    assert dense[0, 0, 7].tolist() == [False] * 7 + [True]
+    assert dense[1, 0, 5].tolist() == [False, False, False, False, True, True, False, False]
+
+
+def test_training_with_document_masking_runs_and_the_loss_falls(tmp_path):
+    cfg = load_config(None, TINY + DOCS + ["--training.steps", "40", "--job.dump_folder", str(tmp_path)])
+    records = run_training(cfg)
+    assert [r["step"] for r in records] == [5, 10, 15, 20, 25, 30, 35, 40]
+    # Windows differ in difficulty (steps 16-30 are harder with or without masking), so compare
+    # the first and last five steps of a 40-step run.
+    assert records[-1]["loss_avg"] < records[0]["loss_avg"] - 1.0
+    assert 'document_masking = true' in (tmp_path / "config.toml").read_text()
+
+
+def test_flex_without_documents_trains_like_sdpa(tmp_path):
+    sdpa = run_steps([], str(tmp_path / "sdpa"))
+    flex = run_steps(["--model.attention_backend", "flex"], str(tmp_path / "flex"))
+    documents = run_steps(DOCS, str(tmp_path / "documents"))
+    for a, b in zip(sdpa["losses"], flex["losses"], strict=True):
+        assert abs(a - b) < 1e-6, (a, b)
+    for name, g in sdpa["grads"].items():
+        torch.testing.assert_close(flex["grads"][name], g, atol=1e-6, rtol=0, msg=name)
+    # The built-in corpus's documents are short: masking them changes the very first loss.
+    assert abs(documents["losses"][0] - sdpa["losses"][0]) > 1e-4
+
+
+@pytest.mark.slow
+def test_compiled_blocks_with_document_masking_match_eager(tmp_path):
+    eager = run_steps(DOCS + ["--model.n_layers", "1"], str(tmp_path / "eager"), 2)
+    compiled = run_steps(DOCS + ["--model.n_layers", "1", "--compile.enable", "true"], str(tmp_path / "c"), 2)
+    for a, b in zip(eager["losses"], compiled["losses"], strict=True):
+        assert abs(a - b) < 1e-5, (a, b)
+
+
+# -- refused before training ----------------------------------------------------------------
+
+
+def refused(overrides: list[str], world_size: int = 1) -> str:
+    with pytest.raises(ConfigError) as info:
+        resolve_run(load_config(None, overrides), world_size)
+    return str(info.value)
+
+
+def test_document_masking_with_an_sdpa_backend_is_refused():
+    msg = refused(DOCS + ["--model.attention_backend", "cudnn"])
+    assert "data.document_masking=true needs FlexAttention, but model.attention_backend='cudnn'" in msg
+    assert "set model.attention_backend to 'flex' or 'auto'" in msg
+
+
+def test_document_masking_with_context_parallel_is_refused():
+    msg = refused(DOCS + ["--parallelism.cp", "2"], world_size=2)
+    assert "data.document_masking=true (model.attention_backend='flex') does not combine with context parallel" in msg
+    assert "use cp=1, or turn data.document_masking off" in msg
+
+
+def test_flex_with_pipeline_parallel_is_refused():
+    msg = refused(["--model.attention_backend", "flex", "--parallelism.pp", "2"], world_size=2)
+    assert "model.attention_backend='flex' does not combine with pipeline parallel (parallelism.pp=2) yet" in msg
+
+
+def test_flash_attn_without_the_package_says_how_to_install_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "flash_attn", None)  # `import flash_attn` fails
+    msg = refused(["--model.attention_backend", "flash_attn"])
+    assert "model.attention_backend='flash_attn' needs the flash-attn package, which is not installed" in msg
+    assert "pip install flash-attn" in msg
+
+
+def test_flash_attn_needs_cuda_bf16_no_short_window_and_a_compilable_version(monkeypatch):
+    monkeypatch.setitem(sys.modules, "flash_attn", fake_flash_attn("2.6.3"))
+    flash = ["--model.attention_backend", "flash_attn"]
+    assert "needs CUDA" in refused(flash)
+    # The remaining checks, as on a GPU machine:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert "set training.param_dtype='bfloat16'" in refused(flash)
+    bf16 = flash + ["--training.param_dtype", "bfloat16"]
+    msg = refused(bf16 + ["--model.name", "mistral", "--training.seq_len", "256"])
+    assert "128-token sliding window, shorter than training.seq_len=256" in msg
+    assert "use model.attention_backend='flex'" in msg
+    assert "pip install 'flash-attn>=2.7'" in refused(bf16 + ["--compile.enable", "true"])
+    resolve_run(load_config(None, bf16), world_size=1)  # eager, no window: accepted
+    assert "does not combine with context parallel" in refused(bf16 + ["--parallelism.cp", "2"], world_size=2)
+
+
+def test_selective_activation_checkpointing_saves_flex_attention_and_trains_the_same(tmp_path):
+    from kenotron.parallel.activation_checkpoint import _ops_to_save
+
+    assert torch.ops.higher_order.flex_attention in _ops_to_save()
+    plain = run_steps(DOCS, str(tmp_path / "plain"))
+    checkpointed = run_steps(DOCS + ["--activation_checkpoint.mode", "selective-op"], str(tmp_path / "ac"))
+    assert plain["losses"] == checkpointed["losses"]
