@@ -297,6 +297,9 @@ class ActivationCheckpoint:
     every_n: int = 2
     """For every-n-layers: checkpoint one block in every this many."""
 
+    save_matmul_every: int = 1
+    """For selective-op: keep the output of one matmul in every this many, recompute the others (1 = keep all; 2 = every second one: less memory for some recompute)."""
+
 
 @dataclass
 class JobConfig:

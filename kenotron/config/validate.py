@@ -37,6 +37,13 @@ def validate_config(cfg: JobConfig) -> None:
         raise ConfigError(f"lr_scheduler.min_lr_ratio={s.min_lr_ratio} must lie in [0, 1]")
     if not 0 < s.decay_ratio <= 1:
         raise ConfigError(f"lr_scheduler.decay_ratio={s.decay_ratio} must lie in (0, 1]")
+    ac = cfg.activation_checkpoint
+    if ac.every_n < 1:
+        raise ConfigError(f"activation_checkpoint.every_n={ac.every_n} must be >= 1 (1 checkpoints every block)")
+    if ac.save_matmul_every < 1:
+        raise ConfigError(
+            f"activation_checkpoint.save_matmul_every={ac.save_matmul_every} must be >= 1 (1 keeps every matmul output)"
+        )
     backend = cfg.model.attention_backend
     if cfg.data.document_masking and backend not in ("auto", "flex"):
         raise ConfigError(

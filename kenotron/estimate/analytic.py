@@ -176,8 +176,9 @@ def block_kind(model: nn.Module, blocks: str) -> dict[str, bool]:
     }
 
 
-def block_activations(s: StepShape, mode: str, sp: bool) -> int:
-    """Bytes one block keeps for backward under AC `mode` (none, full, selective-op)."""
+def block_activations(s: StepShape, mode: str, sp: bool, save_matmul_every: int = 1) -> int:
+    """Bytes one block keeps for backward under AC `mode` (none, full, selective-op); under
+    selective-op only one matmul output in every `save_matmul_every` is kept."""
     T, Tr, t, c = s.tokens, s.residual_tokens, s.tp, s.compute
     block_input = allocated_bytes(Tr * s.dim * s.residual)
     if mode == "full":
@@ -186,10 +187,14 @@ def block_activations(s: StepShape, mode: str, sp: bool) -> int:
     lse = allocated_bytes(s.batch * s.heads // t * s.seq * FP32)
     mlp = (4 if s.gated_mlp else 2) * allocated_bytes(T * s.ffn // t * c)
     if mode == "selective-op":
-        qkv = allocated_bytes(T * q_width * c) + 2 * allocated_bytes(T * kv_width * c)
-        out = allocated_bytes(T * q_width * c) + lse + 2 * allocated_bytes(T * s.dim * c)
+        # Matmul outputs in forward order: wq, wk, wv, wo, then w1, w3 (gated) or the up
+        # projection, then the down projection; the policy keeps indices 0, k, 2k, ...
+        ffn = s.ffn // t
+        widths = [q_width, kv_width, kv_width, s.dim] + ([ffn, ffn] if s.gated_mlp else [ffn]) + [s.dim]
+        matmuls = sum(allocated_bytes(T * w * c) for w in widths[::save_matmul_every])
+        attention_out = allocated_bytes(T * q_width * c) + lse
         comms = 2 * allocated_bytes(T * s.dim * c) + 2 * allocated_bytes(Tr * s.dim * c) if sp else 0
-        return block_input + qkv + out + mlp // 2 + comms
+        return block_input + matmuls + attention_out + comms
     if s.fp32_norm:  # LayerNorm in fp32 keeps an fp32 copy of its input instead of the input itself
         residuals = 2 * allocated_bytes(Tr * s.dim * FP32) + 4 * allocated_bytes(Tr * FP32)
     else:
@@ -209,7 +214,7 @@ def activations_per_block(run: RunPlan, s: StepShape) -> float:
     if ac == "every-n-layers":
         n = run.plan.ac_every_n
         return (block_activations(s, "full", sp) + (n - 1) * block_activations(s, "none", sp)) / n
-    return block_activations(s, ac, sp)
+    return block_activations(s, ac, sp, run.plan.ac_save_matmul_every)
 
 
 def loss_bytes(run: RunPlan, s: StepShape, fused: bool) -> tuple[int, int]:

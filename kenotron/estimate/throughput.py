@@ -85,6 +85,10 @@ def recompute_factor(run: RunPlan) -> float:
     mode = run.plan.ac_mode
     if mode == "every-n-layers":
         return 1 + (RECOMPUTE_FACTOR["full"] - 1) / run.plan.ac_every_n
+    if mode == "selective-op" and run.plan.ac_save_matmul_every > 1:
+        # Recomputed matmuls: (k-1)/k of the forward's matmul FLOPs (a third of forward+backward).
+        k = run.plan.ac_save_matmul_every
+        return RECOMPUTE_FACTOR[mode] + (RECOMPUTE_FACTOR["full"] - 1) * (k - 1) / k
     return RECOMPUTE_FACTOR[mode]
 
 

@@ -57,8 +57,23 @@ def _ops_to_save() -> set:
     return ops
 
 
-def _selective_policy(ops: set) -> Callable:
+_MATMUL_OPS_NAMES = ("mm", "addmm", "bmm")
+
+
+def _selective_policy(ops: set, save_matmul_every: int = 1) -> Callable:
+    """Save `ops`' outputs, recompute the rest; of the matmuls, save only one in every
+    `save_matmul_every` (counted in forward order). The count is kept separately for the
+    forward and for the recompute, so both pick the same matmuls; a fresh policy is made for
+    every checkpointed call (see `checkpoint_module`)."""
+    matmuls = {getattr(torch.ops.aten, name).default for name in _MATMUL_OPS_NAMES}
+    counts = {False: 0, True: 0}
+
     def policy(ctx, op, *args, **kwargs):
+        if op in matmuls and save_matmul_every > 1:
+            index = counts[ctx.is_recompute]
+            counts[ctx.is_recompute] += 1
+            if index % save_matmul_every != 0:
+                return ckpt.CheckpointPolicy.PREFER_RECOMPUTE
         if op in ops:
             return ckpt.CheckpointPolicy.MUST_SAVE
         return ckpt.CheckpointPolicy.PREFER_RECOMPUTE
@@ -66,13 +81,19 @@ def _selective_policy(ops: set) -> Callable:
     return policy
 
 
-def checkpoint_module(module: nn.Module, selective: bool = False) -> None:
-    """Recompute `module`'s forward in backward (all of it, or only cheap ops if `selective`)."""
+def checkpoint_module(module: nn.Module, selective: bool = False, save_matmul_every: int = 1) -> None:
+    """Recompute `module`'s forward in backward (all of it, or only cheap ops if `selective`;
+    with `save_matmul_every` > 1 also all but one matmul in every that many)."""
     inner = module.forward
     extra: dict = {}
     if selective:
-        policy = _selective_policy(_ops_to_save())
-        extra["context_fn"] = functools.partial(ckpt.create_selective_checkpoint_contexts, policy)
+        ops = _ops_to_save()
+
+        def context_fn():
+            # A new policy per call: its matmul count starts at zero for each block's forward.
+            return ckpt.create_selective_checkpoint_contexts(_selective_policy(ops, save_matmul_every))
+
+        extra["context_fn"] = context_fn
 
     @functools.wraps(inner)
     def forward(*args, **kwargs):
@@ -81,7 +102,9 @@ def checkpoint_module(module: nn.Module, selective: bool = False) -> None:
     module.forward = forward  # type: ignore[method-assign]
 
 
-def apply_activation_checkpointing(blocks: list[nn.Module], mode: str, every_n: int = 2) -> None:
+def apply_activation_checkpointing(
+    blocks: list[nn.Module], mode: str, every_n: int = 2, save_matmul_every: int = 1
+) -> None:
     """Checkpoint `blocks` (in model order) according to `mode`."""
     if mode not in AC_MODES:
         raise ValueError(f"activation_checkpoint.mode={mode!r} is not one of {', '.join(AC_MODES)}")
@@ -91,4 +114,4 @@ def apply_activation_checkpointing(blocks: list[nn.Module], mode: str, every_n: 
         if mode == "full" or (mode == "every-n-layers" and i % every_n == 0):
             checkpoint_module(block)
         elif mode == "selective-op":
-            checkpoint_module(block, selective=True)
+            checkpoint_module(block, selective=True, save_matmul_every=save_matmul_every)

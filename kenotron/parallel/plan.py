@@ -93,6 +93,8 @@ class Plan:
     """Activation checkpointing of blocks: none, full, selective-op, every-n-layers."""
     ac_every_n: int = 2
     """For every-n-layers: checkpoint one block in every this many."""
+    ac_save_matmul_every: int = 1
+    """For selective-op: keep one matmul output in every this many (the rest are recomputed)."""
     compile: bool = False
     """torch.compile each block."""
     float8: str = ""
@@ -141,6 +143,10 @@ class Plan:
         ):
             if value not in valid:
                 raise PlanError(f"plan.{name}={value!r} is not one of {', '.join(valid)}")
+        if self.ac_save_matmul_every < 1:
+            raise PlanError(
+                f"plan.ac_save_matmul_every={self.ac_save_matmul_every} must be >= 1 (1 keeps every matmul output)"
+            )
         for name, _ in model.named_modules():
             styles = [p for p in self.tp_styles if name and fqn_matches(p, name)]
             if len(styles) > 1:
@@ -221,6 +227,8 @@ class Plan:
             f"{self.reshard_after_forward}, params {self.param_dtype}, reduce {self.reduce_dtype}",
             f"  activation checkpointing: {self.ac_mode}"
             + (f" (every {self.ac_every_n})" if self.ac_mode == "every-n-layers" else "")
+            + (f" (one matmul output kept in {self.ac_save_matmul_every})"
+               if self.ac_mode == "selective-op" and self.ac_save_matmul_every > 1 else "")
             + f"   compile: {self.compile}   float8: {self.float8 or 'off'}",
         ]
         lines.append(
@@ -291,7 +299,9 @@ class Plan:
         cp_mesh = meshes.get("cp")
         sharder = apply_context_parallel(model, cp_mesh, self) if cp_mesh is not None else None
         blocks = matching_modules(model, self.blocks)
-        apply_activation_checkpointing([b for _, b in blocks], self.ac_mode, self.ac_every_n)
+        apply_activation_checkpointing(
+            [b for _, b in blocks], self.ac_mode, self.ac_every_n, self.ac_save_matmul_every
+        )
         if self.compile:
             # Dynamo cannot trace kenotron's ring attention (point-to-point sends): blocks that
             # hold it compile around it.

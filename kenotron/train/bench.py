@@ -143,7 +143,13 @@ def run_case(
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
         wall = time.perf_counter() - t0
         if proc.returncode != 0 or not os.path.exists(out):
-            tail = (proc.stdout + proc.stderr).strip().splitlines()[-15:]
+            lines = (proc.stdout + proc.stderr).strip().splitlines()
+            tail = lines[-15:]
+            # torchrun ends with its own failure summary; the cause (an out-of-memory error, say)
+            # is printed earlier by the rank that failed: put its first such line last.
+            cause = next((ln for ln in lines if "out of memory" in ln.lower() or "Error:" in ln), None)
+            if cause is not None and cause not in tail:
+                tail.append(cause.strip()[:300])
             return {"name": name, "error": "\n".join(tail), "wall_s": wall, "args": overrides}
         result = json.loads(Path(out).read_text())
     return {"name": name, **result, "wall_s": wall, "args": overrides}

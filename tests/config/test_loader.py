@@ -135,6 +135,8 @@ def test_help_lists_every_field_with_doc_and_default():
         (["--optimizer.lr", "-1"], r"optimizer.lr=-1.0 must be positive"),
         (["--lr_scheduler.min_lr_ratio", "2"], r"min_lr_ratio=2.0 must lie in \[0, 1\]"),
         (["--training.max_norm", "-1"], r"max_norm=-1.0 must be >= 0"),
+        (["--activation_checkpoint.every_n", "0"], r"activation_checkpoint.every_n=0 must be >= 1"),
+        (["--activation_checkpoint.save_matmul_every", "0"], r"save_matmul_every=0 must be >= 1"),
     ],
 )
 def test_validation_errors_name_the_value(args, message):

@@ -76,6 +76,8 @@ def test_a_plan_with_a_bad_style_or_mode_is_rejected():
         plan.check(meta_model())
     with pytest.raises(PlanError, match=r"plan.dp_mode='zero3' is not one of fsdp, zero1"):
         plan_for(SPEC, dp_mode="zero3").check(meta_model())
+    with pytest.raises(PlanError, match=r"plan.ac_save_matmul_every=0 must be >= 1"):
+        plan_for(SPEC, ac_mode="selective-op", ac_save_matmul_every=0).check(meta_model())
 
 
 def _applied_local_shapes(mesh_shape: dict[str, int]) -> dict[str, tuple]:
