@@ -32,6 +32,10 @@ _8B_WIDTH = [
     "--config", "train_configs/llama3_8b.toml", "--model.n_layers", "8", "--training.local_batch_size", "2",
     "--training.seq_len", "8192", "--activation_checkpoint.mode", "none",
 ]
+_8B_FSDP = [
+    "--config", "train_configs/llama3_8b.toml", "--training.local_batch_size", "2", "--training.seq_len", "8192",
+    "--compile.enable", "true", "--activation_checkpoint.mode", "selective-op",
+]
 
 # Named sets of cases: the shapes of the reference figures (see docs/performance.md).
 PRESETS: dict[str, dict[str, list[str]]] = {
@@ -42,10 +46,8 @@ PRESETS: dict[str, dict[str, list[str]]] = {
     },
     "h200-4gpu": {
         "1B b4x4096 FSDP4 compiled": _1B + ["--compile.enable", "true"],
-        "8B b2x8192 FSDP4 compiled selective-AC": [
-            "--config", "train_configs/llama3_8b.toml", "--training.local_batch_size", "2",
-            "--training.seq_len", "8192", "--compile.enable", "true", "--activation_checkpoint.mode", "selective-op",
-        ],
+        "8B b2x8192 FSDP4 compiled selective-AC": _8B_FSDP,
+        "8B b2x8192 FSDP4 compiled selective-AC mm-every-2": _8B_FSDP + ["--activation_checkpoint.save_matmul_every", "2"],
     },
     "cpu-smoke": {
         "debug fp32": ["--training.local_batch_size", "2", "--training.seq_len", "64"],
