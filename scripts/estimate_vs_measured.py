@@ -34,8 +34,11 @@ ACCEPTED_ERROR = 0.10
 _1B = ["--config", "train_configs/llama3_1b.toml", "--training.seq_len", "4096", "--compile.enable", "false"]
 _8B_WIDTH = ["--config", "train_configs/llama3_8b.toml", "--model.n_layers", "8", "--training.seq_len", "8192",
              "--compile.enable", "false"]
+# Context parallel as the CP sweep ran it (docs/parallelism.md): one sequence per data-parallel rank, FSDP over the rest.
+_1B_LONG = ["--config", "train_configs/llama3_1b.toml", "--compile.enable", "false", "--training.local_batch_size", "1",
+            "--training.global_batch_size", "-1", "--activation_checkpoint.mode", "none", "--parallelism.dp_shard", "-1"]
 
-# (GPUs, overrides): 1B and 8B-width shapes, AC none / selective-op / full, FSDP, TP, HSDP, ZeRO-1.
+# (GPUs, overrides): 1B and 8B-width shapes, AC none / selective-op / full, FSDP, TP, HSDP, ZeRO-1, CP.
 CASES: dict[str, tuple[int, list[str]]] = {
     "1B 1 GPU AC none b4": (1, _1B + ["--training.local_batch_size", "4", "--activation_checkpoint.mode", "none"]),
     "1B 1 GPU AC full b4": (1, _1B + ["--training.local_batch_size", "4", "--activation_checkpoint.mode", "full"]),
@@ -55,6 +58,10 @@ CASES: dict[str, tuple[int, list[str]]] = {
     "1B ZeRO-1 x4 AC full b4": (
         4, _1B + ["--parallelism.dp_mode", "zero1", "--training.local_batch_size", "4",
                   "--activation_checkpoint.mode", "full"]),
+    "1B CP2xFSDP2 AC none seq 131072": (4, _1B_LONG + ["--parallelism.cp", "2", "--training.seq_len", "131072"]),
+    "1B CP4 AC none seq 16384": (4, _1B_LONG + ["--parallelism.cp", "4", "--training.seq_len", "16384"]),
+    # cp 1 at the same 4,096 tokens per rank: whether the CP4 row's +3.4% is CP's (docs/estimation.md).
+    "1B FSDP4 AC none b1 seq 4096": (4, _1B_LONG + ["--training.seq_len", "4096"]),
 }
 
 HEADER = ("| case | GPUs | estimate GiB | measured GiB | error | estimated peak at |\n"

@@ -21,11 +21,16 @@ Activations kept per block (no AC), bytes:
   + 4·T·F·c / t (SwiGLU: w1 and w3 outputs, silu, product; 2 for a GELU MLP)
   + T·(H + K)·h·c / t with per-head q/k norms (Qwen3); LayerNorm in fp32 (StarCoder2) keeps
     2·T_r·d·4 instead of the residuals
+  + T·H·h·c / t under context parallel where the attention output comes back contiguous in
+    (batch, heads, seq, dim) (torch's load-balanced ring on rank 0, kenotron's ring): the
+    output projection then keeps its own (batch, seq, heads·dim) copy
   full AC: T_r·d·c_r (the block input);  selective-op: the block input, matmul, attention and
   collective outputs: T_r·d·c_r + T·(H+2K)·h·c/t + T·H·h·c/t + 2·T·d·c + 2·T·F·c/t (+ SP
   all-gathers 2·T·d·c and reduce-scatters 2·T_r·d·c);  every-n-layers: 1 full + (n-1) none.
 Loss: fused chunked (C = min(chunk, T) tokens): keeps grad_h (T·d·c) and grad_w (V·d·4);
-  temporaries max(2·C·V·c, C·V·c + V·d·c + V·d·4). Plain: keeps logits (T·V·c/t) and
+  temporaries max(2·C·V·c, C·V·c + V·d·c + V·d·4), and with a second chunk of C' tokens
+  C·V·c + 2·C'·V·c (the previous chunk's gradient is alive while the next one's logits and
+  log-softmax are computed). Plain: keeps logits (T·V·c/t) and
   log-softmax (T·V·4/t); temporaries 2·T·V·4/t (fp32 copy and exp) -- the vocab-parallel
   loss adds one more T·V·4/t.
 Peak = max of these moments:
@@ -48,6 +53,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from kenotron.estimate.context import attention_output_copy
 from kenotron.estimate.fake_job import target_device
 from kenotron.estimate.tracker import Breakdown, allocated_bytes
 from kenotron.models.common.norms import LayerNorm
@@ -150,6 +156,8 @@ class StepShape:
     gated_mlp: bool
     qk_norm: bool
     fp32_norm: bool
+    cp_output_copy: bool = False
+    """Context parallel: the output projection keeps a copy of the attention output (context.py)."""
 
     @classmethod
     def of(cls, run: RunPlan, block_kind: dict[str, bool]) -> StepShape:
@@ -157,12 +165,13 @@ class StepShape:
         sp = tp > 1 and run.plan.sequence_parallel
         bf16 = t.param_dtype == "bfloat16"
         autocast = bf16 and data_parallel_kind(run) == "none" and not one_gpu_fsdp(run)
-        tokens = t.local_batch_size * t.seq_len
+        seq = t.seq_len // run.dims.cp  # context parallel: this rank's share of every sequence
+        tokens = t.local_batch_size * seq
         return cls(
-            tokens=tokens, residual_tokens=tokens // tp if sp else tokens, batch=t.local_batch_size, seq=t.seq_len,
+            tokens=tokens, residual_tokens=tokens // tp if sp else tokens, batch=t.local_batch_size, seq=seq,
             tp=tp, dim=a.dim, ffn=a.ffn_dim, heads=a.n_heads, kv_heads=a.n_kv_heads, head_dim=a.head_dim,
             vocab=a.vocab_size, layers=a.n_layers, compute=2 if bf16 else FP32, residual=FP32 if autocast else (2 if bf16 else FP32),
-            autocast=autocast, **block_kind,
+            autocast=autocast, cp_output_copy=attention_output_copy(run), **block_kind,
         )
 
 
@@ -201,6 +210,8 @@ def block_activations(s: StepShape, mode: str, sp: bool, save_matmul_every: int 
         residuals = 2 * block_input + 2 * allocated_bytes(Tr * FP32)
     matmul_inputs = 5 * allocated_bytes(T * s.dim * 2) if s.autocast else 2 * allocated_bytes(T * s.dim * c)
     attention = 2 * allocated_bytes(T * q_width * c) + 2 * allocated_bytes(T * kv_width * c) + lse
+    if s.cp_output_copy:
+        attention += allocated_bytes(T * q_width * c)
     if s.qk_norm:  # the per-head norms keep their inputs (the projections' outputs)
         attention += allocated_bytes(T * q_width * c) + allocated_bytes(T * kv_width * c)
     rope_tables = 2 * allocated_bytes(s.seq * s.head_dim * c) if c != FP32 else 0
@@ -225,6 +236,9 @@ def loss_bytes(run: RunPlan, s: StepShape, fused: bool) -> tuple[int, int]:
         kept = allocated_bytes(s.tokens * d * c) + allocated_bytes(V * d * FP32)
         grad_w_chunk = allocated_bytes(V * d * c) + (allocated_bytes(V * d * FP32) if c != FP32 else 0)
         temp = max(2 * allocated_bytes(chunk * V * c), allocated_bytes(chunk * V * c) + grad_w_chunk)
+        if s.tokens > chunk:  # the previous chunk's gradient outlives the next chunk's logits and log-softmax
+            second = min(chunk, s.tokens - chunk)
+            temp = max(temp, allocated_bytes(chunk * V * c) + 2 * allocated_bytes(second * V * c))
         if s.autocast:  # the fp32 hidden states and output weight are cast for the chunks
             temp += allocated_bytes(s.tokens * d * 2) + allocated_bytes(V * d * 2)
         return kept, temp

@@ -11,7 +11,9 @@ the checkpoint manager and the metrics writer, and its step counts label tokens 
 
 Decisions that depend on the device are taken for the device the job would run on (CUDA,
 unless training.device = "cpu"), while the fake tensors themselves live on the CPU: fused
-AdamW, FSDP mixed precision on one GPU. Compile and float8 are left out (`ignored_features`).
+AdamW, FSDP mixed precision on one GPU, and under context parallel torch's ring attention
+(context.py) where the plan would pick kenotron's CPU ring. Compile and float8 are left out
+(`ignored_features`).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor.parallel import loss_parallel
 
+from kenotron.estimate.context import use_torch_ring
 from kenotron.parallel.dims import Meshes
 from kenotron.parallel.grad_norm import (
     clip_grads_,
@@ -171,6 +174,8 @@ def build_fake_job(run: RunPlan, fake_mode: Any, n_layers: int | None = None) ->
     with torch.device("meta"):
         model = run.spec.build(run.model_args)
     applied = plan.apply(model, meshes)
+    # Context parallel: the plan chose kenotron's ring for the CPU mesh; a CUDA job runs torch's.
+    use_torch_ring(model, meshes, run, device)
     with fake_mode:
         model.to_empty(device=FAKE_DEVICE)
         # Weight values do not change memory, and init_weights' truncated normal asks data-dependent
@@ -248,9 +253,14 @@ def forward_backward(job: FakeJob, micro_steps: int, observer: StepObserver) -> 
         observer.set_phase("forward", i)
         job.applied.data_parallel.set_microstep(model, is_last=i == micro_steps - 1)
         inputs, labels = _device_batch(job), _device_batch(job)
+        positions = None
+        if job.applied.sequence_sharder is not None:
+            # Context parallel: this rank's seq_len / cp tokens and labels, and their global positions.
+            shard = job.applied.sequence_sharder.shard(inputs, labels)
+            inputs, labels, positions = shard.inputs, shard.labels, shard.positions
         with loss_context():
             with autocast:
-                out = model(inputs)
+                out = model(inputs) if positions is None else model(inputs, positions)
             if job.fused_loss:
                 loss_sum = linear_cross_entropy_sum(
                     out, model.output.weight, labels, chunk_tokens=cfg.training.loss_chunk_tokens,

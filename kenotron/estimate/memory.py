@@ -20,6 +20,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from kenotron.config import ConfigError, JobConfig
 from kenotron.estimate import analytic
+from kenotron.estimate.context import context_notes, torch_cp_state
 from kenotron.estimate.cuda_kernels import cuda_kernel_memory
 from kenotron.estimate.depth import (
     StepPlace,
@@ -75,7 +76,7 @@ def default_gpu_memory_gib() -> float:
 def track_step(run: RunPlan, n_layers: int | None, rank: int) -> TrackedStep:
     """Build the job on fake tensors as `rank`, run a warm-up step, then track one step."""
     mode = FakeTensorMode(allow_non_fake_inputs=True)
-    with fake_process_group(run.dims.world_size, rank), cuda_kernel_memory():
+    with fake_process_group(run.dims.world_size, rank), cuda_kernel_memory(), torch_cp_state():
         job = build_fake_job(run, mode, n_layers)
         with mode:
             train_step(job)
@@ -148,11 +149,6 @@ def describe_settings(run: RunPlan, model: analytic.AnalyticModel) -> dict[str, 
 def estimate_run(run: RunPlan, gpu_memory_gib: float | None = None, full_depth: bool = False) -> MemoryReport:
     """The report for a resolved run (see estimate_memory)."""
     start = time.perf_counter()
-    if run.dims.cp > 1:
-        raise ConfigError(
-            f"the estimator does not simulate context parallel yet (parallelism.cp={run.dims.cp}); "
-            "estimate with parallelism.cp=1 (see docs/estimation.md, 'Not covered yet')"
-        )
     if run.dims.pp > 1:
         raise ConfigError(
             f"the estimator does not simulate pipeline parallel yet (parallelism.pp={run.dims.pp}): "
@@ -166,7 +162,7 @@ def estimate_run(run: RunPlan, gpu_memory_gib: float | None = None, full_depth: 
         estimate, method = estimate_rank(run, rank_class, model, full_depth)
         ranks.append(estimate)
         methods.add(method)
-    notes = ignored_features(run)
+    notes = ignored_features(run) + context_notes(run)
     if run.plan.dp_mode == "zero1" and run.dims.dp > 1:
         notes.append("zero1: optimizer state is that of the rank owning the most parameters (from the partition)")
     return MemoryReport(

@@ -1,12 +1,13 @@
 """The planner: layouts that fit a memory budget, ranked by modelled throughput.
 
 1. Enumerate: tp (a divisor of the world that divides the heads, kv heads, FFN width and
-   vocabulary, within one node), the split of the rest into dp_replicate x dp_shard, the
-   data-parallel mode (FSDP/HSDP/DDP, and ZeRO-1), activation checkpointing (none,
-   selective-op, full) and the local batch (powers of two). The global batch stays the
-   config's (training.global_batch_size, or local_batch_size x the data-parallel degree of the
-   config's own layout), so every candidate trains the same way; accumulation makes up the rest.
-   Pipeline and context parallel are not enumerated yet: the estimator cannot simulate them.
+   vocabulary, within one node), cp (context parallel: a divisor of what tp leaves, with
+   seq_len a multiple of 2·cp·tp and no sliding window shorter than seq_len), the split of the
+   rest into dp_replicate x dp_shard, the data-parallel mode (FSDP/HSDP/DDP, and ZeRO-1 without
+   cp), activation checkpointing (none, selective-op, full) and the local batch (powers of
+   two). The global batch stays the config's (training.global_batch_size, or local_batch_size
+   x the data-parallel degree of the config's own layout), so every candidate trains the same
+   way; accumulation makes up the rest. Pipeline parallel is not enumerated yet.
 2. Price each with the analytic model (analytic.py) and keep those under the budget (the
    verdict's 90%).
 3. Rank by modelled tokens/s per GPU (throughput.py).
@@ -28,7 +29,12 @@ from kenotron.estimate.report import RESERVED_FRACTION, gib
 from kenotron.estimate.throughput import Hardware, StepTime, step_time
 from kenotron.parallel.dims import ParallelConfigError, ParallelDims
 from kenotron.train.flops import matmul_params
-from kenotron.train.resolve import RunPlan, build_plan, resolve_run
+from kenotron.train.resolve import (
+    RunPlan,
+    build_plan,
+    check_context_parallel,
+    resolve_run,
+)
 
 AC_CHOICES = ("none", "selective-op", "full")
 MAX_LOCAL_BATCH = 16
@@ -128,7 +134,9 @@ def _with(cfg: JobConfig, **sections: dict[str, Any]) -> JobConfig:
     return cfg
 
 
-def _candidate_run(base: RunPlan, cfg: JobConfig, dims: ParallelDims, global_batch: int) -> RunPlan | None:
+def _candidate_run(
+    base: RunPlan, cfg: JobConfig, dims: ParallelDims, global_batch: int, meta_model: Any
+) -> RunPlan | None:
     """A RunPlan for one candidate, with the checks of resolve_run that depend on the layout."""
     a, t = base.model_args, cfg.training
     try:
@@ -140,6 +148,10 @@ def _candidate_run(base: RunPlan, cfg: JobConfig, dims: ParallelDims, global_bat
         return None
     if dims.tp > 1 and not base.spec.tp_styles:
         return None
+    try:  # what context parallel cannot run (a sliding window, ZeRO-1), as the trainer refuses it
+        check_context_parallel(cfg, dims, meta_model)
+    except ConfigError:
+        return None
     return dataclasses.replace(base, cfg=cfg, dims=dims, plan=build_plan(cfg, base.spec),
                                global_batch_size=global_batch, grad_accum_steps=accum)
 
@@ -150,11 +162,13 @@ def enumerate_candidates(
     """Every valid candidate, priced (analytic memory, modelled step time)."""
     n_matmul = matmul_params(model.model)
     out = []
-    for tp in [d for d in _divisors(ngpu) if d <= hw.gpus_per_node]:
-        rest = ngpu // tp
-        layouts = [(r, rest // r, "fsdp") for r in _divisors(rest)] + ([(1, rest, "zero1")] if rest > 1 else [])
+    splits = [(tp, cp) for tp in _divisors(ngpu) if tp <= hw.gpus_per_node for cp in _divisors(ngpu // tp)]
+    for tp, cp in splits:
+        rest = ngpu // (tp * cp)
+        zero1 = [(1, rest, "zero1")] if rest > 1 and cp == 1 else []  # ZeRO-1 does not combine with cp
+        layouts = [(r, rest // r, "fsdp") for r in _divisors(rest)] + zero1
         for dp_replicate, dp_shard, dp_mode in layouts:
-            dims = ParallelDims.from_degrees(ngpu, dp_replicate=dp_replicate, dp_shard=dp_shard, tp=tp)
+            dims = ParallelDims.from_degrees(ngpu, dp_replicate=dp_replicate, dp_shard=dp_shard, tp=tp, cp=cp)
             if global_batch % dims.dp:
                 continue
             per_rank = global_batch // dims.dp
@@ -162,12 +176,12 @@ def enumerate_candidates(
                 for local in [b for b in (1, 2, 4, 8, MAX_LOCAL_BATCH) if per_rank % b == 0]:
                     cfg = _with(
                         base.cfg,
-                        parallelism={"dp_replicate": dp_replicate, "dp_shard": dp_shard, "tp": tp, "pp": 1, "cp": 1,
+                        parallelism={"dp_replicate": dp_replicate, "dp_shard": dp_shard, "tp": tp, "pp": 1, "cp": cp,
                                      "dp_mode": dp_mode},
                         activation_checkpoint={"mode": ac},
                         training={"local_batch_size": local, "global_batch_size": global_batch},
                     )
-                    run = _candidate_run(base, cfg, dims, global_batch)
+                    run = _candidate_run(base, cfg, dims, global_batch, model.model)
                     if run is None:
                         continue
                     degrees = {k: v for k, v in dims.degrees().items()}
@@ -193,7 +207,7 @@ def search_layouts(
     budget = gpu_memory_gib * (1 - RESERVED_FRACTION) * 2**30
     fitting = sorted((c for c in candidates if c.analytic_peak <= budget),
                      key=lambda c: (-c.step.tokens_per_s_per_gpu, c.analytic_peak))
-    notes = ["pipeline and context parallel are not searched yet: the estimator does not simulate them"]
+    notes = ["pipeline parallel is not searched yet"]
     if not candidates:
         notes.append(f"no layout of {ngpu} GPUs divides the global batch {global_batch} and the model's dimensions")
     confirmed, ranked = 0, []

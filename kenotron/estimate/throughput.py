@@ -1,20 +1,25 @@
 """A first-order model of step time, to rank the layouts the planner finds.
 
 Per optimizer step, on one rank (G global batch, s sequence, dp = dp_replicate·dp_shard,
-m micro-steps, t = tp, f = the trainer's FLOPs per token 6·N + 12·L·H·h·s):
+m micro-steps, t = tp, p = cp, f = the trainer's FLOPs per token 6·N + 12·L·H·h·s):
 
-  compute  = f · G·s / (dp · t) · r / (peak · e)
+  compute  = f · G·s / (dp · t · p) · r / (peak · e)
              r: recomputation factor of activation checkpointing (none 1, selective-op 1.05,
              full 4/3, every-n-layers 1 + 1/(3n)); e: share of peak the matmuls reach.
   tp       = m · L · k · 2·(t-1)/t · T·d·c / B_tp          (not overlapped; k = 8 collectives per
              block per micro-step: 2 all-gathers + 2 reduce-scatters forward and backward, 12 with
              full AC's recomputation; B_tp the bandwidth of the TP group)
+  cp       = m · L · (2·(p-1)·2·c + 2·p·4) · b·s/p·K·h / t / B_cp   (not overlapped; torch's ring
+             per block and micro-step: the k/v all-gather in forward and again in backward, (p-1)
+             blocks of b·s/p tokens, and the fp32 k/v gradients passed on at each of its p steps;
+             the same volume with the alltoall rotation. The attention kernels' lower efficiency
+             on split blocks, which costs more than this traffic on H200, is not modelled)
   fsdp     = m · (n-1)/n · (a·U + P_full) / B_fsdp   (a = 2 all-gathers of the compute copies U
              per micro-step, 1 with reshard `never`; one reduce-scatter of the fp32 gradients,
              P_full bytes; n = dp_shard·cp)
   replicas = 2·(r-1)/r · P_local / B_dp once per step      (HSDP / DDP all-reduce of the rank's
              fp32 gradients; ZeRO-1 adds its broadcast of the updated parameters)
-  step     = compute + tp + max(0, fsdp + replicas - compute)  (data-parallel traffic overlaps compute)
+  step     = compute + tp + cp + max(0, fsdp + replicas - compute)  (data-parallel traffic overlaps compute)
   tokens/s per GPU = G·s / step / world
 
 A group's bandwidth is the NVLink figure while it fits in one node (its size times the
@@ -62,6 +67,8 @@ class StepTime:
     """TP collectives (on the critical path)."""
     data_parallel: float
     """FSDP and replica traffic (overlaps compute; only the excess is exposed)."""
+    context_parallel: float
+    """Context-parallel k/v traffic (on the critical path)."""
     tokens: int
     """Tokens per optimizer step (G·s)."""
     world: int
@@ -69,7 +76,7 @@ class StepTime:
 
     @property
     def seconds(self) -> float:
-        return self.compute + self.tensor_parallel + max(0.0, self.data_parallel - self.compute)
+        return self.compute + self.tensor_parallel + self.context_parallel + max(0.0, self.data_parallel - self.compute)
 
     @property
     def tokens_per_s_per_gpu(self) -> float:
@@ -99,7 +106,7 @@ def step_time(run: RunPlan, params: ParameterBytes, matmul_params: int, hw: Hard
     tokens = run.global_batch_size * t.seq_len
     c = 2 if t.param_dtype == "bfloat16" else 4
     per_token = flops_per_token(matmul_params, a.n_layers, a.n_heads, a.head_dim, t.seq_len)
-    compute = per_token * tokens / (d.dp * d.tp) * recompute_factor(run) / (hw.peak_flops * hw.matmul_efficiency)
+    compute = per_token * tokens / (d.dp * d.tp * d.cp) * recompute_factor(run) / (hw.peak_flops * hw.matmul_efficiency)
 
     micro_tokens = t.local_batch_size * t.seq_len
     tp_time = 0.0
@@ -107,6 +114,12 @@ def step_time(run: RunPlan, params: ParameterBytes, matmul_params: int, hw: Hard
         collectives = 12 if run.plan.ac_mode == "full" else 8
         volume = run.grad_accum_steps * a.n_layers * collectives * 2 * (d.tp - 1) / d.tp * micro_tokens * a.dim * c
         tp_time = volume / _bandwidth(d.tp, 1, hw)
+
+    cp_time = 0.0
+    if d.cp > 1:
+        kv_block = micro_tokens // d.cp * a.n_kv_heads * a.head_dim // d.tp  # one rank's keys (or values)
+        per_block = (d.cp - 1) * 2 * kv_block * c * 2 + d.cp * 2 * kv_block * 4
+        cp_time = run.grad_accum_steps * a.n_layers * per_block / _bandwidth(d.cp, d.tp, hw)
 
     kind = data_parallel_kind(run)
     dp_time = 0.0
@@ -123,4 +136,4 @@ def step_time(run: RunPlan, params: ParameterBytes, matmul_params: int, hw: Hard
         if kind == "zero1":
             all_reduce += (replicas - 1) / replicas * params.local
         dp_time += all_reduce / _bandwidth(replicas, inner, hw)
-    return StepTime(compute, tp_time, dp_time, tokens, d.world_size)
+    return StepTime(compute, tp_time, dp_time, cp_time, tokens, d.world_size)

@@ -26,9 +26,11 @@ SHAPE = ["--model.flavor", "1B", "--model.n_layers", "4", "--training.seq_len", 
         (4, ["--parallelism.dp_mode", "zero1", "--training.global_batch_size", "8", "--training.local_batch_size", "1"]),
         (2, ["--parallelism.dp_replicate", "2", "--parallelism.dp_shard", "1", "--training.local_batch_size", "1"]),
         (1, ["--training.local_batch_size", "1", "--activation_checkpoint.mode", "full", "--compile.enable", "true"]),
+        (4, ["--parallelism.cp", "2", "--training.local_batch_size", "1", "--training.seq_len", "8192"]),
+        (4, ["--parallelism.cp", "4", "--training.local_batch_size", "1", "--activation_checkpoint.mode", "selective-op"]),
     ],
     ids=["fsdp", "fsdp-full-ac", "fsdp-tp-selective", "fsdp-selective-every-2nd-matmul",
-         "zero1-accumulation", "ddp", "one-gpu-autocast"],
+         "zero1-accumulation", "ddp", "one-gpu-autocast", "fsdp-cp2", "cp4-selective"],
 )
 def test_analytic_peak_matches_the_fake_tensor_estimate(ngpu, overrides):
     report = estimate_memory(load_config("train_configs/debug.toml", SHAPE + overrides), ngpu, gpu_memory_gib=80)

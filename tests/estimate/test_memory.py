@@ -124,9 +124,7 @@ def test_bad_configs_raise_the_trainers_own_errors(ngpu, overrides, error):
 def test_pipeline_and_context_parallel_are_refused_with_the_reason():
     with pytest.raises(ConfigError, match="does not simulate pipeline parallel yet"):
         estimate_memory(load_config(DEBUG, ["--parallelism.pp", "2"]), 2)
-    # Refused by resolve_run while context parallel is not in the trainer, by the estimator after.
-    with pytest.raises(ConfigError, match="cp"):
-        estimate_memory(load_config(DEBUG, ["--parallelism.cp", "2"]), 2)
+    # Context parallel is simulated (tests/estimate/test_context.py).
 
 
 def test_estimates_of_different_layouts_follow_each_other_in_one_process():

@@ -1,0 +1,174 @@
+"""Context parallel on fake tensors: the attention a CUDA job runs under cp, and the batch shard.
+
+Under `parallelism.cp > 1` the plan puts a parameterless CP attention module in every attention
+layer (kenotron/parallel/context/apply.py) and the trainer feeds each rank its local shard of
+the sequence, seq_len / cp tokens in the head-tail layout, with their global RoPE positions. The
+estimator builds the job on a CPU mesh, for which the plan chooses kenotron's own ring; a CUDA
+job with `cp_attention = "auto"` (or "torch") runs torch's context-parallel SDPA instead, so the
+fake job swaps in the trainer's `TorchRingAttention` (torch's `_ContextParallel` style, DTensor
+inputs, torch's dispatcher) and makes torch's own ring run on fake tensors:
+
+- torch's dispatcher routes only the CUDA SDPA ops (flash, efficient, cuDNN) into its ring
+  (`_templated_ring_attention` and its backward). Fake CPU tensors pick
+  `_scaled_dot_product_flash_attention_for_cpu`, so for the duration of an estimate that op and
+  its backward are routed into the *same* torch functions (as the test of torch's ring on CPU
+  does, tests/parallel/test_context_torch_ring.py). Everything the ring allocates is therefore
+  torch's own code: the k/v concatenation and its all-gather (cp x the local k/v, allgather
+  rotation) or one rotating block (alltoall), the per-step partial outputs converted to fp32,
+  the log-sum-exp merges and the head-tail partial updates (chunk + cat), and in backward the
+  fp32 gradient accumulators, the second all-gather and the rotating fp32 k/v gradients.
+- Only the kernel differs: the CPU flash op's fake kernel allocates what the CUDA flash and
+  cuDNN kernels return -- the output in the (batch, seq, heads, dim) layout of the queries,
+  grouped k/v heads unrepeated, a float32 log-sum-exp -- and nothing of the kernels' internal
+  workspace (as for attention without CP).
+- Functional collectives on the fake process group return fake tensors of the gathered shape
+  (the tracker makes `wait_tensor` return its input, as it does eagerly).
+
+torch keeps its CP options and DTensor's custom op handlers process-wide; `torch_cp_state`
+saves them before a fake job is built and restores them after, so an estimate leaves the
+process as it found it. Where the job would run kenotron's ring (`cp_attention = "ring"`, or
+`training.device = "cpu"`) the plan's `RingAttention` is kept and runs as it is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.tensor import DTensor, Shard
+
+from kenotron.parallel.context.apply import resolve_cp_attention
+from kenotron.parallel.context.ring import RingAttention
+from kenotron.parallel.context.torch_ring import TorchRingAttention, torch_cp_api
+from kenotron.parallel.dims import Meshes
+from kenotron.train.resolve import RunPlan
+
+aten = torch.ops.aten
+CPU_FLASH = aten._scaled_dot_product_flash_attention_for_cpu.default
+CPU_FLASH_BACKWARD = aten._scaled_dot_product_flash_attention_for_cpu_backward.default
+
+
+def cp_attention_kind(run: RunPlan, device: torch.device) -> str | None:
+    """"torch" or "ring": the CP attention the job runs on `device`; None without CP."""
+    if run.dims.cp == 1:
+        return None
+    return resolve_cp_attention(run.plan.cp_attention, device.type)
+
+
+def _local(x: Any) -> Any:
+    return x.to_local() if isinstance(x, DTensor) else x
+
+
+def _sharded(tensors: Any, mesh: Any) -> tuple[DTensor, ...]:
+    # torch's own handler wraps its local results with the output spec of sharding propagation:
+    # sharded along the sequence (dim 2) on the cp mesh, as here.
+    return tuple(DTensor.from_local(t, mesh, [Shard(2)], run_check=False) for t in tensors)
+
+
+def _ring_forward(op_call: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[DTensor, ...]:
+    """torch's ring forward around the CPU flash op, as its dispatcher runs it around CUDA's."""
+    q, k, v, *rest = args
+    dropout_p = rest[0] if len(rest) > 0 else kwargs.get("dropout_p", 0.0)
+    is_causal = rest[1] if len(rest) > 1 else kwargs.get("is_causal", False)
+    if kwargs.get("attn_mask") is not None:
+        raise NotImplementedError("torch's context-parallel SDPA takes no attention mask")
+    mesh = q.device_mesh
+    out, lse = torch_cp_api()._templated_ring_attention(
+        mesh.get_group(), 2, CPU_FLASH, _local(q), _local(k), _local(v), is_causal=is_causal,
+        dropout_p=dropout_p, scale=kwargs.get("scale"),
+    )
+    return _sharded((out, lse), mesh)
+
+
+def _ring_backward(op_call: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[DTensor, ...]:
+    grad_out, q, k, v, out, lse, dropout_p, is_causal = args
+    mesh = q.device_mesh
+    grads = torch_cp_api()._templated_ring_attention_backward(
+        mesh.get_group(), 2, CPU_FLASH_BACKWARD, _local(grad_out), "grad_out", _local(q), _local(k), _local(v),
+        _local(out), _local(lse), is_causal, dropout_p=dropout_p, scale=kwargs.get("scale"),
+    )
+    return _sharded(grads[:3], mesh)
+
+
+@contextlib.contextmanager
+def torch_cp_state() -> Iterator[None]:
+    """Save torch's process-wide context-parallel state and restore it on exit.
+
+    `TorchRingAttention` sets torch's CP options and enables its dispatcher (DTensor's custom
+    op handlers, CP sharding rules); `use_torch_ring` adds the CPU flash handlers. None of it
+    may outlive the estimate: the next job in the process (or the next test) starts clean.
+    """
+    api = torch_cp_api()
+    options = dataclasses.replace(api._cp_options)
+    dispatcher = DTensor._op_dispatcher
+    handlers = dict(dispatcher._custom_op_handlers)
+    enabled = aten._scaled_dot_product_flash_attention.default in handlers
+    try:
+        yield
+    finally:
+        if not enabled:
+            api._disable_context_parallel_dispatcher()
+        dispatcher._custom_op_handlers = handlers
+        for f in dataclasses.fields(options):
+            setattr(api._cp_options, f.name, getattr(options, f.name))
+
+
+def use_torch_ring(model: nn.Module, meshes: Meshes, run: RunPlan, device: torch.device) -> int:
+    """Where the job runs torch's ring on `device`, replace the plan's CPU choice (kenotron's
+    `RingAttention`) by the trainer's `TorchRingAttention`, and route the fake tensors' SDPA op
+    into torch's ring. Call inside `torch_cp_state`. Returns how many attentions were replaced."""
+    if cp_attention_kind(run, device) != "torch":
+        return 0
+    cp_mesh = meshes.get("cp")
+    assert cp_mesh is not None
+    replaced = 0
+    for module in model.modules():
+        if isinstance(getattr(module, "attention_fn", None), RingAttention):
+            # The same module the plan builds on CUDA (it configures torch's options and dispatcher).
+            module.attention_fn = TorchRingAttention(cp_mesh, run.plan.cp_load_balance, run.plan.cp_rotate_method)
+            replaced += 1
+    dispatcher = DTensor._op_dispatcher
+    dispatcher._custom_op_handlers = {
+        **dispatcher._custom_op_handlers, CPU_FLASH: _ring_forward, CPU_FLASH_BACKWARD: _ring_backward,
+    }
+    return replaced
+
+
+def attention_output_copy(run: RunPlan) -> bool:
+    """Whether the simulated rank's output projection keeps its own copy of the attention output.
+
+    SDPA's fused kernels return the output in the queries' (batch, seq, heads, dim) layout, so
+    the attention module's `transpose(1, 2).reshape(...)` is a view and the output projection
+    saves the very tensor the attention saved. torch's load-balanced ring merges the second
+    half of rank r's queries with `_partial_update` (chunk + cat) at every step after r, which
+    returns a contiguous (batch, heads, seq, dim) tensor: on every rank but the last (rank 0
+    among them, the one simulated) the reshape copies it, one more T·H·h tensor per block,
+    measured on 4 x H200 (docs/estimation.md). kenotron's ring returns it contiguous on every
+    rank. torch's ring without load balancing merges element-wise and keeps the layout.
+    """
+    from kenotron.estimate.fake_job import target_device  # fake_job imports this module
+
+    kind = cp_attention_kind(run, target_device(run))
+    return kind == "ring" or (kind == "torch" and run.plan.cp_load_balance)
+
+
+def context_notes(run: RunPlan) -> list[str]:
+    """What the report should say about a context-parallel estimate."""
+    from kenotron.estimate.fake_job import target_device
+
+    kind = cp_attention_kind(run, target_device(run))
+    if kind is None:
+        return []
+    attention = (
+        f"torch's ring over the fused SDPA kernels, {run.plan.cp_rotate_method} rotation"
+        if kind == "torch" else f"kenotron's ring attention, {run.plan.cp_rotate_method} rotation"
+    )
+    layout = "load balanced" if run.plan.cp_load_balance else "contiguous"
+    note = f"context parallel: {attention}, {layout}, {run.cfg.training.seq_len // run.dims.cp} tokens per rank"
+    if kind == "torch" and run.plan.cp_load_balance:
+        note += "; the last cp rank keeps one attention output per block less than rank 0 (simulated)"
+    return [note]

@@ -1,0 +1,142 @@
+"""The estimator under context parallel: a CP rank is simulated with torch's own ring on fake
+tensors (kenotron/estimate/context.py), FSDP shards over dp_shard x cp, activations follow the
+local sequence, and bad CP configs fail as the trainer fails."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.distributed.tensor import DTensor
+
+from kenotron.config import ConfigError, load_config
+from kenotron.estimate import estimate_memory
+from kenotron.estimate.analytic import STEP_COUNTER, AnalyticModel
+from kenotron.estimate.memory import track_step
+from kenotron.estimate.search import enumerate_candidates, target_global_batch
+from kenotron.estimate.throughput import Hardware
+from kenotron.estimate.tracker import allocated_bytes
+from kenotron.parallel.context.torch_ring import torch_cp_api
+from kenotron.parallel.dims import ParallelConfigError
+from kenotron.train.resolve import resolve_run
+
+DEBUG = "train_configs/debug.toml"
+# bf16 as the GPU runs are, one sequence per rank, long enough that activations dominate.
+LONG = ["--training.param_dtype", "bfloat16", "--training.local_batch_size", "1", "--training.seq_len", "2048"]
+
+
+def estimate(ngpu: int, *overrides: str, full_depth: bool = False):
+    return estimate_memory(load_config(DEBUG, list(overrides)), ngpu, gpu_memory_gib=80, full_depth=full_depth)
+
+
+@pytest.mark.parametrize("cp", [2, 4])
+def test_cp_estimates_run_and_report_per_rank_figures(cp):
+    report = estimate(4, *LONG, "--parallelism.cp", str(cp))
+    assert report.layout["cp"] == cp and report.layout["dp_shard"] == 4 // cp
+    rank = report.ranks[0]
+    assert rank.simulated_rank == 0 and rank.peak.total == report.peak_bytes > 0
+    assert sum(rank.peak.as_dict().values()) == rank.peak.total
+    assert rank.peak.activations > 0 and rank.analytic is not None
+    assert any("context parallel" in note for note in report.notes)
+    assert f"cp {cp}" in report.format()
+
+
+@pytest.mark.parametrize("cp,dp_shard", [(2, 2), (4, 1), (2, 1)])
+def test_parameter_and_optimizer_bytes_follow_fsdp_over_dp_shard_times_cp(cp, dp_shard):
+    ngpu = cp * dp_shard
+    overrides = [*LONG, "--parallelism.cp", str(cp)]
+    report = estimate(ngpu, *overrides)
+    run = resolve_run(load_config(DEBUG, overrides), ngpu)
+    model = AnalyticModel(run)
+    peak = report.ranks[0].peak
+    assert peak.parameters == report.ranks[0].analytic.parameters
+    assert peak.optimizer_state == model.optimizer_state(run) == report.ranks[0].analytic.optimizer_state
+    # The same bytes as FSDP over cp x dp_shard ranks without context parallel.
+    rows = run.plan.describe(model.model, {"dp_shard": ngpu})
+    params = sum(allocated_bytes(r["bytes"]) for r in rows)
+    assert peak.optimizer_state == 2 * params + STEP_COUNTER * len(rows)
+
+
+def test_activations_shrink_with_cp_at_fixed_sequence_length():
+    saved = {
+        cp: estimate(4, *LONG, "--parallelism.cp", str(cp)).ranks[0].phase_peaks["forward"].activations
+        for cp in (1, 2, 4)
+    }
+    assert saved[1] / saved[2] == pytest.approx(2, rel=0.15)
+    assert saved[1] / saved[4] == pytest.approx(4, rel=0.25)
+
+
+def test_the_simulated_attention_is_torchs_ring_and_torchs_state_is_restored(monkeypatch):
+    api = torch_cp_api()
+    handlers = dict(DTensor._op_dispatcher._custom_op_handlers)
+    options = (api._cp_options.enable_load_balance, api._cp_options.rotate_method)
+    calls = {"forward": 0, "backward": 0}
+    forward, backward = api._templated_ring_attention, api._templated_ring_attention_backward
+
+    def count(kind, fn):
+        def wrapped(*args, **kwargs):
+            calls[kind] += 1
+            return fn(*args, **kwargs)
+
+        return wrapped
+
+    monkeypatch.setattr(api, "_templated_ring_attention", count("forward", forward))
+    monkeypatch.setattr(api, "_templated_ring_attention_backward", count("backward", backward))
+    estimate(2, "--parallelism.cp", "2", "--parallelism.cp_rotate_method", "alltoall", full_depth=True)
+    # 4 blocks, a warm-up and a tracked step.
+    assert calls == {"forward": 8, "backward": 8}
+    assert DTensor._op_dispatcher._custom_op_handlers == handlers
+    assert (api._cp_options.enable_load_balance, api._cp_options.rotate_method) == options
+
+
+def test_rank_0_keeps_one_more_attention_output_per_block_than_the_last_cp_rank():
+    # torch's load-balanced ring rebuilds rank r's output with chunk + cat at every step after r:
+    # contiguous in (batch, heads, seq, dim), so the output projection keeps its own copy.
+    run = resolve_run(load_config(DEBUG, [*LONG, "--parallelism.cp", "2"]), 2)
+    first, last = (track_step(run, None, rank).peak[1] for rank in (0, 1))
+    a = run.model_args
+    copy = allocated_bytes(2048 // 2 * a.n_heads * a.head_dim * 2)
+    assert first.activations - last.activations == a.n_layers * copy
+
+
+def test_depth_extrapolation_equals_the_full_depth_run_under_cp():
+    overrides = ("--model.n_layers", "6", "--parallelism.cp", "2")
+    shallow = estimate(4, *overrides)
+    assert "extrapolated" in shallow.method
+    whole = estimate(4, *overrides, full_depth=True)
+    assert shallow.ranks[0].peak.as_dict() == whole.ranks[0].peak.as_dict()
+
+
+@pytest.mark.parametrize(
+    "ngpu,overrides,error",
+    [
+        (4, ("--parallelism.cp", "4", "--training.seq_len", "100"), ParallelConfigError),
+        (4, ("--parallelism.cp", "2", "--parallelism.tp", "2", "--training.seq_len", "260"), ParallelConfigError),
+        (4, ("--parallelism.cp", "2", "--parallelism.dp_mode", "zero1"), ConfigError),
+        (4, ("--parallelism.cp", "3"), ParallelConfigError),
+    ],
+    ids=["seq-not-multiple-of-2cp", "seq-not-multiple-of-2cp-tp", "zero1", "degrees"],
+)
+def test_bad_cp_configs_raise_the_trainers_own_errors(ngpu, overrides, error):
+    cfg = load_config(DEBUG, list(overrides))
+    with pytest.raises(error) as from_trainer:
+        resolve_run(cfg, ngpu)
+    with pytest.raises(error) as from_estimator:
+        estimate_memory(cfg, ngpu)
+    assert str(from_estimator.value) == str(from_trainer.value)
+
+
+def test_the_planner_enumerates_cp():
+    cfg = load_config(DEBUG, ["--training.global_batch_size", "8", "--training.local_batch_size", "1"])
+    base = resolve_run(cfg, 8)
+    model = AnalyticModel(base)
+    candidates = enumerate_candidates(base, model, 8, target_global_batch(cfg, 8), Hardware())
+    by_cp = {c.degrees["cp"] for c in candidates}
+    assert by_cp == {1, 2, 4, 8}
+    assert not [c for c in candidates if c.degrees["cp"] > 1 and c.dp_mode == "zero1"]
+    cp2 = next(c for c in candidates if c.degrees["cp"] == 2)
+    assert "--parallelism.cp 2" in cp2.overrides()
+    assert cp2.step.context_parallel > 0
+    # Same tokens per step at every cp: each sequence is split, not repeated.
+    assert all(c.local_batch * c.micro_steps * c.degrees["dp_replicate"] * c.degrees["dp_shard"] == 8
+               for c in candidates)
+    assert torch.distributed.is_initialized() is False
