@@ -1,12 +1,12 @@
 """estimate_memory: a config and a GPU count in, per-rank peak memory out, without GPUs.
 
-For each group of ranks that hold the same things (all ranks today; one per pipeline stage
-once pipeline parallel exists) one rank is simulated: a fake process group of the job's
-world size in which this process is that rank, the trainer's job built on fake tensors
-(fake_job.py), one warm-up step (which creates the optimizer state and FSDP's lazily
-allocated buffers, as a real first step does), then one tracked step (tracker.py). Deep
-models are not run whole: two shallow copies give the line that memory follows with depth
-(depth.py), which keeps every estimate to seconds and a few hundred MB.
+For each group of ranks that hold the same things (all ranks; under pipeline parallel one
+per pipeline rank, simulated in its schedule's order by pipeline.py) one rank is simulated: a
+fake process group of the job's world size in which this process is that rank, the trainer's
+job built on fake tensors (fake_job.py), one warm-up step (which creates the optimizer state
+and FSDP's lazily allocated buffers, as a real first step does), then one tracked step
+(tracker.py). Deep models are not run whole: two shallow copies give the line that memory
+follows with depth (depth.py), which keeps every estimate to seconds and a few hundred MB.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from kenotron.config import ConfigError, JobConfig
+from kenotron.config import JobConfig
 from kenotron.estimate import analytic
 from kenotron.estimate.context import context_notes, torch_cp_state
 from kenotron.estimate.cuda_kernels import cuda_kernel_memory
@@ -150,12 +150,11 @@ def estimate_run(run: RunPlan, gpu_memory_gib: float | None = None, full_depth: 
     """The report for a resolved run (see estimate_memory)."""
     start = time.perf_counter()
     if run.dims.pp > 1:
-        raise ConfigError(
-            f"the estimator does not simulate pipeline parallel yet (parallelism.pp={run.dims.pp}): "
-            "torch.distributed.pipelining sets its stages up with point-to-point messages and .item() calls that "
-            "fake tensors on a fake process group cannot answer. Estimate with parallelism.pp=1 for now "
-            "(see docs/estimation.md, 'Not covered yet')"
-        )
+        # Each pipeline rank runs its own stages in its own order: simulated one by one (pipeline.py).
+        from kenotron.estimate.pipeline import estimate_pipeline_run
+
+        budget = gpu_memory_gib if gpu_memory_gib is not None else default_gpu_memory_gib()
+        return estimate_pipeline_run(run, budget, full_depth)
     model = analytic.AnalyticModel(run)
     ranks, methods = [], set()
     for rank_class in rank_classes(run.dims):

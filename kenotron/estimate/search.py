@@ -7,7 +7,8 @@
    cp), activation checkpointing (none, selective-op, full) and the local batch (powers of
    two). The global batch stays the config's (training.global_batch_size, or local_batch_size
    x the data-parallel degree of the config's own layout), so every candidate trains the same
-   way; accumulation makes up the rest. Pipeline parallel is not enumerated yet.
+   way; accumulation makes up the rest. Pipeline parallel is not enumerated: the analytic
+   model does not price it (the FakeTensor estimate simulates it: estimate a pp layout directly).
 2. Price each with the analytic model (analytic.py) and keep those under the budget (the
    verdict's 90%).
 3. Rank by modelled tokens/s per GPU (throughput.py).
@@ -207,7 +208,7 @@ def search_layouts(
     budget = gpu_memory_gib * (1 - RESERVED_FRACTION) * 2**30
     fitting = sorted((c for c in candidates if c.analytic_peak <= budget),
                      key=lambda c: (-c.step.tokens_per_s_per_gpu, c.analytic_peak))
-    notes = ["pipeline parallel is not searched yet"]
+    notes = ["pipeline parallel is not searched (the analytic model does not price it); estimate a pp layout directly"]
     if not candidates:
         notes.append(f"no layout of {ngpu} GPUs divides the global batch {global_batch} and the model's dimensions")
     confirmed, ranked = 0, []

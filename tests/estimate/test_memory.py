@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kenotron.config import ConfigError, load_config
+from kenotron.config import load_config
 from kenotron.estimate import estimate_memory
 from kenotron.estimate.analytic import STEP_COUNTER, AnalyticModel
 from kenotron.estimate.tracker import CATEGORIES, allocated_bytes
@@ -121,9 +121,9 @@ def test_bad_configs_raise_the_trainers_own_errors(ngpu, overrides, error):
     assert str(from_estimator.value) == str(from_trainer.value)
 
 
-def test_pipeline_and_context_parallel_are_refused_with_the_reason():
-    with pytest.raises(ConfigError, match="does not simulate pipeline parallel yet"):
-        estimate_memory(load_config(DEBUG, ["--parallelism.pp", "2"]), 2)
+def test_pipeline_and_context_parallel_are_no_longer_refused():
+    report = estimate_memory(load_config(DEBUG, ["--parallelism.pp", "2"]), 2)
+    assert len(report.ranks) == 2  # one rank class per pipeline rank (tests/estimate/test_pipeline.py)
     # Context parallel is simulated (tests/estimate/test_context.py).
 
 

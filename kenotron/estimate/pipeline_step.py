@@ -1,0 +1,443 @@
+"""One pipeline rank's job on fake tensors, and its training step in the schedule's order.
+
+The job is built as `Trainer` builds it under pipeline parallel (`plan.apply` cuts this
+rank's stages out of a meta model and applies TP/SP, AC and FSDP to each; one optimizer per
+stage; tied weights through `TiedAcrossStages`). The step replays the rank's actions
+(pipeline_schedule.py) with the bookkeeping of torch's `PipelineStage`, which is what holds
+memory between actions:
+
+- a forward keeps the stage's output and inputs (`fwd_cache`) until the microbatch's
+  backward; the last stage also keeps every output (`output_chunks`: a microbatch's logits)
+  until the next schedule step, and concatenates them when the step ends (`step()`'s return
+  value, dropped by the trainer at once), and its loss graph until the backward;
+- a stage that does not hold the first stage receives its inputs, and one that does not hold
+  the last stage its output gradients, into buffers allocated once per microbatch; between
+  two stages of the same rank (V schedules) the tensors are handed over instead, and they
+  stay referenced by the next stage until the next step, as in torch;
+- the backward passes (full, input-only, weight-only) and the gradient reduction are torch's
+  own functions (`backward_maybe_with_nosync`, `perform_reduce_grad`), so FSDP's flags
+  (keep gathered, no gradient sync until the schedule's end) are set exactly as torch does.
+
+What torch's point-to-point messages do is replaced: a received activation is the fake
+buffer itself, a received gradient the fake gradient buffer, and a sent tensor is dropped
+once the action ends (torch may hold it until the send completes).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections import Counter
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.fsdp import FSDPModule
+
+# Imported here, not under a FakeTensorMode: microbatch.py makes a tensor when it is first imported.
+from torch.distributed.pipelining.microbatch import merge_chunks
+from torch.distributed.pipelining.stage import _PipelineStageBase
+from torch.distributed.tensor.parallel import loss_parallel
+
+from kenotron.estimate.fake_job import (
+    FAKE_DEVICE,
+    StepObserver,
+    simulated_micro_steps,
+    target_device,
+)
+from kenotron.estimate.pipeline_schedule import Action
+from kenotron.estimate.tracker import Position, StepMemoryTracker
+from kenotron.parallel.grad_norm import (
+    clip_grads_,
+    reduce_partial_grads_,
+    total_grad_norm,
+)
+from kenotron.parallel.pipeline import PipelineSplit, pipeline_units, tied_groups
+from kenotron.parallel.pipeline_tied import TiedAcrossStages
+from kenotron.parallel.plan import AppliedPlan, matching_modules
+from kenotron.parallel.zero1 import Zero1Optimizer
+from kenotron.train.loss import cross_entropy_sum
+from kenotron.train.optim import optimizer_factory, param_groups
+from kenotron.train.resolve import RunPlan
+
+
+def stage_block_counts(split: PipelineSplit, blocks: str = "layers.*") -> list[int]:
+    container = blocks.split(".")[0]
+    return [sum(u.startswith(container + ".") for u in units) for units in split.stages]
+
+
+def resized_split(run: RunPlan, counts: list[int]) -> tuple[RunPlan, PipelineSplit]:
+    """The run with a model of sum(counts) blocks cut into stages of `counts` blocks; every
+    stage keeps the edge modules (embedding, norm, output) the configured split gives it."""
+    split, blocks = run.plan.pipeline, run.plan.blocks
+    assert split is not None
+    args = dataclasses.replace(run.model_args, n_layers=sum(counts))
+    with torch.device("meta"):
+        model = run.spec.build(args)
+    before, block_names, after = pipeline_units(model, blocks)
+    stages, start = [], 0
+    for units, count in zip(split.stages, counts):
+        edges_before = [u for u in units if u in before]
+        edges_after = [u for u in units if u in after]
+        stages.append(edges_before + block_names[start : start + count] + edges_after)
+        start += count
+    new = PipelineSplit(stages, split.pp, split.schedule, split.microbatches)
+    new.check(model, blocks)
+    new.tied_parameters = [g for g in tied_groups(model) if len({new.stage_of(n) for n in g}) > 1]
+    plan = dataclasses.replace(run.plan.copy(), pipeline=new)
+    return dataclasses.replace(run, model_args=args, plan=plan), new
+
+
+def with_microbatches(run: RunPlan, microbatches: int) -> RunPlan:
+    """The run with `microbatches` microbatches of the same size per schedule step."""
+    split = run.plan.pipeline
+    assert split is not None
+    size = run.cfg.training.local_batch_size // split.microbatches
+    training = dataclasses.replace(run.cfg.training, local_batch_size=size * microbatches)
+    plan = dataclasses.replace(run.plan.copy(), pipeline=dataclasses.replace(split, microbatches=microbatches))
+    return dataclasses.replace(run, cfg=dataclasses.replace(run.cfg, training=training), plan=plan)
+
+
+@dataclass
+class SimStage:
+    """What torch's PipelineStage holds for one stage, on fake tensors."""
+
+    index: int
+    module: nn.Module
+    is_first: bool
+    is_last: bool
+    blocks: list[nn.Module]
+    act_buffers: list[torch.Tensor] = field(default_factory=list)
+    """Forward inputs, one per microbatch (not on the first stage)."""
+    grad_buffers: list[torch.Tensor] = field(default_factory=list)
+    """Output gradients, one per microbatch (not on the last stage)."""
+    fwd_cache: dict[int, tuple[tuple[Any, ...], list[Any]]] = field(default_factory=dict)
+    backward_state: dict[int, tuple[Any, ...]] = field(default_factory=dict)
+    losses: dict[int, torch.Tensor] = field(default_factory=dict)
+    output_chunks: list[Any] = field(default_factory=list)
+
+    def clear_runtime_states(self) -> None:
+        self.fwd_cache.clear()
+        self.backward_state.clear()
+        self.losses.clear()
+        self.output_chunks.clear()
+
+
+@dataclass
+class PipelineJob:
+    """One pipeline rank's stages, optimizers and step settings on fake tensors."""
+
+    run: RunPlan
+    applied: AppliedPlan
+    stages: dict[int, SimStage]
+    """Local stages by global index."""
+    optimizers: list[Any]
+    tied: TiedAcrossStages
+    use_autocast: bool
+    label_tokens: int
+
+    @property
+    def parts(self) -> list[nn.Module]:
+        return self.applied.model_parts
+
+    @property
+    def split(self) -> PipelineSplit:
+        assert self.applied.plan.pipeline is not None
+        return self.applied.plan.pipeline
+
+    def optimizer_state(self) -> list[torch.Tensor]:
+        inners = [o.inner if isinstance(o, Zero1Optimizer) else o for o in self.optimizers]
+        return [v for o in inners for s in o.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
+
+    def receive_buffers(self) -> list[torch.Tensor]:
+        return [t for s in self.stages.values() for t in s.act_buffers + s.grad_buffers]
+
+    @contextlib.contextmanager
+    def step_context(self):
+        """Trainer._step_context: loss parallel and autocast around the whole schedule step."""
+        lp = loss_parallel() if self.applied.loss_parallel else contextlib.nullcontext()
+        with lp, torch.autocast(FAKE_DEVICE.type, dtype=torch.bfloat16, enabled=self.use_autocast):
+            yield
+
+    def loss_fn(self, output: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """PipelineRunner.loss_fn."""
+        return cross_entropy_sum(output, labels) / self.label_tokens * self.applied.data_parallel.averaging_size
+
+
+def residual_meta(run: RunPlan, applied: AppliedPlan) -> tuple[tuple[int, ...], torch.dtype]:
+    """Shape and dtype of the hidden state passed between stages (a plain local tensor: the
+    blocks' TP styles hand back local outputs): bf16 when data parallel casts the parameters,
+    fp32 under autocast (the fp32 embedding output keeps the residual stream fp32) or fp32 training."""
+    t, split = run.cfg.training, applied.plan.pipeline
+    assert split is not None
+    seq = t.seq_len // applied.meshes.size("tp") if applied.plan._sequence_sharded(applied.meshes) else t.seq_len
+    bf16 = t.param_dtype == "bfloat16" and applied.data_parallel.casts_params
+    return (t.local_batch_size // split.microbatches, seq, run.model_args.dim), torch.bfloat16 if bf16 else torch.float32
+
+
+def build_pipeline_job(run: RunPlan, fake_mode: Any) -> PipelineJob:
+    """Build this rank's stages inside an active fake process group (see fake_job.build_fake_job)."""
+    cfg = run.cfg
+    plan = dataclasses.replace(run.plan.copy(), compile=False, float8="")
+    run = dataclasses.replace(run, plan=plan)
+    meshes = run.dims.build_meshes(FAKE_DEVICE.type)
+    with torch.device("meta"):
+        model = run.spec.build(run.model_args)
+    applied = plan.apply(model, meshes)
+    split = plan.pipeline
+    assert split is not None
+    shape, dtype = residual_meta(run, applied)
+    n = split.microbatches
+    stages: dict[int, SimStage] = {}
+    with fake_mode:
+        factory = optimizer_factory(cfg.optimizer, target_device(run).type)
+        optimizers: list[Any] = []
+        for index, part in zip(applied.stage_ids, applied.model_parts):
+            part.to_empty(device=FAKE_DEVICE)
+            part.init_buffers(FAKE_DEVICE)  # weight values do not change memory (see fake_job)
+            part.train()
+            groups = param_groups(part, cfg.optimizer.weight_decay)
+            if applied.data_parallel.kind == "zero1":
+                optimizers.append(Zero1Optimizer(groups, applied.data_parallel.mesh, factory))
+            else:
+                optimizers.append(factory(groups))
+            stage = SimStage(index, part, index == 0, index == split.n_stages - 1,
+                             [m for _, m in matching_modules(part, plan.blocks)])
+            # Allocated once when torch sets the stage up, one per microbatch, kept across steps.
+            if not stage.is_first:
+                stage.act_buffers = [torch.empty(shape, dtype=dtype, device=FAKE_DEVICE) for _ in range(n)]
+            if not stage.is_last:
+                stage.grad_buffers = [torch.empty(shape, dtype=dtype, device=FAKE_DEVICE) for _ in range(n)]
+            stages[index] = stage
+    # After to_empty (it replaces the parameters) and outside the fake mode (it creates process groups).
+    tied = TiedAcrossStages(split, applied.model_parts, meshes)
+    bf16 = cfg.training.param_dtype == "bfloat16"
+    return PipelineJob(
+        run=run, applied=applied, stages=stages, optimizers=optimizers, tied=tied,
+        use_autocast=bf16 and not applied.data_parallel.casts_params,
+        label_tokens=run.global_batch_size * cfg.training.seq_len,
+    )
+
+
+@dataclass(frozen=True)
+class Numbering:
+    """Position numbers (the tracker's micro_step field) of a rank's actions.
+
+    A microbatch's forward and its (full or input) backward share a number, as the tracker's
+    gradient hooks label backward positions with the forward's; weight passes, the other
+    actions and the final merge get numbers of their own. Identical for every depth, so
+    positions of shallow and deep runs correspond.
+    """
+
+    local_stages: tuple[int, ...]
+    microbatches: int
+    n_actions: int
+
+    @property
+    def per_micro_step(self) -> int:
+        return 2 * len(self.local_stages) * self.microbatches + self.n_actions + 1
+
+    def of(self, micro_step: int, action: Action, index: int) -> int:
+        base = micro_step * self.per_micro_step
+        pair = self.local_stages.index(action.stage) * self.microbatches + (action.microbatch or 0)
+        if action.kind in ("F", "B", "I"):
+            return base + pair
+        if action.kind == "W":
+            return base + len(self.local_stages) * self.microbatches + pair
+        return base + 2 * len(self.local_stages) * self.microbatches + index
+
+    def merge(self, micro_step: int) -> int:
+        return micro_step * self.per_micro_step + self.per_micro_step - 1
+
+    def decode(self, number: int, actions: list[Action]) -> tuple[int, str, Action | None]:
+        """(micro-step, what, action): what is "pair", "weight", "action" or "merge"."""
+        micro_step, rest = divmod(number, self.per_micro_step)
+        pairs = len(self.local_stages) * self.microbatches
+        if rest == self.per_micro_step - 1:
+            return micro_step, "merge", None
+        if rest >= 2 * pairs:
+            return micro_step, "action", actions[rest - 2 * pairs]
+        what = "pair" if rest < pairs else "weight"
+        local, mb = divmod(rest % pairs, self.microbatches)
+        return micro_step, what, Action("F" if what == "pair" else "W", self.local_stages[local], mb)
+
+
+def _torch_stage(module: nn.Module) -> Any:
+    """What torch's stage methods used here read from `self`."""
+    return SimpleNamespace(submod=module, scale_grads=lambda factor: None)
+
+
+def _backward(stage: SimStage, kind: str, kwargs: dict[str, Any], last_backward: bool) -> tuple[Any, Any]:
+    return _PipelineStageBase.backward_maybe_with_nosync(_torch_stage(stage.module), kind, kwargs, last_backward)
+
+
+def _reduce_grad(stage: SimStage) -> None:
+    """The gradient reduction a schedule runs after a stage's last backward (FSDP's post-backward;
+    `_post_backward` in torch releases before `perform_reduce_grad`)."""
+    reduce = getattr(_PipelineStageBase, "perform_reduce_grad", None) or _PipelineStageBase._post_backward
+    reduce(_torch_stage(stage.module), 1)
+
+
+def _for_fsdp(module: nn.Module, fn) -> None:
+    for sub in module.modules():
+        if isinstance(sub, FSDPModule):
+            fn(sub)
+
+
+def run_actions(job: PipelineJob, actions: list[Action], numbering: Numbering, micro_step: int,
+                observer: StepObserver) -> None:
+    """One schedule step (torch's `schedule.step`) of this rank's actions."""
+    stages, n = job.stages, job.split.microbatches
+    for stage in stages.values():
+        stage.clear_runtime_states()
+    t = job.run.cfg.training
+    vocab = job.run.model_args.vocab_size
+    params = [p for part in job.parts for p in part.parameters()]
+    first = any(s.is_first for s in stages.values())
+    last = any(s.is_last for s in stages.values())
+    # The loader's batch copied to the device, split into microbatches (views), as step() splits it.
+    tokens = torch.randint(0, vocab, (t.local_batch_size, t.seq_len)).tensor_split(n) if first else None
+    labels = torch.randint(0, vocab, (t.local_batch_size, t.seq_len)).tensor_split(n) if last else None
+    backward_count: Counter[int] = Counter()
+    with job.step_context():
+        for index, a in enumerate(actions):
+            stage, m = stages[a.stage], a.microbatch
+            number = numbering.of(micro_step, a, index)
+            if a.kind == "F":
+                observer.set_phase("forward", number)
+                assert m is not None
+                x = tokens[m] if stage.is_first else stage.act_buffers[m].requires_grad_(True)  # type: ignore[index]
+                out = stage.module(x)
+                if stage.is_last:
+                    stage.output_chunks.append(out)
+                    stage.losses[m] = job.loss_fn(out, labels[m])  # type: ignore[index]
+                stage.fwd_cache[m] = ((out,), [x])
+                if a.stage + 1 in stages:  # V schedules: the next stage is on this rank
+                    stages[a.stage + 1].act_buffers[m] = out.detach()
+                del x, out
+                observer.end_forward()
+                continue
+            observer.set_phase("backward", number)
+            if a.kind in ("B", "I"):
+                assert m is not None
+                outputs, inputs = stage.fwd_cache.pop(m)
+                stage_output: Any = stage.losses[m] if stage.is_last else outputs
+                output_grads = None if stage.is_last else (stage.grad_buffers[m],)
+                grads: tuple[Any, ...] = ()
+                if a.kind == "B":
+                    backward_count[a.stage] += 1
+                    grads, _ = _backward(stage, "full", {"stage_output": stage_output, "output_grads": output_grads,
+                                                         "input_values": inputs}, backward_count[a.stage] == n)
+                else:
+                    groups = None
+                    if not stage.is_first:  # torch leaves the first stage's whole backward to its weight pass
+                        if isinstance(stage_output, torch.Tensor):
+                            stage_output = (stage_output,)
+                        grads, groups = _backward(stage, "input", {"stage_output": stage_output,
+                                                  "output_grads": output_grads, "input_values": inputs}, False)
+                    stage.backward_state[m] = (inputs, groups, stage_output, output_grads)
+                if a.stage - 1 in stages and grads:  # handed to the previous stage on this rank
+                    stages[a.stage - 1].grad_buffers[m] = grads[0]
+                if stage.is_last and not stage.is_first:  # torch frees the last stage's graph early
+                    for o in outputs:
+                        if not o._is_view():
+                            o.detach_()
+                del outputs, inputs, stage_output, output_grads, grads
+            elif a.kind == "W":
+                assert m is not None
+                backward_count[a.stage] += 1
+                inputs, groups, stage_output, output_grads = stage.backward_state.pop(m)
+                last_backward = backward_count[a.stage] == n
+                if a.stage != 0:
+                    _backward(stage, "weight", {"stage_output": stage_output, "param_groups": groups}, last_backward)
+                else:
+                    _backward(stage, "full", {"stage_output": stage_output, "output_grads": output_grads,
+                                              "input_values": inputs}, last_backward)
+                del inputs, groups, stage_output, output_grads
+            elif a.kind == "UNSHARD":
+                _for_fsdp(stage.module, lambda mod: mod.unshard())
+            elif a.kind == "RESHARD":
+                _for_fsdp(stage.module, lambda mod: mod.reshard())
+            elif a.kind == "REDUCE_GRAD":
+                _reduce_grad(stage)
+            observer.end_backward()
+            observer.mark_gradients(params)
+        for stage in stages.values():
+            if stage.is_last:  # step() returns the outputs merged; the trainer drops them
+                observer.set_phase("backward", numbering.merge(micro_step))
+                merged = merge_chunks(stage.output_chunks, None)
+                del merged
+                observer.end_backward()
+
+
+def forward_backward(job: PipelineJob, actions: list[Action], numbering: Numbering, observer: StepObserver) -> None:
+    """PipelineRunner.forward_backward: one schedule step per simulated micro-step, then tied gradients."""
+    steps = simulated_micro_steps(job.run)
+    for i in range(steps):
+        for part in job.parts:
+            job.applied.data_parallel.set_microstep(part, is_last=i == steps - 1)
+        run_actions(job, actions, numbering, i, observer)
+    job.tied.sum_gradients_()
+
+
+def clip_and_step(job: PipelineJob, observer: StepObserver) -> None:
+    """Trainer.clip_gradients (one copy of a tied weight counted) + optimizer_step for every stage."""
+    observer.set_phase("optimizer")
+    params = [p for part in job.parts for p in part.parameters() if p.grad is not None]
+    reduce_partial_grads_(params)
+    grads = [p.grad for p in params]
+    duplicates = job.tied.norm_duplicates()
+    norm = total_grad_norm([p.grad for p in params if id(p) not in duplicates],
+                           pp_mesh=job.applied.meshes.get("pp"))
+    if job.run.cfg.training.max_norm > 0:
+        clip_grads_(grads, job.run.cfg.training.max_norm, norm)
+    observer.mark_gradients(params)
+    for optimizer in job.optimizers:
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+
+class StagesTracker(StepMemoryTracker):
+    """The step tracker over several stage modules: blocks are numbered across the stages,
+    and each stage's first and last block mark its own edges (the base class knows one model)."""
+
+    def __init__(self, parts: list[nn.Module], stage_blocks: list[list[nn.Module]]) -> None:
+        super().__init__(parts[0], [b for blocks in stage_blocks for b in blocks])
+        self._parts = parts
+        self._stage_blocks = stage_blocks
+
+    def _install_hooks(self) -> None:
+        for part in self._parts:
+            for name, module in part.named_modules():
+                self._hooks.append(module.register_forward_pre_hook(self._push(name)))
+                self._hooks.append(module.register_forward_hook(self._pop, always_call=True))
+        offset = 0
+        for blocks in self._stage_blocks:
+            for j, block in enumerate(blocks):
+                self._hooks.append(block.register_forward_pre_hook(self._enter_stage_block(offset + j, j == 0)))
+                self._hooks.append(block.register_forward_hook(self._leave_stage_block(offset + j, j == len(blocks) - 1)))
+            offset += len(blocks)
+
+    def _enter_stage_block(self, index: int, first: bool):
+        def hook(_module, args):
+            if self._position.phase != "forward":
+                return
+            micro = self._position.micro_step
+            self._position = Position("forward", micro, index)
+            if first:  # backward reaching the stage's input: the stage's "before" edge
+                self._on_gradient(args, Position("backward", micro, None, "before"))
+
+        return hook
+
+    def _leave_stage_block(self, index: int, last: bool):
+        def hook(_module, _args, output):
+            if self._position.phase != "forward":
+                return
+            micro = self._position.micro_step
+            if last:
+                self._position = Position("forward", micro, None, "after")
+            self._on_gradient(output, Position("backward", micro, index))
+
+        return hook

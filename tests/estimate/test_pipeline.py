@@ -1,0 +1,139 @@
+"""Pipeline parallel in the estimator: one rank class per pipeline rank, each stage's own
+parameters, the schedule's microbatches in flight, the shortcuts (fewer microbatches, shallow
+stages) equal to the full simulation, and bad configs failing as the trainer fails."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kenotron.config import ConfigError, load_config
+from kenotron.estimate import estimate_memory
+from kenotron.estimate.pipeline_schedule import max_in_flight, rank_actions
+from kenotron.estimate.tracker import allocated_bytes
+from kenotron.parallel.dims import ParallelConfigError
+from kenotron.parallel.pipeline import stage_module
+from kenotron.train.resolve import resolve_run
+
+DEBUG = "train_configs/debug.toml"
+# Llama 3.2 1B's widths with 4 blocks (tied embeddings on the first and last stage).
+ONE_B = ["--model.flavor", "1B", "--model.n_layers", "4", "--training.seq_len", "512",
+         "--training.param_dtype", "bfloat16", "--compile.enable", "false"]
+
+
+def estimate(ngpu: int, *overrides: str, config: str = DEBUG, full_depth: bool = False):
+    return estimate_memory(load_config(config, list(overrides)), ngpu, gpu_memory_gib=80, full_depth=full_depth)
+
+
+def stage_static_bytes(ngpu: int, pp_rank: int, overrides: list[str], config: str = DEBUG) -> int:
+    """Parameters (this rank's shard, from the plan's own table) + buffers of the rank's stages, built on meta."""
+    run = resolve_run(load_config(config, overrides), ngpu)
+    split = run.plan.pipeline
+    with torch.device("meta"):
+        model = run.spec.build(run.model_args)
+    mesh_shape = {k: v for k, v in run.dims.degrees().items() if k != "pp"}
+    total = 0
+    for s in split.local_stages(pp_rank):
+        part = stage_module(model, split.stages[s], run.plan.blocks)
+        total += sum(allocated_bytes(r["bytes"]) for r in run.plan.describe(part, mesh_shape))
+        total += sum(allocated_bytes(b.numel() * b.element_size()) for b in part.buffers())
+    return total
+
+
+@pytest.mark.parametrize(
+    "ngpu,overrides,config",
+    [
+        (2, ["--parallelism.pp", "2"], DEBUG),
+        (4, ["--parallelism.pp", "4", "--training.local_batch_size", "8"] + ONE_B, DEBUG),
+        (4, ["--parallelism.pp", "2", "--parallelism.pp_schedule", "Interleaved1F1B"], DEBUG),
+    ],
+    ids=["pp2", "pp4-1B-shaped", "pp2-interleaved-fsdp2"],
+)
+def test_one_rank_class_per_pipeline_rank_holding_its_stages_parameters(ngpu, overrides, config):
+    report = estimate(ngpu, *overrides, config=config)
+    run = resolve_run(load_config(config, overrides), ngpu)
+    assert len(report.ranks) == run.dims.pp
+    for pp_rank, rank in enumerate(report.ranks):
+        stages = run.plan.pipeline.local_stages(pp_rank)
+        assert rank.ranks.startswith(f"pipeline rank {pp_rank}, stage")
+        assert all(str(s) in rank.ranks for s in stages)
+        assert rank.peak.parameters == stage_static_bytes(ngpu, pp_rank, overrides, config)
+        assert rank.peak.total == sum(rank.peak.as_dict().values())
+        assert rank.analytic is None  # the closed form does not model pipeline parallel
+    assert report.to_dict()["ranks"][0]["peak_bytes"] == report.ranks[0].peak.total
+
+
+def test_fsdp_shards_each_stage_over_data_parallel():
+    alone = estimate(2, "--parallelism.pp", "2")
+    sharded = estimate(4, "--parallelism.pp", "2", "--parallelism.dp_shard", "2")
+    for a, b in zip(alone.ranks, sharded.ranks):
+        assert b.peak.parameters < 0.6 * a.peak.parameters
+        assert b.peak.optimizer_state < 0.6 * a.peak.optimizer_state
+    assert sharded.ranks[1].peak.parameters == stage_static_bytes(
+        4, 1, ["--parallelism.pp", "2", "--parallelism.dp_shard", "2"])
+
+
+def test_1f1b_keeps_more_microbatches_in_flight_on_the_first_stage():
+    split = resolve_run(load_config(DEBUG, ["--parallelism.pp", "4", "--training.local_batch_size", "8"]), 4).plan.pipeline
+    assert [max_in_flight(rank_actions(split, r))[r] for r in range(4)] == [4, 3, 2, 1]
+    # One block per stage: the in-flight microbatches make the difference.
+    report = estimate(4, "--parallelism.pp", "4", "--training.local_batch_size", "8",
+                      "--parallelism.pp_layers_per_stage", "[1, 1, 1, 1]")
+    kept = [r.peak.activations for r in report.ranks]
+    assert kept[0] > kept[1] > kept[2]
+    # The last stage also keeps every microbatch's logits (8 x 256 x 4096 fp32) for step()'s return value.
+    logits = 8 * allocated_bytes(256 * 4096 * 4)
+    assert kept[0] > 2 * (kept[3] - logits) > 0
+    assert "4 in flight" in report.ranks[0].peak_at
+    assert any("stage 0: 4, stage 1: 3, stage 2: 2, stage 3: 1" in note for note in report.notes)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ("--training.local_batch_size", "8"),
+        ("--training.local_batch_size", "8", "--parallelism.pp_schedule", "GPipe"),
+        ("--model.n_layers", "20", "--training.local_batch_size", "6", "--parallelism.dp_shard", "2"),
+    ],
+    ids=["1f1b", "gpipe", "deep-stages-fsdp"],
+)
+def test_shortcuts_equal_the_full_simulation(overrides):
+    # Fewer microbatches (and shallow stages for the deep case) against every microbatch and block.
+    ngpu = 4 if "--parallelism.dp_shard" in overrides else 2
+    quick = estimate(ngpu, "--parallelism.pp", "2", *overrides)
+    full = estimate(ngpu, "--parallelism.pp", "2", *overrides, full_depth=True)
+    assert "extended" in quick.method and "every block" in full.method
+    if "20" in overrides:
+        assert "extrapolated" in quick.method
+    for q, f in zip(quick.ranks, full.ranks):
+        assert q.peak.as_dict() == pytest.approx(f.peak.as_dict(), rel=1e-3, abs=65536)
+
+
+@pytest.mark.parametrize("schedule", ["LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"])
+def test_multi_stage_schedules_run_each_ranks_stages(schedule):
+    report = estimate(2, "--parallelism.pp", "2", "--parallelism.pp_schedule", schedule)
+    v = schedule in ("ZBVZeroBubble", "DualPipeV")
+    assert [r.ranks.split(" (")[0] for r in report.ranks] == (
+        ["pipeline rank 0, stages 0 and 3", "pipeline rank 1, stages 1 and 2"] if v
+        else ["pipeline rank 0, stages 0 and 2", "pipeline rank 1, stages 1 and 3"])
+    assert all(r.peak.activations > 0 and r.phase_peaks["optimizer"].gradients > 0 for r in report.ranks)
+
+
+@pytest.mark.parametrize(
+    "overrides,error",
+    [
+        (("--parallelism.pp", "8"), ParallelConfigError),  # 8 stages, 4 layers
+        (("--parallelism.pp", "2", "--parallelism.pp_microbatches", "3"), ParallelConfigError),
+        (("--parallelism.pp", "4", "--training.local_batch_size", "2"), ParallelConfigError),  # 1F1B: >= pp
+        (("--parallelism.pp", "2", "--training.loss", "fused"), ConfigError),
+    ],
+    ids=["too-few-layers", "microbatches-divide", "1f1b-microbatches", "fused-loss"],
+)
+def test_bad_pipeline_configs_raise_the_trainers_own_errors(overrides, error):
+    cfg = load_config(DEBUG, list(overrides))
+    ngpu = int(overrides[1])
+    with pytest.raises(error) as from_trainer:
+        resolve_run(cfg, ngpu)
+    with pytest.raises(error) as from_estimator:
+        estimate_memory(cfg, ngpu)
+    assert str(from_estimator.value) == str(from_trainer.value)
