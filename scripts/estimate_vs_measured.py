@@ -62,6 +62,12 @@ CASES: dict[str, tuple[int, list[str]]] = {
     "1B CP4 AC none seq 16384": (4, _1B_LONG + ["--parallelism.cp", "4", "--training.seq_len", "16384"]),
     # cp 1 at the same 4,096 tokens per rank: whether the CP4 row's +3.4% is CP's (docs/estimation.md).
     "1B FSDP4 AC none b1 seq 4096": (4, _1B_LONG + ["--training.seq_len", "4096"]),
+    # Pipeline parallel as docs/performance.md ran it: 16 microbatches of 1 x 4096, dp 1.
+    "1B PP4 1F1B AC none b16": (4, _1B + ["--training.local_batch_size", "16", "--parallelism.pp", "4",
+                                          "--parallelism.pp_schedule", "1F1B", "--activation_checkpoint.mode", "none"]),
+    "1B PP4 Interleaved1F1B AC none b16": (
+        4, _1B + ["--training.local_batch_size", "16", "--parallelism.pp", "4",
+                  "--parallelism.pp_schedule", "Interleaved1F1B", "--activation_checkpoint.mode", "none"]),
 }
 
 HEADER = ("| case | GPUs | estimate GiB | measured GiB | error | estimated peak at |\n"
@@ -71,7 +77,8 @@ HEADER = ("| case | GPUs | estimate GiB | measured GiB | error | estimated peak 
 def estimate(ngpu: int, overrides: list[str]) -> tuple[float, str]:
     path, rest = split_config_arg(overrides)
     report = estimate_memory(load_config(path, SYNTHETIC + rest), ngpu)
-    return gib(report.peak_bytes), report.ranks[0].peak_at
+    top = max(report.ranks, key=lambda r: r.peak.total)  # pipeline ranks differ: the fullest one
+    return gib(report.peak_bytes), (top.peak_at if len(report.ranks) == 1 else f"{top.ranks}: {top.peak_at}")
 
 
 def compare(name: str, ngpu: int, overrides: list[str], warmup: int, steps: int, timeout: float) -> dict:
