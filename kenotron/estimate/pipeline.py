@@ -158,7 +158,7 @@ def track_pipeline_step(run: RunPlan, rank: int, reduced: bool = False) -> RankS
         kept = chunk = buffers = 0
         if reduced:  # what one more microbatch adds (see expand_microbatches)
             stage = job.stages[local[0]]
-            output = stage.output_chunks[0] if stage.is_last else None
+            output = stage.output_chunks[0] if stage.is_last and stage.output_chunks else None
             output = output.to_local() if isinstance(output, DTensor) else output  # vocab-parallel logits
             chunk = allocated_bytes(output.untyped_storage().nbytes()) if output is not None else 0
             kept = _kept_by_forward(tracker, numbering.of(0, Action("F", local[0], 1), 0)) - chunk
@@ -419,9 +419,8 @@ def pipeline_notes(run: RunPlan, steps: list[RankStep]) -> list[str]:
         f"pipeline {split.schedule}: {split.n_stages} stages, {split.microbatches} microbatches of "
         f"{t.local_batch_size // split.microbatches} x {t.seq_len} per schedule step; microbatches in flight at most "
         + ", ".join(f"stage {s}: {flight[s]}" for s in sorted(flight)),
-        ("pipeline: the last stage keeps every microbatch's output (logits) until the next step and concatenates "
-         "them when the schedule step ends (torch's step() returns them); receive buffers, one per microbatch, are "
-         "in temporaries; a tensor being sent is counted until its action ends"),
+        ("pipeline: receive buffers, one per microbatch, are in temporaries; a tensor being sent is counted until "
+         "its action ends"),
         "analytic column: the closed-form model does not model pipeline parallel",
     ]
     if run.plan.dp_mode == "zero1" and run.dims.dp > 1:

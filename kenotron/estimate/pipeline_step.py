@@ -7,9 +7,10 @@ stage; tied weights through `TiedAcrossStages`). The step replays the rank's act
 memory between actions:
 
 - a forward keeps the stage's output and inputs (`fwd_cache`) until the microbatch's
-  backward; the last stage also keeps every output (`output_chunks`: a microbatch's logits)
-  until the next schedule step, and concatenates them when the step ends (`step()`'s return
-  value, dropped by the trainer at once), and its loss graph until the backward;
+  backward, and the last stage its loss graph until the backward; with `return_outputs`
+  (torch's default, not the trainer's: see kenotron/train/pipeline_step.py) the last stage
+  also keeps every output (`output_chunks`: a microbatch's logits) until the next schedule
+  step and concatenates them when the step ends;
 - a stage that does not hold the first stage receives its inputs, and one that does not hold
   the last stage its output gradients, into buffers allocated once per microbatch; between
   two stages of the same rank (V schedules) the tensors are handed over instead, and they
@@ -60,6 +61,7 @@ from kenotron.parallel.plan import AppliedPlan, matching_modules
 from kenotron.parallel.zero1 import Zero1Optimizer
 from kenotron.train.loss import cross_entropy_sum
 from kenotron.train.optim import optimizer_factory, param_groups
+from kenotron.train.pipeline_step import RETURN_OUTPUTS
 from kenotron.train.resolve import RunPlan
 
 
@@ -287,8 +289,11 @@ def _for_fsdp(module: nn.Module, fn) -> None:
 
 
 def run_actions(job: PipelineJob, actions: list[Action], numbering: Numbering, micro_step: int,
-                observer: StepObserver) -> None:
-    """One schedule step (torch's `schedule.step`) of this rank's actions."""
+                observer: StepObserver, return_outputs: bool | None = None) -> None:
+    """One schedule step (torch's `schedule.step`) of this rank's actions; `return_outputs` as
+    the trainer passes it to `step()` (True: the last stage keeps and merges its outputs;
+    None: the trainer's RETURN_OUTPUTS, read at each call)."""
+    return_outputs = RETURN_OUTPUTS if return_outputs is None else return_outputs
     stages, n = job.stages, job.split.microbatches
     for stage in stages.values():
         stage.clear_runtime_states()
@@ -311,7 +316,8 @@ def run_actions(job: PipelineJob, actions: list[Action], numbering: Numbering, m
                 x = tokens[m] if stage.is_first else stage.act_buffers[m].requires_grad_(True)  # type: ignore[index]
                 out = stage.module(x)
                 if stage.is_last:
-                    stage.output_chunks.append(out)
+                    if return_outputs:
+                        stage.output_chunks.append(out)
                     stage.losses[m] = job.loss_fn(out, labels[m])  # type: ignore[index]
                 stage.fwd_cache[m] = ((out,), [x])
                 if a.stage + 1 in stages:  # V schedules: the next stage is on this rank
@@ -365,7 +371,7 @@ def run_actions(job: PipelineJob, actions: list[Action], numbering: Numbering, m
             observer.end_backward()
             observer.mark_gradients(params)
         for stage in stages.values():
-            if stage.is_last:  # step() returns the outputs merged; the trainer drops them
+            if stage.is_last and return_outputs:  # step() returns the outputs merged
                 observer.set_phase("backward", numbering.merge(micro_step))
                 merged = merge_chunks(stage.output_chunks, None)
                 del merged

@@ -30,6 +30,14 @@ from kenotron.parallel.plan import AppliedPlan
 from kenotron.train.loss import cross_entropy_sum
 
 
+RETURN_OUTPUTS = False
+"""Whether `schedule.step()` keeps and returns the last stage's outputs. torch's default (True)
+keeps every microbatch's logits until the step ends and concatenates them: for Llama-3.2-1B
+with 16 microbatches of 4096 tokens, 2 x 15.7 GiB of the last stage's 39 GiB, for a value the
+trainer never reads (the losses come through `losses`). The estimator simulates the same
+choice (kenotron/estimate/pipeline_step.py)."""
+
+
 def _full(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if isinstance(t, DTensor) else t
 
@@ -80,7 +88,7 @@ class PipelineRunner:
             target = mb.labels.to(self.device, non_blocking=True) if self.has_last_stage else None
             losses: list[torch.Tensor] | None = [] if self.has_last_stage else None
             with self.step_context():
-                self.schedule.step(*args, target=target, losses=losses)
+                self.schedule.step(*args, target=target, losses=losses, return_outputs=RETURN_OUTPUTS)
             for loss in losses or []:
                 # Undo the averaging-size factor for reporting (exact for power-of-two sizes).
                 total += _full(loss.detach()) / self.averaging_size
