@@ -329,6 +329,8 @@ class AnalyticModel:
         self.kind = block_kind(self.model, run.plan.blocks)
         self._params: dict[tuple, ParameterBytes] = {}
         self._optimizer: dict[tuple, int] = {}
+        self._stages: dict[tuple, tuple[ParameterBytes, int]] = {}
+        """Pipeline stages' (parameter bytes, optimizer bytes), by stage units and layout."""
 
     @property
     def parameter_count(self) -> int:
@@ -352,8 +354,21 @@ class AnalyticModel:
         return uses_fused_loss(run.cfg.training.loss, run.dims.tp > 1, self.model)
 
     def peak(self, run: RunPlan) -> Breakdown:
-        """Peak breakdown of `run` (same family and size as the one this model was built for)."""
+        """Peak breakdown of `run` (same family and size as the one this model was built for); under
+        pipeline parallel (1F1B), that of the fullest pipeline rank (analytic_pipeline.py)."""
+        if run.dims.pp > 1:
+            peaks = self.pipeline_peaks(run)
+            if peaks is None:
+                raise ValueError(f"the closed form prices 1F1B pipelines only, not {run.plan.pipeline.schedule}")
+            return max(peaks, key=lambda b: b.total)
         return peak_breakdown(run, self.parameters(run), self.optimizer_state(run), self.kind, self.fused_loss(run))
+
+    def pipeline_peaks(self, run: RunPlan) -> list[Breakdown] | None:
+        """One peak per pipeline rank (1F1B), or None where the closed form does not price the schedule."""
+        # Imported here: analytic_pipeline builds on this module.
+        from kenotron.estimate.analytic_pipeline import pipeline_peaks
+
+        return pipeline_peaks(run, self.model, self.kind, self._stages)
 
     def zero1_correction(self, run: RunPlan, simulated_optimizer_state: int) -> int:
         """ZeRO-1: bytes to add to a simulated rank's optimizer state to get the fullest rank's.

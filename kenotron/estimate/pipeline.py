@@ -24,8 +24,8 @@ full order read at its role, shifted by the difference (expand_microbatches); te
 against the full order. The multi-stage schedules run every microbatch. `full_depth` runs
 everything (every block, every microbatch).
 
-The analytic first pass (analytic.py) does not model pipeline parallel: its column is left
-out of pipeline reports, and the planner does not search pp.
+The analytic first pass prices 1F1B pipeline ranks (analytic_pipeline.py): its column is filled
+for 1F1B and left out for the other schedules; the planner searches pp with 1F1B.
 """
 
 from __future__ import annotations
@@ -421,7 +421,9 @@ def pipeline_notes(run: RunPlan, steps: list[RankStep]) -> list[str]:
         + ", ".join(f"stage {s}: {flight[s]}" for s in sorted(flight)),
         ("pipeline: receive buffers, one per microbatch, are in temporaries; a tensor being sent is counted until "
          "its action ends"),
-        "analytic column: the closed-form model does not model pipeline parallel",
+        ("analytic column: the closed form for a 1F1B pipeline rank (analytic_pipeline.py)"
+         if split.schedule == "1F1B" else
+         f"analytic column: the closed form prices 1F1B pipelines only, not {split.schedule}"),
     ]
     if run.plan.dp_mode == "zero1" and run.dims.dp > 1:
         notes.append("zero1: optimizer state is that of data-parallel rank 0's partition of each stage")
@@ -438,10 +440,13 @@ def estimate_pipeline_run(run: RunPlan, gpu_memory_gib: float, full_depth: bool 
     split = run.plan.pipeline
     assert split is not None
     classes = rank_classes(run.dims)  # one per pp coordinate, in order
+    closed_form = model.pipeline_peaks(run)  # per pipeline rank under 1F1B, else None
     plans = [simulations(run, pp_rank, c.rank, full_depth) for pp_rank, c in enumerate(classes)]
     ranks, methods, steps = [], set(), []
     for pp_rank, (rank_class, rank_steps) in enumerate(zip(classes, simulate_all(run, plans))):
         estimate, method, reference = rank_estimate(run, pp_rank, rank_class.rank, rank_steps)
+        if closed_form is not None:
+            estimate.analytic = closed_form[pp_rank]
         ranks.append(estimate)
         methods.add(method)
         steps.append(reference)

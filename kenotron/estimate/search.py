@@ -7,8 +7,11 @@
    cp), activation checkpointing (none, selective-op, full) and the local batch (powers of
    two). The global batch stays the config's (training.global_batch_size, or local_batch_size
    x the data-parallel degree of the config's own layout), so every candidate trains the same
-   way; accumulation makes up the rest. Pipeline parallel is not enumerated: the analytic
-   model does not price it (the FakeTensor estimate simulates it: estimate a pp layout directly).
+   way; accumulation makes up the rest. Pipeline parallel (pp, a divisor of what tp leaves, with
+   cp 1 as the trainer requires) is searched with one schedule, 1F1B, one sequence per microbatch
+   (pp_microbatches = local batch, the trainer's default) and the trainer's balanced split; the
+   trainer's own checks (build_pipeline_split: layers >= stages, microbatches >= pp, the loss)
+   drop what it would refuse.
 2. Price each with the analytic model (analytic.py) and keep those under the budget (the
    verdict's 90%).
 3. Rank by modelled tokens/s per GPU (throughput.py).
@@ -29,9 +32,11 @@ from kenotron.estimate.memory import describe_model, estimate_run
 from kenotron.estimate.report import RESERVED_FRACTION, gib
 from kenotron.estimate.throughput import Hardware, StepTime, step_time
 from kenotron.parallel.dims import ParallelConfigError, ParallelDims
+from kenotron.parallel.pipeline import check_compile
 from kenotron.train.flops import matmul_params
 from kenotron.train.resolve import (
     RunPlan,
+    build_pipeline_split_from_config,
     build_plan,
     check_context_parallel,
     resolve_run,
@@ -39,6 +44,9 @@ from kenotron.train.resolve import (
 
 AC_CHOICES = ("none", "selective-op", "full")
 MAX_LOCAL_BATCH = 16
+PP_SCHEDULE = "1F1B"
+"""The one pipeline schedule searched: the closed form (analytic_pipeline.py) and the throughput
+model price it; the others can be estimated directly."""
 
 
 @dataclass
@@ -62,11 +70,18 @@ class Candidate:
     confirmed_peak: int | None = None
     """Per-rank peak bytes from the FakeTensor estimate (for the confirmed ones)."""
 
+    def parallelism(self) -> dict[str, Any]:
+        """The [parallelism] values that select this candidate."""
+        return candidate_parallelism(self.degrees, self.dp_mode)
+
     def overrides(self) -> list[str]:
         """The command-line overrides that select this candidate."""
-        out = [f"--parallelism.{k} {v}" for k, v in self.degrees.items() if v > 1 or k not in ("pp", "cp")]
-        out += [f"--parallelism.dp_mode {self.dp_mode}", f"--activation_checkpoint.mode {self.ac_mode}",
-                f"--training.local_batch_size {self.local_batch}"]
+        order = ("dp_replicate", "dp_shard", "tp", "pp", "cp")
+        out = [f"--parallelism.{k} {self.degrees[k]}" for k in order if self.degrees[k] > 1 or k not in ("pp", "cp")]
+        out.append(f"--parallelism.dp_mode {self.dp_mode}")
+        if self.degrees["pp"] > 1:
+            out.append(f"--parallelism.pp_schedule {PP_SCHEDULE}")  # pp_microbatches 0: one sequence each
+        out += [f"--activation_checkpoint.mode {self.ac_mode}", f"--training.local_batch_size {self.local_batch}"]
         return out
 
     def label(self) -> str:
@@ -117,6 +132,16 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+def candidate_parallelism(degrees: dict[str, int], dp_mode: str) -> dict[str, Any]:
+    """[parallelism] of a candidate: its degrees and, under pp, the searched schedule with the
+    trainer's defaults for the rest (one sequence per microbatch, its balanced split)."""
+    out: dict[str, Any] = {**degrees, "dp_mode": dp_mode}
+    if degrees.get("pp", 1) > 1:
+        out.update(pp_schedule=PP_SCHEDULE, pp_microbatches=0, pp_stages_per_rank=0, pp_layers_per_stage=[],
+                   pp_stage_modules=[])
+    return out
+
+
 def target_global_batch(cfg: JobConfig, ngpu: int) -> int:
     """The config's global batch: explicit, or local batch x the dp degree of its own layout."""
     t, p = cfg.training, cfg.parallelism
@@ -153,8 +178,20 @@ def _candidate_run(
         check_context_parallel(cfg, dims, meta_model)
     except ConfigError:
         return None
-    return dataclasses.replace(base, cfg=cfg, dims=dims, plan=build_plan(cfg, base.spec),
-                               global_batch_size=global_batch, grad_accum_steps=accum)
+    plan = build_plan(cfg, base.spec)
+    if dims.pp > 1:
+        # resolve_run's pipeline checks, in its words: the loss, compile, the split and its microbatches.
+        p = cfg.parallelism
+        if t.loss == "fused":
+            return None
+        try:
+            check_compile(p.pp_schedule, cfg.compile.enable)
+            plan.pipeline = build_pipeline_split_from_config(meta_model, p, dims.pp, t.local_batch_size,
+                                                             base.spec.blocks)
+        except (ConfigError, ParallelConfigError):
+            return None
+    return dataclasses.replace(base, cfg=cfg, dims=dims, plan=plan, global_batch_size=global_batch,
+                               grad_accum_steps=accum)
 
 
 def enumerate_candidates(
@@ -163,22 +200,25 @@ def enumerate_candidates(
     """Every valid candidate, priced (analytic memory, modelled step time)."""
     n_matmul = matmul_params(model.model)
     out = []
-    splits = [(tp, cp) for tp in _divisors(ngpu) if tp <= hw.gpus_per_node for cp in _divisors(ngpu // tp)]
-    for tp, cp in splits:
-        rest = ngpu // (tp * cp)
+    # pp does not combine with cp in the trainer, so a split has one or the other (or neither).
+    splits = [(tp, 1, cp) for tp in _divisors(ngpu) if tp <= hw.gpus_per_node for cp in _divisors(ngpu // tp)]
+    splits += [(tp, pp, 1) for tp in _divisors(ngpu) if tp <= hw.gpus_per_node for pp in _divisors(ngpu // tp)
+               if pp > 1]
+    for tp, pp, cp in splits:
+        rest = ngpu // (tp * pp * cp)
         zero1 = [(1, rest, "zero1")] if rest > 1 and cp == 1 else []  # ZeRO-1 does not combine with cp
         layouts = [(r, rest // r, "fsdp") for r in _divisors(rest)] + zero1
         for dp_replicate, dp_shard, dp_mode in layouts:
-            dims = ParallelDims.from_degrees(ngpu, dp_replicate=dp_replicate, dp_shard=dp_shard, tp=tp, cp=cp)
+            dims = ParallelDims.from_degrees(ngpu, dp_replicate=dp_replicate, dp_shard=dp_shard, tp=tp, cp=cp, pp=pp)
             if global_batch % dims.dp:
                 continue
             per_rank = global_batch // dims.dp
             for ac in AC_CHOICES:
                 for local in [b for b in (1, 2, 4, 8, MAX_LOCAL_BATCH) if per_rank % b == 0]:
+                    degrees = {"dp_replicate": dp_replicate, "dp_shard": dp_shard, "tp": tp, "pp": pp, "cp": cp}
                     cfg = _with(
                         base.cfg,
-                        parallelism={"dp_replicate": dp_replicate, "dp_shard": dp_shard, "tp": tp, "pp": 1, "cp": cp,
-                                     "dp_mode": dp_mode},
+                        parallelism=candidate_parallelism(degrees, dp_mode),
                         activation_checkpoint={"mode": ac},
                         training={"local_batch_size": local, "global_batch_size": global_batch},
                     )
@@ -208,13 +248,16 @@ def search_layouts(
     budget = gpu_memory_gib * (1 - RESERVED_FRACTION) * 2**30
     fitting = sorted((c for c in candidates if c.analytic_peak <= budget),
                      key=lambda c: (-c.step.tokens_per_s_per_gpu, c.analytic_peak))
-    notes = ["pipeline parallel is not searched (the analytic model does not price it); estimate a pp layout directly"]
+    notes = [(f"pipeline parallel: searched with {PP_SCHEDULE}, one sequence per microbatch (pp_microbatches = local "
+              f"batch) and the trainer's balanced split; other schedules are not searched (estimate them directly)")]
+    if cfg.training.loss == "fused":
+        notes.append("pipeline parallel is not searched: training.loss='fused' does not combine with it")
     if not candidates:
         notes.append(f"no layout of {ngpu} GPUs divides the global batch {global_batch} and the model's dimensions")
     confirmed, ranked = 0, []
     for c in fitting:
         if confirmed < confirm:
-            c_cfg = _with(cfg, parallelism={**c.degrees, "dp_mode": c.dp_mode}, activation_checkpoint={"mode": c.ac_mode},
+            c_cfg = _with(cfg, parallelism=c.parallelism(), activation_checkpoint={"mode": c.ac_mode},
                           training={"local_batch_size": c.local_batch, "global_batch_size": global_batch})
             try:
                 report = estimate_run(resolve_run(c_cfg, ngpu), gpu_memory_gib)

@@ -1,9 +1,9 @@
 """A first-order model of step time, to rank the layouts the planner finds.
 
 Per optimizer step, on one rank (G global batch, s sequence, dp = dp_replicate·dp_shard,
-m micro-steps, t = tp, p = cp, f = the trainer's FLOPs per token 6·N + 12·L·H·h·s):
+m micro-steps, t = tp, p = cp, q = pp, f = the trainer's FLOPs per token 6·N + 12·L·H·h·s):
 
-  compute  = f · G·s / (dp · t · p) · r / (peak · e)
+  compute  = f · G·s / (dp · t · p · q) · r / (peak · e)
              r: recomputation factor of activation checkpointing (none 1, selective-op 1.05,
              full 4/3, every-n-layers 1 + 1/(3n)); e: share of peak the matmuls reach.
   tp       = m · L · k · 2·(t-1)/t · T·d·c / B_tp          (not overlapped; k = 8 collectives per
@@ -14,12 +14,20 @@ m micro-steps, t = tp, p = cp, f = the trainer's FLOPs per token 6·N + 12·L·H
              blocks of b·s/p tokens, and the fp32 k/v gradients passed on at each of its p steps;
              the same volume with the alltoall rotation. The attention kernels' lower efficiency
              on split blocks, which costs more than this traffic on H200, is not modelled)
+  bubble   = compute · (q-1)/µ    (pipeline parallel, 1F1B with µ microbatches per schedule step:
+             a step lasts µ + q − 1 microbatch slots of which µ compute, so (q−1)/(µ+q−1) of it idle)
+  p2p      = m · (µ + q − 1) · 2 · b_µ·s·d·c_r / B_pp   (pipeline parallel: each slot of the critical
+             path waits for one activation sent forward and one gradient sent back, b_µ·s·d·c_r
+             bytes each (c_r: 4 under autocast's fp32 residual stream), taken as exposed: torch's
+             schedule posts them between the compute of consecutive slots; / t under sequence parallel)
   fsdp     = m · (n-1)/n · (a·U + P_full) / B_fsdp   (a = 2 all-gathers of the compute copies U
-             per micro-step, 1 with reshard `never`; one reduce-scatter of the fp32 gradients,
-             P_full bytes; n = dp_shard·cp)
+             per micro-step, 1 with reshard `never` or under pipeline parallel, whose stages stay
+             gathered through the schedule step; one reduce-scatter of the fp32 gradients, P_full
+             bytes; n = dp_shard·cp; under pipeline parallel U and P_full are a stage's, the model's / q)
   replicas = 2·(r-1)/r · P_local / B_dp once per step      (HSDP / DDP all-reduce of the rank's
              fp32 gradients; ZeRO-1 adds its broadcast of the updated parameters)
-  step     = compute + tp + cp + max(0, fsdp + replicas - compute)  (data-parallel traffic overlaps compute)
+  step     = compute + bubble + p2p + tp + cp + max(0, fsdp + replicas - compute)  (data-parallel
+             traffic overlaps compute)
   tokens/s per GPU = G·s / step / world
 
 A group's bandwidth is the NVLink figure while it fits in one node (its size times the
@@ -73,10 +81,15 @@ class StepTime:
     """Tokens per optimizer step (G·s)."""
     world: int
     """GPUs."""
+    pipeline_bubble: float = 0.0
+    """1F1B's idle time: the fill and drain slots of every schedule step."""
+    pipeline_p2p: float = 0.0
+    """Activations and gradients passed between pipeline stages (on the critical path)."""
 
     @property
     def seconds(self) -> float:
-        return self.compute + self.tensor_parallel + self.context_parallel + max(0.0, self.data_parallel - self.compute)
+        return (self.compute + self.pipeline_bubble + self.pipeline_p2p + self.tensor_parallel + self.context_parallel
+                + max(0.0, self.data_parallel - self.compute))
 
     @property
     def tokens_per_s_per_gpu(self) -> float:
@@ -106,7 +119,9 @@ def step_time(run: RunPlan, params: ParameterBytes, matmul_params: int, hw: Hard
     tokens = run.global_batch_size * t.seq_len
     c = 2 if t.param_dtype == "bfloat16" else 4
     per_token = flops_per_token(matmul_params, a.n_layers, a.n_heads, a.head_dim, t.seq_len)
-    compute = per_token * tokens / (d.dp * d.tp * d.cp) * recompute_factor(run) / (hw.peak_flops * hw.matmul_efficiency)
+    compute = (per_token * tokens / (d.dp * d.tp * d.cp * d.pp) * recompute_factor(run)
+               / (hw.peak_flops * hw.matmul_efficiency))
+    bubble, p2p = pipeline_time(run, compute, c, hw)
 
     micro_tokens = t.local_batch_size * t.seq_len
     tp_time = 0.0
@@ -124,10 +139,11 @@ def step_time(run: RunPlan, params: ParameterBytes, matmul_params: int, hw: Hard
     kind = data_parallel_kind(run)
     dp_time = 0.0
     shard = d.dp_shard * d.cp
+    stage = 1 / d.pp  # under pipeline parallel a rank holds one stage: about 1/pp of the model's bytes
     if kind in ("fsdp", "hsdp") and shard > 1:
-        gathers = 1 if run.plan.reshard_after_forward == "never" else 2
+        gathers = 1 if run.plan.reshard_after_forward == "never" or d.pp > 1 else 2
         gathered = params.root_gathered + a.n_layers * params.block_gathered
-        per_micro = (shard - 1) / shard * (gathers * gathered + params.local * shard)
+        per_micro = (shard - 1) / shard * (gathers * gathered + params.local * shard) * stage
         dp_time += run.grad_accum_steps * per_micro / _bandwidth(shard, d.tp, hw)
     replicas = d.dp_replicate if kind in ("hsdp", "ddp") else (d.dp if kind == "zero1" else 1)
     if replicas > 1:
@@ -135,5 +151,23 @@ def step_time(run: RunPlan, params: ParameterBytes, matmul_params: int, hw: Hard
         all_reduce = 2 * (replicas - 1) / replicas * params.local
         if kind == "zero1":
             all_reduce += (replicas - 1) / replicas * params.local
-        dp_time += all_reduce / _bandwidth(replicas, inner, hw)
-    return StepTime(compute, tp_time, dp_time, cp_time, tokens, d.world_size)
+        dp_time += all_reduce * stage / _bandwidth(replicas, inner, hw)
+    return StepTime(compute, tp_time, dp_time, cp_time, tokens, d.world_size, bubble, p2p)
+
+
+def pipeline_time(run: RunPlan, compute: float, c: int, hw: Hardware) -> tuple[float, float]:
+    """(bubble, point-to-point) seconds of a 1F1B pipeline per optimizer step (0, 0 without pp). Other
+    schedules are priced as 1F1B (the planner searches 1F1B only)."""
+    d, t, split = run.dims, run.cfg.training, run.plan.pipeline
+    if d.pp == 1 or split is None:
+        return 0.0, 0.0
+    mu = split.microbatches
+    bubble = compute * (d.pp - 1) / mu
+    residual = 4 if c == 2 and data_parallel_kind(run) == "none" else c  # autocast keeps the residual in fp32
+    message = t.local_batch_size // mu * t.seq_len * run.model_args.dim * residual
+    if d.tp > 1 and run.plan.sequence_parallel:
+        message //= d.tp
+    # pp is the outermost mesh dimension: neighbouring stages are world/pp ranks apart.
+    bandwidth = _bandwidth(d.pp, d.world_size // d.pp, hw)
+    p2p = run.grad_accum_steps * (mu + d.pp - 1) * 2 * message / bandwidth
+    return bubble, p2p

@@ -41,3 +41,31 @@ def test_the_search_prints_a_table_and_the_overrides_of_the_best(result):
     assert "tok/s/GPU" in text and text.count("\n") > 3
     assert "best: --parallelism.dp_replicate" in text
     assert result.to_dict()["candidates"][0]["overrides"] == " ".join(result.ranked[0].overrides())
+
+
+def test_pipeline_candidates_follow_the_trainers_rules_and_are_confirmed():
+    """Global batch 4 on 8 GPUs caps data parallel at 4 and a 2-GPU node caps tp at 2 (seq_len 258
+    rules out cp), so the layouts left are dp 4 x tp 2 and pipelines; the pipelines are listed,
+    priced by the closed form within its tolerance of the fake-tensor estimate, and accepted by
+    the trainer's resolve_run with 1F1B and one sequence per microbatch."""
+    from kenotron.estimate.throughput import Hardware
+    from kenotron.train.resolve import resolve_run
+
+    budget = 0.03
+    cfg = load_config("train_configs/debug.toml", ["--training.global_batch_size", "4", "--training.seq_len", "258"])
+    result = search_layouts(cfg, 8, budget, top=20, confirm=2, hw=Hardware(gpus_per_node=2))
+    pipelines = [c for c in result.ranked if c.degrees["pp"] > 1]
+    assert pipelines and any(c.degrees["pp"] == 1 for c in result.ranked)
+    assert any(c.confirmed_peak is not None for c in pipelines)
+    for c in pipelines:
+        assert c.analytic_peak <= budget * 0.9 * 2**30
+        assert "--parallelism.pp_schedule 1F1B" in c.overrides()
+        run = resolve_run(load_config("train_configs/debug.toml",
+                                      ["--training.seq_len", "258", "--training.global_batch_size", "4"]
+                                      + " ".join(c.overrides()).split()), 8)
+        split = run.plan.pipeline
+        assert split.schedule == "1F1B" and split.microbatches == c.local_batch >= c.degrees["pp"]
+        assert run.grad_accum_steps == c.micro_steps
+        if c.confirmed_peak is not None:
+            assert c.analytic_peak == pytest.approx(c.confirmed_peak, rel=0.05)
+    assert "1F1B" in format_search(result)
