@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kenotron.config import load_config
+from kenotron.config import ConfigError, load_config
 from kenotron.estimate import estimate_memory
 from kenotron.estimate.analytic import STEP_COUNTER, AnalyticModel
 from kenotron.estimate.tracker import CATEGORIES, allocated_bytes
@@ -109,8 +109,13 @@ def test_zero1_reports_the_fullest_ranks_optimizer_state():
         (4, ("--parallelism.dp_shard", "3"), ParallelConfigError),
         (4, ("--model.flavor", "9B"), UnknownModelError),
         (4, ("--training.global_batch_size", "6"), ParallelConfigError),
+        (4, ("--parallelism.cp", "4", "--training.seq_len", "100"), ParallelConfigError),
+        (4, ("--parallelism.cp", "2", "--parallelism.tp", "2", "--training.seq_len", "260"), ParallelConfigError),
+        (4, ("--parallelism.cp", "2", "--parallelism.dp_mode", "zero1"), ConfigError),
+        (4, ("--parallelism.cp", "3"), ParallelConfigError),
     ],
-    ids=["tp-heads", "degrees", "flavor", "global-batch"],
+    ids=["tp-heads", "degrees", "flavor", "global-batch", "cp-seq-not-multiple-of-2cp", "cp-seq-not-multiple-of-2cp-tp",
+         "cp-zero1", "cp-degrees"],
 )
 def test_bad_configs_raise_the_trainers_own_errors(ngpu, overrides, error):
     cfg = load_config(DEBUG, list(overrides))
