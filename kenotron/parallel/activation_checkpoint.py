@@ -27,8 +27,9 @@ from torch import nn
 AC_MODES = ("none", "full", "selective-op", "every-n-layers")
 
 
+_MATMUL_OPS = ("mm", "addmm", "bmm")
 _SAVED_ATEN_OPS = (
-    "mm", "addmm", "bmm",
+    *_MATMUL_OPS,
     "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
     "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu",
 )
@@ -57,15 +58,11 @@ def _ops_to_save() -> set:
     return ops
 
 
-_MATMUL_OPS_NAMES = ("mm", "addmm", "bmm")
-
-
-def _selective_policy(ops: set, save_matmul_every: int = 1) -> Callable:
-    """Save `ops`' outputs, recompute the rest; of the matmuls, save only one in every
+def _selective_policy(ops: set, matmuls: set, save_matmul_every: int = 1) -> Callable:
+    """Save `ops`' outputs, recompute the rest; of the `matmuls`, save only one in every
     `save_matmul_every` (counted in forward order). The count is kept separately for the
     forward and for the recompute, so both pick the same matmuls; a fresh policy is made for
     every checkpointed call (see `checkpoint_module`)."""
-    matmuls = {getattr(torch.ops.aten, name).default for name in _MATMUL_OPS_NAMES}
     counts = {False: 0, True: 0}
 
     def policy(ctx, op, *args, **kwargs):
@@ -88,10 +85,11 @@ def checkpoint_module(module: nn.Module, selective: bool = False, save_matmul_ev
     extra: dict = {}
     if selective:
         ops = _ops_to_save()
+        matmuls = {getattr(torch.ops.aten, name).default for name in _MATMUL_OPS}
 
         def context_fn():
             # A new policy per call: its matmul count starts at zero for each block's forward.
-            return ckpt.create_selective_checkpoint_contexts(_selective_policy(ops, save_matmul_every))
+            return ckpt.create_selective_checkpoint_contexts(_selective_policy(ops, matmuls, save_matmul_every))
 
         extra["context_fn"] = context_fn
 
