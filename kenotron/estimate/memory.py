@@ -23,7 +23,6 @@ from kenotron.estimate import analytic
 from kenotron.estimate.context import context_notes, torch_cp_state
 from kenotron.estimate.cuda_kernels import cuda_kernel_memory
 from kenotron.estimate.depth import (
-    StepPlace,
     activations_by_module,
     block_period,
     extrapolate_peaks,
@@ -36,8 +35,8 @@ from kenotron.estimate.fake_job import (
     ignored_features,
     train_step,
 )
-from kenotron.estimate.report import MemoryReport, RankEstimate
-from kenotron.estimate.tracker import Breakdown, StepMemoryTracker, TrackedStep
+from kenotron.estimate.report import MemoryReport, RankEstimate, phase_peaks
+from kenotron.estimate.tracker import StepMemoryTracker, TrackedStep
 from kenotron.parallel.dims import ParallelDims
 from kenotron.train.resolve import RunPlan, resolve_run
 
@@ -89,14 +88,6 @@ def track_step(run: RunPlan, n_layers: int | None, rank: int) -> TrackedStep:
     return tracker.result()
 
 
-def _phase_peaks(peaks: dict[StepPlace, Breakdown]) -> dict[str, Breakdown]:
-    out: dict[str, Breakdown] = {}
-    for place, b in peaks.items():
-        if place.phase != "start" and (place.phase not in out or b.total > out[place.phase].total):
-            out[place.phase] = b
-    return out
-
-
 def estimate_rank(
     run: RunPlan, rank_class: RankClass, model: analytic.AnalyticModel, full_depth: bool = False
 ) -> tuple[RankEstimate, str]:
@@ -121,7 +112,7 @@ def estimate_rank(
     place, peak = max(peaks.items(), key=lambda kv: kv[1].total)
     estimate = RankEstimate(
         ranks=rank_class.description, simulated_rank=rank_class.rank, peak=peak, peak_at=place.describe(),
-        phase_peaks=_phase_peaks(peaks), activations=modules, analytic=model.peak(run),
+        phase_peaks=phase_peaks(peaks), activations=modules, analytic=model.peak(run),
     )
     return estimate, method
 

@@ -66,7 +66,7 @@ from kenotron.estimate.pipeline_step import (
     stage_block_counts,
     with_microbatches,
 )
-from kenotron.estimate.report import MemoryReport, RankEstimate
+from kenotron.estimate.report import MemoryReport, RankEstimate, phase_peaks
 from kenotron.estimate.tracker import (
     CATEGORIES,
     Breakdown,
@@ -275,14 +275,6 @@ def describe_place(place: Place, run: RankStep, stages_last: int) -> str:
     return f"{kind} of microbatch {m} on stage {stage} ({flight} in flight){micro}" + (f", {where}" if where else "")
 
 
-def _phase_peaks(peaks: dict[Place, Breakdown]) -> dict[str, Breakdown]:
-    out: dict[str, Breakdown] = {}
-    for place, b in peaks.items():
-        if place.phase != "start" and (place.phase not in out or b.total > out[place.phase].total):
-            out[place.phase] = b
-    return out
-
-
 @dataclass(frozen=True)
 class Simulation:
     """One fake run for a pipeline rank."""
@@ -405,7 +397,7 @@ def rank_estimate(run: RunPlan, pp_rank: int, rank: int, runs: list[RankStep]) -
     estimate = RankEstimate(
         ranks=f"pipeline rank {pp_rank}, stage{'s' if len(local) > 1 else ''} {stages} ({ranks})",
         simulated_rank=reference.simulated_rank, peak=peak, peak_at=describe_place(place, reference, split.n_stages - 1),
-        phase_peaks=_phase_peaks(peaks), activations=modules, analytic=None,
+        phase_peaks=phase_peaks(peaks), activations=modules, analytic=None,
     )
     return estimate, method, reference
 

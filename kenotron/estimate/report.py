@@ -28,6 +28,16 @@ def gib(nbytes: float) -> float:
     return nbytes / GIB
 
 
+def phase_peaks(peaks: dict[Any, Breakdown]) -> dict[str, Breakdown]:
+    """The largest breakdown of each phase (forward, backward, optimizer) over `peaks`, whose
+    keys are places of a step with a `phase`; the step's start (before the step) is left out."""
+    out: dict[str, Breakdown] = {}
+    for place, b in peaks.items():
+        if place.phase != "start" and (place.phase not in out or b.total > out[place.phase].total):
+            out[place.phase] = b
+    return out
+
+
 def verdict(peak_bytes: int, gpu_memory_gib: float) -> str:
     """fits / tight / does not fit, keeping RESERVED_FRACTION of the GPU for non-tensor memory."""
     usable = gpu_memory_gib * (1 - RESERVED_FRACTION) * GIB
