@@ -18,6 +18,7 @@ models have at least four units; a model with at most five units is run whole in
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from kenotron.estimate.tracker import CATEGORIES, Breakdown, Position, TrackedStep
 from kenotron.parallel.plan import Plan
@@ -89,11 +90,15 @@ def extrapolate_peaks(
     (step_a, step_b), (la, lb) = shallow, depths
     peaks_a = peaks_by_place(step_a, la, period)
     peaks_b = peaks_by_place(step_b, lb, period)
-    scale = (n_layers - la) / (lb - la)
+    return extrapolate_line(peaks_a, peaks_b, (n_layers - la) / (lb - la))
+
+
+def extrapolate_line(a: dict[Any, Breakdown], b: dict[Any, Breakdown], scale: float) -> dict[Any, Breakdown]:
+    """Each place present in both runs at a + scale·(b − a), category by category (never below 0)."""
     out = {}
-    for place in peaks_a.keys() & peaks_b.keys():
-        a, b = peaks_a[place].as_dict(), peaks_b[place].as_dict()
-        out[place] = Breakdown(**{c: max(0, round(a[c] + (b[c] - a[c]) * scale)) for c in CATEGORIES})
+    for place in a.keys() & b.keys():
+        x, y = a[place].as_dict(), b[place].as_dict()
+        out[place] = Breakdown(**{c: max(0, round(x[c] + (y[c] - x[c]) * scale)) for c in CATEGORIES})
     return out
 
 

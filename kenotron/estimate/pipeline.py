@@ -39,7 +39,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.distributed.tensor import DTensor
 
 from kenotron.estimate.cuda_kernels import cuda_kernel_memory
-from kenotron.estimate.depth import activations_by_module
+from kenotron.estimate.depth import activations_by_module, extrapolate_line
 from kenotron.estimate.fake_job import (
     NoObserver,
     fake_process_group,
@@ -68,7 +68,6 @@ from kenotron.estimate.pipeline_step import (
 )
 from kenotron.estimate.report import MemoryReport, RankEstimate, phase_peaks
 from kenotron.estimate.tracker import (
-    CATEGORIES,
     Breakdown,
     TrackedStep,
     allocated_bytes,
@@ -237,11 +236,7 @@ def places(run: RankStep) -> dict[Place, Breakdown]:
 
 def extrapolate(a: dict[Place, Breakdown], b: dict[Place, Breakdown], steps: int) -> dict[Place, Breakdown]:
     """Each place at u + steps blocks per stage, from runs at u (`a`) and u + 1 (`b`): a + steps·(b - a)."""
-    out = {}
-    for place in a.keys() & b.keys():
-        x, y = a[place].as_dict(), b[place].as_dict()
-        out[place] = Breakdown(**{c: max(0, x[c] + (y[c] - x[c]) * steps) for c in CATEGORIES})
-    return out
+    return extrapolate_line(a, b, steps)
 
 
 def _in_flight_before(actions: list[Action], index: int, stage: int) -> int:
