@@ -77,3 +77,19 @@ def clip_grads_(grads: list[torch.Tensor], max_norm: float, total_norm: torch.Te
         by_device[t.device].append(t)
     for dev, tensors in by_device.items():
         torch._foreach_mul_(tensors, coef.to(dev))
+
+
+def optimizer_unscales_gradients(optimizer: object) -> bool:
+    """Whether `optimizer.step()` divides gradients by `optimizer.grad_scale` inside its kernel.
+
+    torch's fused Adam/AdamW take the divisor of the AMP GradScaler protocol: setting it to
+    the clipping divisor clips inside the update kernel, saving the separate multiply that
+    reads and writes every gradient once (about 1% of a step on the 8B width).
+    """
+    groups = getattr(optimizer, "param_groups", [])
+    return bool(getattr(optimizer, "_step_supports_amp_scaling", False)) and all(g.get("fused") for g in groups)
+
+
+def clip_divisor(max_norm: float, total_norm: torch.Tensor) -> torch.Tensor:
+    """What `clip_grads_` multiplies by, as a divisor: max(1, (norm + 1e-6) / max_norm), fp32."""
+    return torch.clamp((total_norm.float() + 1e-6) / max_norm, min=1.0)

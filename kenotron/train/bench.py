@@ -56,17 +56,22 @@ PRESETS: dict[str, dict[str, list[str]]] = {
 }
 
 
-def _profile_table(trainer, steps: int = 2, rows: int = 25) -> str:
-    """Top kernels by device time over `steps` extra steps (torch.profiler)."""
+def _profile_table(trainer, steps: int = 3, rows: int = 30) -> str:
+    """Top kernels by device time and the time per kernel kind over `steps` extra steps."""
+    import torch
     from torch.profiler import ProfilerActivity, profile
 
+    from kenotron.train.kernel_profile import device_kernels, summarize_kernels
+
+    torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
         for _ in range(steps):
             trainer.train_step(trainer.loader.next_step())
-        import torch
-
         torch.cuda.synchronize()
-    return prof.key_averages().table(sort_by="device_time_total", row_limit=rows, max_name_column_width=70)
+        wall_us = (time.perf_counter() - t0) * 1e6
+    top = prof.key_averages().table(sort_by="device_time_total", row_limit=rows, max_name_column_width=90)
+    return top + "\n" + summarize_kernels(device_kernels(prof), steps, wall_us).table()
 
 
 def run_worker(out_path: str, warmup: int, steps: int, overrides: list[str], profile: bool = False) -> None:

@@ -27,7 +27,13 @@ from kenotron.checkpoint.model_info import describe_model
 from kenotron.config import JobConfig, config_to_toml
 from kenotron.data import MicroBatch, build_text_loader, build_tokenizer
 from kenotron.parallel.dims import Meshes
-from kenotron.parallel.grad_norm import clip_grads_, reduce_partial_grads_, total_grad_norm
+from kenotron.parallel.grad_norm import (
+    clip_divisor,
+    clip_grads_,
+    optimizer_unscales_gradients,
+    reduce_partial_grads_,
+    total_grad_norm,
+)
 from kenotron.parallel.zero1 import Zero1Optimizer
 from kenotron.train.distributed import WorldInfo, destroy_distributed, init_distributed, pick_device
 from kenotron.train.attention_backend import (
@@ -138,6 +144,8 @@ class Trainer:
         )
         self.lr_schedulers = [build_lr_scheduler(o, self.schedule) for o in scheduled]
         self.optimizer, self.lr_scheduler = self.optimizers[0], self.lr_schedulers[0]
+        # Set by clip_gradients when the optimizers clip inside their kernel; used once by optimizer_step.
+        self._grad_divisor: torch.Tensor | None = None
 
         self.tokenizer = build_tokenizer(cfg.tokenizer.path)
         d = cfg.data
@@ -281,14 +289,22 @@ class Trainer:
         # A weight tied across pipeline stages has one copy per stage: its norm counts once.
         duplicates = self.pipeline.tied.norm_duplicates() if self.pipeline is not None else set()
         norm = total_grad_norm([p.grad for p in params if id(p) not in duplicates], pp_mesh=self.meshes.get("pp"))
-        if self.cfg.training.max_norm > 0:
-            clip_grads_(grads, self.cfg.training.max_norm, norm)
+        max_norm = self.cfg.training.max_norm
+        if max_norm > 0:
+            if all(optimizer_unscales_gradients(o) for o in self.optimizers):
+                # Fused AdamW divides the gradients inside its update kernel (optimizer_step).
+                self._grad_divisor = clip_divisor(max_norm, norm)
+            else:
+                clip_grads_(grads, max_norm, norm)
         return norm
 
     def optimizer_step(self) -> None:
         self.checkpointer.wait_for_staging()  # a background copy of the weights must finish first
+        divisor, self._grad_divisor = self._grad_divisor, None
         for optimizer, lr_scheduler in zip(self.optimizers, self.lr_schedulers):
+            optimizer.grad_scale = divisor  # None: nothing to clip (torch's GradScaler protocol)
             optimizer.step()
+            optimizer.grad_scale = None
             lr_scheduler.step()
             optimizer.zero_grad(set_to_none=True)
 

@@ -22,3 +22,22 @@ def test_a_failing_case_reports_the_cause_on_its_last_line():
     row = run_case("bad", TINY + ["--parallelism.tp", "3"], ngpu=1, warmup=1, steps=1, timeout=300)
     assert "does not divide the world size 1" in row["error"].splitlines()[-1]
     assert "failed:" in format_row(row)
+
+
+def test_profile_summary_groups_kernels_by_kind_and_reports_idle_time():
+    from kenotron.train.kernel_profile import summarize_kernels
+
+    kernels = [
+        ("nvjet_tst_256x128_64x4_1x2_h_bz_coopA_NTN", 300.0),
+        ("cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16_knob_3_64x64x64", 120.0),
+        ("triton_red_fused__to_copy_mul_rsqrt_0", 40.0),
+        ("void at::native::multi_tensor_apply_kernel<FusedAdamMathFunctor<float, 4>>", 20.0),
+        ("ncclDevKernel_ReduceScatter_Sum_f32_RING_LL", 10.0),
+    ]
+    summary = summarize_kernels(kernels, steps=2, wall_us=1000.0)
+    assert summary.by_kind == {
+        "matmul": 300.0, "attention": 120.0, "compiled (triton)": 40.0, "optimizer": 20.0, "communication": 10.0,
+    }
+    table = summary.table()
+    assert "| matmul | 0.15 | 30.0% |" in table
+    assert "| (no kernel running) | 0.26 | 51.0% |" in table

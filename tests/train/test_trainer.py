@@ -83,3 +83,18 @@ def test_cli_reports_config_errors_without_a_traceback(capsys):
     assert "did you mean 'training.steps'" in err and "Traceback" not in err
     assert main(["--help"]) == 0
     assert "--training.steps" in capsys.readouterr().out
+
+
+def test_clipping_inside_fused_adamw_equals_clipping_the_gradients(tmp_path):
+    """max_norm far below the gradient norm: fused AdamW's in-kernel divisor vs the foreach clip."""
+    common = TINY + ["--training.steps", "4", "--metrics.log_freq", "1", "--lr_scheduler.warmup_steps", "1",
+                     "--training.max_norm", "0.05"]
+    runs = {}
+    for kernel in ("fused", "foreach"):
+        cfg = load_config(None, common + ["--optimizer.implementation", kernel,
+                                          "--job.dump_folder", str(tmp_path / kernel)])
+        runs[kernel] = run_training(cfg)
+    assert runs["fused"][0]["grad_norm"] > 10 * 0.05  # clipping is active from the first step
+    for a, b in zip(runs["fused"], runs["foreach"]):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-6)
+        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)

@@ -1,0 +1,80 @@
+"""Where a training step's GPU time goes: device kernels grouped by kind.
+
+`bench.py --profile` runs a few extra steps under torch.profiler and prints the top kernels and
+this summary: the device time of each kind of kernel per step, what share of the step's wall
+time the GPU was busy, and therefore how much time no kernel ran (launch overhead, host
+synchronisation). Kinds are read from the kernel names of cuBLAS, cuDNN, NCCL, Triton
+(compiled code) and PyTorch's own kernels.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+# First match wins: attention before matmul (cuDNN's attention kernels contain "gemm"-like
+# substrings in some builds), the optimizer before generic elementwise.
+KERNEL_KINDS: list[tuple[str, re.Pattern]] = [
+    ("attention", re.compile(r"fmha|flash|sdpa|attention|attn", re.I)),
+    ("matmul", re.compile(r"gemm|nvjet|cutlass|xmma|cublas|sm90_|sm80_|ampere_|splitk", re.I)),
+    ("optimizer", re.compile(r"adam|fused_sgd", re.I)),
+    ("communication", re.compile(r"nccl", re.I)),
+    ("compiled (triton)", re.compile(r"^triton_", re.I)),
+    ("norm / multi-tensor", re.compile(r"multi_tensor|foreach|norm", re.I)),
+    ("copy / cast", re.compile(r"copy|cast|convert|memcpy|memset|fill", re.I)),
+]
+OTHER = "other (aten elementwise, reductions)"
+
+
+def kernel_kind(name: str) -> str:
+    for kind, pattern in KERNEL_KINDS:
+        if pattern.search(name):
+            return kind
+    return OTHER
+
+
+@dataclass
+class KernelSummary:
+    """Device microseconds per kernel kind, summed over the profiled steps."""
+
+    steps: int
+    wall_us: float
+    by_kind: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def busy_us(self) -> float:
+        return sum(self.by_kind.values())
+
+    def table(self) -> str:
+        per_step = self.wall_us / self.steps
+        lines = [
+            f"GPU time per step by kernel kind (step wall {per_step / 1e3:.1f} ms, GPU busy "
+            f"{100 * self.busy_us / self.wall_us:.1f}%; kernels on several streams can overlap)",
+            "| kind | ms / step | share of wall |",
+            "|---|---|---|",
+        ]
+        for kind, us in sorted(self.by_kind.items(), key=lambda kv: -kv[1]):
+            lines.append(f"| {kind} | {us / self.steps / 1e3:.2f} | {100 * us / self.wall_us:.1f}% |")
+        idle = max(self.wall_us - self.busy_us, 0.0)
+        lines.append(f"| (no kernel running) | {idle / self.steps / 1e3:.2f} | {100 * idle / self.wall_us:.1f}% |")
+        return "\n".join(lines)
+
+
+def summarize_kernels(kernels: list[tuple[str, float]], steps: int, wall_us: float) -> KernelSummary:
+    """kernels: (name, device microseconds) of every kernel launch in the profiled window."""
+    by_kind: dict[str, float] = defaultdict(float)
+    for name, us in kernels:
+        by_kind[kernel_kind(name)] += us
+    return KernelSummary(steps=steps, wall_us=wall_us, by_kind=dict(by_kind))
+
+
+def device_kernels(prof) -> list[tuple[str, float]]:
+    """(name, device us) of the device-side kernel events of a finished torch.profiler run."""
+    from torch.autograd import DeviceType
+
+    out = []
+    for evt in prof.events():
+        if evt.device_type == DeviceType.CUDA:
+            out.append((evt.name, float(evt.device_time_total)))
+    return out
