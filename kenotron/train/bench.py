@@ -56,12 +56,12 @@ PRESETS: dict[str, dict[str, list[str]]] = {
 }
 
 
-def _profile_table(trainer, steps: int = 3, rows: int = 30) -> str:
-    """Top kernels by device time and the time per kernel kind over `steps` extra steps."""
+def _profile(trainer, steps: int = 3, rows: int = 30) -> tuple[str, list[dict]]:
+    """Top ops by device time, the time per kernel kind, and the top kernels, over `steps` extra steps."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from kenotron.train.kernel_profile import device_kernels, summarize_kernels
+    from kenotron.train.kernel_profile import device_kernels, summarize_kernels, top_kernels
 
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
@@ -71,7 +71,8 @@ def _profile_table(trainer, steps: int = 3, rows: int = 30) -> str:
         torch.cuda.synchronize()
         wall_us = (time.perf_counter() - t0) * 1e6
     top = prof.key_averages().table(sort_by="device_time_total", row_limit=rows, max_name_column_width=90)
-    return top + "\n" + summarize_kernels(device_kernels(prof), steps, wall_us).table()
+    kernels = device_kernels(prof)
+    return top + "\n" + summarize_kernels(kernels, steps, wall_us).table(), top_kernels(kernels, steps)
 
 
 def run_worker(out_path: str, warmup: int, steps: int, overrides: list[str], profile: bool = False) -> None:
@@ -128,7 +129,7 @@ def run_worker(out_path: str, warmup: int, steps: int, overrides: list[str], pro
         "torch": torch.__version__,
     }
     if profile and device.type == "cuda":
-        result["profile"] = _profile_table(trainer)
+        result["profile"], result["kernels"] = _profile(trainer)
     if world.rank == 0:
         Path(out_path).write_text(json.dumps(result))
     trainer.close()

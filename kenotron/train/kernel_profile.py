@@ -75,6 +75,21 @@ def device_kernels(prof) -> list[tuple[str, float]]:
 
     out = []
     for evt in prof.events():
-        if evt.device_type == DeviceType.CUDA:
+        # Ranges such as "Optimizer.step#AdamW.step" also appear on the device timeline
+        # (user annotations spanning the kernels inside): counting them would count twice.
+        if evt.device_type == DeviceType.CUDA and not getattr(evt, "is_user_annotation", False):
             out.append((evt.name, float(evt.device_time_total)))
     return out
+
+
+def top_kernels(kernels: list[tuple[str, float]], steps: int, n: int = 60) -> list[dict]:
+    """The n kernels with the most device time: name, kind, calls and ms per step."""
+    total: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    for name, us in kernels:
+        total[name][0] += us
+        total[name][1] += 1
+    rows = sorted(total.items(), key=lambda kv: -kv[1][0])[:n]
+    return [
+        {"name": name, "kind": kernel_kind(name), "calls_per_step": calls / steps, "ms_per_step": us / steps / 1e3}
+        for name, (us, calls) in rows
+    ]

@@ -1,0 +1,112 @@
+"""Time the kernels a training step is made of, in isolation, on one GPU.
+
+    python scripts/bench_kernels.py matmul      # every linear of the 1B and 8B shapes: fwd, dgrad, wgrad
+    python scripts/bench_kernels.py attention   # SDPA backends and q/k/v layouts, fwd + bwd
+
+What the step's profile cannot say: how fast each matmul shape can run alone (so whether the
+step's matmul time is at cuBLAS's limit), and which attention kernel and layout is fastest.
+Median of 20 runs after 5 warm-ups, bf16.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+SHAPES = {
+    # name: (tokens, dim, ffn, heads, kv_heads, head_dim, vocab, seq)
+    "1B b4x4096": (16384, 2048, 8192, 32, 8, 64, 128256, 4096),
+    "8B-width b2x8192": (16384, 4096, 14336, 32, 8, 128, 128256, 8192),
+}
+
+
+def _ms(fn: Callable[[], object], reps: int = 20) -> float:
+    for _ in range(5):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def bench_matmuls() -> None:
+    dev, dt = torch.device("cuda"), torch.bfloat16
+    print("| shape | linear (in -> out) | fwd ms | dgrad ms | wgrad ms | TFLOP/s (all three) |\n|---|---|---|---|---|---|")
+    for shape, (m, dim, ffn, h, kv, hd, vocab, _) in SHAPES.items():
+        linears = {
+            "wq": (dim, h * hd), "wk / wv": (dim, kv * hd), "wo": (h * hd, dim), "w1 / w3": (dim, ffn),
+            "w2": (ffn, dim), "qkv fused": (dim, (h + 2 * kv) * hd), "w1+w3 fused": (dim, 2 * ffn),
+            "output": (dim, vocab),
+        }
+        for name, (k, n) in linears.items():
+            x = torch.randn(m, k, device=dev, dtype=dt)
+            w = torch.randn(n, k, device=dev, dtype=dt)
+            dy = torch.randn(m, n, device=dev, dtype=dt)
+            fwd = _ms(lambda: x @ w.t())
+            dgrad = _ms(lambda: dy @ w)
+            wgrad = _ms(lambda: dy.t() @ x)
+            tflops = 3 * 2 * m * k * n / ((fwd + dgrad + wgrad) * 1e-3) / 1e12
+            print(f"| {shape} | {name} ({k} -> {n}) | {fwd:.3f} | {dgrad:.3f} | {wgrad:.3f} | {tflops:.0f} |", flush=True)
+            del x, w, dy
+
+
+def bench_attention() -> None:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    dev, dt = torch.device("cuda"), torch.bfloat16
+    print("| shape | backend | q/k/v layout | fwd ms | fwd+bwd ms | TFLOP/s (causal, fwd+bwd) |\n|---|---|---|---|---|---|")
+    backends = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
+                "efficient": SDPBackend.EFFICIENT_ATTENTION}
+    for shape, (tokens, _, _, h, kv, hd, _, seq) in SHAPES.items():
+        b = tokens // seq
+        flops = 3.5 * 2 * b * seq * seq * h * hd  # causal: fwd 2*b*s^2*h*d, bwd 2.5x
+        for layout in ("bshd view", "bhsd contiguous"):
+            def make(heads: int) -> torch.Tensor:
+                if layout == "bshd view":
+                    t = torch.randn(b, seq, heads, hd, device=dev, dtype=dt).transpose(1, 2)
+                else:
+                    t = torch.randn(b, heads, seq, hd, device=dev, dtype=dt)
+                return t.requires_grad_()
+
+            q, k, v = make(h), make(kv), make(kv)
+            do = torch.randn(b, seq, h, hd, device=dev, dtype=dt).transpose(1, 2)
+            for name, backend in backends.items():
+                def fwd():
+                    with sdpa_kernel(backend):
+                        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+
+                def fwd_bwd():
+                    torch.autograd.grad(fwd(), (q, k, v), do)
+
+                try:
+                    f, fb = _ms(fwd), _ms(fwd_bwd)
+                except RuntimeError as e:
+                    print(f"| {shape} | {name} | {layout} | n/a: {str(e).splitlines()[0][:60]} | | |", flush=True)
+                    continue
+                print(f"| {shape} | {name} | {layout} | {f:.3f} | {fb:.3f} | {flops / (fb * 1e-3) / 1e12:.0f} |",
+                      flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("what", choices=["matmul", "attention", "all"])
+    args = parser.parse_args()
+    if args.what in ("matmul", "all"):
+        bench_matmuls()
+    if args.what in ("attention", "all"):
+        bench_attention()
+
+
+if __name__ == "__main__":
+    main()
