@@ -40,6 +40,9 @@ class Model:
     attention_backend: Literal["auto", "cudnn", "flash", "efficient", "math", "flex", "flash_attn"] = "auto"
     """SDPA kernel (cudnn, flash, efficient, math), flex (torch's FlexAttention; needed for data.document_masking) or flash_attn (the flash-attn package, FlashAttention-3 on Hopper if installed; CUDA and bfloat16 only). auto: flex with data.document_masking, else SDPA preferring cuDNN, then flash, on CUDA (measured fastest on H200); torch picks on CPU."""
 
+    eager_kernels: Literal["auto", "triton", "torch"] = "auto"
+    """RoPE and SwiGLU's silu(a) * b in uncompiled blocks: triton (one fused kernel each forward and backward; CUDA and the triton package), torch (plain PyTorch ops), auto (triton on CUDA when triton imports, else torch). Compiled blocks (compile.enable) always use torch's ops, which the compiler fuses itself."""
+
 
 @dataclass
 class Tokenizer:

@@ -50,5 +50,10 @@ def validate_config(cfg: JobConfig) -> None:
             f"data.document_masking=true needs FlexAttention, but model.attention_backend={backend!r} runs plain "
             f"causal attention over the whole window; set model.attention_backend to 'flex' or 'auto'"
         )
+    if cfg.model.eager_kernels == "triton" and cfg.compile.enable:
+        raise ConfigError(
+            "model.eager_kernels='triton' is for uncompiled blocks, but compile.enable=true (the compiler fuses "
+            "RoPE and SwiGLU itself); set model.eager_kernels to 'auto' or compile.enable=false"
+        )
     if cfg.model.vocab_size < 0 or cfg.model.n_layers < 0:
         raise ConfigError("model.vocab_size and model.n_layers must be >= 0 (0 keeps the flavor's)")

@@ -18,7 +18,8 @@ Activations kept per block (no AC), bytes:
   + 2·T·d·c (the norms' outputs, or their sequence-parallel all-gathers, saved by the matmuls;
     under autocast each matmul casts its own copy: 5·T·d·2)
   + T·(2H + 2K)·h·c / t (RoPE'd q and k, v, attention output) + b·H·s·4/t (log-sum-exp)
-  + 4·T·F·c / t (SwiGLU: w1 and w3 outputs, silu, product; 2 for a GELU MLP)
+  + 4·T·F·c / t (SwiGLU: w1 and w3 outputs, silu, product; 3 with the fused Triton gate of
+    eager CUDA runs, which keeps no silu; 2 for a GELU MLP)
   + T·(H + K)·h·c / t with per-head q/k norms (Qwen3); LayerNorm in fp32 (StarCoder2) keeps
     2·T_r·d·4 instead of the residuals
   + T·H·h·c / t under context parallel where the attention output comes back contiguous in
@@ -54,7 +55,7 @@ import torch
 from torch import nn
 
 from kenotron.estimate.context import attention_output_copy
-from kenotron.estimate.fake_job import target_device
+from kenotron.estimate.fake_job import fused_gate, target_device
 from kenotron.estimate.tracker import Breakdown, allocated_bytes
 from kenotron.models.common.norms import LayerNorm
 from kenotron.parallel.plan import matching_modules
@@ -158,6 +159,8 @@ class StepShape:
     fp32_norm: bool
     cp_output_copy: bool = False
     """Context parallel: the output projection keeps a copy of the attention output (context.py)."""
+    fused_gate: bool = False
+    """SwiGLU's gate is the fused Triton kernel (eager CUDA runs): silu(a) is not kept."""
 
     @classmethod
     def of(cls, run: RunPlan, block_kind: dict[str, bool]) -> StepShape:
@@ -171,7 +174,8 @@ class StepShape:
             tokens=tokens, residual_tokens=tokens // tp if sp else tokens, batch=t.local_batch_size, seq=seq,
             tp=tp, dim=a.dim, ffn=a.ffn_dim, heads=a.n_heads, kv_heads=a.n_kv_heads, head_dim=a.head_dim,
             vocab=a.vocab_size, layers=a.n_layers, compute=2 if bf16 else FP32, residual=FP32 if autocast else (2 if bf16 else FP32),
-            autocast=autocast, cp_output_copy=attention_output_copy(run), **block_kind,
+            autocast=autocast, cp_output_copy=attention_output_copy(run),
+            fused_gate=block_kind["gated_mlp"] and fused_gate(run), **block_kind,
         )
 
 
@@ -194,7 +198,7 @@ def block_activations(s: StepShape, mode: str, sp: bool, save_matmul_every: int 
         return block_input
     q_width, kv_width = s.heads * s.head_dim // t, s.kv_heads * s.head_dim // t
     lse = allocated_bytes(s.batch * s.heads // t * s.seq * FP32)
-    mlp = (4 if s.gated_mlp else 2) * allocated_bytes(T * s.ffn // t * c)
+    mlp = ((3 if s.fused_gate else 4) if s.gated_mlp else 2) * allocated_bytes(T * s.ffn // t * c)
     if mode == "selective-op":
         # Matmul outputs in forward order: wq, wk, wv, wo, then w1, w3 (gated) or the up
         # projection, then the down projection; the policy keeps indices 0, k, 2k, ...

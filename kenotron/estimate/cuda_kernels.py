@@ -12,6 +12,11 @@ CUDA runs as one kernel, and the decomposition keeps different tensors for backw
   for accuracy that makes one gradient-sized temporary; on CUDA it runs one multi-tensor
   norm kernel (`torch._foreach_norm`) that makes none.
 
+- the fused Triton SwiGLU gate of eager CUDA runs (train/eager_kernels.py) keeps its two
+  inputs for backward where the PyTorch ops also keep silu(a); `use_fused_gate_memory`
+  gives each SwiGLU a stand-in with the kernel's allocations. (The fused RoPE keeps what the
+  PyTorch ops keep, so RoPE stays as it is.)
+
 `cuda_kernel_memory()` swaps in, for the duration of an estimate, an autograd function with
 the CUDA kernel's allocations (output, rstd; grad input, grad weight) and no values, and the
 CUDA branch of the gradient norm. The RMSNorm stand-in refuses real tensors, so it can never
@@ -28,6 +33,7 @@ import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.distributed.tensor import DTensor
 
+from kenotron.models.common.mlp import SwiGLU, silu_mul
 from kenotron.parallel import grad_norm
 
 
@@ -57,6 +63,35 @@ def _rms_norm_memory(input, normalized_shape, weight=None, eps=None):
     if not _is_fake(input):
         raise RuntimeError("the estimator's rms_norm stand-in only runs on fake tensors; it computes no values")
     return _FusedRMSNormMemory.apply(input, weight)
+
+
+class _FusedSiluMulMemory(torch.autograd.Function):
+    """Allocations of the fused silu(a) * b kernel: out forward (a and b kept); da and db backward."""
+
+    @staticmethod
+    def forward(ctx, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(a, b)
+        return torch.empty_like(a)
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):
+        a, b = ctx.saved_tensors
+        return torch.empty_like(a), torch.empty_like(b)
+
+
+def _silu_mul_memory(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    if isinstance(a, DTensor) or isinstance(b, DTensor):
+        return silu_mul(a, b)  # the trainer's fused gate falls back to the PyTorch ops on DTensors too
+    if not (_is_fake(a) and _is_fake(b)):
+        raise RuntimeError("the estimator's silu_mul stand-in only runs on fake tensors; it computes no values")
+    return _FusedSiluMulMemory.apply(a, b)
+
+
+def use_fused_gate_memory(model: torch.nn.Module) -> None:
+    """Every SwiGLU of `model` allocates as the fused Triton gate does (eager CUDA runs)."""
+    for module in model.modules():
+        if isinstance(module, SwiGLU):
+            module.silu_mul = _silu_mul_memory
 
 
 def _sum_of_squares_cuda_path(tensors: list[torch.Tensor]) -> torch.Tensor:

@@ -29,6 +29,7 @@ from torch import nn
 from torch.distributed.tensor.parallel import loss_parallel
 
 from kenotron.estimate.context import use_torch_ring
+from kenotron.estimate.cuda_kernels import use_fused_gate_memory
 from kenotron.parallel.dims import Meshes
 from kenotron.parallel.grad_norm import (
     clip_grads_,
@@ -40,6 +41,7 @@ from kenotron.parallel.zero1 import Zero1Optimizer
 from kenotron.train.fused_loss import linear_cross_entropy_sum
 from kenotron.train.loss import cross_entropy_sum
 from kenotron.train.optim import optimizer_factory, param_groups
+from kenotron.train.eager_kernels import resolve_eager_kernels
 from kenotron.train.resolve import RunPlan
 from kenotron.train.trainer import single_device_fsdp, uses_fused_loss
 
@@ -50,6 +52,14 @@ FAKE_DEVICE = torch.device("cpu")
 def target_device(run: RunPlan) -> torch.device:
     """The device type the trainer would pick on a GPU machine."""
     return torch.device("cpu") if run.cfg.training.device == "cpu" else torch.device("cuda")
+
+
+def fused_gate(run: RunPlan) -> bool:
+    """Whether the trainer would run SwiGLU's gate as the fused Triton kernel (eager CUDA runs)."""
+    kernels = resolve_eager_kernels(
+        run.cfg.model.eager_kernels, target_device(run).type, run.cfg.compile.enable, triton_present=True
+    )
+    return kernels == "triton"
 
 
 def ignored_features(run: RunPlan) -> list[str]:
@@ -173,6 +183,8 @@ def build_fake_job(run: RunPlan, fake_mode: Any, n_layers: int | None = None) ->
     meshes = _build_meshes(run, device)
     with torch.device("meta"):
         model = run.spec.build(run.model_args)
+    if fused_gate(run):
+        use_fused_gate_memory(model)
     applied = plan.apply(model, meshes)
     # Context parallel: the plan chose kenotron's ring for the CPU mesh; a CUDA job runs torch's.
     use_torch_ring(model, meshes, run, device)

@@ -47,7 +47,9 @@ from kenotron.estimate.fake_job import (
     StepObserver,
     simulated_micro_steps,
     target_device,
+    fused_gate,
 )
+from kenotron.estimate.cuda_kernels import use_fused_gate_memory
 from kenotron.estimate.pipeline_schedule import Action
 from kenotron.estimate.tracker import Position, StepMemoryTracker
 from kenotron.parallel.grad_norm import (
@@ -187,6 +189,8 @@ def build_pipeline_job(run: RunPlan, fake_mode: Any) -> PipelineJob:
     meshes = run.dims.build_meshes(FAKE_DEVICE.type)
     with torch.device("meta"):
         model = run.spec.build(run.model_args)
+    if fused_gate(run):
+        use_fused_gate_memory(model)
     applied = plan.apply(model, meshes)
     split = plan.pipeline
     assert split is not None

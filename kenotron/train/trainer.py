@@ -42,6 +42,7 @@ from kenotron.train.attention_backend import (
     resolve_attention_backend,
     use_attention_kernel,
 )
+from kenotron.train.eager_kernels import resolve_eager_kernels, use_eager_kernels
 from kenotron.train.flops import flops_per_token, matmul_params
 from kenotron.train.fused_loss import compiled_chunk_fn, linear_cross_entropy_sum
 from kenotron.train.loss import IGNORE_INDEX, cross_entropy_sum
@@ -97,6 +98,8 @@ class Trainer:
         cfg = self.cfg = run.cfg
         self.world = WorldInfo.from_env()
         self.device = pick_device(cfg.training.device, self.world, cfg.training.expandable_segments)
+        # Checked before any process group exists: a bad choice fails fast on every rank.
+        self.eager_kernels = resolve_eager_kernels(cfg.model.eager_kernels, self.device.type, cfg.compile.enable)
         self._owns_process_group = False
         if self.world.world_size > 1 or self.world.launched:
             self._owns_process_group = init_distributed(self.device)
@@ -114,6 +117,7 @@ class Trainer:
         with torch.device("meta"):
             model = run.spec.build(run.model_args)
         use_attention_kernel(model, self.attention_backend, self.device)
+        use_eager_kernels(model, self.eager_kernels)
         self.n_params = sum(p.numel() for p in model.parameters())
         args = run.model_args
         self.flops_per_token = flops_per_token(

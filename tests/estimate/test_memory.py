@@ -140,3 +140,17 @@ def test_estimates_of_different_layouts_follow_each_other_in_one_process():
     second = estimate(16, *base)
     again = estimate(16, *base, "--parallelism.dp_replicate", "2")
     assert first.peak_bytes == again.peak_bytes != second.peak_bytes
+
+
+def test_fused_swiglu_gate_of_eager_cuda_runs_keeps_one_ffn_activation_less_per_block():
+    """Eager CUDA runs use the fused Triton gate (model.eager_kernels auto), which keeps no silu(a)."""
+    fused, plain = (estimate(4, "--model.eager_kernels", k).ranks[0] for k in ("auto", "torch"))
+    cfg = load_config(DEBUG, [])
+    run = resolve_run(cfg, 4)
+    a, t = run.model_args, cfg.training
+    silu_bytes = a.n_layers * allocated_bytes(t.local_batch_size * t.seq_len * a.ffn_dim * 4)  # debug runs in fp32
+    saved = plain.phase_peaks["forward"].activations - fused.phase_peaks["forward"].activations
+    assert saved == silu_bytes
+    assert plain.analytic.total - fused.analytic.total == pytest.approx(silu_bytes, rel=0.02)
+    compiled = [estimate(4, "--model.eager_kernels", k, "--compile.enable", "true").ranks[0] for k in ("auto", "torch")]
+    assert compiled[0].peak.total == compiled[1].peak.total  # compiled blocks keep PyTorch's ops

@@ -116,6 +116,8 @@ class GQAttention(nn.Module):
             self.k_norm = RMSNorm(head_dim, qk_norm_eps)
         # Causal attention (q, k, v) -> out of the training path (no mask, no cache).
         self.attention_fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] = causal_attention
+        # RoPE on (batch, seq, heads, head_dim); a fused kernel may replace it (train/eager_kernels.py).
+        self.rope_fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] = apply_rope
 
     def forward(
         self,
@@ -136,8 +138,8 @@ class GQAttention(nn.Module):
         v = self.wv(x).view(bsz, seqlen, -1, self.head_dim)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q = apply_rope(q, cos, sin).transpose(1, 2)
-        k = apply_rope(k, cos, sin).transpose(1, 2)
+        q = self.rope_fn(q, cos, sin).transpose(1, 2)
+        k = self.rope_fn(k, cos, sin).transpose(1, 2)
         v = v.transpose(1, 2)
         if attn_mask is None and kv_cache is None and block_mask is None:
             out = self.attention_fn(q, k, v)

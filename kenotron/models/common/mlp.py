@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -9,17 +11,27 @@ from torch import nn
 from kenotron.models.common.init import ZEROS, InitSpec, trunc_normal
 
 
+def silu_mul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """silu(a) * b, SwiGLU's gate, in PyTorch ops."""
+    return F.silu(a) * b
+
+
 class SwiGLU(nn.Module):
-    """w2(silu(w1 x) * w3 x): the gated MLP of Llama, Qwen and Mistral."""
+    """w2(silu(w1 x) * w3 x): the gated MLP of Llama, Qwen and Mistral.
+
+    The gate runs through `silu_mul`, which a fused kernel may replace
+    (train/eager_kernels.py); the model never does.
+    """
 
     def __init__(self, dim: int, hidden_dim: int) -> None:
         super().__init__()
         self.w1 = nn.Linear(dim, hidden_dim, bias=False)
         self.w2 = nn.Linear(hidden_dim, dim, bias=False)
         self.w3 = nn.Linear(dim, hidden_dim, bias=False)
+        self.silu_mul: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = silu_mul
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        return self.w2(self.silu_mul(self.w1(x), self.w3(x)))
 
     def param_init_specs(self, init_std: float, out_std: float) -> dict[str, InitSpec]:
         """Input projections at init_std; the output projection at out_std (depth-scaled)."""

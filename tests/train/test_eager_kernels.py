@@ -1,0 +1,73 @@
+"""model.eager_kernels: which RoPE / SwiGLU gate kernels a run uses, and the refusals."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+from kenotron.config import ConfigError, load_config
+from kenotron.models.common.attention import GQAttention
+from kenotron.models.common.mlp import SwiGLU, silu_mul
+from kenotron.models.common.rope import apply_rope
+from kenotron.train.eager_kernels import resolve_eager_kernels, use_eager_kernels
+from kenotron.train.resolve import resolve_run
+
+
+@pytest.mark.parametrize(
+    ("choice", "device", "compiled", "present", "expected"),
+    [
+        ("auto", "cuda", False, True, "triton"),
+        ("auto", "cuda", False, False, "torch"),
+        ("auto", "cuda", True, True, "torch"),
+        ("auto", "cpu", False, True, "torch"),
+        ("torch", "cuda", False, True, "torch"),
+        ("triton", "cuda", False, True, "triton"),
+    ],
+)
+def test_auto_picks_triton_only_for_uncompiled_cuda_blocks_with_triton_installed(choice, device, compiled, present,
+                                                                                  expected):
+    assert resolve_eager_kernels(choice, device, compiled, triton_present=present) == expected
+
+
+@pytest.mark.parametrize(
+    ("device", "compiled", "present", "message"),
+    [
+        ("cuda", True, True, "compile.enable=true"),
+        ("cpu", False, True, "needs a CUDA device"),
+        ("cuda", False, False, "needs the triton package"),
+    ],
+)
+def test_triton_where_it_cannot_run_is_refused_with_the_fix(device, compiled, present, message):
+    with pytest.raises(ConfigError, match=message):
+        resolve_eager_kernels("triton", device, compiled, triton_present=present)
+
+
+def test_triton_with_compile_is_refused_by_the_config_check():
+    cfg = load_config(None, ["--model.eager_kernels", "triton", "--compile.enable", "true"])
+    with pytest.raises(ConfigError, match="model.eager_kernels='triton' is for uncompiled blocks"):
+        resolve_run(cfg, 1)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs the triton package")
+def test_installed_kernels_replace_rope_and_gate_and_fall_back_to_pytorch_on_cpu_tensors():
+    run = resolve_run(load_config(None, []), 1)
+    with torch.device("meta"):
+        model = run.spec.build(run.model_args)
+    reference_out = None
+    use_eager_kernels(model, "triton")
+    attention = [m for m in model.modules() if isinstance(m, GQAttention)]
+    gates = [m for m in model.modules() if isinstance(m, SwiGLU)]
+    assert attention and all(m.rope_fn is not apply_rope for m in attention)
+    assert gates and all(m.silu_mul is not silu_mul for m in gates)
+    model.to_empty(device="cpu")
+    model.init_weights(seed=0)
+    tokens = torch.randint(0, run.model_args.vocab_size, (2, 16))
+    out = model(tokens)
+    for m in attention:
+        m.rope_fn = apply_rope
+    for m in gates:
+        m.silu_mul = silu_mul
+    reference_out = model(tokens)
+    assert torch.equal(out, reference_out)  # CPU tensors take the PyTorch ops
