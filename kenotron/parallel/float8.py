@@ -11,9 +11,19 @@ dimensions are not multiples of 16 (the float8 GEMM needs them).
 
 from __future__ import annotations
 
+import importlib.util
+
 from torch import nn
 
 FLOAT8_RECIPES = ("tensorwise", "rowwise")
+INSTALL_HINT = "pip install 'kenotron[float8]' (torchao)"
+
+
+def check_float8_available() -> None:
+    """Refuse float8 before any process group exists when torchao is missing (ImportError with the fix)."""
+    if importlib.util.find_spec("torchao") is None:
+        raise ImportError(f"float8.enable=true needs torchao, which is not installed: {INSTALL_HINT}; "
+                          f"or set float8.enable=false")
 
 
 def float8_eligible(module: nn.Module, fqn: str) -> bool:
@@ -29,7 +39,7 @@ def convert_to_float8(model: nn.Module, recipe: str, *, fsdp_float8_all_gather: 
     try:
         from torchao.float8 import Float8LinearConfig, convert_to_float8_training
     except ImportError as e:  # pragma: no cover - depends on the environment
-        raise ImportError("float8 training needs torchao: pip install 'kenotron[float8]'") from e
+        raise ImportError(f"float8 training needs torchao: {INSTALL_HINT}") from e
     config = Float8LinearConfig.from_recipe_name(recipe)
     if recipe == "tensorwise" and fsdp_float8_all_gather:
         import dataclasses

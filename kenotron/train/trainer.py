@@ -27,6 +27,7 @@ from kenotron.checkpoint.model_info import describe_model
 from kenotron.config import JobConfig, config_to_toml
 from kenotron.data import MicroBatch, build_text_loader, build_tokenizer
 from kenotron.parallel.dims import Meshes
+from kenotron.parallel.float8 import check_float8_available
 from kenotron.parallel.grad_norm import (
     clip_divisor,
     clip_grads_,
@@ -100,6 +101,8 @@ class Trainer:
         self.device = pick_device(cfg.training.device, self.world, cfg.training.expandable_segments)
         # Checked before any process group exists: a bad choice fails fast on every rank.
         self.eager_kernels = resolve_eager_kernels(cfg.model.eager_kernels, self.device.type, cfg.compile.enable)
+        if cfg.float8.enable:
+            check_float8_available()
         self._owns_process_group = False
         if self.world.world_size > 1 or self.world.launched:
             self._owns_process_group = init_distributed(self.device)

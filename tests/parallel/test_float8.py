@@ -1,0 +1,61 @@
+"""float8 through torchao: which layers convert, and that a converted model trains like the
+unconverted one (torchao's float8 linear runs on the CPU through torch's CPU scaled matmul)."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+from torch import nn
+
+from kenotron.config import load_config
+from kenotron.models import get_model_spec
+from kenotron.parallel import float8
+from kenotron.parallel.float8 import check_float8_available, convert_to_float8
+from kenotron.train.trainer import run_training
+
+needs_torchao = pytest.mark.skipif(importlib.util.find_spec("torchao") is None, reason="needs torchao")
+
+
+def _debug_llama() -> nn.Module:
+    spec = get_model_spec("llama3")
+    with torch.device("meta"):
+        return spec.build(spec.model_args("debug", max_seq_len=64))
+
+
+@needs_torchao
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
+def test_converter_swaps_every_block_linear_and_keeps_the_output_projection(recipe):
+    model = _debug_llama()
+    n_blocks = len(model.layers)
+    assert convert_to_float8(model, recipe) == 7 * n_blocks  # wq wk wv wo w1 w2 w3
+    from torchao.float8.float8_linear import Float8Linear
+
+    assert type(model.output) is nn.Linear
+    assert all(isinstance(m, Float8Linear) for m in model.layers["0"].feed_forward.children())
+
+
+def test_unknown_recipe_is_refused():
+    with pytest.raises(ValueError, match="float8 recipe 'blockwise' is not one of tensorwise, rowwise"):
+        convert_to_float8(_debug_llama(), "blockwise")
+
+
+def test_missing_torchao_is_refused_with_the_install_command(monkeypatch):
+    monkeypatch.setattr(float8.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ImportError, match=r"float8.enable=true needs torchao.*pip install 'kenotron\[float8\]'"):
+        check_float8_available()
+
+
+@needs_torchao
+def test_float8_training_follows_the_unconverted_loss(tmp_path):
+    common = ["--training.seq_len", "64", "--training.local_batch_size", "4", "--training.steps", "30",
+              "--metrics.log_freq", "5", "--lr_scheduler.warmup_steps", "5"]
+    runs = {}
+    for name, extra in {"fp32": [], "float8": ["--float8.enable", "true"]}.items():
+        cfg = load_config(None, common + extra + ["--job.dump_folder", str(tmp_path / name)])
+        runs[name] = [r["loss"] for r in run_training(cfg)]
+    assert runs["float8"][-1] < runs["float8"][0] - 1.0  # it learns
+    for a, b in zip(runs["float8"], runs["fp32"]):
+        assert a == pytest.approx(b, rel=0.03)  # float8 rounding, not a different model
+    assert runs["float8"] != runs["fp32"]  # the float8 matmuls really ran
