@@ -71,3 +71,21 @@ def test_installed_kernels_replace_rope_and_gate_and_fall_back_to_pytorch_on_cpu
         m.silu_mul = silu_mul
     reference_out = model(tokens)
     assert torch.equal(out, reference_out)  # CPU tensors take the PyTorch ops
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or importlib.util.find_spec("triton") is None,
+                    reason="needs a CUDA device and triton")
+@pytest.mark.parametrize("ac", ["none", "full", "selective-op"])
+def test_training_with_triton_kernels_follows_pytorch_ops_under_every_ac_mode(tmp_path, ac):
+    from kenotron.train.trainer import run_training
+
+    common = ["--training.seq_len", "128", "--training.local_batch_size", "4", "--training.steps", "6",
+              "--metrics.log_freq", "1", "--training.param_dtype", "bfloat16", "--compile.enable", "false",
+              "--activation_checkpoint.mode", ac, "--training.device", "cuda"]
+    losses = {}
+    for kernels in ("triton", "torch"):
+        cfg = load_config(None, common + ["--model.eager_kernels", kernels, "--job.dump_folder", str(tmp_path / kernels)])
+        losses[kernels] = [r["loss"] for r in run_training(cfg)]
+    for a, b in zip(losses["triton"], losses["torch"]):
+        assert a == pytest.approx(b, rel=2e-2)
