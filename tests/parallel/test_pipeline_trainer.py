@@ -3,36 +3,20 @@ stopped run resumed from its checkpoint logging bit-identical losses."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
 
-from kenotron.config import load_config
-from kenotron.train.trainer import run_training
 from tests.checkpoint.test_trainer_resume import STOP_AFTER, losses_by_step, train
 from tests.distributed.pool import run_on_ranks
+from tests.train.short_run import read_records, train_short_run
 
-COMMON = [
-    "--model.n_layers", "4", "--training.seq_len", "32", "--training.global_batch_size", "8",
-    "--training.steps", "6", "--metrics.log_freq", "2", "--lr_scheduler.warmup_steps", "2",
-    "--metrics.tensorboard", "false",
-]
-
-
-def _train(overrides: list[str], folder: str) -> None:
-    run_training(load_config(None, COMMON + ["--job.dump_folder", folder] + overrides))
-
-
-def _records(folder: Path) -> list[dict]:
-    return [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+N_LAYERS = 4
 
 
 @pytest.fixture(scope="module")
 def one_rank_records(tmp_path_factory):
     folder = tmp_path_factory.mktemp("one")
-    _train(["--training.local_batch_size", "8"], str(folder))
-    return _records(folder)
+    train_short_run(N_LAYERS, ["--training.local_batch_size", "8"], str(folder))
+    return read_records(folder)
 
 
 @pytest.mark.parametrize(
@@ -44,8 +28,8 @@ def one_rank_records(tmp_path_factory):
     ids=["pp2_fsdp2_accum2", "pp4_1f1b"],
 )
 def test_pipeline_metrics_match_one_rank(layout, one_rank_records, tmp_path):
-    run_on_ranks(4, _train, layout, str(tmp_path))
-    records = _records(tmp_path)  # written by rank 0: a first stage, which computes no loss itself
+    run_on_ranks(4, train_short_run, N_LAYERS, layout, str(tmp_path))
+    records = read_records(tmp_path)  # written by rank 0: a first stage, which computes no loss itself
     assert [r["step"] for r in records] == [r["step"] for r in one_rank_records] == [2, 4, 6]
     for ours, ref in zip(records, one_rank_records):
         # AdamW amplifies 1e-9 reduction-order noise in gradients; losses still agree closely.
