@@ -41,3 +41,19 @@ def test_profile_summary_groups_kernels_by_kind_and_reports_idle_time():
     table = summary.table()
     assert "| matmul | 0.15 | 30.0% |" in table
     assert "| (no kernel running) | 0.26 | 51.0% |" in table
+
+
+def test_every_gpu_preset_is_a_valid_config_for_its_gpu_count():
+    from kenotron.config import load_config
+    from kenotron.train.__main__ import split_config_arg
+    from kenotron.train.bench import PRESETS, SYNTHETIC
+    from kenotron.train.resolve import resolve_run
+
+    for preset, cases in PRESETS.items():
+        if preset == "cpu-smoke":
+            continue
+        world = 4 if "4gpu" in preset else 1
+        for name, overrides in cases.items():
+            path, rest = split_config_arg(overrides)
+            run = resolve_run(load_config(path, SYNTHETIC + rest), world)
+            assert run.dims.world_size == world, name
