@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from collections.abc import Callable
 
 import torch
@@ -40,8 +39,16 @@ def _ms(fn: Callable[[], object], reps: int = 20) -> float:
     return statistics.median(times)
 
 
-def bench_matmuls() -> None:
+def _linear_ms(m: int, k: int, n: int) -> tuple[float, float, float]:
+    """Forward (x @ w.T), input gradient (dy @ w) and weight gradient (dy.T @ x) of one linear."""
     dev, dt = torch.device("cuda"), torch.bfloat16
+    x = torch.randn(m, k, device=dev, dtype=dt)
+    w = torch.randn(n, k, device=dev, dtype=dt)
+    dy = torch.randn(m, n, device=dev, dtype=dt)
+    return _ms(lambda: x @ w.t()), _ms(lambda: dy @ w), _ms(lambda: dy.t() @ x)
+
+
+def bench_matmuls() -> None:
     print("| shape | linear (in -> out) | fwd ms | dgrad ms | wgrad ms | TFLOP/s (all three) |\n|---|---|---|---|---|---|")
     for shape, (m, dim, ffn, h, kv, hd, vocab, _) in SHAPES.items():
         linears = {
@@ -50,21 +57,37 @@ def bench_matmuls() -> None:
             "output": (dim, vocab),
         }
         for name, (k, n) in linears.items():
-            x = torch.randn(m, k, device=dev, dtype=dt)
-            w = torch.randn(n, k, device=dev, dtype=dt)
-            dy = torch.randn(m, n, device=dev, dtype=dt)
-            fwd = _ms(lambda: x @ w.t())
-            dgrad = _ms(lambda: dy @ w)
-            wgrad = _ms(lambda: dy.t() @ x)
+            fwd, dgrad, wgrad = _linear_ms(m, k, n)
             tflops = 3 * 2 * m * k * n / ((fwd + dgrad + wgrad) * 1e-3) / 1e12
             print(f"| {shape} | {name} ({k} -> {n}) | {fwd:.3f} | {dgrad:.3f} | {wgrad:.3f} | {tflops:.0f} |", flush=True)
-            del x, w, dy
+
+
+def _attention_ms(b: int, h: int, kv: int, seq: int, hd: int, layout: str, backend) -> tuple[float, float]:
+    """Causal GQA SDPA with one backend: forward, and forward + backward, in ms."""
+    from torch.nn.attention import sdpa_kernel
+
+    dev, dt = torch.device("cuda"), torch.bfloat16
+
+    def make(heads: int) -> torch.Tensor:
+        if layout == "bshd view":  # the model's layout: a (batch, seq, heads, dim) view transposed
+            t = torch.randn(b, seq, heads, hd, device=dev, dtype=dt).transpose(1, 2)
+        else:
+            t = torch.randn(b, heads, seq, hd, device=dev, dtype=dt)
+        return t.requires_grad_()
+
+    q, k, v = make(h), make(kv), make(kv)
+    do = torch.randn(b, seq, h, hd, device=dev, dtype=dt).transpose(1, 2)
+
+    def fwd() -> torch.Tensor:
+        with sdpa_kernel(backend):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+
+    return _ms(fwd), _ms(lambda: torch.autograd.grad(fwd(), (q, k, v), do))
 
 
 def bench_attention() -> None:
-    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention import SDPBackend
 
-    dev, dt = torch.device("cuda"), torch.bfloat16
     print("| shape | backend | q/k/v layout | fwd ms | fwd+bwd ms | TFLOP/s (causal, fwd+bwd) |\n|---|---|---|---|---|---|")
     backends = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
                 "efficient": SDPBackend.EFFICIENT_ATTENTION}
@@ -72,25 +95,9 @@ def bench_attention() -> None:
         b = tokens // seq
         flops = 3.5 * 2 * b * seq * seq * h * hd  # causal: fwd 2*b*s^2*h*d, bwd 2.5x
         for layout in ("bshd view", "bhsd contiguous"):
-            def make(heads: int) -> torch.Tensor:
-                if layout == "bshd view":
-                    t = torch.randn(b, seq, heads, hd, device=dev, dtype=dt).transpose(1, 2)
-                else:
-                    t = torch.randn(b, heads, seq, hd, device=dev, dtype=dt)
-                return t.requires_grad_()
-
-            q, k, v = make(h), make(kv), make(kv)
-            do = torch.randn(b, seq, h, hd, device=dev, dtype=dt).transpose(1, 2)
             for name, backend in backends.items():
-                def fwd():
-                    with sdpa_kernel(backend):
-                        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-
-                def fwd_bwd():
-                    torch.autograd.grad(fwd(), (q, k, v), do)
-
                 try:
-                    f, fb = _ms(fwd), _ms(fwd_bwd)
+                    f, fb = _attention_ms(b, h, kv, seq, hd, layout, backend)
                 except RuntimeError as e:
                     print(f"| {shape} | {name} | {layout} | n/a: {str(e).splitlines()[0][:60]} | | |", flush=True)
                     continue

@@ -44,35 +44,41 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=128256)
     parser.add_argument("--dims", type=int, nargs="+", default=[2048, 4096])
     args = parser.parse_args()
-    dev = torch.device("cuda")
     print("| dim | variant | ms (fwd + bwd) | extra peak GiB |\n|---|---|---|---|")
     for dim in args.dims:
-        h = torch.randn(args.tokens, dim, device=dev, dtype=torch.bfloat16, requires_grad=True)
-        w = (torch.randn(args.vocab, dim, device=dev) * 0.02).requires_grad_()
-        labels = torch.randint(0, args.vocab, (args.tokens,), device=dev)
+        for name, fn in _variants(args.tokens, args.vocab, dim).items():
+            ms, gib = _time(fn)
+            print(f"| {dim} | {name} | {ms:.2f} | {gib:.2f} |", flush=True)
 
-        def plain():
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                logits = h @ w.t()
-            cross_entropy_sum(logits, labels).backward()
 
-        def chunked(chunk_fn):
-            return lambda: linear_cross_entropy_sum(
-                h, w, labels, chunk_tokens=args.tokens, compute_dtype=torch.bfloat16, chunk_fn=chunk_fn
+def _variants(tokens: int, vocab: int, dim: int) -> dict:
+    """name -> a function running forward + backward of that loss on fresh random inputs."""
+    dev = torch.device("cuda")
+    h = torch.randn(tokens, dim, device=dev, dtype=torch.bfloat16, requires_grad=True)
+    w = (torch.randn(vocab, dim, device=dev) * 0.02).requires_grad_()
+    labels = torch.randint(0, vocab, (tokens,), device=dev)
+
+    def plain():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            logits = h @ w.t()
+        cross_entropy_sum(logits, labels).backward()
+
+    def chunked(chunk_fn):
+        def run():
+            linear_cross_entropy_sum(
+                h, w, labels, chunk_tokens=tokens, compute_dtype=torch.bfloat16, chunk_fn=chunk_fn
             ).backward()
 
-        variants = {
-            "plain (full fp32 logits)": plain,
-            "chunked, eager step": chunked(_chunk_loss_and_grad),
-            "chunked, eager step compiled": chunked(torch.compile(_chunk_loss_and_grad, dynamic=False)),
-            "chunked, compiler form compiled (default)": chunked(
-                torch.compile(_chunk_loss_and_grad_for_compile, dynamic=False)
-            ),
-        }
-        for name, fn in variants.items():
-            ms, gib = _time(fn)
-            h.grad = w.grad = None
-            print(f"| {dim} | {name} | {ms:.2f} | {gib:.2f} |", flush=True)
+        return run
+
+    return {
+        "plain (full fp32 logits)": plain,
+        "chunked, eager step": chunked(_chunk_loss_and_grad),
+        "chunked, eager step compiled": chunked(torch.compile(_chunk_loss_and_grad, dynamic=False)),
+        "chunked, compiler form compiled (default)": chunked(
+            torch.compile(_chunk_loss_and_grad_for_compile, dynamic=False)
+        ),
+    }
 
 
 if __name__ == "__main__":

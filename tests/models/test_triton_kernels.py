@@ -18,7 +18,7 @@ def test_fused_rope_gate_and_a_whole_model_match_pytorch_ops_in_value_and_gradie
     child = Path(__file__).with_name("triton_parity_child.py")
     env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2]), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, str(child)], capture_output=True, text=True, env=env, timeout=600)
+    proc = subprocess.run([sys.executable, str(child)], check=False, capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert proc.stdout.strip().endswith("ok")
 

@@ -69,7 +69,7 @@ def check_model() -> None:
         grads.append({n: p.grad for n, p in model.named_parameters()})
     torch.testing.assert_close(losses[1], losses[0], rtol=1e-5, atol=1e-5)
     for name, g in grads[0].items():
-        torch.testing.assert_close(grads[1][name], g, rtol=1e-4, atol=1e-5, msg=lambda m: f"{name}: {m}")
+        torch.testing.assert_close(grads[1][name], g, rtol=1e-4, atol=1e-5, msg=lambda m, name=name: f"{name}: {m}")
 
 
 if __name__ == "__main__":
