@@ -4,13 +4,11 @@ model equal to the SDPA model, FlashAttention-3 preferred on Hopper, a clear err
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 
 import pytest
 import torch
 
-from kenotron.models import get_model_spec
 from kenotron.models.common.attention import causal_attention
 from kenotron.models.common.flash_attention import (
     FlashAttention,
@@ -20,25 +18,16 @@ from kenotron.models.common.flash_attention import (
 )
 from kenotron.train.attention_backend import use_attention_kernel
 from tests.models.fake_flash_attn import fake_flash_attn
+from tests.models.tiny import tiny_model
 
 SEQ = 24
-
-
-def tiny_model(name: str = "llama3") -> torch.nn.Module:
-    spec = get_model_spec(name)
-    args = dataclasses.replace(spec.model_args("debug", max_seq_len=SEQ), n_layers=2)
-    with torch.device("meta"):
-        model = spec.build(args)
-    model.to_empty(device="cpu")
-    model.init_weights(seed=0)
-    return model
 
 
 @pytest.mark.parametrize("family", ["llama3", "qwen3"])
 def test_model_with_flash_attn_equals_the_sdpa_model_in_bf16(family, monkeypatch):
     fake = fake_flash_attn()
     monkeypatch.setitem(sys.modules, "flash_attn", fake)
-    reference, model = tiny_model(family).to(torch.bfloat16), tiny_model(family).to(torch.bfloat16)
+    reference, model = tiny_model(family, seq_len=SEQ).to(torch.bfloat16), tiny_model(family, seq_len=SEQ).to(torch.bfloat16)
     use_attention_kernel(model, "flash_attn", torch.device("cpu"))
     attention = model.layers["0"].attention
     assert isinstance(attention.attention_fn, FlashAttention) and attention.attention_fn.version == 2
@@ -58,7 +47,7 @@ def test_model_with_flash_attn_equals_the_sdpa_model_in_bf16(family, monkeypatch
 
 def test_fp32_inputs_break_the_contract(monkeypatch):
     monkeypatch.setitem(sys.modules, "flash_attn", fake_flash_attn())
-    model = tiny_model()
+    model = tiny_model(seq_len=SEQ)
     use_attention_kernel(model, "flash_attn", torch.device("cpu"))
     with pytest.raises(AssertionError, match="float32"):
         model(torch.randint(0, 4096, (1, SEQ)))
@@ -69,7 +58,7 @@ def test_masks_and_kv_cache_still_go_through_sdpa(monkeypatch):
     # whole local sequence, so that bypass is allowed (unlike context parallel's).
     fake = fake_flash_attn()
     monkeypatch.setitem(sys.modules, "flash_attn", fake)
-    reference, model = tiny_model(), tiny_model()
+    reference, model = tiny_model(seq_len=SEQ), tiny_model(seq_len=SEQ)
     use_attention_kernel(model, "flash_attn", torch.device("cpu"))
     tokens = torch.randint(0, 4096, (1, SEQ))
     mask = torch.ones(1, SEQ, dtype=torch.bool)
@@ -99,7 +88,7 @@ def test_missing_package_says_how_to_install_it(monkeypatch):
     with pytest.raises(FlashAttnUnavailable, match=r"pip install flash-attn"):
         load_flash_attention(prefer_v3=False)
     with pytest.raises(FlashAttnUnavailable, match=r"pip install flash-attn"):
-        use_attention_kernel(tiny_model(), "flash_attn", torch.device("cpu"))
+        use_attention_kernel(tiny_model(seq_len=SEQ), "flash_attn", torch.device("cpu"))
 
 
 def test_version_parsing():

@@ -10,21 +10,19 @@ whether the mask and the grouped-query call given to flex are right.
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 import torch.nn.attention.flex_attention as torch_flex
 import torch.nn.functional as F
 
 from kenotron.data.packing import document_ids
-from kenotron.models import get_model_spec
 from kenotron.models.common.flex_attention import (
     causal_block_mask,
     dense_mask,
     document_block_mask,
     flex_attend,
 )
+from tests.models.tiny import tiny_model
 
 # Eager flex_attention on CPU warns that it is the unfused reference: that is what is tested here.
 pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
@@ -105,16 +103,6 @@ def test_block_causal_flex_equals_sdpa_with_an_explicit_mask(window, flex_backwa
     out = torch_flex.flex_attention(q, k, v, block_mask=mask, enable_gqa=True)
     torch.testing.assert_close(out, reference, atol=1e-6, rtol=1e-6)
     assert_all_close(grads(out, [q, k, v]), want)
-
-
-def tiny_model(name: str = "llama3", seq_len: int = 32) -> torch.nn.Module:
-    spec = get_model_spec(name)
-    args = dataclasses.replace(spec.model_args("debug", max_seq_len=seq_len), n_layers=2)
-    with torch.device("meta"):
-        model = spec.build(args)
-    model.to_empty(device="cpu")
-    model.init_weights(seed=0)
-    return model
 
 
 @pytest.mark.parametrize("grad", [False, True], ids=["flex-forward", "cpu-training-path"])

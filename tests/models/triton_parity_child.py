@@ -3,17 +3,16 @@ interpreter): the fused kernels against the PyTorch ops they replace. Exits non-
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 
 import torch
 import torch.nn.functional as F
 
-from kenotron.models import get_model_spec
 from kenotron.models.common.attention import GQAttention
 from kenotron.models.common.mlp import SwiGLU
 from kenotron.models.common.rope import apply_rope, rope_cos_sin
 from kenotron.models.common.triton_kernels import triton_rope, triton_silu_mul
+from tests.models.tiny import tiny_model
 
 
 def check_rope() -> None:
@@ -46,21 +45,13 @@ def check_silu_mul() -> None:
 
 def check_model() -> None:
     """A debug Llama with both kernels installed: same loss and gradients as with PyTorch's ops."""
-    spec = get_model_spec("llama3")
-    args = dataclasses.replace(spec.model_args("debug", max_seq_len=32), n_layers=2)
-    models = []
-    for _ in range(2):
-        with torch.device("meta"):
-            model = spec.build(args)
-        model.to_empty(device="cpu")
-        model.init_weights(seed=3)
-        models.append(model)
+    models = [tiny_model(seq_len=32, seed=3) for _ in range(2)]
     for module in models[1].modules():
         if isinstance(module, GQAttention):
             module.rope_fn = triton_rope
         elif isinstance(module, SwiGLU):
             module.silu_mul = triton_silu_mul
-    tokens = torch.randint(0, args.vocab_size, (2, 32))
+    tokens = torch.randint(0, models[0].args.vocab_size, (2, 32))
     losses, grads = [], []
     for model in models:
         loss = F.cross_entropy(model(tokens).flatten(0, 1), tokens.flatten())
