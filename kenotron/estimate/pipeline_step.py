@@ -42,14 +42,14 @@ from torch.distributed.pipelining.microbatch import merge_chunks
 from torch.distributed.pipelining.stage import _PipelineStageBase
 from torch.distributed.tensor.parallel import loss_parallel
 
+from kenotron.estimate.cuda_kernels import use_fused_gate_memory
 from kenotron.estimate.fake_job import (
     FAKE_DEVICE,
     StepObserver,
+    fused_gate,
     simulated_micro_steps,
     target_device,
-    fused_gate,
 )
-from kenotron.estimate.cuda_kernels import use_fused_gate_memory
 from kenotron.estimate.pipeline_schedule import Action
 from kenotron.estimate.tracker import Position, StepMemoryTracker
 from kenotron.parallel.grad_norm import (

@@ -107,6 +107,13 @@ class BlockMasks:
         return self._causal[key]
 
 
+def window_shorter_than(meta_model: nn.Module, seq_len: int) -> int | None:
+    """The model's sliding window when it is shorter than `seq_len`, else None: then attention
+    over a training window is not plain causal attention (what flash_attn and context parallel run)."""
+    window = getattr(meta_model, "sliding_window", None)
+    return window if window is not None and seq_len > window else None
+
+
 def check_attention(cfg: JobConfig, dims: ParallelDims, meta_model: nn.Module) -> None:
     """What flex and flash_attn cannot run, refused with the fix in the message (ConfigError)."""
     backend = resolve_attention_backend(cfg.model.attention_backend, cfg.data.document_masking)
@@ -147,8 +154,8 @@ def _check_flash_attn(cfg: JobConfig, meta_model: nn.Module) -> None:
     if t.param_dtype != "bfloat16":
         raise ConfigError(f"model.attention_backend='flash_attn' computes in bf16/fp16 only, but training.param_dtype="
                           f"{t.param_dtype!r}; set training.param_dtype='bfloat16' or use model.attention_backend='auto'")
-    window = getattr(meta_model, "sliding_window", None)
-    if window is not None and t.seq_len > window:
+    window = window_shorter_than(meta_model, t.seq_len)
+    if window is not None:
         raise ConfigError(
             f"model.attention_backend='flash_attn' runs plain causal attention here, but model {cfg.model.name} "
             f"{cfg.model.flavor} attends through a {window}-token sliding window, shorter than training.seq_len="

@@ -19,7 +19,7 @@ from kenotron.models import ModelSpec, get_model_spec
 from kenotron.parallel.dims import ParallelDims
 from kenotron.parallel.pipeline import PipelineSplit, build_pipeline_split, check_compile
 from kenotron.parallel.plan import Plan, plan_for
-from kenotron.train.attention_backend import check_attention
+from kenotron.train.attention_backend import check_attention, window_shorter_than
 
 
 @dataclass(frozen=True)
@@ -69,8 +69,8 @@ def check_context_parallel(cfg: JobConfig, dims: ParallelDims, meta_model: torch
                           f"use cp=1 or pp=1")
     if p.dp_mode == "zero1":
         raise ConfigError(f"parallelism.dp_mode='zero1' does not combine with cp={dims.cp}; use dp_mode='fsdp'")
-    window = getattr(meta_model, "sliding_window", None)
-    if window is not None and t.seq_len > window:
+    window = window_shorter_than(meta_model, t.seq_len)
+    if window is not None:
         raise ConfigError(
             f"parallelism.cp={dims.cp} supports plain causal attention only, but model {cfg.model.name} "
             f"{cfg.model.flavor} attends through a {window}-token sliding window, shorter than training.seq_len="
