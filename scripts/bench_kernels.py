@@ -2,6 +2,7 @@
 
     python scripts/bench_kernels.py matmul      # every linear of the 1B and 8B shapes: fwd, dgrad, wgrad
     python scripts/bench_kernels.py attention   # SDPA backends and q/k/v layouts, fwd + bwd
+                                                # (and FlashAttention-4 when flash-attn-4 is installed)
 
 What the step's profile cannot say: how fast each matmul shape can run alone (so whether the
 step's matmul time is at cuBLAS's limit), and which attention kernel and layout is fastest.
@@ -16,6 +17,9 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+
+from kenotron.models.common.flash_attention import FlashAttention
+from kenotron.models.common.flash_attention4 import fa4_attention, import_fa4
 
 SHAPES = {
     # name: (tokens, dim, ffn, heads, kv_heads, head_dim, vocab, seq)
@@ -79,6 +83,8 @@ def _attention_ms(b: int, h: int, kv: int, seq: int, hd: int, layout: str, backe
     do = torch.randn(b, seq, h, hd, device=dev, dtype=dt).transpose(1, 2)
 
     def fwd() -> torch.Tensor:
+        if backend == "fa4":  # FlashAttention-4 through kenotron's custom ops, as the model calls it
+            return FlashAttention(fa4_attention, 4)(q, k, v)
         with sdpa_kernel(backend):
             return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
 
@@ -91,11 +97,15 @@ def bench_attention() -> None:
     print("| shape | backend | q/k/v layout | fwd ms | fwd+bwd ms | TFLOP/s (causal, fwd+bwd) |\n|---|---|---|---|---|---|")
     backends = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
                 "efficient": SDPBackend.EFFICIENT_ATTENTION}
+    if import_fa4() is not None:
+        backends["fa4"] = "fa4"
     for shape, (tokens, _, _, h, kv, hd, _, seq) in SHAPES.items():
         b = tokens // seq
         flops = 3.5 * 2 * b * seq * seq * h * hd  # causal: fwd 2*b*s^2*h*d, bwd 2.5x
         for layout in ("bshd view", "bhsd contiguous"):
             for name, backend in backends.items():
+                if backend == "fa4" and layout != "bshd view":
+                    continue  # FA4 takes (b, s, h, d): the contiguous bhsd layout would be copied
                 try:
                     f, fb = _attention_ms(b, h, kv, seq, hd, layout, backend)
                 except RuntimeError as e:

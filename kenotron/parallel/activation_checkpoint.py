@@ -24,6 +24,10 @@ import torch
 import torch.utils.checkpoint as ckpt
 from torch import nn
 
+# Registers kenotron::fa4_forward (FlashAttention-4, model.attention_backend = "flash_attn"), whose
+# output the selective policy keeps like SDPA's; the module imports no FA4 code until it runs.
+from kenotron.models.common import flash_attention4  # noqa: F401
+
 AC_MODES = ("none", "full", "selective-op", "every-n-layers")
 
 
@@ -36,6 +40,7 @@ _SAVED_ATEN_OPS = (
 _SAVED_COLLECTIVES = ("reduce_scatter_tensor", "all_gather_into_tensor", "all_reduce")
 # flash-attn's forward (model.attention_backend = "flash_attn"), a custom op once the package is imported.
 _SAVED_FLASH_ATTN_OPS = ("_flash_attn_forward",)
+_SAVED_KENOTRON_OPS = ("fa4_forward",)
 
 
 def _ops_to_save() -> set:
@@ -45,6 +50,7 @@ def _ops_to_save() -> set:
         (torch.ops.aten, _SAVED_ATEN_OPS),
         (torch.ops._c10d_functional, _SAVED_COLLECTIVES),
         (torch.ops.flash_attn, _SAVED_FLASH_ATTN_OPS),
+        (torch.ops.kenotron, _SAVED_KENOTRON_OPS),
     ):
         for name in names:
             try:  # not every op exists on every build (nor without the package)

@@ -21,6 +21,7 @@ module's `attention_fn` (`use_attention_kernel`), before the plan is applied.
 from __future__ import annotations
 
 import contextlib
+import importlib
 
 import torch
 from torch import nn
@@ -34,9 +35,8 @@ from kenotron.models.common.flash_attention import (
     INSTALL_HINT,
     MIN_COMPILE_VERSION,
     FlashAttnUnavailable,
+    cuda_major,
     flash_attn_version,
-    import_flash_attn,
-    is_hopper,
     load_flash_attention,
 )
 from kenotron.models.common.flex_attention import causal_block_mask, document_block_mask
@@ -74,11 +74,11 @@ def attention_context(backend: str, device: torch.device) -> contextlib.Abstract
 
 def use_attention_kernel(model: nn.Module, backend: str, device: torch.device) -> None:
     """For flash_attn, make every attention module's `attention_fn` flash-attn's kernel
-    (FlashAttention-3 on Hopper when installed). Call it on the (meta) model before
+    (the best one installed for the GPU, see load_flash_attention). Call it on the (meta) model before
     `plan.apply`, so pipeline stages, which are copies, keep it. Other backends: no change."""
     if backend != "flash_attn":
         return
-    kernel = load_flash_attention(prefer_v3=is_hopper(device))
+    kernel = load_flash_attention(cuda_major(device))
     for module in model.modules():
         if isinstance(module, GQAttention):
             module.attention_fn = kernel
@@ -141,14 +141,15 @@ def check_attention(cfg: JobConfig, dims: ParallelDims, meta_model: nn.Module) -
 
 def _check_flash_attn(cfg: JobConfig, meta_model: nn.Module) -> None:
     t = cfg.training
+    cuda = torch.cuda.is_available() and t.device != "cpu"
     try:
-        module = import_flash_attn()
+        kernel = load_flash_attention(torch.cuda.get_device_capability()[0] if cuda else 0)
     except FlashAttnUnavailable as e:
         raise ConfigError(
             f"model.attention_backend='flash_attn' needs the flash-attn package, which is not installed here: "
             f"{INSTALL_HINT}; or use model.attention_backend='auto' (torch's fused SDPA kernels)"
         ) from e
-    if not (torch.cuda.is_available() and t.device != "cpu"):
+    if not cuda:
         raise ConfigError("model.attention_backend='flash_attn' needs CUDA (flash-attn has no CPU kernel); "
                           "use model.attention_backend='auto' on CPU")
     if t.param_dtype != "bfloat16":
@@ -162,6 +163,9 @@ def _check_flash_attn(cfg: JobConfig, meta_model: nn.Module) -> None:
             f"{t.seq_len}; use model.attention_backend='flex' (which applies the window) or 'auto', or "
             f"training.seq_len <= {window}"
         )
+    if kernel.version != 2:
+        return  # FlashAttention-3 and kenotron's FlashAttention-4 ops are traceable
+    module = importlib.import_module("flash_attn")
     version = flash_attn_version(module)
     if cfg.compile.enable and version < MIN_COMPILE_VERSION:
         wanted = ".".join(map(str, MIN_COMPILE_VERSION))

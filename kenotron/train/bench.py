@@ -7,10 +7,18 @@
 
 Each case runs in its own process (torchrun for several GPUs) so compile caches, CUDA memory
 statistics and allocator state never carry over. A case trains `--warmup` steps (excluded:
-compilation, allocator growth), then `--steps` timed steps with a device synchronization
-around each; the row reports medians over the timed steps: tokens/s per device, TFLOP/s per
-device and MFU (formula in kenotron/train/flops.py), and the peak memory of rank 0 (max
-allocated and max reserved by the caching allocator).
+compilation, allocator growth), then `--steps` timed steps; the row reports medians over the
+timed steps: tokens/s per device, TFLOP/s per device and MFU (formula in
+kenotron/train/flops.py), and the peak memory of rank 0 (max allocated and max reserved by the
+caching allocator).
+
+Timing (`--timing`): "stream" (default) runs the timed steps back to back as the trainer does,
+with no host synchronization between them, and times each step on the GPU's own timeline (a
+CUDA event recorded as each step starts): while the host runs ahead, a step's time is the
+device's time for it. "sync" synchronizes the device before and after each step and times it
+on the host clock: it also counts the device's idle while the host launches the step's first
+kernels, which training (that synchronizes only at logging steps) does not pay. On CPU both
+time each step on the host clock.
 """
 
 from __future__ import annotations
@@ -86,7 +94,40 @@ def _profile(trainer, steps: int = 3, rows: int = 30) -> tuple[str, list[dict]]:
     return top + "\n" + summarize_kernels(kernels, steps, wall_us).table(), top_kernels(kernels, steps)
 
 
-def run_worker(out_path: str, warmup: int, steps: int, overrides: list[str], profile: bool = False) -> None:
+def time_steps(trainer, warmup: int, steps: int, timing: str) -> tuple[list[float], list]:
+    """Seconds of each timed step, and the loss tensor of every step (warm-up included)."""
+    import torch
+
+    cuda = trainer.device.type == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    losses = []
+    for _ in range(warmup):
+        losses.append(trainer.train_step(trainer.loader.next_step())[0])
+    sync()
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(trainer.device)
+    times: list[float] = []
+    if timing == "stream" and cuda:
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(steps + 1)]
+        for i in range(steps):
+            starts[i].record()
+            losses.append(trainer.train_step(trainer.loader.next_step())[0])
+        starts[steps].record()
+        sync()
+        times = [starts[i].elapsed_time(starts[i + 1]) / 1e3 for i in range(steps)]
+    else:
+        for _ in range(steps):
+            batch = trainer.loader.next_step()
+            sync()
+            t0 = time.perf_counter()
+            losses.append(trainer.train_step(batch)[0])
+            sync()
+            times.append(time.perf_counter() - t0)
+    return times, losses
+
+
+def run_worker(out_path: str, warmup: int, steps: int, overrides: list[str], profile: bool = False,
+               timing: str = "stream") -> None:
     """Inside one case's process (every rank): build the trainer, time the steps, write JSON."""
     import torch
     import torch.distributed as dist
@@ -103,20 +144,9 @@ def run_worker(out_path: str, warmup: int, steps: int, overrides: list[str], pro
     cfg = load_config(path, SYNTHETIC + rest + ["--training.steps", str(warmup + steps)])
     trainer = Trainer(resolve_run(cfg, world.world_size))
     device = trainer.device
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     tokens = trainer.run.global_batch_size * cfg.training.seq_len
-    times, losses = [], []
-    for i in range(warmup + steps):
-        if i == warmup and device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
-        batch = trainer.loader.next_step()
-        sync()
-        t0 = time.perf_counter()
-        loss, _ = trainer.train_step(batch)
-        sync()
-        if i >= warmup:
-            times.append(time.perf_counter() - t0)
-        losses.append(trainer.global_losses([loss])[0].item())
+    times, loss_tensors = time_steps(trainer, warmup, steps, timing)
+    losses = trainer.global_losses(loss_tensors).tolist()
     step_time = statistics.median(times)
     tps = tokens / step_time / world.world_size
     peak = trainer.metrics._peak
@@ -136,6 +166,7 @@ def run_worker(out_path: str, warmup: int, steps: int, overrides: list[str], pro
         "loss_first": losses[0],
         "loss_last": losses[-1],
         "world_size": world.world_size,
+        "timing": timing,
         "device": trainer.metrics.device_name,
         "torch": torch.__version__,
     }
@@ -147,11 +178,13 @@ def run_worker(out_path: str, warmup: int, steps: int, overrides: list[str], pro
 
 
 def run_case(
-    name: str, overrides: list[str], ngpu: int, warmup: int, steps: int, timeout: float, profile: bool = False
+    name: str, overrides: list[str], ngpu: int, warmup: int, steps: int, timeout: float, profile: bool = False,
+    timing: str = "stream",
 ) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "result.json")
-        worker = ["-m", "kenotron.train.bench", "--worker", out, "--warmup", str(warmup), "--steps", str(steps)]
+        worker = ["-m", "kenotron.train.bench", "--worker", out, "--warmup", str(warmup), "--steps", str(steps),
+                  "--timing", timing]
         worker += ["--profile"] if profile else []
         worker += ["--"]
         if ngpu > 1:
@@ -199,9 +232,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=900)
     parser.add_argument("--json", help="write all rows to this file")
     parser.add_argument("--profile", action="store_true", help="print the top CUDA kernels of each case")
+    parser.add_argument("--timing", choices=["stream", "sync"], default="stream",
+                        help="stream: steps back to back, timed by CUDA events; sync: synchronize around each step")
     args, rest = parser.parse_known_args(argv)
     if args.worker:
-        run_worker(args.worker, args.warmup, args.steps, [a for a in rest if a != "--"], args.profile)
+        run_worker(args.worker, args.warmup, args.steps, [a for a in rest if a != "--"], args.profile, args.timing)
         return 0
     cases: dict[str, list[str]] = {}
     for preset in args.preset:
@@ -215,7 +250,8 @@ def main(argv: list[str] | None = None) -> int:
     print(HEADER, flush=True)
     rows = []
     for name, overrides in cases.items():
-        row = run_case(name, overrides + extra, args.ngpu, args.warmup, args.steps, args.timeout, args.profile)
+        row = run_case(name, overrides + extra, args.ngpu, args.warmup, args.steps, args.timeout, args.profile,
+                       args.timing)
         rows.append(row)
         print(format_row(row), flush=True)
         if row.get("profile"):

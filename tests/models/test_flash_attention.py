@@ -70,12 +70,14 @@ def test_masks_and_kv_cache_still_go_through_sdpa(monkeypatch):
 def test_flash_attention_3_is_preferred_on_hopper_when_installed(monkeypatch):
     monkeypatch.setitem(sys.modules, "flash_attn", fake_flash_attn())
     monkeypatch.setitem(sys.modules, "flash_attn_interface", None)  # FlashAttention-3 absent
-    assert load_flash_attention(prefer_v3=True).version == 2
+    monkeypatch.setitem(sys.modules, "flash_attn.cute.interface", None)  # and FlashAttention-4
+    assert load_flash_attention(9).version == 2
     fa3 = fake_flash_attn(name="flash_attn_interface", returns_lse=True)
     monkeypatch.setitem(sys.modules, "flash_attn_interface", fa3)
-    kernel = load_flash_attention(prefer_v3=True)
+    kernel = load_flash_attention(9)
     assert kernel.version == 3 and kernel.func is fa3.flash_attn_func
-    assert load_flash_attention(prefer_v3=False).version == 2  # not a Hopper GPU
+    assert load_flash_attention(8).version == 2  # an Ampere GPU
+    assert load_flash_attention(10).version == 2  # FlashAttention-3 is for SM90 only
     # A build that also returns the log-sum-exp still gives the attention output.
     q = torch.randn(1, 4, 8, 16, dtype=torch.bfloat16)
     k = torch.randn(1, 2, 8, 16, dtype=torch.bfloat16)
@@ -86,7 +88,7 @@ def test_flash_attention_3_is_preferred_on_hopper_when_installed(monkeypatch):
 def test_missing_package_says_how_to_install_it(monkeypatch):
     monkeypatch.setitem(sys.modules, "flash_attn", None)  # makes `import flash_attn` fail
     with pytest.raises(FlashAttnUnavailable, match=r"pip install flash-attn"):
-        load_flash_attention(prefer_v3=False)
+        load_flash_attention(0)
     with pytest.raises(FlashAttnUnavailable, match=r"pip install flash-attn"):
         use_attention_kernel(tiny_model(seq_len=SEQ), "flash_attn", torch.device("cpu"))
 

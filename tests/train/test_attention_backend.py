@@ -10,9 +10,14 @@ import torch
 
 from kenotron.config import ConfigError, load_config
 from kenotron.models.common.flex_attention import dense_mask
-from kenotron.train.attention_backend import BlockMasks, attention_context, resolve_attention_backend
+from kenotron.train.attention_backend import (
+    BlockMasks,
+    attention_context,
+    resolve_attention_backend,
+)
 from kenotron.train.trainer import resolve_run, run_training
 from tests.models.fake_flash_attn import fake_flash_attn
+from tests.models.fake_flash_attn4 import fake_flash_attn4
 from tests.parallel.parity import run_steps
 
 TINY = [
@@ -116,6 +121,7 @@ def test_flash_attn_needs_cuda_bf16_no_short_window_and_a_compilable_version(mon
     assert "needs CUDA" in refused(flash)
     # The remaining checks, as on a GPU machine:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *device: (8, 0))  # an A100
     assert "set training.param_dtype='bfloat16'" in refused(flash)
     bf16 = flash + ["--training.param_dtype", "bfloat16"]
     msg = refused(bf16 + ["--model.name", "mistral", "--training.seq_len", "256"])
@@ -124,6 +130,11 @@ def test_flash_attn_needs_cuda_bf16_no_short_window_and_a_compilable_version(mon
     assert "pip install 'flash-attn>=2.7'" in refused(bf16 + ["--compile.enable", "true"])
     resolve_run(load_config(None, bf16), world_size=1)  # eager, no window: accepted
     assert "does not combine with context parallel" in refused(bf16 + ["--parallelism.cp", "2"], world_size=2)
+    # On an H100 with FlashAttention-4 installed, FA4 runs (kenotron's custom ops): compile is fine.
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *device: (9, 0))
+    monkeypatch.setitem(sys.modules, "flash_attn_interface", None)
+    monkeypatch.setitem(sys.modules, "flash_attn.cute.interface", fake_flash_attn4())
+    resolve_run(load_config(None, bf16 + ["--compile.enable", "true"]), world_size=1)
 
 
 def test_selective_activation_checkpointing_saves_flex_attention_and_trains_the_same(tmp_path):

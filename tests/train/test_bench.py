@@ -15,7 +15,16 @@ def test_a_case_trains_in_its_own_process_and_reports_speed_and_loss():
     assert "error" not in row, row.get("error")
     assert row["tokens_per_sec"] > 0 and row["step_time_s"] > 0
     assert math.isfinite(row["loss_last"]) and row["world_size"] == 1
+    assert row["timing"] == "stream"
     assert format_row(row).startswith("| tiny | ")
+
+
+def test_sync_timing_gives_the_same_losses_as_stream_timing():
+    # Timing must not change what trains: the same seed gives the same losses either way.
+    stream = run_case("stream", TINY, ngpu=1, warmup=1, steps=2, timeout=300)
+    synced = run_case("sync", TINY, ngpu=1, warmup=1, steps=2, timeout=300, timing="sync")
+    assert synced["timing"] == "sync" and synced["step_time_s"] > 0
+    assert (synced["loss_first"], synced["loss_last"]) == (stream["loss_first"], stream["loss_last"])
 
 
 def test_a_failing_case_reports_the_cause_on_its_last_line():
