@@ -38,7 +38,7 @@ class Model:
     """Number of transformer blocks; 0 keeps the flavor's (a smaller count gives a narrow-and-short benchmark shape)."""
 
     attention_backend: Literal["auto", "cudnn", "flash", "efficient", "math", "flex", "flash_attn"] = "auto"
-    """SDPA kernel (cudnn, flash, efficient, math), flex (torch's FlexAttention; needed for data.document_masking) or flash_attn (the flash-attn package, FlashAttention-3 on Hopper if installed; CUDA and bfloat16 only). auto: flex with data.document_masking, else SDPA preferring cuDNN, then flash, on CUDA (measured fastest on H200); torch picks on CPU."""
+    """SDPA kernel (cudnn, flash, efficient, math), flex (torch's FlexAttention; needed for data.document_masking) or flash_attn (the best FlashAttention installed: FlashAttention-3 on Hopper, else FlashAttention-4 (pip install flash-attn-4) on Hopper and later, else FlashAttention-2; CUDA and bfloat16 only; FA4 measured 1-3% faster than cuDNN on H200). auto: flex with data.document_masking, else SDPA preferring cuDNN, then flash, on CUDA (measured fastest of torch's kernels on H200); torch picks on CPU."""
 
     eager_kernels: Literal["auto", "triton", "torch"] = "auto"
     """RoPE and SwiGLU's silu(a) * b in uncompiled blocks: triton (one fused kernel each forward and backward; CUDA and the triton package), torch (plain PyTorch ops), auto (triton on CUDA when triton imports, else torch). Compiled blocks (compile.enable) always use torch's ops, which the compiler fuses itself."""
@@ -133,8 +133,8 @@ class Optimizer:
     eps: float = 1e-8
     """AdamW epsilon."""
 
-    implementation: Literal["auto", "fused", "foreach", "for-loop"] = "auto"
-    """AdamW kernel: auto uses fused where the device supports it, else foreach."""
+    implementation: Literal["auto", "triton", "fused", "foreach", "for-loop"] = "auto"
+    """AdamW kernel: triton (one Triton kernel per tensor, CUDA), or torch's fused, foreach or for-loop. auto: triton on CUDA when triton is installed (measured fastest on H200), else fused on CUDA and foreach on CPU."""
 
 
 @dataclass

@@ -86,6 +86,8 @@ def optimizer_unscales_gradients(optimizer: object) -> bool:
     the clipping divisor clips inside the update kernel, saving the separate multiply that
     reads and writes every gradient once (about 1% of a step on the 8B width).
     """
+    if getattr(optimizer, "divides_by_grad_scale", False):  # kenotron's TritonAdamW
+        return True
     groups = getattr(optimizer, "param_groups", [])
     return bool(getattr(optimizer, "_step_supports_amp_scaling", False)) and all(g.get("fused") for g in groups)
 

@@ -17,9 +17,14 @@ from kenotron.config import ConfigError, JobConfig, validate_config
 from kenotron.data import build_tokenizer
 from kenotron.models import ModelSpec, get_model_spec
 from kenotron.parallel.dims import ParallelDims
-from kenotron.parallel.pipeline import PipelineSplit, build_pipeline_split, check_compile
+from kenotron.parallel.pipeline import (
+    PipelineSplit,
+    build_pipeline_split,
+    check_compile,
+)
 from kenotron.parallel.plan import Plan, plan_for
 from kenotron.train.attention_backend import check_attention, window_shorter_than
+from kenotron.train.optim import resolve_adamw_implementation
 
 
 @dataclass(frozen=True)
@@ -142,6 +147,9 @@ def resolve_run(cfg: JobConfig, world_size: int) -> RunPlan:
                 "parallelism.async_tp needs CUDA and compile.enable=true (the overlap is done by the "
                 "compiler); turn it off or enable both"
             )
+    if cfg.optimizer.name == "adamw":
+        on_cuda = torch.cuda.is_available() and t.device != "cpu"
+        resolve_adamw_implementation(cfg.optimizer.implementation, "cuda" if on_cuda else "cpu")
     if dims.tp > 1 and not spec.tp_styles:
         raise ConfigError(f"model.name={spec.name!r} has no tensor-parallel plan yet; use parallelism.tp=1")
     plan = build_plan(cfg, spec)

@@ -1,0 +1,91 @@
+"""optimizer.implementation = "triton": the kernel equals torch's AdamW (run on the CPU through
+Triton's interpreter, in a child process), which implementation "auto" picks where, the clipping
+divisor handed to the kernel, and a dry run on fake tensors that only creates the state."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from kenotron.config import ConfigError, load_config
+from kenotron.train.optim import optimizer_factory, resolve_adamw_implementation
+
+needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs the triton package")
+
+
+@needs_triton
+def test_triton_adamw_equals_torch_adamw_through_clipping_lr_changes_checkpoints_and_dtensors():
+    child = Path(__file__).with_name("triton_adamw_child.py")
+    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2]), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, str(child)], check=False, capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.stdout.strip().endswith("ok")
+
+
+def test_auto_picks_triton_on_cuda_with_triton_else_fused_or_foreach():
+    assert resolve_adamw_implementation("auto", "cuda", triton_present=True) == "triton"
+    assert resolve_adamw_implementation("auto", "cuda", triton_present=False) == "fused"
+    assert resolve_adamw_implementation("auto", "cpu", triton_present=True) == "foreach"
+    assert resolve_adamw_implementation("fused", "cuda", triton_present=True) == "fused"
+    with pytest.raises(ConfigError, match="optimizer.implementation='triton' needs a CUDA device"):
+        resolve_adamw_implementation("triton", "cpu", triton_present=True)
+    with pytest.raises(ConfigError, match=r"needs the triton package \(pip install triton\)"):
+        resolve_adamw_implementation("triton", "cuda", triton_present=False)
+
+
+def test_triton_on_cpu_is_refused_before_training():
+    from kenotron.train.resolve import resolve_run
+
+    cfg = load_config(None, ["--training.device", "cpu", "--optimizer.implementation", "triton"])
+    with pytest.raises(ConfigError, match="optimizer.implementation='triton' needs a CUDA device"):
+        resolve_run(cfg, world_size=1)
+
+
+@needs_triton
+def test_triton_adamw_takes_the_clipping_divisor_and_a_dry_run_only_creates_state():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from kenotron.parallel.grad_norm import optimizer_unscales_gradients
+    from kenotron.train.triton_adamw import TritonAdamW
+
+    cfg = load_config(None, ["--optimizer.implementation", "triton"]).optimizer
+    factory = optimizer_factory(cfg, "cuda", triton_present=True)
+    with FakeTensorMode():
+        p = torch.nn.Parameter(torch.empty(64, 32))
+        opt = factory([{"params": [p], "weight_decay": 0.1}])
+        assert isinstance(opt, TritonAdamW) and optimizer_unscales_gradients(opt)
+        p.grad = torch.empty_like(p)
+        opt.step()  # no kernel on fake tensors (no device to run it): the moments are made
+        state = opt.state[p]
+        assert state["exp_avg"].shape == state["exp_avg_sq"].shape == (64, 32) and float(state["step"]) == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or importlib.util.find_spec("triton") is None,
+                    reason="needs a CUDA device and triton")
+def test_triton_adamw_on_cuda_equals_torch_fused_adamw():
+    from kenotron.train.triton_adamw import TritonAdamW
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    ours = [torch.randn(s, generator=g, device="cuda").requires_grad_() for s in ((4096, 1000), (3,))]
+    ref = [p.detach().clone().requires_grad_() for p in ours]
+    opt = TritonAdamW([{"params": ours, "weight_decay": 0.1}], lr=1e-3, betas=(0.9, 0.95), eps=1e-8)
+    ref_opt = torch.optim.AdamW([{"params": ref, "weight_decay": 0.1}], lr=1e-3, betas=(0.9, 0.95), eps=1e-8,
+                                fused=True)
+    scale = torch.tensor(2.5, device="cuda")
+    for _ in range(3):
+        for p, q in zip(ours, ref, strict=True):
+            p.grad = torch.randn(p.shape, generator=g, device="cuda")
+            q.grad = p.grad.clone()
+        opt.grad_scale = ref_opt.grad_scale = scale
+        opt.step()
+        ref_opt.step()
+    for p, q in zip(ours, ref, strict=True):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
