@@ -57,6 +57,13 @@ PRESETS: dict[str, dict[str, list[str]]] = {
         "8B b2x8192 FSDP4 compiled selective-AC": _8B_FSDP,
         "8B b2x8192 FSDP4 compiled selective-AC mm-every-2": _8B_FSDP + ["--activation_checkpoint.save_matmul_every", "2"],
     },
+    # FlashAttention-4 (needs the flash-attn-4 package): the bf16 rows with the fastest attention kernel.
+    "h200-1gpu-fa4": {
+        "1B b4x4096 compiled FA4": _1B + ["--compile.enable", "true", "--model.attention_backend", "flash_attn"],
+        "1B b4x4096 eager FA4": _1B + ["--compile.enable", "false", "--model.attention_backend", "flash_attn"],
+        "8B-width 8L b2x8192 compiled FA4": _8B_WIDTH + ["--compile.enable", "true", "--model.attention_backend",
+                                                         "flash_attn"],
+    },
     # float8 tensorwise (needs torchao): the rows that pass 1.10x the bf16 reference figures.
     "h200-1gpu-float8": {
         "1B b4x4096 compiled float8": _1B + ["--compile.enable", "true", "--float8.enable", "true"],

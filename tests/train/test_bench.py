@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 from kenotron.train.bench import format_row, run_case
+from tests.models.fake_flash_attn4 import fake_flash_attn4
 
 TINY = ["--training.device", "cpu", "--training.seq_len", "32", "--training.local_batch_size", "2"]
 
@@ -52,12 +53,21 @@ def test_profile_summary_groups_kernels_by_kind_and_reports_idle_time():
     assert "| (no kernel running) | 0.26 | 51.0% |" in table
 
 
-def test_every_gpu_preset_is_a_valid_config_for_its_gpu_count():
+def test_every_gpu_preset_is_a_valid_config_for_its_gpu_count(monkeypatch):
+    import sys
+
+    import torch
+
     from kenotron.config import load_config
     from kenotron.train.__main__ import split_config_arg
     from kenotron.train.bench import PRESETS, SYNTHETIC
     from kenotron.train.resolve import resolve_run
 
+    # The flash_attn presets are checked as on an H200 with flash-attn-4 installed.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *device: (9, 0))
+    monkeypatch.setitem(sys.modules, "flash_attn_interface", None)
+    monkeypatch.setitem(sys.modules, "flash_attn.cute.interface", fake_flash_attn4())
     for preset, cases in PRESETS.items():
         if preset == "cpu-smoke":
             continue
