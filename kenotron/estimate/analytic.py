@@ -28,8 +28,10 @@ Activations kept per block (no AC), bytes:
   full AC: T_r·d·c_r (the block input);  selective-op: the block input, matmul, attention and
   collective outputs: T_r·d·c_r + T·(H+2K)·h·c/t + T·H·h·c/t + 2·T·d·c + 2·T·F·c/t (+ SP
   all-gathers 2·T·d·c and reduce-scatters 2·T_r·d·c);  every-n-layers: 1 full + (n-1) none.
-Loss: fused chunked (C = min(chunk, T) tokens): keeps grad_h (T·d·c) and grad_w (V·d·4);
-  temporaries max(2·C·V·c, C·V·c + V·d·c + V·d·4), and with a second chunk of C' tokens
+Loss: fused chunked (C = min(chunk, T) tokens): keeps grad_h (T·d·c) and grad_w (V·d·c with
+  one chunk, V·d·4 with several); temporaries max(2·C·V·c − V·d·c, C·V·c) with one chunk (grad_w
+  is made after the logits' gradient), max(2·C·V·c, C·V·c + V·d·c) with several, or in the
+  loss' backward V·d·4 + T·d·c (+ T·d·4 under autocast, + V·d·c for bf16 weights) if larger; with a second chunk of C' tokens
   C·V·c + 2·C'·V·c (the previous chunk's gradient is alive while the next one's logits and
   log-softmax are computed). Plain: keeps logits (T·V·c/t) and
   log-softmax (T·V·4/t); temporaries 2·T·V·4/t (fp32 copy and exp) -- the vocab-parallel
@@ -43,6 +45,8 @@ Peak = max of these moments:
   embedding backward (TP with data parallel): P + O + G + the root's gathered copies + the
              embedding's whole gradient (DTensor returns it Replicate: V·d·c), its TP shard and
              two fp32 copies of that shard for the reduce-scatter
+  tied embedding's last backward step (unsharded gradients, no TP): P + O + G + 2·V·d·4 (the
+             output projection's gradient waiting in autograd's buffer and the embedding's own)
 with G_acc the gradients accumulated by earlier micro-steps (FSDP: sharded; DDP/ZeRO-1: whole).
 """
 
@@ -237,15 +241,31 @@ def loss_bytes(run: RunPlan, s: StepShape, fused: bool) -> tuple[int, int]:
     V, d, c = s.vocab // s.tp, s.dim, s.compute
     if fused:
         chunk = min(run.cfg.training.loss_chunk_tokens, s.tokens)
-        kept = allocated_bytes(s.tokens * d * c) + allocated_bytes(V * d * FP32)
-        grad_w_chunk = allocated_bytes(V * d * c) + (allocated_bytes(V * d * FP32) if c != FP32 else 0)
-        temp = max(2 * allocated_bytes(chunk * V * c), allocated_bytes(chunk * V * c) + grad_w_chunk)
+        logits = allocated_bytes(chunk * V * c)
+        if s.tokens <= chunk:
+            # One chunk: the weight gradient is the chunk's product itself, kept in the matmul
+            # dtype; it does not exist yet while the logits and their gradient are alive.
+            grad_w = allocated_bytes(V * d * c)
+            kept = allocated_bytes(s.tokens * d * c) + grad_w
+            temp = max(2 * logits - grad_w, logits)
+        else:
+            # Several: an fp32 accumulator (kept), and each chunk's product while it is added.
+            kept = allocated_bytes(s.tokens * d * c) + allocated_bytes(V * d * FP32)
+            temp = max(2 * logits, logits + allocated_bytes(V * d * c))
         if s.tokens > chunk:  # the previous chunk's gradient outlives the next chunk's logits and log-softmax
             second = min(chunk, s.tokens - chunk)
             temp = max(temp, allocated_bytes(chunk * V * c) + 2 * allocated_bytes(second * V * c))
         if s.autocast:  # the fp32 hidden states and output weight are cast for the chunks
             temp += allocated_bytes(s.tokens * d * 2) + allocated_bytes(V * d * 2)
-        return kept, temp
+        # The loss' backward, with every activation still alive: the weight gradient widened and
+        # scaled into a new fp32 tensor, and the scaled hidden-state gradient (cast back to the
+        # fp32 hidden states' dtype under autocast). With few tokens this outweighs the forward.
+        backward = allocated_bytes(V * d * FP32) + allocated_bytes(s.tokens * d * c)
+        if s.autocast:
+            backward += allocated_bytes(s.tokens * d * FP32)
+        elif c != FP32:  # bf16 weights (FSDP / ZeRO-1 cast them): the fp32 gradient is rounded back
+            backward += allocated_bytes(V * d * c)
+        return kept, max(temp, backward)
     logits = allocated_bytes(s.tokens * V * c)
     fp32 = allocated_bytes(s.tokens * V * FP32)
     vocab_parallel = s.tp > 1 and run.plan.loss_parallel
@@ -314,6 +334,12 @@ def peak_breakdown(run: RunPlan, params: ParameterBytes, O: int, kind: dict[str,
     optimizer_temp = allocated_bytes(s.vocab // s.tp * s.dim * FP32) if extra_grad else 0
     optimizer_moment = Breakdown(parameters=P, gradients=G, optimizer_state=O, temporaries=optimizer_temp)
     moments = [loss_moment, backward_moment, optimizer_moment]
+    if getattr(run.model_args, "tie_embeddings", False) and not sharded_grads and s.tp == 1:
+        # The last backward step of a tied embedding: the output projection's gradient waits in
+        # autograd's buffer while the embedding's own dense gradient is made, then the two are
+        # summed into the parameter's gradient (in G): two fp32 (vocab, dim) tensors beside G.
+        tied = 2 * allocated_bytes(s.vocab * s.dim * FP32)
+        moments.append(Breakdown(parameters=P, gradients=G, optimizer_state=O, temporaries=tied))
     if s.tp > 1 and not extra_grad and "embedding" in run.plan.tp_styles.values():
         # Data parallel takes the embedding's whole (Replicate) gradient, keeps its TP shard, casts it
         # to fp32 and reduce-scatters it: briefly the largest temporaries of the step for a big vocabulary.

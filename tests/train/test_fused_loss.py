@@ -61,3 +61,33 @@ def test_compiled_chunk_step_equals_plain_loss_and_gradients(variant):
     torch.testing.assert_close(fused, plain.float(), rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(fh, gh, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(fw, gw, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("chunk", [64, 16])  # one chunk (the product kept in bf16), four (fp32 accumulation)
+def test_bf16_weight_gradient_is_fp32_and_close_to_the_fp64_gradient(chunk):
+    torch.manual_seed(0)
+    h = torch.randn(64, 32, dtype=torch.float64)
+    w = (torch.randn(100, 32, dtype=torch.float64) * 0.1).float().requires_grad_()
+    labels = torch.randint(0, 100, (64,))
+    w64 = w.detach().double().requires_grad_()
+    plain = F.cross_entropy(h @ w64.t(), labels, reduction="sum")
+    (want,) = torch.autograd.grad(plain * 0.5, w64)
+    fused = linear_cross_entropy_sum(h.float(), w, labels, chunk_tokens=chunk, compute_dtype=torch.bfloat16)
+    (got,) = torch.autograd.grad(fused * 0.5, w)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got.double(), want, rtol=2e-2, atol=2e-2)
+
+
+def test_backward_twice_gives_the_same_gradient():
+    # The backward scales a widened copy in place, never the saved gradient: a second backward
+    # through a retained graph sees the same saved values.
+    torch.manual_seed(0)
+    h = torch.randn(64, 32, requires_grad=True)
+    w = torch.randn(100, 32, requires_grad=True)
+    labels = torch.randint(0, 100, (64,))
+    for dtype in (torch.float32, torch.bfloat16):
+        loss = linear_cross_entropy_sum(h, w, labels, chunk_tokens=64, compute_dtype=dtype)
+        first = torch.autograd.grad(loss * 0.5, (h, w), retain_graph=True)
+        second = torch.autograd.grad(loss * 0.5, (h, w))
+        for a, b in zip(first, second, strict=True):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
