@@ -87,7 +87,11 @@ def _profile(trainer, steps: int = 3, rows: int = 30) -> tuple[str, list[dict]]:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from kenotron.train.kernel_profile import device_kernels, summarize_kernels, top_kernels
+    from kenotron.train.kernel_profile import (
+        device_kernels,
+        summarize_kernels,
+        top_kernels,
+    )
 
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
@@ -139,11 +143,11 @@ def run_worker(out_path: str, warmup: int, steps: int, overrides: list[str], pro
     import torch
     import torch.distributed as dist
 
-    from kenotron.train.__main__ import split_config_arg
     from kenotron.config import load_config
+    from kenotron.train.__main__ import split_config_arg
+    from kenotron.train.distributed import WorldInfo
     from kenotron.train.resolve import resolve_run
     from kenotron.train.trainer import Trainer, setup_logging
-    from kenotron.train.distributed import WorldInfo
 
     world = WorldInfo.from_env()
     setup_logging(world.rank)
@@ -199,7 +203,7 @@ def run_case(
         else:
             cmd = [sys.executable, *worker, *overrides]
         t0 = time.perf_counter()
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
         wall = time.perf_counter() - t0
         if proc.returncode != 0 or not os.path.exists(out):
             lines = (proc.stdout + proc.stderr).strip().splitlines()

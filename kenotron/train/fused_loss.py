@@ -18,7 +18,7 @@ the product is kept in the matmul dtype and widened once in backward: the same v
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

@@ -6,37 +6,8 @@ values come back as a list in rank order. Starting ranks is the expensive part o
 on a small CPU machine (importing torch costs seconds per process), so one pool per world size is
 started on first use and kept for the whole pytest session; a call then costs milliseconds.
 
-How the pool is built, and why:
-
-* Workers are forked by a ``multiprocessing`` *forkserver* whose server process has already
-  imported torch and the distributed stack (``_PRELOAD``). A fork of it starts in well under a
-  second, shares the imported pages copy-on-write, and never inherits the pytest process (which
-  may have run OpenMP parallel regions or created threads). The server is started with
-  ``OMP_NUM_THREADS=1`` in its environment and every worker also calls ``torch.set_num_threads(1)``.
-* Rendezvous: the pytest process hosts a ``TCPStore`` on port 0 (the OS picks a free port) and
-  passes the port to the workers; the gloo group gets ``timeout=60 s``.
-* Each worker talks to the parent over its own pipe. A reader thread in the worker owns that pipe:
-  when it sees EOF (the parent exited, crashed or was killed with SIGKILL) it kills the worker's
-  process group at once, even while the main thread is stuck in a collective. Each worker leads its
-  own process group, so anything a test spawned from a rank dies with it, and the terminal's Ctrl-C
-  reaches only the pytest process, which then tears the pools down itself.
-* A call: the parent sends ``(module, qualname)`` of the function plus pickled arguments; each rank
-  resets per-call state (RNG seeds, default dtype, grad mode, thread count), runs the function,
-  then, if every rank succeeded, does a barrier and destroys every process group other than the
-  default one (those made by ``init_device_mesh`` / ``new_group`` in the test), clears DTensor's
-  caches that can refer to them, and collects garbage (meshes sit in reference cycles), so hundreds
-  of tests do not pile up gloo connections and threads. The collection is cheap because each worker
-  ``gc.freeze()``-s the heap it inherited; that also keeps those pages shared with the fork server
-  (about 20 MB private memory per worker instead of about 85 MB).
-* Failures: an exception on a rank comes back with its traceback. The other ranks get
-  ``FAILURE_GRACE`` seconds to finish or fail too (they are often blocked in a collective waiting
-  for the failed rank); ranks still running after that, or after the call's timeout, get their
-  Python stacks dumped (``faulthandler`` on SIGUSR1) into the error. After any failure the pool is
-  killed, because a failed collective can leave the group unusable; the next call starts a new one.
-* Output: each rank's stdout/stderr go to files; after every call the new lines are copied to the
-  pytest process's ``sys.stdout`` / ``sys.stderr`` prefixed with ``[rank r]``, so pytest shows them
-  with the test (``-s`` shows them live, per call). Error messages carry the tail of a failing
-  rank's stderr.
+How the pool is built, and why (forkserver, rendezvous, per-call reset, failures, output):
+see "How the worker pools work" in docs/testing.md.
 
 Pools are shut down by :func:`shutdown_pools`, which ``tests/conftest.py`` calls at session end and
 an ``atexit`` hook calls as a fallback.
