@@ -12,14 +12,13 @@ Median of 20 runs after 5 warm-ups, bf16.
 from __future__ import annotations
 
 import argparse
-import statistics
-from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
 from kenotron.models.common.flash_attention import FlashAttention
 from kenotron.models.common.flash_attention4 import fa4_attention, import_fa4
+from kenotron.train.kernel_profile import median_cuda_ms
 
 SHAPES = {
     # name: (tokens, dim, ffn, heads, kv_heads, head_dim, vocab, seq)
@@ -28,28 +27,13 @@ SHAPES = {
 }
 
 
-def _ms(fn: Callable[[], object], reps: int = 20) -> float:
-    for _ in range(5):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
-
-
 def _linear_ms(m: int, k: int, n: int) -> tuple[float, float, float]:
     """Forward (x @ w.T), input gradient (dy @ w) and weight gradient (dy.T @ x) of one linear."""
     dev, dt = torch.device("cuda"), torch.bfloat16
     x = torch.randn(m, k, device=dev, dtype=dt)
     w = torch.randn(n, k, device=dev, dtype=dt)
     dy = torch.randn(m, n, device=dev, dtype=dt)
-    return _ms(lambda: x @ w.t()), _ms(lambda: dy @ w), _ms(lambda: dy.t() @ x)
+    return median_cuda_ms(lambda: x @ w.t()), median_cuda_ms(lambda: dy @ w), median_cuda_ms(lambda: dy.t() @ x)
 
 
 def bench_matmuls() -> None:
@@ -88,7 +72,7 @@ def _attention_ms(b: int, h: int, kv: int, seq: int, hd: int, layout: str, backe
         with sdpa_kernel(backend):
             return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
 
-    return _ms(fwd), _ms(lambda: torch.autograd.grad(fwd(), (q, k, v), do))
+    return median_cuda_ms(fwd), median_cuda_ms(lambda: torch.autograd.grad(fwd(), (q, k, v), do))
 
 
 def bench_attention() -> None:

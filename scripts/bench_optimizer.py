@@ -11,12 +11,10 @@ moments out). Median of 10 steps after 3 warm-ups.
 
 from __future__ import annotations
 
-import statistics
-from collections.abc import Callable
-
 import torch
 
 from kenotron.train import triton_adamw
+from kenotron.train.kernel_profile import median_cuda_ms
 from kenotron.train.triton_adamw import TritonAdamW
 
 
@@ -31,21 +29,6 @@ MODELS = {
     "1B (tied)": llama_shapes(2048, 8192, 16, 32, 8, 128256, tied=True),
     "8B width, 8 layers": llama_shapes(4096, 14336, 8, 32, 8, 128256, tied=False),
 }
-
-
-def _ms(fn: Callable[[], object], reps: int = 10) -> float:
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def _step(optimizer: torch.optim.Optimizer, scale: torch.Tensor) -> None:
@@ -70,7 +53,7 @@ def main() -> None:
                 triton_adamw.BLOCK, optimizer = entry
             else:
                 optimizer = entry
-            ms = _ms(lambda: _step(optimizer, scale))  # noqa: B023 (timed before the loop moves on)
+            ms = median_cuda_ms(lambda: _step(optimizer, scale), reps=10, warmup=3)  # noqa: B023 (timed before the loop moves on)
             print(f"| {name} | {n / 1e9:.3f} B | {label} | {ms:.2f} | {n * 28 / ms / 1e9:.2f} |", flush=True)
         triton_adamw.BLOCK = 1024
         del params, optimizers

@@ -16,13 +16,13 @@ from dataclasses import dataclass, field
 # First match wins: attention before matmul (cuDNN's attention kernels contain "gemm"-like
 # substrings in some builds), the optimizer before generic elementwise.
 KERNEL_KINDS: list[tuple[str, re.Pattern]] = [
-    ("attention", re.compile(r"fmha|flash|sdpa|attention|attn", re.I)),
-    ("matmul", re.compile(r"gemm|nvjet|cutlass|xmma|cublas|sm90_|sm80_|ampere_|splitk", re.I)),
-    ("optimizer", re.compile(r"adam|fused_sgd", re.I)),
-    ("communication", re.compile(r"nccl", re.I)),
-    ("compiled (triton)", re.compile(r"^triton_", re.I)),
-    ("norm / multi-tensor", re.compile(r"multi_tensor|foreach|norm", re.I)),
-    ("copy / cast", re.compile(r"copy|cast|convert|memcpy|memset|fill", re.I)),
+    ("attention", re.compile(r"fmha|flash|sdpa|attention|attn", re.IGNORECASE)),
+    ("matmul", re.compile(r"gemm|nvjet|cutlass|xmma|cublas|sm90_|sm80_|ampere_|splitk", re.IGNORECASE)),
+    ("optimizer", re.compile(r"adam|fused_sgd", re.IGNORECASE)),
+    ("communication", re.compile(r"nccl", re.IGNORECASE)),
+    ("compiled (triton)", re.compile(r"^triton_", re.IGNORECASE)),
+    ("norm / multi-tensor", re.compile(r"multi_tensor|foreach|norm", re.IGNORECASE)),
+    ("copy / cast", re.compile(r"copy|cast|convert|memcpy|memset|fill", re.IGNORECASE)),
 ]
 OTHER = "other (aten elementwise, reductions)"
 
@@ -93,3 +93,24 @@ def top_kernels(kernels: list[tuple[str, float]], steps: int, n: int = 60) -> li
         {"name": name, "kind": kernel_kind(name), "calls_per_step": calls / steps, "ms_per_step": us / steps / 1e3}
         for name, (us, calls) in rows
     ]
+
+
+def median_cuda_ms(fn, reps: int = 20, warmup: int = 5) -> float:
+    """Median device time of `fn()` in ms over `reps` calls after `warmup` (CUDA events around
+    each call): how the scripts/bench_*.py microbenchmarks time one kernel or one step alone."""
+    import statistics
+
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)

@@ -4,23 +4,17 @@ interpreter (a child process: TRITON_INTERPRET must be set before triton is impo
 from __future__ import annotations
 
 import importlib.util
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.triton_interpreter import run_in_triton_interpreter
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs the triton package")
 
 
 def test_fused_rope_gate_and_a_whole_model_match_pytorch_ops_in_value_and_gradient():
-    child = Path(__file__).with_name("triton_parity_child.py")
-    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2]), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, str(child)], check=False, capture_output=True, text=True, env=env, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert proc.stdout.strip().endswith("ok")
+    run_in_triton_interpreter(Path(__file__).with_name("triton_parity_child.py"))
 
 
 @pytest.mark.gpu

@@ -5,9 +5,6 @@ divisor handed to the kernel, and a dry run on fake tensors that only creates th
 from __future__ import annotations
 
 import importlib.util
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,18 +12,14 @@ import torch
 
 from kenotron.config import ConfigError, load_config
 from kenotron.train.optim import optimizer_factory, resolve_adamw_implementation
+from tests.triton_interpreter import run_in_triton_interpreter
 
 needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs the triton package")
 
 
 @needs_triton
 def test_triton_adamw_equals_torch_adamw_through_clipping_lr_changes_checkpoints_and_dtensors():
-    child = Path(__file__).with_name("triton_adamw_child.py")
-    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2]), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, str(child)], check=False, capture_output=True, text=True, env=env, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert proc.stdout.strip().endswith("ok")
+    run_in_triton_interpreter(Path(__file__).with_name("triton_adamw_child.py"))
 
 
 def test_auto_picks_triton_on_cuda_with_triton_else_fused_or_foreach():
