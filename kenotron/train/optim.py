@@ -54,8 +54,8 @@ def adamw_kernel_kwargs(implementation: str) -> dict[str, bool]:
 
 def optimizer_factory(cfg: OptimizerConfig, device_type: str,
                       triton_present: bool | None = None) -> Callable[[list[dict]], torch.optim.Optimizer]:
-    """A function from parameter groups to the configured optimizer (`triton_present`: see
-    resolve_adamw_implementation; the estimator passes True, planning for a GPU machine)."""
+    """A function from parameter groups to the configured optimizer (`triton_present`: None looks
+    for the package, see resolve_adamw_implementation)."""
     if cfg.name == "sgd":
         return lambda groups: torch.optim.SGD(groups, lr=cfg.lr)
     if cfg.name != "adamw":
@@ -63,9 +63,8 @@ def optimizer_factory(cfg: OptimizerConfig, device_type: str,
     implementation = resolve_adamw_implementation(cfg.implementation, device_type, triton_present)
     betas = (cfg.beta1, cfg.beta2)
     if implementation == "triton":
-        from kenotron.train.triton_adamw import (
-            TritonAdamW,  # imports triton: only when chosen
-        )
+        # Importing it imports triton: only when chosen.
+        from kenotron.train.triton_adamw import TritonAdamW
 
         return lambda groups: TritonAdamW(groups, lr=cfg.lr, betas=betas, eps=cfg.eps)
     kernel = adamw_kernel_kwargs(implementation)

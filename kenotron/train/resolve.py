@@ -140,15 +140,13 @@ def resolve_run(cfg: JobConfig, world_size: int) -> RunPlan:
     global_batch = t.global_batch_size if t.global_batch_size != -1 else t.local_batch_size * dims.dp
     accum = dims.grad_accum_steps(global_batch, t.local_batch_size)
     check_checkpoint_config(cfg.checkpoint)
-    if p.async_tp and dims.tp > 1:
-        on_cuda = torch.cuda.is_available() and t.device != "cpu"
-        if not on_cuda or not cfg.compile.enable:
-            raise ConfigError(
-                "parallelism.async_tp needs CUDA and compile.enable=true (the overlap is done by the "
-                "compiler); turn it off or enable both"
-            )
+    on_cuda = torch.cuda.is_available() and t.device != "cpu"
+    if p.async_tp and dims.tp > 1 and not (on_cuda and cfg.compile.enable):
+        raise ConfigError(
+            "parallelism.async_tp needs CUDA and compile.enable=true (the overlap is done by the "
+            "compiler); turn it off or enable both"
+        )
     if cfg.optimizer.name == "adamw":
-        on_cuda = torch.cuda.is_available() and t.device != "cpu"
         resolve_adamw_implementation(cfg.optimizer.implementation, "cuda" if on_cuda else "cpu")
     if dims.tp > 1 and not spec.tp_styles:
         raise ConfigError(f"model.name={spec.name!r} has no tensor-parallel plan yet; use parallelism.tp=1")
