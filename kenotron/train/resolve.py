@@ -146,8 +146,10 @@ def resolve_run(cfg: JobConfig, world_size: int) -> RunPlan:
             "parallelism.async_tp needs CUDA and compile.enable=true (the overlap is done by the "
             "compiler); turn it off or enable both"
         )
-    if cfg.optimizer.name == "adamw":
-        resolve_adamw_implementation(cfg.optimizer.implementation, "cuda" if on_cuda else "cpu")
+    if cfg.optimizer.name == "adamw" and t.device == "cpu":
+        # Only what the config itself contradicts: a GPU job planned on a CPU machine (estimation.py)
+        # stays valid; the trainer checks the device it got before any process group exists.
+        resolve_adamw_implementation(cfg.optimizer.implementation, "cpu")
     if dims.tp > 1 and not spec.tp_styles:
         raise ConfigError(f"model.name={spec.name!r} has no tensor-parallel plan yet; use parallelism.tp=1")
     plan = build_plan(cfg, spec)

@@ -36,12 +36,17 @@ from kenotron.parallel.grad_norm import (
     total_grad_norm,
 )
 from kenotron.parallel.zero1 import Zero1Optimizer
-from kenotron.train.distributed import WorldInfo, destroy_distributed, init_distributed, pick_device
 from kenotron.train.attention_backend import (
     BlockMasks,
     attention_context,
     resolve_attention_backend,
     use_attention_kernel,
+)
+from kenotron.train.distributed import (
+    WorldInfo,
+    destroy_distributed,
+    init_distributed,
+    pick_device,
 )
 from kenotron.train.eager_kernels import resolve_eager_kernels, use_eager_kernels
 from kenotron.train.flops import flops_per_token, matmul_params
@@ -49,7 +54,11 @@ from kenotron.train.fused_loss import compiled_chunk_fn, linear_cross_entropy_su
 from kenotron.train.loss import IGNORE_INDEX, cross_entropy_sum
 from kenotron.train.lr_schedule import LRSchedule, build_lr_scheduler
 from kenotron.train.metrics import MetricsLogger
-from kenotron.train.optim import optimizer_factory, param_groups
+from kenotron.train.optim import (
+    optimizer_factory,
+    param_groups,
+    resolve_adamw_implementation,
+)
 from kenotron.train.pipeline_step import PipelineRunner
 from kenotron.train.resolve import RunPlan, resolve_run
 
@@ -101,6 +110,8 @@ class Trainer:
         self.device = pick_device(cfg.training.device, self.world, cfg.training.expandable_segments)
         # Checked before any process group exists: a bad choice fails fast on every rank.
         self.eager_kernels = resolve_eager_kernels(cfg.model.eager_kernels, self.device.type, cfg.compile.enable)
+        if cfg.optimizer.name == "adamw":
+            resolve_adamw_implementation(cfg.optimizer.implementation, self.device.type)
         if cfg.float8.enable:
             check_float8_available()
         self._owns_process_group = False

@@ -82,3 +82,14 @@ def test_triton_adamw_on_cuda_equals_torch_fused_adamw():
         ref_opt.step()
     for p, q in zip(ours, ref, strict=True):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+
+
+def test_a_gpu_job_with_triton_is_planned_on_a_cpu_machine_and_refused_by_its_trainer_here():
+    from kenotron.train.resolve import resolve_run
+    from kenotron.train.trainer import Trainer
+
+    if torch.cuda.is_available():
+        pytest.skip("checks the CPU-only machine's behaviour")
+    run = resolve_run(load_config(None, ["--optimizer.implementation", "triton"]), world_size=1)  # estimation.py's view
+    with pytest.raises(ConfigError, match="optimizer.implementation='triton' needs a CUDA device"):
+        Trainer(run)
