@@ -94,8 +94,8 @@ class Training:
     param_dtype: Literal["float32", "bfloat16"] = "float32"
     """Compute dtype. bfloat16 keeps fp32 master weights, gradients and optimizer state and computes in bf16."""
 
-    mixed_precision: Literal["auto", "fsdp", "autocast"] = "auto"
-    """How bfloat16 compute is done on a single device: fsdp (FSDP2 on a 1-device mesh casts the weights once per step, activations stay bf16), autocast (per-op casts, fp32 residual stream); auto = fsdp on CUDA without compile, autocast otherwise (measured fastest, docs/performance.md). With data parallelism FSDP always does it."""
+    mixed_precision: Literal["auto", "fsdp", "autocast", "master_weights"] = "auto"
+    """How bfloat16 compute is done on a single device: fsdp (FSDP2 on a 1-device mesh casts the weights once per step, activations stay bf16), autocast (per-op casts, fp32 residual stream), master_weights (bf16 parameters, gradients and activations; AdamW keeps fp32 masters and writes the bf16 weights in its update, so nothing is cast; one device, AdamW, no gradient accumulation); auto = master_weights on CUDA where it applies, else fsdp on CUDA without compile, else autocast (measured fastest, docs/performance.md). With data parallelism FSDP always does it."""
 
     max_norm: float = 1.0
     """Clip the global gradient norm to this value; 0 disables clipping (the norm is still reported)."""

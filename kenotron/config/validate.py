@@ -26,6 +26,12 @@ def validate_config(cfg: JobConfig) -> None:
     if t.max_norm < 0:
         raise ConfigError(f"training.max_norm={t.max_norm} must be >= 0 (0 disables clipping)")
     o = cfg.optimizer
+    if t.mixed_precision == "master_weights" and (t.param_dtype != "bfloat16" or o.name != "adamw"):
+        raise ConfigError(
+            f"training.mixed_precision='master_weights' keeps bf16 parameters with fp32 masters in AdamW, but "
+            f"training.param_dtype={t.param_dtype!r} and optimizer.name={o.name!r}; set param_dtype='bfloat16' "
+            f"and optimizer.name='adamw', or use mixed_precision='auto'"
+        )
     if o.lr <= 0:
         raise ConfigError(f"optimizer.lr={o.lr} must be positive")
     if not (0 <= o.beta1 < 1 and 0 <= o.beta2 < 1):

@@ -64,8 +64,9 @@ from kenotron.estimate.tracker import Breakdown, allocated_bytes
 from kenotron.models.common.norms import LayerNorm
 from kenotron.parallel.plan import matching_modules
 from kenotron.parallel.zero1 import partition_params
+from kenotron.train.precision import single_device_fsdp, uses_master_weights
 from kenotron.train.resolve import RunPlan
-from kenotron.train.trainer import single_device_fsdp, uses_fused_loss
+from kenotron.train.trainer import uses_fused_loss
 
 FP32 = 4
 STEP_COUNTER = 512
@@ -84,7 +85,12 @@ def data_parallel_kind(run: RunPlan) -> str:
 
 def one_gpu_fsdp(run: RunPlan) -> bool:
     """The trainer's choice of FSDP mixed precision on a single GPU."""
-    return run.dims.world_size == 1 and single_device_fsdp(run.cfg, target_device(run))
+    return single_device_fsdp(run, target_device(run))
+
+
+def master_weights(run: RunPlan) -> bool:
+    """The trainer's choice of bf16 parameters with fp32 masters in AdamW (train/precision.py)."""
+    return uses_master_weights(run, target_device(run).type)
 
 
 def meta_model(run: RunPlan) -> nn.Module:
@@ -127,6 +133,8 @@ def optimizer_state_bytes(run: RunPlan, model: nn.Module, params: ParameterBytes
     """AdamW moments + step counters on the rank holding the most (ZeRO-1: the partition's largest)."""
     if run.cfg.optimizer.name != "adamw":
         return 0
+    if master_weights(run):  # the fp32 masters beside the moments (params.local counts fp32 bytes)
+        return 3 * params.local + STEP_COUNTER * params.count
     if data_parallel_kind(run) != "zero1":
         return 2 * params.local + STEP_COUNTER * params.count
     rows = {r["name"]: r for r in run.plan.describe(model, {"tp": run.dims.tp})}
@@ -171,7 +179,7 @@ class StepShape:
         a, t, tp = run.model_args, run.cfg.training, run.dims.tp
         sp = tp > 1 and run.plan.sequence_parallel
         bf16 = t.param_dtype == "bfloat16"
-        autocast = bf16 and data_parallel_kind(run) == "none" and not one_gpu_fsdp(run)
+        autocast = bf16 and data_parallel_kind(run) == "none" and not one_gpu_fsdp(run) and not master_weights(run)
         seq = t.seq_len // run.dims.cp  # context parallel: this rank's share of every sequence
         tokens = t.local_batch_size * seq
         return cls(
@@ -306,9 +314,12 @@ def peak_breakdown(run: RunPlan, params: ParameterBytes, O: int, kind: dict[str,
     """The highest moment (see the module doc), given the parameter table, the optimizer bytes,
     the block variant and whether the loss is the fused chunked one."""
     s = StepShape.of(run, kind)
-    P = params.local + params.buffers
+    mw = master_weights(run)
+    # Master weights: bf16 parameters and gradients (the fp32 masters are optimizer state, in O).
+    local = params.local // 2 if mw else params.local
+    P = local + params.buffers
     extra_grad = replicated_embedding_gradient(run, s)
-    G = params.local + extra_grad
+    G = local + extra_grad
     sharded_grads = data_parallel_kind(run) in ("fsdp", "hsdp")
     accumulated = G if run.grad_accum_steps > 1 else 0
     blocks = round(s.layers * activations_per_block(run, s))
@@ -321,7 +332,8 @@ def peak_breakdown(run: RunPlan, params: ParameterBytes, O: int, kind: dict[str,
         optimizer_state=O, activations=blocks + edges + kept, temporaries=loss_temp,
     )
     T, c, t = s.tokens, s.compute, s.tp
-    block_grad = params.block_gathered * (1 + (FP32 // c if c != FP32 else 0))
+    # A block's weight gradients in the matmul dtype, and (autocast, FSDP) their fp32 conversions.
+    block_grad = params.block_gathered * (1 + (FP32 // c if c != FP32 and not mw else 0))
     backward_temp = 2 * allocated_bytes(T * s.ffn // t * c) + 2 * allocated_bytes(T * s.dim * c) + block_grad
     if run.plan.ac_mode != "none":
         backward_temp += block_activations(s, "none", t > 1 and run.plan.sequence_parallel)
@@ -338,7 +350,7 @@ def peak_breakdown(run: RunPlan, params: ParameterBytes, O: int, kind: dict[str,
         # The last backward step of a tied embedding: the output projection's gradient waits in
         # autograd's buffer while the embedding's own dense gradient is made, then the two are
         # summed into the parameter's gradient (in G): two fp32 (vocab, dim) tensors beside G.
-        tied = 2 * allocated_bytes(s.vocab * s.dim * FP32)
+        tied = 2 * allocated_bytes(s.vocab * s.dim * (c if mw else FP32))
         moments.append(Breakdown(parameters=P, gradients=G, optimizer_state=O, temporaries=tied))
     if s.tp > 1 and not extra_grad and "embedding" in run.plan.tp_styles.values():
         # Data parallel takes the embedding's whole (Replicate) gradient, keeps its TP shard, casts it

@@ -42,8 +42,9 @@ from kenotron.train.eager_kernels import resolve_eager_kernels
 from kenotron.train.fused_loss import linear_cross_entropy_sum
 from kenotron.train.loss import cross_entropy_sum
 from kenotron.train.optim import optimizer_factory, param_groups
+from kenotron.train.precision import single_device_fsdp, uses_master_weights
 from kenotron.train.resolve import RunPlan
-from kenotron.train.trainer import single_device_fsdp, uses_fused_loss
+from kenotron.train.trainer import uses_fused_loss
 
 FAKE_DEVICE = torch.device("cpu")
 """Where the fake tensors live; memory is counted as the target device's allocator would."""
@@ -154,7 +155,7 @@ def _build_meshes(run: RunPlan, device: torch.device) -> Meshes:
     """Trainer._build_meshes on the fake group: one device with FSDP mixed precision gets a 1-device mesh."""
     if run.dims.world_size > 1:
         return run.dims.build_meshes(FAKE_DEVICE.type)
-    if not single_device_fsdp(run.cfg, device):
+    if not single_device_fsdp(run, device):
         return Meshes(run.dims, None)
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -194,7 +195,7 @@ def build_fake_job(run: RunPlan, fake_mode: Any, n_layers: int | None = None) ->
         # questions fake tensors cannot answer; only the buffers (RoPE tables) are computed.
         model.init_buffers(FAKE_DEVICE)
         model.train()
-        factory = optimizer_factory(cfg.optimizer, device.type)
+        factory = optimizer_factory(cfg.optimizer, device.type, master_weights=uses_master_weights(run, device.type))
         groups = param_groups(model, cfg.optimizer.weight_decay)
         if applied.data_parallel.kind == "zero1":
             optimizer: Any = Zero1Optimizer(groups, applied.data_parallel.mesh, factory)
@@ -206,7 +207,7 @@ def build_fake_job(run: RunPlan, fake_mode: Any, n_layers: int | None = None) ->
         model.output.forward = _hidden_states  # type: ignore[union-attr,method-assign]
     return FakeJob(
         run=run, meshes=meshes, model=model, applied=applied, optimizer=optimizer,
-        use_autocast=bf16 and not applied.data_parallel.casts_params,
+        use_autocast=bf16 and not applied.data_parallel.casts_params and not uses_master_weights(run, device.type),
         compute_dtype=torch.bfloat16 if bf16 else torch.float32, fused_loss=fused,
     )
 

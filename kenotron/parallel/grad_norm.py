@@ -38,8 +38,9 @@ def reduce_partial_grads_(params: list[torch.nn.Parameter]) -> None:
 
 def _sum_of_squares(tensors: list[torch.Tensor]) -> torch.Tensor:
     if tensors[0].device.type == "cuda":
-        # One multi-tensor kernel for all norms instead of three kernels per tensor.
-        return torch.stack(torch._foreach_norm(tensors, 2)).float().pow(2).sum()
+        # One multi-tensor kernel for all norms instead of three kernels per tensor; fp32 results
+        # for bf16 gradients too (master weights), whose norms would otherwise be rounded to bf16.
+        return torch.stack(torch._foreach_norm(tensors, 2, dtype=torch.float32)).pow(2).sum()
     # CPU's norm kernel accumulates a long fp32 reduction sequentially (2e-4 relative error
     # on a 1M-element gradient, measured); sum() reduces pairwise and stays accurate.
     return torch.stack([t.float().pow(2).sum() for t in tensors]).sum()

@@ -44,6 +44,7 @@ _8B_FSDP = [
     "--config", "train_configs/llama3_8b.toml", "--training.local_batch_size", "2", "--training.seq_len", "8192",
     "--compile.enable", "true", "--activation_checkpoint.mode", "selective-op",
 ]
+_MASTER_WEIGHTS = ["--training.mixed_precision", "master_weights"]
 
 # Named sets of cases: the shapes of the reference figures (see docs/performance.md).
 PRESETS: dict[str, dict[str, list[str]]] = {
@@ -63,6 +64,12 @@ PRESETS: dict[str, dict[str, list[str]]] = {
         "1B b4x4096 eager FA4": _1B + ["--compile.enable", "false", "--model.attention_backend", "flash_attn"],
         "8B-width 8L b2x8192 compiled FA4": _8B_WIDTH + ["--compile.enable", "true", "--model.attention_backend",
                                                          "flash_attn"],
+    },
+    # bf16 parameters with fp32 masters in AdamW (training.mixed_precision = "master_weights").
+    "h200-1gpu-master-weights": {
+        "1B b4x4096 compiled MW": _1B + ["--compile.enable", "true", *_MASTER_WEIGHTS],
+        "1B b4x4096 eager MW": _1B + ["--compile.enable", "false", *_MASTER_WEIGHTS],
+        "8B-width 8L b2x8192 compiled MW": _8B_WIDTH + ["--compile.enable", "true", *_MASTER_WEIGHTS],
     },
     # float8 tensorwise (needs torchao): the rows that pass 1.10x the bf16 reference figures.
     "h200-1gpu-float8": {

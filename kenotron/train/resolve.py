@@ -140,6 +140,13 @@ def resolve_run(cfg: JobConfig, world_size: int) -> RunPlan:
     global_batch = t.global_batch_size if t.global_batch_size != -1 else t.local_batch_size * dims.dp
     accum = dims.grad_accum_steps(global_batch, t.local_batch_size)
     check_checkpoint_config(cfg.checkpoint)
+    if t.mixed_precision == "master_weights" and (world_size > 1 or accum > 1):
+        raise ConfigError(
+            f"training.mixed_precision='master_weights' runs on one device without gradient accumulation (its "
+            f"gradients are bf16), but this job has {world_size} ranks and {accum} micro-steps per step; use "
+            f"mixed_precision='auto' (FSDP's mixed precision casts the weights with several ranks)"
+            + (f" or global_batch_size={t.local_batch_size}" if world_size == 1 else "")
+        )
     on_cuda = torch.cuda.is_available() and t.device != "cpu"
     if p.async_tp and dims.tp > 1 and not (on_cuda and cfg.compile.enable):
         raise ConfigError(

@@ -60,6 +60,7 @@ from kenotron.train.optim import (
     resolve_adamw_implementation,
 )
 from kenotron.train.pipeline_step import PipelineRunner
+from kenotron.train.precision import single_device_fsdp, uses_master_weights
 from kenotron.train.resolve import RunPlan, resolve_run
 
 logger = logging.getLogger("kenotron")
@@ -67,21 +68,6 @@ logger = logging.getLogger("kenotron")
 
 class NonFiniteLossError(RuntimeError):
     """The loss became NaN or infinite; training stops rather than writing garbage."""
-
-
-def single_device_fsdp(cfg: JobConfig, device: torch.device) -> bool:
-    """bf16 on one device through FSDP2's mixed precision (see training.mixed_precision).
-
-    auto: on an H200 FSDP's bf16 weights and activations made eager steps 4-5% faster than
-    autocast, while with compile autocast was as fast or faster (1.7% on the 8B width) and
-    used less memory, so auto picks FSDP for eager CUDA runs only.
-    """
-    training = cfg.training
-    if training.param_dtype != "bfloat16" or training.mixed_precision == "autocast":
-        return False
-    if training.mixed_precision == "fsdp":
-        return True
-    return device.type == "cuda" and not cfg.compile.enable
 
 
 def _hidden_states(h: torch.Tensor) -> torch.Tensor:
@@ -126,6 +112,8 @@ class Trainer:
             self.dump_folder.mkdir(parents=True, exist_ok=True)
             (self.dump_folder / "config.toml").write_text(config_to_toml(cfg))
 
+        # bf16 parameters with fp32 masters in AdamW, or (otherwise) autocast / FSDP casts: train/precision.py.
+        self.master_weights = uses_master_weights(run, self.device.type)
         self.meshes = self._build_meshes()
         self.attention_backend = resolve_attention_backend(cfg.model.attention_backend, cfg.data.document_masking)
         with torch.device("meta"):
@@ -147,7 +135,8 @@ class Trainer:
         self.model: nn.Module = self.model_parts[0]  # the whole model, or this rank's first stage
 
         # One optimizer and LR scheduler per part: checkpoints key optimizer state by part.
-        factory = optimizer_factory(cfg.optimizer, self.device.type)
+        # With master weights, building the optimizer turns the parameters bf16 (fp32 masters in its state).
+        factory = optimizer_factory(cfg.optimizer, self.device.type, master_weights=self.master_weights)
         self.optimizers: list[Any] = []
         for part in self.model_parts:
             groups = param_groups(part, cfg.optimizer.weight_decay)
@@ -184,8 +173,9 @@ class Trainer:
         )
         self.train_state = TrainState()  # step and tokens_seen live here so checkpoints hold them
         bf16 = cfg.training.param_dtype == "bfloat16"
-        # FSDP casts parameters itself; without it, autocast gives bf16 compute on fp32 weights.
-        self.use_autocast = bf16 and not self.applied.data_parallel.casts_params
+        # FSDP casts parameters itself and master weights leave them bf16; otherwise autocast gives
+        # bf16 compute on fp32 weights.
+        self.use_autocast = bf16 and not self.applied.data_parallel.casts_params and not self.master_weights
         self.compute_dtype = torch.bfloat16 if bf16 else torch.float32
         tensor_parallel = self.meshes.get("tp") is not None
         # -- pipeline parallel: the schedule runs forward and backward (train/pipeline_step.py) --
@@ -232,7 +222,7 @@ class Trainer:
         """The job's meshes; on one device with FSDP mixed precision, a 1-device FSDP mesh."""
         if self.world.world_size > 1:
             return self.run.dims.build_meshes(self.device.type)
-        if not single_device_fsdp(self.cfg, self.device):
+        if not single_device_fsdp(self.run, self.device):
             return Meshes(self.run.dims, None)
         if not dist.is_initialized():
             backend = "nccl" if self.device.type == "cuda" else "gloo"

@@ -32,13 +32,18 @@ BLOCK = 1024  # measured fastest of 1024-8192 on an H200 (scripts/bench_optimize
 
 @triton.jit
 def _adamw_kernel(
-    p_ptr, g_ptr, m_ptr, v_ptr, scale_ptr, n,
+    p_ptr, g_ptr, m_ptr, v_ptr, w_ptr, scale_ptr, n,
     decay, beta1, beta2, eps, step_size, bias_correction2_sqrt,
-    HAS_SCALE: tl.constexpr, BLOCK: tl.constexpr,
+    HAS_SCALE: tl.constexpr, HAS_MASTER: tl.constexpr, BLOCK: tl.constexpr,
 ):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
-    p = tl.load(p_ptr + offs, mask=mask).to(tl.float32)
+    # With a master copy (w, fp32) the update reads it instead of the (bf16) parameter and
+    # writes both: the parameter is the master rounded to its dtype.
+    if HAS_MASTER:
+        p = tl.load(w_ptr + offs, mask=mask).to(tl.float32)
+    else:
+        p = tl.load(p_ptr + offs, mask=mask).to(tl.float32)
     g = tl.load(g_ptr + offs, mask=mask).to(tl.float32)
     if HAS_SCALE:
         g = g / tl.load(scale_ptr)
@@ -48,7 +53,12 @@ def _adamw_kernel(
     m = beta1 * m + (1.0 - beta1) * g
     v = beta2 * v + (1.0 - beta2) * g * g
     p = p - step_size * m / (tl.sqrt(v) / bias_correction2_sqrt + eps)
-    tl.store(p_ptr + offs, p.to(p_ptr.dtype.element_ty), mask=mask)
+    if HAS_MASTER:
+        tl.store(w_ptr + offs, p, mask=mask)
+        # Rounded to nearest even, as torch's casts round (Triton's CPU interpreter truncates instead).
+        tl.store(p_ptr + offs, p.to(p_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=mask)
+    else:
+        tl.store(p_ptr + offs, p.to(p_ptr.dtype.element_ty), mask=mask)
     tl.store(m_ptr + offs, m.to(m_ptr.dtype.element_ty), mask=mask)
     tl.store(v_ptr + offs, v.to(v_ptr.dtype.element_ty), mask=mask)
 
@@ -60,10 +70,14 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 def adamw_update_(
     param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor, *,
     lr: float, beta1: float, beta2: float, eps: float, weight_decay: float, step: int,
-    grad_scale: torch.Tensor | None = None,
+    grad_scale: torch.Tensor | None = None, master: torch.Tensor | None = None,
 ) -> None:
-    """One AdamW step on one tensor, in place (param, exp_avg, exp_avg_sq), `step` counted from 1."""
+    """One AdamW step on one tensor, in place (param, exp_avg, exp_avg_sq), `step` counted from 1.
+
+    `master`: an fp32 copy of a lower-precision `param` (kenotron/train/master_weights.py); the
+    step updates it and writes `param` as its rounding, in the same pass."""
     tensors = [_local(t) for t in (param, grad, exp_avg, exp_avg_sq)]
+    tensors.append(_local(master) if master is not None else tensors[0])  # unused pointer without a master
     if not all(t.is_contiguous() for t in tensors):
         raise ValueError("optimizer.implementation='triton' needs contiguous parameters, gradients and moments; "
                          "use optimizer.implementation='fused' for this model")
@@ -74,7 +88,7 @@ def adamw_update_(
     _adamw_kernel[(triton.cdiv(n, BLOCK),)](
         *tensors, scale, n,
         1.0 - lr * weight_decay, beta1, beta2, eps, lr / (1.0 - beta1**step), math.sqrt(1.0 - beta2**step),
-        HAS_SCALE=grad_scale is not None, BLOCK=BLOCK, num_warps=4,
+        HAS_SCALE=grad_scale is not None, HAS_MASTER=master is not None, BLOCK=BLOCK, num_warps=4,
     )
 
 

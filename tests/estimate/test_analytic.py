@@ -25,12 +25,14 @@ SHAPE = ["--model.flavor", "1B", "--model.n_layers", "4", "--training.seq_len", 
         (4, ["--activation_checkpoint.mode", "selective-op", "--activation_checkpoint.save_matmul_every", "2"]),
         (4, ["--parallelism.dp_mode", "zero1", "--training.global_batch_size", "8", "--training.local_batch_size", "1"]),
         (2, ["--parallelism.dp_replicate", "2", "--parallelism.dp_shard", "1", "--training.local_batch_size", "1"]),
-        (1, ["--training.local_batch_size", "1", "--activation_checkpoint.mode", "full", "--compile.enable", "true"]),
+        (1, ["--training.local_batch_size", "1", "--activation_checkpoint.mode", "full", "--compile.enable", "true",
+             "--training.mixed_precision", "autocast"]),
+        (1, ["--training.local_batch_size", "1", "--training.mixed_precision", "master_weights"]),
         (4, ["--parallelism.cp", "2", "--training.local_batch_size", "1", "--training.seq_len", "8192"]),
         (4, ["--parallelism.cp", "4", "--training.local_batch_size", "1", "--activation_checkpoint.mode", "selective-op"]),
     ],
     ids=["fsdp", "fsdp-full-ac", "fsdp-tp-selective", "fsdp-selective-every-2nd-matmul",
-         "zero1-accumulation", "ddp", "one-gpu-autocast", "fsdp-cp2", "cp4-selective"],
+         "zero1-accumulation", "ddp", "one-gpu-autocast", "one-gpu-master-weights", "fsdp-cp2", "cp4-selective"],
 )
 def test_analytic_peak_matches_the_fake_tensor_estimate(ngpu, overrides):
     report = estimate_memory(load_config("train_configs/debug.toml", SHAPE + overrides), ngpu, gpu_memory_gib=80)
