@@ -110,7 +110,10 @@ class CheckpointManager:
             raise CheckpointError(NO_GROUP_FOR_WRITER_PROCESS)
         self.rank = dist.get_rank(process_group) if self.distributed else 0
         self.world_size = dist.get_world_size(process_group) if self.distributed else 1
-        self.parts: dict[str, HasState] = {"model": ModelState(model_parts)}
+        # Optimizers holding their own copy of the weights (master weights) take it from newly
+        # loaded parameters; a loaded optimizer part, which comes after, restores their own.
+        after_model_load = [o.masters_from_params for o in optimizers or () if hasattr(o, "masters_from_params")]
+        self.parts: dict[str, HasState] = {"model": ModelState(model_parts, after_load=after_model_load)}
         if optimizers:
             self.parts["optimizer"] = OptimizerState(model_parts, optimizers)
         if lr_schedulers:

@@ -15,9 +15,11 @@ are bf16 (as autocast's matmuls already produce them, but a tied embedding's two
 are summed in bf16) and the residual stream is bf16, as under FSDP's mixed precision.
 
 Checkpoints: the model part holds the bf16 parameters and the optimizer part their fp32 masters
-(`state.<name>.master`), so a run resumes exactly. A checkpoint saved without master weights
-lacks that entry (resuming it here stops with an error naming it; leave the optimizer out with
-`checkpoint.exclude_from_loading` to start from its weights rounded to bf16).
+(`state.<name>.master`), so a run resumes exactly. Loading the model part alone (a model-only
+checkpoint, or `checkpoint.exclude_from_loading = ["optimizer"]`) sets the masters from the
+loaded weights (`masters_from_params`, called by the checkpoint manager). A checkpoint saved
+without master weights lacks the `master` entry: resuming it here stops with an error naming it;
+leave the optimizer out to start from its weights rounded to bf16.
 """
 
 from __future__ import annotations
@@ -120,6 +122,14 @@ class MasterWeightAdamW(torch.optim.AdamW):
             eps=group["eps"], maximize=False,
         )
         torch._foreach_copy_(params, masters)
+
+    @torch.no_grad()
+    def masters_from_params(self) -> None:
+        """Set every master to its parameter's value: after the parameters alone were loaded (a
+        model-only checkpoint, or the optimizer part left out), the masters would otherwise
+        still hold the weights of the initialisation and the first step would bring them back."""
+        for p in self._params():
+            self.state[p]["master"].copy_(p)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """torch's loading casts every floating state tensor to its parameter's dtype, which would

@@ -72,8 +72,10 @@ def test_training_with_master_weights_follows_autocast_and_resumes_exactly(tmp_p
     one_batch = ["--training.local_batch_size", "4", "--training.param_dtype", "bfloat16"]
     train(str(tmp_path / "autocast"), [*one_batch, "--training.mixed_precision", "autocast"])
     train(str(tmp_path / "mw"), [*one_batch, *MW])
-    train(str(tmp_path / "mw_resumed"), [*one_batch, *MW], stop_after=STOP_AFTER)
-    train(str(tmp_path / "mw_resumed"), [*one_batch, *MW])
+    saving = [*one_batch, *MW, "--checkpoint.enable", "true"]
+    train(str(tmp_path / "mw_resumed"), saving, stop_after=STOP_AFTER)
+    assert (tmp_path / "mw_resumed" / "checkpoints" / f"step-{STOP_AFTER:06d}").is_dir()
+    train(str(tmp_path / "mw_resumed"), saving)
     autocast, mw, resumed = (losses_by_step(tmp_path / n) for n in ("autocast", "mw", "mw_resumed"))
     assert mw == resumed
     assert len(mw) == len(autocast) == 4
@@ -105,3 +107,53 @@ def test_triton_and_torch_fused_master_weights_agree_on_cuda():
     for p, q in zip(ours, ref, strict=True):
         torch.testing.assert_close(opt.state[p]["master"], ref_opt.state[q]["master"], rtol=1e-5, atol=1e-6)
         assert torch.equal(p.detach(), opt.state[p]["master"].bfloat16()), "rounded to nearest even on the GPU"
+
+
+def test_auto_picks_master_weights_on_one_cuda_device_where_they_apply():
+    """auto: master weights on one CUDA device with AdamW and no accumulation; else FSDP's casts
+    for eager CUDA runs and autocast otherwise; never on CPU (planned GPU jobs are resolved as
+    estimation.py resolves them, on this CPU machine)."""
+    from kenotron.train.precision import single_device_fsdp, uses_master_weights
+    from kenotron.train.resolve import resolve_run
+
+    def decide(*overrides: str, world_size: int = 1, device: str = "cuda") -> tuple[bool, bool]:
+        run = resolve_run(load_config(None, ["--training.param_dtype", "bfloat16", *overrides]), world_size)
+        return uses_master_weights(run, device), single_device_fsdp(run, torch.device(device))
+
+    assert decide("--compile.enable", "false") == (True, False)
+    assert decide("--compile.enable", "true") == (True, False)
+    assert decide("--compile.enable", "false", device="cpu") == (False, False)
+    accumulating = ["--training.local_batch_size", "2", "--training.global_batch_size", "4"]
+    assert decide("--compile.enable", "false", *accumulating) == (False, True)
+    assert decide("--compile.enable", "true", *accumulating) == (False, False)
+    assert decide("--optimizer.name", "sgd", "--compile.enable", "false") == (False, True)
+    assert decide("--training.mixed_precision", "autocast") == (False, False)
+    assert decide("--training.mixed_precision", "fsdp") == (False, True)
+    assert decide(world_size=2) == (False, False)
+    assert decide("--training.param_dtype", "float32") == (False, False)
+
+
+def test_loading_the_model_part_alone_sets_the_masters_from_it(tmp_path):
+    """With the optimizer part left out, the loaded weights become the masters (else the first
+    step would bring the initialisation back); a fresh run's masters differ from them."""
+    from kenotron.train.resolve import resolve_run
+    from kenotron.train.trainer import Trainer
+    from tests.checkpoint.test_trainer_resume import COMMON, STOP_AFTER, train
+
+    args = ["--training.local_batch_size", "4", *MW, "--checkpoint.enable", "true"]
+    train(str(tmp_path / "run"), args, stop_after=STOP_AFTER)
+
+    def masters(folder: Path, *extra: str) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        cfg = load_config(None, [*COMMON, *args, "--job.dump_folder", str(folder), *extra])
+        trainer = Trainer(resolve_run(cfg, world_size=1))
+        try:
+            assert trainer.step == (STOP_AFTER if folder.name == "run" else 0)
+            params = list(trainer.model.parameters())
+            return [trainer.optimizer.state[p]["master"].clone() for p in params], [p.detach().float() for p in params]
+        finally:
+            trainer.close()
+
+    loaded, weights = masters(tmp_path / "run", "--checkpoint.exclude_from_loading", "optimizer")
+    fresh, _ = masters(tmp_path / "fresh")
+    assert all(torch.equal(m, w) for m, w in zip(loaded, weights, strict=True))
+    assert not all(torch.equal(m, f) for m, f in zip(loaded, fresh, strict=True))
