@@ -68,6 +68,12 @@ def check_state_fits(
     missing = [k for k in flat if k not in stored and not any(s.startswith(k + ".") for s in stored)]
     if missing:
         more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
+        if all(k.startswith("optimizer.") and k.endswith(".master") for k in missing):
+            raise CheckpointMismatchError(
+                f"checkpoint {path}{saved_as} has no {_describe(missing[0])}{more}: it was saved without master "
+                f"weights (training.mixed_precision). Resume with the mixed precision it was saved with, or start "
+                f"the optimizer fresh from its weights with checkpoint.exclude_from_loading = optimizer"
+            )
         raise CheckpointMismatchError(
             f"checkpoint {path}{saved_as} has no {_describe(missing[0])}{more}. It was saved from another model "
             f"or another code version; build the same model, or leave the part out with "

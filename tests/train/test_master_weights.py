@@ -157,3 +157,14 @@ def test_loading_the_model_part_alone_sets_the_masters_from_it(tmp_path):
     fresh, _ = masters(tmp_path / "fresh")
     assert all(torch.equal(m, w) for m, w in zip(loaded, weights, strict=True))
     assert not all(torch.equal(m, f) for m, f in zip(loaded, fresh, strict=True))
+
+
+def test_resuming_a_checkpoint_saved_without_master_weights_says_so(tmp_path):
+    from kenotron.checkpoint.errors import CheckpointMismatchError
+    from tests.checkpoint.test_trainer_resume import STOP_AFTER, train
+
+    saving = ["--training.local_batch_size", "4", "--checkpoint.enable", "true", "--training.param_dtype", "bfloat16"]
+    train(str(tmp_path / "run"), [*saving, "--training.mixed_precision", "autocast"], stop_after=STOP_AFTER)
+    with pytest.raises(CheckpointMismatchError, match=r"has no optimizer entry 'state\..*\.master'.*saved without master "
+                       r"weights.*checkpoint.exclude_from_loading = optimizer"):
+        train(str(tmp_path / "run"), [*saving, *MW])
