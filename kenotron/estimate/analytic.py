@@ -386,7 +386,7 @@ class AnalyticModel:
 
     def optimizer_state(self, run: RunPlan) -> int:
         params = self.parameters(run)
-        key = (tuple(run.dims.degrees().items()), data_parallel_kind(run), run.cfg.optimizer.name)
+        key = (tuple(run.dims.degrees().items()), data_parallel_kind(run), run.cfg.optimizer.name, master_weights(run))
         if key not in self._optimizer:
             self._optimizer[key] = optimizer_state_bytes(run, self.model, params)
         return self._optimizer[key]

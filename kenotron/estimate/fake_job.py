@@ -189,13 +189,14 @@ def build_fake_job(run: RunPlan, fake_mode: Any, n_layers: int | None = None) ->
     applied = plan.apply(model, meshes)
     # Context parallel: the plan chose kenotron's ring for the CPU mesh; a CUDA job runs torch's.
     use_torch_ring(model, meshes, run, device)
+    master_weights = uses_master_weights(run, device.type)  # bf16 parameters: no autocast
     with fake_mode:
         model.to_empty(device=FAKE_DEVICE)
         # Weight values do not change memory, and init_weights' truncated normal asks data-dependent
         # questions fake tensors cannot answer; only the buffers (RoPE tables) are computed.
         model.init_buffers(FAKE_DEVICE)
         model.train()
-        factory = optimizer_factory(cfg.optimizer, device.type, master_weights=uses_master_weights(run, device.type))
+        factory = optimizer_factory(cfg.optimizer, device.type, master_weights=master_weights)
         groups = param_groups(model, cfg.optimizer.weight_decay)
         if applied.data_parallel.kind == "zero1":
             optimizer: Any = Zero1Optimizer(groups, applied.data_parallel.mesh, factory)
@@ -207,7 +208,7 @@ def build_fake_job(run: RunPlan, fake_mode: Any, n_layers: int | None = None) ->
         model.output.forward = _hidden_states  # type: ignore[union-attr,method-assign]
     return FakeJob(
         run=run, meshes=meshes, model=model, applied=applied, optimizer=optimizer,
-        use_autocast=bf16 and not applied.data_parallel.casts_params and not uses_master_weights(run, device.type),
+        use_autocast=bf16 and not applied.data_parallel.casts_params and not master_weights,
         compute_dtype=torch.bfloat16 if bf16 else torch.float32, fused_loss=fused,
     )
 
