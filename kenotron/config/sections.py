@@ -210,6 +210,9 @@ class Parallelism:
     fsdp_reshard_after_forward: Literal["default", "always", "never"] = "default"
     """Free gathered parameters after each block's forward: default (all but the last block; none under pipeline parallel, whose microbatches would gather every block again), always, or never (faster, more memory)."""
 
+    fsdp_reduce_dtype: Literal["float32", "bfloat16"] = "float32"
+    """dtype of the data-parallel gradient reduction (reduce-scatter / all-reduce): float32 (exact sums of bf16 gradients), or bfloat16 (half the bytes on the wire, sums rounded to bf16; the sharded gradient is still accumulated in the parameters' dtype)."""
+
     sequence_parallel: bool = True
     """With tp > 1, also split norms and the residual stream along the sequence."""
 

@@ -138,17 +138,19 @@ def step_time(run: RunPlan, params: ParameterBytes, matmul_params: int, hw: Hard
 
     kind = data_parallel_kind(run)
     dp_time = 0.0
+    reduce_scale = 0.5 if run.plan.reduce_dtype == "bfloat16" else 1.0  # params.local counts fp32 bytes
     shard = d.dp_shard * d.cp
     stage = 1 / d.pp  # under pipeline parallel a rank holds one stage: about 1/pp of the model's bytes
     if kind in ("fsdp", "hsdp") and shard > 1:
         gathers = 1 if run.plan.reshard_after_forward == "never" or d.pp > 1 else 2
         gathered = params.root_gathered + a.n_layers * params.block_gathered
-        per_micro = (shard - 1) / shard * (gathers * gathered + params.local * shard) * stage
+        reduced = params.local * shard * reduce_scale
+        per_micro = (shard - 1) / shard * (gathers * gathered + reduced) * stage
         dp_time += run.grad_accum_steps * per_micro / _bandwidth(shard, d.tp, hw)
     replicas = d.dp_replicate if kind in ("hsdp", "ddp") else (d.dp if kind == "zero1" else 1)
     if replicas > 1:
         inner = d.tp * (shard if kind == "hsdp" else 1)
-        all_reduce = 2 * (replicas - 1) / replicas * params.local
+        all_reduce = 2 * (replicas - 1) / replicas * params.local * reduce_scale
         if kind == "zero1":
             all_reduce += (replicas - 1) / replicas * params.local
         dp_time += all_reduce * stage / _bandwidth(replicas, inner, hw)

@@ -88,7 +88,8 @@ class Plan:
     param_dtype: str = "float32"
     """Compute dtype of parameters (FSDP mixed precision, or autocast without FSDP)."""
     reduce_dtype: str = "float32"
-    """Dtype of gradient reduction and accumulation."""
+    """Dtype of the data-parallel gradient reduction (the sharded gradient accumulates in the
+    parameters' own dtype)."""
     ac_mode: str = "none"
     """Activation checkpointing of blocks: none, full, selective-op, every-n-layers."""
     ac_every_n: int = 2

@@ -50,6 +50,7 @@ def build_plan(cfg: JobConfig, spec: ModelSpec) -> Plan:
         async_tp=p.async_tp,
         dp_mode=p.dp_mode,
         reshard_after_forward=p.fsdp_reshard_after_forward,
+        reduce_dtype=p.fsdp_reduce_dtype,
         param_dtype=cfg.training.param_dtype,
         ac_mode=cfg.activation_checkpoint.mode,
         ac_every_n=cfg.activation_checkpoint.every_n,

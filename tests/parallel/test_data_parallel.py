@@ -77,3 +77,35 @@ def test_hsdp_skips_the_replica_all_reduce_on_non_final_micro_steps(tmp_path):
     seen = run_on_ranks(4, _all_reduce_flags_during_accumulation, str(tmp_path))[0]
     assert len(seen) == 2  # 8 sequences / (1 x dp 4) = 2 micro-steps
     assert not any(seen[0]) and all(seen[1])
+
+
+def _fsdp_grads(reduce_dtype: str, folder: str) -> dict[str, torch.Tensor]:
+    from torch.distributed.fsdp import FSDPModule
+
+    cfg = load_config(None, [
+        "--model.n_layers", "2", "--training.seq_len", "32", "--training.local_batch_size", "2",
+        "--parallelism.dp_shard", "2", "--parallelism.fsdp_reduce_dtype", reduce_dtype,
+        "--job.dump_folder", folder, "--metrics.tensorboard", "false",
+    ])
+    trainer = Trainer(resolve_run(cfg, dist.get_world_size()))
+    policies = {g.mp_policy.reduce_dtype for m in trainer.model.modules() if isinstance(m, FSDPModule)
+                for g in m._get_fsdp_state()._fsdp_param_groups}
+    assert policies == {getattr(torch, reduce_dtype)}, policies
+    trainer.forward_backward(trainer.loader.next_step())
+    grads = {n: p.grad.to_local().clone() for n, p in trainer.model.named_parameters()}
+    trainer.close()
+    return grads
+
+
+def test_fsdp_bf16_reduce_keeps_fp32_sharded_grads_within_bf16_rounding_of_fp32_reduce(tmp_path):
+    exact = run_on_ranks(2, _fsdp_grads, "float32", str(tmp_path / "fp32"))
+    rounded = run_on_ranks(2, _fsdp_grads, "bfloat16", str(tmp_path / "bf16"))
+    differs = False
+    for rank in range(2):
+        for name, g in exact[rank].items():
+            r = rounded[rank][name]
+            assert r.dtype == torch.float32 == g.dtype, name
+            # A few bf16 roundings (the averaging division, the two-term sum), each under 2^-8 relative.
+            assert (r - g).abs().max() <= 2 ** -6 * g.abs().max() + 1e-12, name
+            differs |= not torch.equal(r, g)
+    assert differs  # the bf16 reduction really ran (a sum of two bf16 values rounds)

@@ -1,0 +1,32 @@
+"""The step-time model's data-parallel term follows the gradient reduction's dtype."""
+
+from __future__ import annotations
+
+import pytest
+
+from kenotron.config import load_config
+from kenotron.estimate.analytic import AnalyticModel, parameter_bytes
+from kenotron.estimate.throughput import Hardware, step_time
+from kenotron.train.resolve import resolve_run
+
+DEBUG = "train_configs/debug.toml"
+
+
+def _dp_seconds(ngpu: int, *overrides: str) -> tuple[float, int]:
+    run = resolve_run(load_config(DEBUG, ["--training.param_dtype", "bfloat16", *overrides]), ngpu)
+    params = parameter_bytes(run, AnalyticModel(run).model)
+    return step_time(run, params, matmul_params=1, hw=Hardware()).data_parallel, params.local
+
+
+@pytest.mark.parametrize("layout", [["--parallelism.dp_shard", "4"],
+                                    ["--parallelism.dp_shard", "1", "--parallelism.dp_replicate", "4"]])
+def test_bf16_gradient_reduction_halves_the_reduced_bytes_of_fsdp_and_ddp(layout):
+    fp32, local = _dp_seconds(4, *layout)
+    bf16, _ = _dp_seconds(4, *layout, "--parallelism.fsdp_reduce_dtype", "bfloat16")
+    hw = Hardware()
+    if "--parallelism.dp_replicate" in layout:  # all-reduce: 2 (n-1)/n of the whole model's fp32 bytes
+        saved = 0.5 * 2 * 3 / 4 * local / hw.nvlink_bytes_per_s
+    else:  # reduce-scatter: (n-1)/n of the whole model, n x a rank's fp32 shard
+        saved = 0.5 * 3 / 4 * local * 4 / hw.nvlink_bytes_per_s
+    assert bf16 < fp32
+    assert fp32 - bf16 == pytest.approx(saved, rel=1e-6)
