@@ -59,6 +59,13 @@ PRESETS: dict[str, dict[str, list[str]]] = {
         "8B b2x8192 FSDP4 compiled selective-AC mm-every-2": _8B_FSDP + ["--activation_checkpoint.save_matmul_every", "2"],
     },
     # FlashAttention-4 (needs the flash-attn-4 package): the bf16 rows with the fastest attention kernel.
+    "h200-4gpu-fa4": {
+        "1B b4x4096 FSDP4 compiled FA4": _1B + ["--compile.enable", "true", "--model.attention_backend", "flash_attn"],
+        "1B b4x4096 FSDP4 compiled FA4 bf16-reduce": _1B + [
+            "--compile.enable", "true", "--model.attention_backend", "flash_attn",
+            "--parallelism.fsdp_reduce_dtype", "bfloat16",
+        ],
+    },
     "h200-1gpu-fa4": {
         "1B b4x4096 compiled FA4": _1B + ["--compile.enable", "true", "--model.attention_backend", "flash_attn"],
         "1B b4x4096 eager FA4": _1B + ["--compile.enable", "false", "--model.attention_backend", "flash_attn"],
