@@ -79,7 +79,7 @@ def main() -> None:
     from kenotron.checkpoint import CheckpointManager
     from kenotron.config.sections import Checkpoint
 
-    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if torch.cuda.is_available() else torch.device("cpu")
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if torch.cuda.is_available() else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
     init_process_group(device)

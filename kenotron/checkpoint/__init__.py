@@ -12,8 +12,17 @@ from kenotron.checkpoint.errors import (
     CheckpointSaveError,
     RemoteStorageError,
 )
-from kenotron.checkpoint.folders import MARKER_NAME, list_step_folders, read_marker, step_folder_name
-from kenotron.checkpoint.manager import EXPORT_DTYPES, CheckpointManager, check_checkpoint_config
+from kenotron.checkpoint.folders import (
+    MARKER_NAME,
+    list_step_folders,
+    read_marker,
+    step_folder_name,
+)
+from kenotron.checkpoint.manager import (
+    EXPORT_DTYPES,
+    CheckpointManager,
+    check_checkpoint_config,
+)
 from kenotron.checkpoint.state import PART_NAMES, TrainState
 
 __all__ = [

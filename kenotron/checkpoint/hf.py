@@ -21,11 +21,20 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    set_model_state_dict,
+)
 
 from kenotron.checkpoint.errors import CheckpointFormatError, CheckpointMismatchError
 from kenotron.checkpoint.folders import check_checkpoint, step_folder_name, write_marker
-from kenotron.checkpoint.hf_files import DEFAULT_SHARD_BYTES, open_weights, read_hf_config, write_hf_folder
+from kenotron.checkpoint.hf_files import (
+    DEFAULT_SHARD_BYTES,
+    open_weights,
+    read_hf_config,
+    write_hf_folder,
+)
 from kenotron.checkpoint.model_info import describe_model, model_from_info
 from kenotron.models import MODEL_SPECS, ModelSpec
 

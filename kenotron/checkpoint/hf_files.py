@@ -56,7 +56,8 @@ def weight_files(hf_dir: str | Path) -> dict[str, Path]:
     if single.is_file():
         safetensors = _safetensors()
         with safetensors.safe_open(str(single), framework="pt") as f:
-            return {key: single for key in f.keys()}
+            # safe_open is not a mapping: it has keys() but no __iter__ / __contains__.
+            return {key: single for key in f.keys()}  # noqa: SIM118
     found = sorted(p.name for p in hf_dir.glob("*.bin")) or sorted(p.name for p in hf_dir.iterdir())[:5]
     raise CheckpointFormatError(
         f"{hf_dir} holds no {SINGLE_FILE} or {INDEX_FILE} (found: {', '.join(found) or 'nothing'}); kenotron reads "

@@ -31,7 +31,12 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 
 from kenotron.checkpoint.checks import check_state_fits, flatten_state_dict
-from kenotron.checkpoint.errors import CheckpointError, CheckpointFormatError, CheckpointSaveError, RemoteStorageError
+from kenotron.checkpoint.errors import (
+    CheckpointError,
+    CheckpointFormatError,
+    CheckpointSaveError,
+    RemoteStorageError,
+)
 from kenotron.checkpoint.folders import (
     check_checkpoint,
     list_step_folders,
@@ -41,8 +46,20 @@ from kenotron.checkpoint.folders import (
     write_marker,
 )
 from kenotron.checkpoint.remote import BackgroundUploader, S3Store, is_remote
-from kenotron.checkpoint.saver import ASYNC_MODES, NO_GROUP_FOR_WRITER_PROCESS, DcpSaver, SaveInFlight
-from kenotron.checkpoint.state import PART_NAMES, HasState, ModelState, OptimizerState, PickledState, TrainState
+from kenotron.checkpoint.saver import (
+    ASYNC_MODES,
+    NO_GROUP_FOR_WRITER_PROCESS,
+    DcpSaver,
+    SaveInFlight,
+)
+from kenotron.checkpoint.state import (
+    PART_NAMES,
+    HasState,
+    ModelState,
+    OptimizerState,
+    PickledState,
+    TrainState,
+)
 from kenotron.config import ConfigError
 from kenotron.config.sections import Checkpoint as CheckpointConfig
 
@@ -204,7 +221,9 @@ class CheckpointManager:
         if pending.inflight.written is not None:
             try:
                 pending.inflight.written.result()
-            except Exception:
+            # Whatever the save raised (any type) is already in pending.error; it is re-raised
+            # below as CheckpointSaveError, so nothing may escape here first.
+            except Exception:  # noqa: BLE001, S110
                 pass  # the done-callback recorded it; reported below once it has run
         pending.finished.wait()
         if pending.error is not None:
@@ -403,7 +422,9 @@ class CheckpointManager:
         if self.rank == 0:
             try:
                 box[0] = ("ok", fn(*args))
-            except Exception as exc:
+            # Any error must reach the other ranks (re-raised on all of them below); an escape
+            # here would leave them hanging in broadcast_object_list.
+            except Exception as exc:  # noqa: BLE001
                 box[0] = ("error", exc)
         dist.broadcast_object_list(box, src=dist.get_global_rank(self.process_group, 0) if self.process_group
                                    else 0, group=self.process_group)

@@ -21,7 +21,12 @@ from pathlib import Path
 from typing import Any
 
 from kenotron.checkpoint.errors import RemoteStorageError
-from kenotron.checkpoint.folders import MARKER_NAME, parse_step, remove_step_folder, step_folder_name
+from kenotron.checkpoint.folders import (
+    MARKER_NAME,
+    parse_step,
+    remove_step_folder,
+    step_folder_name,
+)
 
 logger = logging.getLogger("kenotron")
 
@@ -182,7 +187,9 @@ class BackgroundUploader:
     def _upload(self, path: Path) -> None:
         try:
             self.store.upload_step(path)
-        except Exception as exc:
+        # A failed upload must never stop training (the local copy is kept); boto3 client
+        # creation and local file listing raise more than RemoteStorageError.
+        except Exception as exc:  # noqa: BLE001
             message = (f"checkpoint upload of {path.name} to {self.store.location} failed, training goes on and "
                        f"the local copy {path} is kept: {exc}")
             logger.error(message)

@@ -9,9 +9,10 @@ from __future__ import annotations
 import difflib
 import tomllib
 import typing
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from kenotron.config.schema import FieldInfo, all_fields, section_classes
 from kenotron.config.sections import JobConfig
@@ -175,7 +176,7 @@ def config_to_toml(cfg: JobConfig) -> str:
     for section in section_classes(JobConfig):
         lines.append(f"[{section}]")
         obj = getattr(cfg, section)
-        for key, info in all_fields(JobConfig).items():
+        for info in all_fields(JobConfig).values():
             if info.section == section:
                 lines.append(f"{info.name} = {_toml_value(getattr(obj, info.name))}")
         lines.append("")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import inspect
+import itertools
 import textwrap
 import typing
 from dataclasses import dataclass
@@ -53,7 +54,7 @@ def field_docs(cls: type) -> dict[str, str]:
     tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
     body = tree.body[0].body  # type: ignore[attr-defined]
     docs: dict[str, str] = {}
-    for stmt, nxt in zip(body, body[1:]):
+    for stmt, nxt in itertools.pairwise(body):
         if (
             isinstance(stmt, ast.AnnAssign)
             and isinstance(stmt.target, ast.Name)

@@ -206,7 +206,9 @@ def _text_of(record: dict[str, Any], text_field: str, name: str) -> str:
     if text is None:
         return ""
     if not isinstance(text, str):
-        raise ValueError(
+        # ValueError like the other data.text_field errors: a bad column in the data set,
+        # not a bad argument type; tests/data/test_text_source.py expects ValueError.
+        raise ValueError(  # noqa: TRY004
             f"data.text_field={text_field!r} of {name} holds {type(text).__name__} values, not "
             "text; set data.text_field to a string column"
         )

@@ -59,7 +59,9 @@ def total_grad_norm(grads: list[torch.Tensor], pp_mesh: DeviceMesh | None = None
         sq = _sum_of_squares([_local(g) for g in group])
         for dim, placement in enumerate(placements):
             if isinstance(placement, Partial):
-                raise RuntimeError("gradient norm of a Partial DTensor gradient: reduce gradients before clipping")
+                # A state error, not a type error: the gradient is a valid DTensor whose
+                # pending reduction the caller skipped (reduce_partial_grads_).
+                raise RuntimeError("gradient norm of a Partial DTensor gradient: reduce gradients before clipping")  # noqa: TRY004
             if isinstance(placement, Shard) or type(placement).__name__ == "_StridedShard":
                 dist.all_reduce(sq, group=mesh.get_group(dim))
         total += sq.to(device)

@@ -25,13 +25,18 @@ import copy
 import dataclasses
 import difflib
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
 from kenotron.parallel.activation_checkpoint import AC_MODES
-from kenotron.parallel.context.apply import CP_ATTENTION_CHOICES, SequenceSharder, resolve_cp_attention
+from kenotron.parallel.context.apply import (
+    CP_ATTENTION_CHOICES,
+    SequenceSharder,
+    resolve_cp_attention,
+)
 from kenotron.parallel.context.ring import ROTATE_METHODS
 from kenotron.parallel.describe import describe_parameters, format_description
 from kenotron.parallel.pipeline import PipelineSplit
@@ -224,8 +229,8 @@ class Plan:
             f"  blocks: {self.blocks}   sequence_parallel: {self.sequence_parallel}"
             + (f" (off in {self.sequence_parallel_off})" if self.sequence_parallel_off else "")
             + f"   loss_parallel: {self.loss_parallel}   async_tp: {self.async_tp}",
-            f"  data parallel: {self.dp_mode}, units {self.fsdp_units} + root, reshard_after_forward "
-            f"{self.reshard_after_forward}, params {self.param_dtype}, reduce {self.reduce_dtype}",
+            (f"  data parallel: {self.dp_mode}, units {self.fsdp_units} + root, reshard_after_forward "
+             f"{self.reshard_after_forward}, params {self.param_dtype}, reduce {self.reduce_dtype}"),
             f"  activation checkpointing: {self.ac_mode}"
             + (f" (every {self.ac_every_n})" if self.ac_mode == "every-n-layers" else "")
             + (f" (one matmul output kept in {self.ac_save_matmul_every})"
@@ -278,7 +283,9 @@ class Plan:
     def _apply_to_part(self, model: nn.Module, meshes: Meshes) -> tuple[Any, SequenceSharder | None]:
         """TP/SP -> CP -> AC -> compile -> data parallel on one model part; returns the
         DataParallelState and, under context parallel, how to slice batches."""
-        from kenotron.parallel.activation_checkpoint import apply_activation_checkpointing
+        from kenotron.parallel.activation_checkpoint import (
+            apply_activation_checkpointing,
+        )
         from kenotron.parallel.context.apply import apply_context_parallel
         from kenotron.parallel.data import apply_data_parallel
         from kenotron.parallel.tensor import apply_tensor_parallel

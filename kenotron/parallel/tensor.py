@@ -14,10 +14,17 @@ from __future__ import annotations
 import inspect
 from typing import TYPE_CHECKING
 
+import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-import torch.nn.functional as F
-from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_module, distribute_tensor
+from torch.distributed.tensor import (
+    DTensor,
+    Partial,
+    Replicate,
+    Shard,
+    distribute_module,
+    distribute_tensor,
+)
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     PrepareModuleInput,
@@ -90,7 +97,7 @@ class VocabParallelEmbedding(ParallelStyle):
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         if not isinstance(module, nn.Embedding):
-            raise ValueError(f"the 'embedding' style needs an nn.Embedding, got {type(module).__name__}")
+            raise TypeError(f"the 'embedding' style needs an nn.Embedding, got {type(module).__name__}")
         rows = module.num_embeddings
         tp, rank = device_mesh.size(), device_mesh.get_local_rank()
         if rows % tp != 0:

@@ -8,7 +8,8 @@ optimizer state is then about 1/dp of the whole.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist

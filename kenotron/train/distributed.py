@@ -25,9 +25,9 @@ class WorldInfo:
             rank = dist.get_rank()
             return cls(rank, dist.get_world_size(), int(os.environ.get("LOCAL_RANK", rank)))
         return cls(
-            rank=int(os.environ.get("RANK", 0)),
-            world_size=int(os.environ.get("WORLD_SIZE", 1)),
-            local_rank=int(os.environ.get("LOCAL_RANK", 0)),
+            rank=int(os.environ.get("RANK", "0")),
+            world_size=int(os.environ.get("WORLD_SIZE", "1")),
+            local_rank=int(os.environ.get("LOCAL_RANK", "0")),
         )
 
     @property

@@ -49,8 +49,8 @@ class KernelSummary:
     def table(self) -> str:
         per_step = self.wall_us / self.steps
         lines = [
-            f"GPU time per step by kernel kind (step wall {per_step / 1e3:.1f} ms, GPU busy "
-            f"{100 * self.busy_us / self.wall_us:.1f}%; kernels on several streams can overlap)",
+            (f"GPU time per step by kernel kind (step wall {per_step / 1e3:.1f} ms, GPU busy "
+             f"{100 * self.busy_us / self.wall_us:.1f}%; kernels on several streams can overlap)"),
             "| kind | ms / step | share of wall |",
             "|---|---|---|",
         ]

@@ -76,7 +76,8 @@ class MetricsLogger:
             self.dump_folder.mkdir(parents=True, exist_ok=True)
             self._jsonl = (self.dump_folder / "metrics.jsonl").open("a", buffering=1)
             if self.tensorboard:
-                from torch.utils.tensorboard import SummaryWriter  # needs the tensorboard package
+                # Imported here: needs the optional tensorboard package.
+                from torch.utils.tensorboard import SummaryWriter
 
                 self._tb = SummaryWriter(log_dir=str(self.dump_folder / "tb"))
 

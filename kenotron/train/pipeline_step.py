@@ -29,7 +29,6 @@ from kenotron.parallel.pipeline_tied import TiedAcrossStages
 from kenotron.parallel.plan import AppliedPlan
 from kenotron.train.loss import cross_entropy_sum
 
-
 RETURN_OUTPUTS = False
 """Whether `schedule.step()` keeps and returns the last stage's outputs. torch's default (True)
 keeps every microbatch's logits until the step ends and concatenates them: for Llama-3.2-1B

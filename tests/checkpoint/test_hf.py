@@ -10,7 +10,13 @@ import pytest
 import torch
 
 from kenotron.checkpoint import CheckpointFormatError, CheckpointMismatchError
-from kenotron.checkpoint.hf import checkpoint_to_hf, hf_to_checkpoint, load_hf_model, load_hf_weights, save_hf
+from kenotron.checkpoint.hf import (
+    checkpoint_to_hf,
+    hf_to_checkpoint,
+    load_hf_model,
+    load_hf_weights,
+    save_hf,
+)
 from kenotron.models import get_model_spec
 from kenotron.models.common.rope import RopeScaling
 from kenotron.models.llama3 import Llama3Args
@@ -18,7 +24,7 @@ from tests.checkpoint.tiny import build_llama, make_run
 from tests.distributed.pool import run_on_ranks
 
 transformers = pytest.importorskip("transformers")
-from tests.models.hf_parity import random_hf_model, random_kenotron_model  # noqa: E402
+from tests.models.hf_parity import random_hf_model, random_kenotron_model
 
 SPEC = get_model_spec("llama3")
 SMALL = Llama3Args(

@@ -77,7 +77,7 @@ def test_excluded_parts_are_not_restored(tmp_path):
 
 
 def test_model_only_export_in_bfloat16_loads_weights_only(tmp_path):
-    model, opt, sched, state, manager, *_ = make_run("single", tmp_path)
+    model, _opt, _sched, _state, manager, *_ = make_run("single", tmp_path)
     manager.save_model_only(7, torch.bfloat16)
     marker = json.loads((tmp_path / "step-000007" / MARKER_NAME).read_text())
     assert marker["model_only"] and marker["dtype"] == "bfloat16" and marker["parts"] == ["model"]

@@ -65,7 +65,7 @@ def test_missing_credentials_fail_the_upload_clearly(s3, tmp_path, monkeypatch):
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    *_, state, manager, _, _ = make_run("single", tmp_path, remote_folder=f"s3://{BUCKET}/y", remote_endpoint_url=s3)
+    *_, _state, manager, _, _ = make_run("single", tmp_path, remote_folder=f"s3://{BUCKET}/y", remote_endpoint_url=s3)
     manager.save(1)
     manager.close()
     assert "no AWS credentials were found; set AWS_ACCESS_KEY_ID" in manager.uploader.failures[0]

@@ -67,7 +67,11 @@ def build_llama(args, layout: str = "single") -> tuple[nn.Module, int, int]:
 def apply_tp(model: nn.Module, tp_mesh) -> None:
     """Megatron-style TP without sequence parallel: column-parallel in, row-parallel out."""
     from torch.distributed.tensor import Replicate
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
 
     parallelize_module(model, tp_mesh, {
         "tok_embeddings": RowwiseParallel(input_layouts=Replicate()),

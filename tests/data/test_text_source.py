@@ -11,8 +11,7 @@ TEXTS = [f"document {i}: " + "word " * i for i in range(7)] + ["", "ünïcödé 
 
 def write_jsonl(path, texts=TEXTS):
     with open(path, "w") as f:
-        for i, text in enumerate(texts):
-            f.write(json.dumps({"id": i, "text": text}) + "\n")
+        f.writelines(json.dumps({"id": i, "text": text}) + "\n" for i, text in enumerate(texts))
     return path
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import atexit
 import functools
-import importlib.util
 import multiprocessing
 import multiprocessing.connection
 import multiprocessing.forkserver
@@ -294,7 +293,9 @@ class WorkerPool:
                     msg = pickle.loads(conn.recv_bytes()) if conn.poll() else None
                 except (EOFError, OSError):  # the worker is gone (or going)
                     msg = None
-                except Exception:  # unpicklable reply (e.g. a class the parent cannot import)
+                # Unpickling can raise anything (e.g. a class the parent cannot import); it becomes
+                # this rank's reported failure instead of crashing the pool.
+                except Exception:  # noqa: BLE001
                     msg = (
                         "err",
                         call_id,
@@ -312,7 +313,8 @@ class WorkerPool:
                     if msg[3] is not None:
                         try:
                             exc = pickle.loads(msg[3])
-                        except Exception:
+                        # Any unpickling error: the traceback text in msg[2] is still reported.
+                        except Exception:  # noqa: BLE001
                             exc = None
                     failures[rank] = (msg[2], exc)
                 else:
@@ -370,7 +372,8 @@ class WorkerPool:
         if not self._logs:
             for r in range(self.world_size):
                 base = os.path.join(self._log_dir, f"rank{r}")
-                self._logs.append((open(base + ".out", "rb"), open(base + ".err", "rb")))
+                # Kept open across calls (read from the last offset each time); closed in close().
+                self._logs.append((open(base + ".out", "rb"), open(base + ".err", "rb")))  # noqa: SIM115
 
     def _mark_output(self) -> None:
         self._open_logs()
@@ -472,7 +475,9 @@ def shutdown_pools() -> None:
             try:
                 os.kill(pid, signal.SIGKILL)
                 server._stop()  # private: closes its pipe, reaps it, forgets it
-            except Exception:
+            # Session-end / atexit cleanup: the server may be gone already and _stop() is private
+            # API, so whatever it raises must not turn a finished run into a crash.
+            except Exception:  # noqa: BLE001, S110
                 pass
 
 

@@ -55,7 +55,8 @@ def _die(code: int = 1) -> None:
     try:
         sys.stdout.flush()
         sys.stderr.flush()
-    except Exception:
+    # Best effort: the worker must exit (and kill its group) even if the streams are broken.
+    except Exception:  # noqa: BLE001, S110
         pass
     if os.getpgrp() == os.getpid():
         os.killpg(0, signal.SIGKILL)
@@ -174,7 +175,8 @@ def _worker_main(rank: int, world_size: int, port: int, conn, log_dir: str) -> N
     def reply(msg) -> None:
         try:
             data = pickle.dumps(msg, pickle.HIGHEST_PROTOCOL)
-        except Exception:
+        # Pickling a test's return value can raise anything; it is reported as the call's error.
+        except Exception:  # noqa: BLE001
             data = pickle.dumps(
                 (
                     "err",
@@ -197,7 +199,8 @@ def _worker_main(rank: int, world_size: int, port: int, conn, log_dir: str) -> N
         try:
             exc_bytes = pickle.dumps(exc, pickle.HIGHEST_PROTOCOL)
             pickle.loads(exc_bytes)
-        except Exception:
+        # Any exception that does not survive a pickle round trip is sent as traceback text only.
+        except Exception:  # noqa: BLE001
             exc_bytes = None
         sys.stdout.flush()
         sys.stderr.flush()
@@ -209,7 +212,9 @@ def _worker_main(rank: int, world_size: int, port: int, conn, log_dir: str) -> N
             "gloo", store=store, rank=rank, world_size=world_size, timeout=PG_TIMEOUT
         )
         dist.barrier()
-    except BaseException as exc:
+    # Whatever stops the start-up (SystemExit and KeyboardInterrupt included) is reported to
+    # the parent before the worker exits; otherwise the parent only sees a dead rank.
+    except BaseException as exc:  # noqa: BLE001
         error(None, exc)
         _die()
     gc.freeze()  # torch's ~300k objects: never scanned again by the collector, nor dirtied (COW)
@@ -226,7 +231,9 @@ def _worker_main(rank: int, world_size: int, port: int, conn, log_dir: str) -> N
             sys.stdout.flush()
             sys.stderr.flush()
             _clean_after_call()
-        except BaseException as exc:
+        # pytest.fail/skip raise BaseException subclasses: every outcome of the test's function
+        # must reach the parent, which then shuts the pool down.
+        except BaseException as exc:  # noqa: BLE001
             error(call_id, exc)
             continue  # the parent kills the pool after a failure
         reply(("ok", call_id, result))

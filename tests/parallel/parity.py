@@ -7,8 +7,7 @@ code path: config -> resolve_run -> Trainer (plan.apply, init, loader) -> steps.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 import torch.distributed as dist

@@ -14,7 +14,12 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
 
-from kenotron.parallel.context import RingAttention, SequenceLayout, ring_attention, shard_batch
+from kenotron.parallel.context import (
+    RingAttention,
+    SequenceLayout,
+    ring_attention,
+    shard_batch,
+)
 from tests.distributed.pool import run_on_ranks
 
 SEQ, HEAD_DIM = 32, 8
@@ -80,7 +85,9 @@ def test_load_balanced_layout_gives_each_rank_a_head_and_a_tail_chunk():
 
 def test_load_balanced_layout_is_torch_head_tail_layout():
     # torch's context-parallel attention assumes exactly this order of tokens on the ranks.
-    from torch.distributed.tensor.experimental._context_parallel._load_balancer import _HeadTailLoadBalancer
+    from torch.distributed.tensor.experimental._context_parallel._load_balancer import (
+        _HeadTailLoadBalancer,
+    )
 
     for seq, cp in ((16, 2), (32, 4), (24, 3)):
         ours = torch.cat([SequenceLayout(seq, cp).positions(r) for r in range(cp)])

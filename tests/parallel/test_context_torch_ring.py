@@ -17,9 +17,19 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Shard
 
 from kenotron.parallel.context import SequenceLayout
-from kenotron.parallel.context.torch_ring import TorchRingAttention, configure_torch_context_parallel, torch_cp_api
+from kenotron.parallel.context.torch_ring import (
+    TorchRingAttention,
+    configure_torch_context_parallel,
+    torch_cp_api,
+)
 from tests.distributed.pool import run_on_ranks
-from tests.parallel.test_context_attention import SEQ, _assemble, _assert_close, _qkv, _reference
+from tests.parallel.test_context_attention import (
+    SEQ,
+    _assemble,
+    _assert_close,
+    _qkv,
+    _reference,
+)
 
 aten = torch.ops.aten
 CPU_FLASH = aten._scaled_dot_product_flash_attention_for_cpu.default

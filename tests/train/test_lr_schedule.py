@@ -11,7 +11,7 @@ from kenotron.train.lr_schedule import LRSchedule, build_lr_scheduler
 
 
 def sched(decay: str, **kw) -> LRSchedule:
-    base = dict(total_steps=100, warmup_steps=10, decay=decay, min_lr_ratio=0.1, decay_ratio=0.2)
+    base = {"total_steps": 100, "warmup_steps": 10, "decay": decay, "min_lr_ratio": 0.1, "decay_ratio": 0.2}
     base.update(kw)
     return LRSchedule(**base)
 

@@ -1,9 +1,9 @@
 """Mistral family: model, flavors, HF adapter and spec."""
 
+from kenotron.models.llama3.parallel_hints import LLAMA3_TP_STYLES
 from kenotron.models.mistral.flavors import MISTRAL_FLAVORS
 from kenotron.models.mistral.hf import MISTRAL_HF_ADAPTER
 from kenotron.models.mistral.model import Mistral, MistralArgs
-from kenotron.models.llama3.parallel_hints import LLAMA3_TP_STYLES
 from kenotron.models.spec import ModelSpec
 
 # Same module names as Llama 3, so the same tensor-parallel styles apply.

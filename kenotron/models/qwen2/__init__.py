@@ -1,9 +1,9 @@
 """Qwen2 family: model, flavors, HF adapter and spec."""
 
+from kenotron.models.llama3.parallel_hints import LLAMA3_TP_STYLES
 from kenotron.models.qwen2.flavors import QWEN2_FLAVORS
 from kenotron.models.qwen2.hf import QWEN2_HF_ADAPTER
 from kenotron.models.qwen2.model import Qwen2, Qwen2Args
-from kenotron.models.llama3.parallel_hints import LLAMA3_TP_STYLES
 from kenotron.models.spec import ModelSpec
 
 # Same module names as Llama 3, so the same tensor-parallel styles apply.

@@ -1,9 +1,9 @@
 """Qwen3 family: model, flavors, HF adapter and spec."""
 
+from kenotron.models.llama3.parallel_hints import LLAMA3_TP_STYLES
 from kenotron.models.qwen3.flavors import QWEN3_FLAVORS
 from kenotron.models.qwen3.hf import QWEN3_HF_ADAPTER
 from kenotron.models.qwen3.model import Qwen3, Qwen3Args
-from kenotron.models.llama3.parallel_hints import LLAMA3_TP_STYLES
 from kenotron.models.spec import ModelSpec
 
 # Llama 3's module names and styles, plus the per-head q/k norms over the tp-sharded heads.
