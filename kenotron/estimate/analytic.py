@@ -31,7 +31,7 @@ Activations kept per block (no AC), bytes:
 Loss: fused chunked (C = min(chunk, T) tokens): keeps grad_h (T·d·c) and grad_w (V·d·c with
   one chunk, V·d·4 with several); temporaries max(2·C·V·c − V·d·c, C·V·c) with one chunk (grad_w
   is made after the logits' gradient), max(2·C·V·c, C·V·c + V·d·c) with several, or in the
-  loss' backward V·d·4 + T·d·c (+ T·d·4 under autocast, + V·d·c for bf16 weights) if larger; with a second chunk of C' tokens
+  loss' backward (V + T)·d·c (·4 under autocast: fp32 weights and hidden states) if larger; with a second chunk of C' tokens
   C·V·c + 2·C'·V·c (the previous chunk's gradient is alive while the next one's logits and
   log-softmax are computed). Plain: keeps logits (T·V·c/t) and
   log-softmax (T·V·4/t); temporaries 2·T·V·4/t (fp32 copy and exp) -- the vocab-parallel
@@ -265,14 +265,11 @@ def loss_bytes(run: RunPlan, s: StepShape, fused: bool) -> tuple[int, int]:
             temp = max(temp, allocated_bytes(chunk * V * c) + 2 * allocated_bytes(second * V * c))
         if s.autocast:  # the fp32 hidden states and output weight are cast for the chunks
             temp += allocated_bytes(s.tokens * d * 2) + allocated_bytes(V * d * 2)
-        # The loss' backward, with every activation still alive: the weight gradient widened and
-        # scaled into a new fp32 tensor, and the scaled hidden-state gradient (cast back to the
-        # fp32 hidden states' dtype under autocast). With few tokens this outweighs the forward.
-        backward = allocated_bytes(V * d * FP32) + allocated_bytes(s.tokens * d * c)
-        if s.autocast:
-            backward += allocated_bytes(s.tokens * d * FP32)
-        elif c != FP32:  # bf16 weights (FSDP / ZeRO-1 cast them): the fp32 gradient is rounded back
-            backward += allocated_bytes(V * d * c)
+        # The loss' backward, with every activation still alive: the scaled weight and hidden-state
+        # gradients, each written once in its parameter's / activation's dtype (one Triton pass
+        # each on CUDA; fp32 under autocast). With few tokens this outweighs the forward.
+        wide = FP32 if s.autocast else c
+        backward = allocated_bytes(V * d * wide) + allocated_bytes(s.tokens * d * wide)
         return kept, max(temp, backward)
     logits = allocated_bytes(s.tokens * V * c)
     fp32 = allocated_bytes(s.tokens * V * FP32)
@@ -346,12 +343,28 @@ def peak_breakdown(run: RunPlan, params: ParameterBytes, O: int, kind: dict[str,
     optimizer_temp = allocated_bytes(s.vocab // s.tp * s.dim * FP32) if extra_grad else 0
     optimizer_moment = Breakdown(parameters=P, gradients=G, optimizer_state=O, temporaries=optimizer_temp)
     moments = [loss_moment, backward_moment, optimizer_moment]
-    if getattr(run.model_args, "tie_embeddings", False) and not sharded_grads and s.tp == 1:
+    tied = getattr(run.model_args, "tie_embeddings", False)
+    if tied and not sharded_grads and s.tp == 1:
         # The last backward step of a tied embedding: the output projection's gradient waits in
         # autograd's buffer while the embedding's own dense gradient is made, then the two are
-        # summed into the parameter's gradient (in G): two fp32 (vocab, dim) tensors beside G.
-        tied = 2 * allocated_bytes(s.vocab * s.dim * (c if mw else FP32))
+        # summed into the parameter's gradient (in G): two (vocab, dim) tensors beside G, in the
+        # dtype the loss saw the weight in (fp32 under autocast, else the compute dtype).
+        tied = 2 * allocated_bytes(s.vocab * s.dim * (FP32 if s.autocast else c))
         moments.append(Breakdown(parameters=P, gradients=G, optimizer_state=O, temporaries=tied))
+    if sharded_grads and run.dims.dp_shard * run.dims.cp > 1:
+        # The root unit's reduce-scatter after the embedding's backward (the step's last op): the
+        # root's gradients in the compute dtype and their copy in the reduce dtype, beside the
+        # blocks' sharded gradients. Untied, the gathered root is already freed; tied, the
+        # simulation of FSDP2's post-backward also holds it and the sharded result at that moment.
+        shard = run.dims.dp_shard * run.dims.cp
+        reduce_size = FP32 if run.plan.reduce_dtype == "float32" else 2
+        reduced = params.root_gathered * reduce_size // c
+        root_local = params.root_gathered * (FP32 // c) // shard
+        moments.append(Breakdown(
+            parameters=P, unsharded_parameters=params.root_gathered if tied else 0,
+            gradients=accumulated if accumulated else max(G - root_local, 0), optimizer_state=O,
+            temporaries=params.root_gathered + reduced + (reduced // shard if tied else 0),
+        ))
     if s.tp > 1 and not extra_grad and "embedding" in run.plan.tp_styles.values():
         # Data parallel takes the embedding's whole (Replicate) gradient, keeps its TP shard, casts it
         # to fp32 and reduce-scatters it: briefly the largest temporaries of the step for a big vocabulary.

@@ -14,13 +14,18 @@ plain path's output layer); softmax and log-softmax accumulate in fp32 inside th
 the gradient is in the matmul dtype for the two products (as autocast's backward uses); the
 weight gradient accumulates in fp32 across chunks (with one chunk, the default for b4 x 4096,
 the product is kept in the matmul dtype and widened once in backward: the same values).
+Backward multiplies both gradients by the incoming scale (1 / tokens) in fp32 and rounds once
+to the parameter's and the hidden states' dtype; on CUDA in one Triton pass each.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 from collections.abc import Callable
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from kenotron.train.loss import IGNORE_INDEX
 
@@ -81,11 +86,26 @@ class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_loss):
         grad_h, grad_w = ctx.saved_tensors
-        gh = (grad_h * grad_loss.to(grad_h.dtype)).reshape(ctx.h_shape).to(ctx.h_dtype)
-        wide = grad_w.to(torch.promote_types(grad_w.dtype, torch.float32))
-        # Scale in place when widening made a new tensor; never overwrite the saved one.
-        gw = (wide.mul_(grad_loss) if wide is not grad_w else wide * grad_loss).to(ctx.w_dtype)
+        gh = _scaled(grad_h, grad_loss, ctx.h_dtype).reshape(ctx.h_shape)
+        gw = _scaled(grad_w, grad_loss, ctx.w_dtype)
         return gh, gw, None, None, None, None
+
+
+@functools.cache
+def triton_importable() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+def _scaled(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """x · scale in fp32, rounded once to `dtype` (a new tensor: the saved one is never
+    overwritten). On CUDA one Triton pass (kenotron/train/loss_kernels.py), else through fp32."""
+    if torch._subclasses.fake_tensor.is_fake(x) and not isinstance(x, DTensor):
+        return torch.empty_like(x, dtype=dtype)  # the estimator plans a CUDA job: the kernel's one allocation
+    if x.is_cuda and not isinstance(x, DTensor) and x.is_contiguous() and triton_importable():
+        from kenotron.train.loss_kernels import scale_to  # imports triton: only on CUDA
+
+        return scale_to(x, scale, dtype)
+    return (x.to(torch.promote_types(x.dtype, torch.float32)) * scale).to(dtype)
 
 
 def linear_cross_entropy_sum(

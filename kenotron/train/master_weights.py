@@ -30,6 +30,8 @@ from typing import Any
 import torch
 from torch.optim.adamw import adamw
 
+from kenotron.train.optim import closure_loss
+
 KERNELS = ("triton", "fused", "foreach", "for-loop")
 
 
@@ -76,35 +78,20 @@ class MasterWeightAdamW(torch.optim.AdamW):
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = closure_loss(closure)
         for group in self.param_groups:
             params = [p for p in group["params"] if p.grad is not None]
             if not params:
                 continue
             states = [self.state[p] for p in params]
             if self.kernel == "triton":
-                self._triton_step(group, params, states)
+                # Importing it imports triton: only when chosen.
+                from kenotron.train.triton_adamw import adamw_step_group
+
+                adamw_step_group(group, params, states, self.grad_scale, masters=True)
             else:
                 self._torch_step(group, params, states)
         return loss
-
-    def _triton_step(self, group: dict[str, Any], params: list[torch.Tensor], states: list[dict]) -> None:
-        from kenotron.train.triton_adamw import adamw_update_
-
-        beta1, beta2 = group["betas"]
-        fake = torch._subclasses.fake_tensor.is_fake(params[0])
-        for p, state in zip(params, states):
-            state["step"] += 1
-            if fake:
-                continue  # the estimator's dry run: the state is what costs memory
-            adamw_update_(
-                p, p.grad, state["exp_avg"], state["exp_avg_sq"], lr=float(group["lr"]), beta1=beta1, beta2=beta2,
-                eps=group["eps"], weight_decay=group["weight_decay"], step=int(state["step"]),
-                grad_scale=self.grad_scale, master=state["master"],
-            )
 
     def _torch_step(self, group: dict[str, Any], params: list[torch.Tensor], states: list[dict]) -> None:
         fused = self.kernel == "fused"

@@ -4,12 +4,22 @@ from __future__ import annotations
 
 import importlib.util
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
 
 from kenotron.config import ConfigError
 from kenotron.config import Optimizer as OptimizerConfig
+
+
+def closure_loss(closure: Callable[[], Any] | None) -> Any:
+    """What an optimizer's `step(closure)` returns: the closure's loss, evaluated with grad enabled
+    (steps run under no_grad), or None without a closure."""
+    if closure is None:
+        return None
+    with torch.enable_grad():
+        return closure()
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:

@@ -21,11 +21,14 @@ interpreter, TRITON_INTERPRET=1, which the tests use).
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import triton
 import triton.language as tl
 from torch.distributed.tensor import DTensor
+
+from kenotron.train.optim import closure_loss
 
 BLOCK = 1024  # measured fastest of 1024-8192 on an H200 (scripts/bench_optimizer.py)
 
@@ -106,32 +109,37 @@ class TritonAdamW(torch.optim.AdamW):
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        fake = None
+        loss = closure_loss(closure)
         for group in self.param_groups:
-            beta1, beta2 = group["betas"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                state = self.state[p]
-                if not state:
-                    # torch's AdamW layout: a CPU step counter (no device sync to read it) and moments like p.
-                    state["step"] = torch.tensor(0.0, dtype=torch.float32)
-                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                if state["step"].device.type != "cpu":  # loaded from torch's fused AdamW: read it once
-                    state["step"] = state["step"].cpu()
-                state["step"] += 1
-                if fake is None:
-                    fake = torch._subclasses.fake_tensor.is_fake(p)
-                if fake:
-                    continue  # the estimator's dry run: the state is what costs memory
-                adamw_update_(
-                    p, p.grad, state["exp_avg"], state["exp_avg_sq"], lr=float(group["lr"]), beta1=beta1,
-                    beta2=beta2, eps=group["eps"], weight_decay=group["weight_decay"], step=int(state["step"]),
-                    grad_scale=self.grad_scale,
-                )
+            params = [p for p in group["params"] if p.grad is not None]
+            if params:
+                adamw_step_group(group, params, [self._state(p) for p in params], self.grad_scale)
         return loss
+
+    def _state(self, p: torch.Tensor) -> dict[str, torch.Tensor]:
+        state = self.state[p]
+        if not state:
+            # torch's AdamW layout: a CPU step counter (no device sync to read it) and moments like p.
+            state["step"] = torch.tensor(0.0, dtype=torch.float32)
+            state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        if state["step"].device.type != "cpu":  # loaded from torch's fused AdamW: read it once
+            state["step"] = state["step"].cpu()
+        return state
+
+
+def adamw_step_group(group: dict[str, Any], params: list[torch.Tensor], states: list[dict],
+                     grad_scale: torch.Tensor | None, masters: bool = False) -> None:
+    """One `adamw_update_` per parameter of a group (those with gradients, with their states),
+    counting each state's CPU step; `masters`: the states hold fp32 masters of the parameters."""
+    beta1, beta2 = group["betas"]
+    fake = torch._subclasses.fake_tensor.is_fake(params[0])
+    for p, state in zip(params, states, strict=True):
+        state["step"] += 1
+        if fake:
+            continue  # the estimator's dry run: the state is what costs memory
+        adamw_update_(
+            p, p.grad, state["exp_avg"], state["exp_avg_sq"], lr=float(group["lr"]), beta1=beta1, beta2=beta2,
+            eps=group["eps"], weight_decay=group["weight_decay"], step=int(state["step"]),
+            grad_scale=grad_scale, master=state["master"] if masters else None,
+        )

@@ -91,3 +91,47 @@ def test_backward_twice_gives_the_same_gradient():
         second = torch.autograd.grad(loss * 0.5, (h, w))
         for a, b in zip(first, second, strict=True):
             torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_backward_scales_bf16_gradients_in_fp32_and_rounds_once():
+    """The incoming scale (1/3 here, 1/tokens in training) multiplies each gradient in fp32: the
+    result is round_bf16(fp32(g) · scale) of the unscaled gradient g, not g · round_bf16(scale)."""
+    torch.manual_seed(0)
+    h = torch.randn(64, 32).bfloat16().requires_grad_()
+    w = (torch.randn(100, 32) * 0.1).bfloat16().requires_grad_()
+    labels = torch.randint(0, 100, (64,))
+    g1 = torch.autograd.grad(linear_cross_entropy_sum(h, w, labels, chunk_tokens=64), (h, w))
+    scale = torch.tensor(1 / 3)
+    g3 = torch.autograd.grad(linear_cross_entropy_sum(h, w, labels, chunk_tokens=64) * scale, (h, w))
+    for one, third in zip(g1, g3, strict=True):
+        assert third.dtype == torch.bfloat16
+        assert torch.equal(third, (one.float() * scale).to(torch.bfloat16))
+    rounded_scale = (g1[0] * scale.bfloat16()).to(torch.bfloat16)
+    assert not torch.equal(g3[0], rounded_scale)  # the two orders differ on these values
+
+
+def test_scale_kernel_equals_the_fp32_product_under_the_triton_interpreter():
+    pytest.importorskip("triton")
+    from pathlib import Path
+
+    from tests.triton_interpreter import run_in_triton_interpreter
+
+    run_in_triton_interpreter(Path(__file__).with_name("loss_kernels_child.py"))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_scale_kernel_on_cuda_rounds_like_pytorch_bitwise():
+    from kenotron.train.loss_kernels import scale_to
+
+    torch.manual_seed(0)
+    x = torch.randn(3_000_001, device="cuda").bfloat16()
+    scale = torch.tensor(1 / 16_384 / 3, device="cuda")
+    assert torch.equal(scale_to(x, scale, torch.bfloat16), (x.float() * scale).bfloat16())
+    h = torch.randn(512, 64, device="cuda").bfloat16().requires_grad_()
+    w = (torch.randn(1000, 64, device="cuda") * 0.1).bfloat16().requires_grad_()
+    labels = torch.randint(0, 1000, (512,), device="cuda")
+    g1 = torch.autograd.grad(linear_cross_entropy_sum(h, w, labels, chunk_tokens=512), (h, w))
+    g3 = torch.autograd.grad(linear_cross_entropy_sum(h, w, labels, chunk_tokens=512) * scale, (h, w))
+    for one, third in zip(g1, g3, strict=True):
+        assert torch.equal(third, (one.float() * scale).bfloat16())
