@@ -112,6 +112,9 @@ class Training:
     loss_chunk_tokens: int = 16384
     """Tokens per chunk of the fused loss (larger: fewer, bigger matmuls; smaller: less memory). 16384 measured fastest on H200 for b4 x 4096."""
 
+    loss_kernel: Literal["auto", "triton", "compiled", "torch"] = "auto"
+    """How the fused loss turns a chunk's logits into its loss and their gradient: triton (one Triton kernel that writes the gradient over the logits; CUDA), compiled (torch.compile's fusion of the same math), torch (PyTorch's softmax ops, a second logits-sized buffer); auto: triton on CUDA with triton installed, else compiled when compile.enable, else torch."""
+
 
 @dataclass
 class Optimizer:

@@ -33,7 +33,8 @@ Loss: fused chunked (C = min(chunk, T) tokens): keeps grad_h (T·d·c) and grad_
   is made after the logits' gradient), max(2·C·V·c, C·V·c + V·d·c) with several, or in the
   loss' backward (V + T)·d·c (·4 under autocast: fp32 weights and hidden states) if larger; with a second chunk of C' tokens
   C·V·c + 2·C'·V·c (the previous chunk's gradient is alive while the next one's logits and
-  log-softmax are computed). Plain: keeps logits (T·V·c/t) and
+  log-softmax are computed). The Triton chunk kernel writes the gradient over the logits: one
+  C·V·c term less in each (training.loss_kernel = triton, auto's choice on CUDA). Plain: keeps logits (T·V·c/t) and
   log-softmax (T·V·4/t); temporaries 2·T·V·4/t (fp32 copy and exp) -- the vocab-parallel
   loss adds one more T·V·4/t.
 Peak = max of these moments:
@@ -66,6 +67,7 @@ from kenotron.parallel.plan import matching_modules
 from kenotron.parallel.zero1 import partition_params
 from kenotron.train.precision import single_device_fsdp, uses_master_weights
 from kenotron.train.resolve import RunPlan
+from kenotron.train.fused_loss import resolve_loss_kernel
 from kenotron.train.trainer import uses_fused_loss
 
 FP32 = 4
@@ -244,25 +246,35 @@ def activations_per_block(run: RunPlan, s: StepShape) -> float:
     return block_activations(s, ac, sp, run.plan.ac_save_matmul_every)
 
 
+def loss_kernel(run: RunPlan) -> str:
+    """The fused loss's chunk kernel the trainer would pick on the planned device."""
+    device = "cpu" if run.cfg.training.device == "cpu" else "cuda"
+    return resolve_loss_kernel(run.cfg.training.loss_kernel, device, run.cfg.compile.enable, triton_present=True)
+
+
 def loss_bytes(run: RunPlan, s: StepShape, fused: bool) -> tuple[int, int]:
     """(kept for backward, temporaries at the loss' peak) of the fused chunked or the plain loss."""
     V, d, c = s.vocab // s.tp, s.dim, s.compute
     if fused:
         chunk = min(run.cfg.training.loss_chunk_tokens, s.tokens)
         logits = allocated_bytes(chunk * V * c)
+        # The Triton kernel writes a chunk's gradient over its logits; PyTorch's softmax and the
+        # compiled step give it a second logits-sized buffer.
+        in_place = loss_kernel(run) == "triton"
+        gradient = 0 if in_place else logits
         if s.tokens <= chunk:
             # One chunk: the weight gradient is the chunk's product itself, kept in the matmul
             # dtype; it does not exist yet while the logits and their gradient are alive.
             grad_w = allocated_bytes(V * d * c)
             kept = allocated_bytes(s.tokens * d * c) + grad_w
-            temp = max(2 * logits - grad_w, logits)
+            temp = max(logits + gradient - grad_w, logits)
         else:
             # Several: an fp32 accumulator (kept), and each chunk's product while it is added.
             kept = allocated_bytes(s.tokens * d * c) + allocated_bytes(V * d * FP32)
-            temp = max(2 * logits, logits + allocated_bytes(V * d * c))
+            temp = max(logits + gradient, logits + allocated_bytes(V * d * c))
         if s.tokens > chunk:  # the previous chunk's gradient outlives the next chunk's logits and log-softmax
-            second = min(chunk, s.tokens - chunk)
-            temp = max(temp, allocated_bytes(chunk * V * c) + 2 * allocated_bytes(second * V * c))
+            second = allocated_bytes(min(chunk, s.tokens - chunk) * V * c)
+            temp = max(temp, allocated_bytes(chunk * V * c) + second + (0 if in_place else second))
         if s.autocast:  # the fp32 hidden states and output weight are cast for the chunks
             temp += allocated_bytes(s.tokens * d * 2) + allocated_bytes(V * d * 2)
         # The loss' backward, with every activation still alive: the scaled weight and hidden-state

@@ -39,7 +39,7 @@ from kenotron.parallel.grad_norm import (
 from kenotron.parallel.plan import AppliedPlan, matching_modules
 from kenotron.parallel.zero1 import Zero1Optimizer
 from kenotron.train.eager_kernels import resolve_eager_kernels
-from kenotron.train.fused_loss import linear_cross_entropy_sum
+from kenotron.train.fused_loss import chunk_fn_for, linear_cross_entropy_sum, resolve_loss_kernel
 from kenotron.train.loss import cross_entropy_sum
 from kenotron.train.optim import optimizer_factory, param_groups
 from kenotron.train.precision import single_device_fsdp, uses_master_weights
@@ -61,6 +61,15 @@ def fused_gate(run: RunPlan) -> bool:
         run.cfg.model.eager_kernels, target_device(run).type, run.cfg.compile.enable, triton_present=True
     )
     return kernels == "triton"
+
+
+def loss_chunk_fn(run: RunPlan):
+    """The fused loss's chunk step as the trainer would run it; the compiled one is simulated by
+    PyTorch's ops (both give the gradient a buffer of its own beside the logits)."""
+    kernel = resolve_loss_kernel(
+        run.cfg.training.loss_kernel, target_device(run).type, run.cfg.compile.enable, triton_present=True
+    )
+    return chunk_fn_for("torch" if kernel == "compiled" else kernel)
 
 
 def ignored_features(run: RunPlan) -> list[str]:
@@ -278,7 +287,7 @@ def forward_backward(job: FakeJob, micro_steps: int, observer: StepObserver) -> 
             if job.fused_loss:
                 loss_sum = linear_cross_entropy_sum(
                     out, model.output.weight, labels, chunk_tokens=cfg.training.loss_chunk_tokens,
-                    compute_dtype=job.compute_dtype,
+                    compute_dtype=job.compute_dtype, chunk_fn=loss_chunk_fn(job.run),
                 )
             else:
                 loss_sum = cross_entropy_sum(out, labels)

@@ -34,3 +34,50 @@ def scale_to(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.
     if n:
         _scale_kernel[(triton.cdiv(n, BLOCK),)](x, scale.to(torch.float32), out, n, BLOCK=BLOCK, num_warps=8)
     return out
+
+
+@triton.jit
+def _cross_entropy_kernel(logits_ptr, labels_ptr, loss_ptr, V, stride, ignore_index, BLOCK_V: tl.constexpr):
+    # One program per row (token): an online log-sum-exp over the vocabulary, then the row's
+    # gradient exp(x - lse) - onehot written over its logits. The second pass walks the row
+    # backwards, so it starts with the blocks the first pass read last (still in L2).
+    row = tl.program_id(0).to(tl.int64)
+    base = logits_ptr + row * stride
+    label = tl.load(labels_ptr + row)
+    valid = label != ignore_index
+    safe = tl.where(valid, label, 0)
+    lanes = tl.arange(0, BLOCK_V)
+    m = tl.full([BLOCK_V], float("-inf"), tl.float32)
+    s = tl.zeros([BLOCK_V], tl.float32)
+    for start in range(0, V, BLOCK_V):
+        offs = start + lanes
+        x = tl.load(base + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
+        m_new = tl.maximum(m, x)
+        shift = tl.where(m_new == float("-inf"), 0.0, m_new)  # a lane that has seen no logit yet
+        s = s * tl.exp(m - shift) + tl.exp(x - shift)
+        m = m_new
+    row_max = tl.max(m, 0)
+    lse = row_max + tl.log(tl.sum(s * tl.exp(m - row_max), 0))
+    target = tl.load(base + safe).to(tl.float32)
+    tl.store(loss_ptr + row, tl.where(valid, lse - target, 0.0))
+    last = ((V - 1) // BLOCK_V) * BLOCK_V
+    for i in range(0, V, BLOCK_V):
+        offs = last - i + lanes
+        mask = offs < V
+        x = tl.load(base + offs, mask=mask, other=0.0).to(tl.float32)
+        g = tl.exp(x - lse) - tl.where(offs == safe, 1.0, 0.0)
+        tl.store(base + offs, tl.where(valid, g, 0.0).to(logits_ptr.dtype.element_ty), mask=mask)
+
+
+def cross_entropy_grad_(logits: torch.Tensor, labels: torch.Tensor, ignore_index: int) -> torch.Tensor:
+    """Sum over rows of CE(logits, labels) (fp32; rows labelled `ignore_index` count 0), and the
+    gradient of that sum with respect to the logits written over them, in their dtype (zero
+    rows for ignored labels). `logits` (tokens, vocab) with unit stride along the vocabulary."""
+    rows, vocab = logits.shape
+    if logits.stride(1) != 1:
+        raise ValueError(f"cross_entropy_grad_ needs logits with unit stride along the vocabulary, got {logits.stride()}")
+    losses = torch.empty(rows, dtype=torch.float32, device=logits.device)
+    if rows:
+        _cross_entropy_kernel[(rows,)](logits, labels, losses, vocab, logits.stride(0), ignore_index,
+                                       BLOCK_V=4096, num_warps=8)
+    return losses.sum()

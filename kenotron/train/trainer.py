@@ -50,7 +50,7 @@ from kenotron.train.distributed import (
 )
 from kenotron.train.eager_kernels import resolve_eager_kernels, use_eager_kernels
 from kenotron.train.flops import flops_per_token, matmul_params
-from kenotron.train.fused_loss import compiled_chunk_fn, linear_cross_entropy_sum
+from kenotron.train.fused_loss import chunk_fn_for, linear_cross_entropy_sum, resolve_loss_kernel
 from kenotron.train.loss import IGNORE_INDEX, cross_entropy_sum
 from kenotron.train.lr_schedule import LRSchedule, build_lr_scheduler
 from kenotron.train.metrics import MetricsLogger
@@ -96,6 +96,7 @@ class Trainer:
         self.device = pick_device(cfg.training.device, self.world, cfg.training.expandable_segments)
         # Checked before any process group exists: a bad choice fails fast on every rank.
         self.eager_kernels = resolve_eager_kernels(cfg.model.eager_kernels, self.device.type, cfg.compile.enable)
+        self.loss_kernel = resolve_loss_kernel(cfg.training.loss_kernel, self.device.type, cfg.compile.enable)
         if cfg.optimizer.name == "adamw":
             resolve_adamw_implementation(cfg.optimizer.implementation, self.device.type)
         if cfg.float8.enable:
@@ -191,7 +192,7 @@ class Trainer:
         if self.fused_loss:
             # The model stops at the final norm; the loss applies the output weight in chunks.
             model.output.forward = _hidden_states  # type: ignore[union-attr,method-assign]
-            self.chunk_fn = compiled_chunk_fn() if cfg.compile.enable else None
+            self.chunk_fn = chunk_fn_for(self.loss_kernel)
 
         # -- checkpointing: hand the stateful parts to the manager, resume if a checkpoint exists --
         self.checkpointer = CheckpointManager(

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import torch
 
+from kenotron.train.fused_loss import _chunk_loss_and_grad_for_compile, _triton_chunk_loss_and_grad
+from kenotron.train.loss import IGNORE_INDEX
 from kenotron.train.loss_kernels import BLOCK, scale_to
 
 
@@ -26,6 +28,24 @@ def check_scale_to() -> None:
             assert ((out.float() - ref.float()).abs() <= step).all()
 
 
+def check_cross_entropy() -> None:
+    torch.manual_seed(0)
+    # 50 < the kernel's 4096-wide block (lanes that never see a logit); 4096 + 300 spans two blocks.
+    for vocab, dtype, tol in [(50, torch.float32, 1e-6), (4396, torch.float32, 1e-6), (4396, torch.bfloat16, 1e-2)]:
+        h = torch.randn(37, 16).to(dtype)
+        w = (torch.randn(vocab, 16) * 2).to(dtype)
+        labels = torch.randint(0, vocab, (37,))
+        labels[[0, 5, 36]] = IGNORE_INDEX
+        labels[1] = vocab - 1  # the last logit of the row is the target
+        loss, grad = _triton_chunk_loss_and_grad(h, w, labels)
+        ref_loss, ref_grad = _chunk_loss_and_grad_for_compile(h, w, labels)
+        assert grad.dtype == dtype and grad.shape == (37, vocab)
+        torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(grad.float(), ref_grad.float(), rtol=tol, atol=tol)
+        assert not grad[[0, 5, 36]].any()  # ignored rows have no gradient
+
+
 if __name__ == "__main__":
     check_scale_to()
+    check_cross_entropy()
     print("ok")

@@ -110,7 +110,8 @@ def test_backward_scales_bf16_gradients_in_fp32_and_rounds_once():
     assert not torch.equal(g3[0], rounded_scale)  # the two orders differ on these values
 
 
-def test_scale_kernel_equals_the_fp32_product_under_the_triton_interpreter():
+def test_loss_kernels_equal_pytorch_under_the_triton_interpreter():
+    """The scale kernel and the Triton cross-entropy (loss and gradient over the logits)."""
     pytest.importorskip("triton")
     from pathlib import Path
 
@@ -135,3 +136,36 @@ def test_scale_kernel_on_cuda_rounds_like_pytorch_bitwise():
     g3 = torch.autograd.grad(linear_cross_entropy_sum(h, w, labels, chunk_tokens=512) * scale, (h, w))
     for one, third in zip(g1, g3, strict=True):
         assert torch.equal(third, (one.float() * scale).bfloat16())
+
+
+def test_loss_kernel_choice_follows_device_and_compile_and_refuses_triton_off_cuda():
+    from kenotron.config import ConfigError
+    from kenotron.train.fused_loss import resolve_loss_kernel
+
+    assert resolve_loss_kernel("auto", "cuda", compiled=True, triton_present=True) == "triton"
+    assert resolve_loss_kernel("auto", "cuda", compiled=False, triton_present=False) == "torch"
+    assert resolve_loss_kernel("auto", "cpu", compiled=True, triton_present=True) == "compiled"
+    assert resolve_loss_kernel("auto", "cpu", compiled=False, triton_present=True) == "torch"
+    assert resolve_loss_kernel("compiled", "cuda", compiled=False, triton_present=True) == "compiled"
+    with pytest.raises(ConfigError, match="training.loss_kernel='triton' needs a CUDA device"):
+        resolve_loss_kernel("triton", "cpu", compiled=False, triton_present=True)
+    with pytest.raises(ConfigError, match="needs the triton package"):
+        resolve_loss_kernel("triton", "cuda", compiled=False, triton_present=False)
+    with pytest.raises(ConfigError, match="training.loss_kernel='fast' is not one of"):
+        resolve_loss_kernel("fast", "cuda", compiled=False)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_triton_cross_entropy_on_cuda_matches_the_compiled_step_in_bf16():
+    from kenotron.train.fused_loss import _triton_chunk_loss_and_grad
+
+    torch.manual_seed(0)
+    h = torch.randn(1024, 256, device="cuda").bfloat16()
+    w = (torch.randn(128_256, 256, device="cuda") * 0.05).bfloat16()
+    labels = torch.randint(0, 128_256, (1024,), device="cuda")
+    labels[:7] = IGNORE_INDEX
+    loss, grad = _triton_chunk_loss_and_grad(h, w, labels)
+    ref_loss, ref_grad = compiled_chunk_fn()(h, w, labels)
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-3)
+    torch.testing.assert_close(grad.float(), ref_grad.float(), rtol=1e-2, atol=1e-5)
