@@ -164,6 +164,8 @@ def _triton_chunk_loss_and_grad(
     """The same values as `_chunk_loss_and_grad_for_compile`, by one Triton kernel that reads each
     row of logits twice and writes its gradient over it (kenotron/train/loss_kernels.py)."""
     logits = h @ w.t()
+    if isinstance(logits, DTensor):  # a kernel over local memory; DTensors take PyTorch's ops
+        return _chunk_loss_and_grad(h, w, labels)
     if torch._subclasses.fake_tensor.is_fake(logits):  # the estimator: the kernel's allocations
         return torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device).sum(), logits
     from kenotron.train.loss_kernels import cross_entropy_grad_  # imports triton: only on CUDA
