@@ -65,9 +65,9 @@ from kenotron.estimate.tracker import Breakdown, allocated_bytes
 from kenotron.models.common.norms import LayerNorm
 from kenotron.parallel.plan import matching_modules
 from kenotron.parallel.zero1 import partition_params
+from kenotron.train.fused_loss import resolve_loss_kernel
 from kenotron.train.precision import single_device_fsdp, uses_master_weights
 from kenotron.train.resolve import RunPlan
-from kenotron.train.fused_loss import resolve_loss_kernel
 from kenotron.train.trainer import uses_fused_loss
 
 FP32 = 4

@@ -39,7 +39,11 @@ from kenotron.parallel.grad_norm import (
 from kenotron.parallel.plan import AppliedPlan, matching_modules
 from kenotron.parallel.zero1 import Zero1Optimizer
 from kenotron.train.eager_kernels import resolve_eager_kernels
-from kenotron.train.fused_loss import chunk_fn_for, linear_cross_entropy_sum, resolve_loss_kernel
+from kenotron.train.fused_loss import (
+    chunk_fn_for,
+    linear_cross_entropy_sum,
+    resolve_loss_kernel,
+)
 from kenotron.train.loss import cross_entropy_sum
 from kenotron.train.optim import optimizer_factory, param_groups
 from kenotron.train.precision import single_device_fsdp, uses_master_weights

@@ -103,7 +103,8 @@ def _scaled(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.T
     if torch._subclasses.fake_tensor.is_fake(x) and not isinstance(x, DTensor):
         return torch.empty_like(x, dtype=dtype)  # the estimator plans a CUDA job: the kernel's one allocation
     if x.is_cuda and not isinstance(x, DTensor) and x.is_contiguous() and triton_importable():
-        from kenotron.train.loss_kernels import scale_to  # imports triton: only on CUDA
+        # Importing it imports triton: only on CUDA.
+        from kenotron.train.loss_kernels import scale_to
 
         return scale_to(x, scale, dtype)
     return (x.to(torch.promote_types(x.dtype, torch.float32)) * scale).to(dtype)
@@ -168,7 +169,8 @@ def _triton_chunk_loss_and_grad(
         return _chunk_loss_and_grad(h, w, labels)
     if torch._subclasses.fake_tensor.is_fake(logits):  # the estimator: the kernel's allocations
         return torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device).sum(), logits
-    from kenotron.train.loss_kernels import cross_entropy_grad_  # imports triton: only on CUDA
+    # Importing it imports triton: only on CUDA.
+    from kenotron.train.loss_kernels import cross_entropy_grad_
 
     return cross_entropy_grad_(logits, labels, IGNORE_INDEX), logits
 

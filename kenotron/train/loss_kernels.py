@@ -69,15 +69,17 @@ def _cross_entropy_kernel(logits_ptr, labels_ptr, loss_ptr, V, stride, ignore_in
         tl.store(base + offs, tl.where(valid, g, 0.0).to(logits_ptr.dtype.element_ty), mask=mask)
 
 
-def cross_entropy_grad_(logits: torch.Tensor, labels: torch.Tensor, ignore_index: int) -> torch.Tensor:
+def cross_entropy_grad_(logits: torch.Tensor, labels: torch.Tensor, ignore_index: int, *, block_v: int = 2048,
+                        num_warps: int = 8) -> torch.Tensor:
     """Sum over rows of CE(logits, labels) (fp32; rows labelled `ignore_index` count 0), and the
     gradient of that sum with respect to the logits written over them, in their dtype (zero
-    rows for ignored labels). `logits` (tokens, vocab) with unit stride along the vocabulary."""
+    rows for ignored labels). `logits` (tokens, vocab) with unit stride along the vocabulary.
+    `block_v`, `num_warps`: the launch (`python scripts/bench_loss.py --ce-sweep` times them)."""
     rows, vocab = logits.shape
     if logits.stride(1) != 1:
         raise ValueError(f"cross_entropy_grad_ needs logits with unit stride along the vocabulary, got {logits.stride()}")
     losses = torch.empty(rows, dtype=torch.float32, device=logits.device)
     if rows:
         _cross_entropy_kernel[(rows,)](logits, labels, losses, vocab, logits.stride(0), ignore_index,
-                                       BLOCK_V=4096, num_warps=8)
+                                       BLOCK_V=block_v, num_warps=num_warps)
     return losses.sum()

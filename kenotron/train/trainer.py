@@ -50,7 +50,11 @@ from kenotron.train.distributed import (
 )
 from kenotron.train.eager_kernels import resolve_eager_kernels, use_eager_kernels
 from kenotron.train.flops import flops_per_token, matmul_params
-from kenotron.train.fused_loss import chunk_fn_for, linear_cross_entropy_sum, resolve_loss_kernel
+from kenotron.train.fused_loss import (
+    chunk_fn_for,
+    linear_cross_entropy_sum,
+    resolve_loss_kernel,
+)
 from kenotron.train.loss import IGNORE_INDEX, cross_entropy_sum
 from kenotron.train.lr_schedule import LRSchedule, build_lr_scheduler
 from kenotron.train.metrics import MetricsLogger

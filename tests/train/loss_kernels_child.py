@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import torch
 
-from kenotron.train.fused_loss import _chunk_loss_and_grad_for_compile, _triton_chunk_loss_and_grad
+from kenotron.train.fused_loss import (
+    _chunk_loss_and_grad_for_compile,
+    _triton_chunk_loss_and_grad,
+)
 from kenotron.train.loss import IGNORE_INDEX
 from kenotron.train.loss_kernels import BLOCK, scale_to
 
