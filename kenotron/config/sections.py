@@ -213,6 +213,9 @@ class Parallelism:
     fsdp_reshard_after_forward: Literal["default", "always", "never"] = "default"
     """Free gathered parameters after each block's forward: default (all but the last block; none under pipeline parallel, whose microbatches would gather every block again), always, or never (faster, more memory)."""
 
+    fsdp_early_all_gather: bool = True
+    """Under FSDP, update the root unit's and the first block's parameters first and start their all-gathers for the next step while the optimizer updates the rest (the same values; hides the all-gathers the forward would otherwise wait for)."""
+
     fsdp_reduce_dtype: Literal["float32", "bfloat16"] = "float32"
     """dtype of the data-parallel gradient reduction (reduce-scatter / all-reduce): float32 (exact sums of bf16 gradients), or bfloat16 (half the bytes on the wire, sums rounded to bf16; the sharded gradient is still accumulated in the parameters' dtype)."""
 

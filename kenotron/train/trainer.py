@@ -27,6 +27,7 @@ from kenotron.checkpoint.model_info import describe_model
 from kenotron.config import JobConfig, config_to_toml
 from kenotron.data import MicroBatch, build_text_loader, build_tokenizer
 from kenotron.parallel.dims import Meshes
+from kenotron.parallel.early_gather import EarlyGather
 from kenotron.parallel.float8 import check_float8_available
 from kenotron.parallel.grad_norm import (
     clip_divisor,
@@ -192,6 +193,7 @@ class Trainer:
             if self.is_rank0:
                 logger.info("%s", run.plan.pipeline)
         # -- end pipeline parallel --
+        self.early_gather = self._early_gather(self.model)
         self.fused_loss = self.pipeline is None and uses_fused_loss(cfg.training.loss, tensor_parallel, model)
         if self.fused_loss:
             # The model stops at the final norm; the loss applies the output weight in chunks.
@@ -311,12 +313,24 @@ class Trainer:
                 clip_grads_(grads, max_norm, norm)
         return norm
 
+    def _early_gather(self, model: nn.Module) -> EarlyGather | None:
+        """parallelism.fsdp_early_all_gather where it applies: FSDP / HSDP sharding over more than
+        one rank, one model part, one optimizer of its own (not ZeRO-1's)."""
+        dp = self.applied.data_parallel
+        if (not self.cfg.parallelism.fsdp_early_all_gather or dp.kind not in ("fsdp", "hsdp") or dp.mesh is None
+                or dp.mesh.size() == 1 or self.pipeline is not None or len(self.optimizers) != 1):
+            return None
+        return EarlyGather(model)
+
     def optimizer_step(self) -> None:
         self.checkpointer.wait_for_staging()  # a background copy of the weights must finish first
         divisor, self._grad_divisor = self._grad_divisor, None
         for optimizer, lr_scheduler in zip(self.optimizers, self.lr_schedulers):
             optimizer.grad_scale = divisor  # None: nothing to clip (torch's GradScaler protocol)
-            optimizer.step()
+            if self.early_gather is not None:
+                self.early_gather.step(optimizer)
+            else:
+                optimizer.step()
             optimizer.grad_scale = None
             lr_scheduler.step()
             optimizer.zero_grad(set_to_none=True)

@@ -109,3 +109,34 @@ def test_fsdp_bf16_reduce_keeps_fp32_sharded_grads_within_bf16_rounding_of_fp32_
             assert (r - g).abs().max() <= 2 ** -6 * g.abs().max() + 1e-12, name
             differs |= not torch.equal(r, g)
     assert differs  # the bf16 reduction really ran (a sum of two bf16 values rounds)
+
+
+def _train_with_early_gather(early: bool, folder: str) -> tuple[list[float], dict[str, torch.Tensor], bool]:
+    cfg = load_config(None, [
+        "--model.n_layers", "2", "--training.seq_len", "32", "--training.local_batch_size", "2",
+        "--parallelism.dp_shard", "2", "--parallelism.fsdp_early_all_gather", str(early).lower(),
+        "--training.param_dtype", "float32", "--job.dump_folder", folder, "--metrics.tensorboard", "false",
+    ])
+    trainer = Trainer(resolve_run(cfg, dist.get_world_size()))
+    assert (trainer.early_gather is not None) == early
+    losses, issued = [], False
+    for _ in range(3):
+        loss, _norm = trainer.train_step(trainer.loader.next_step())
+        losses.append(float(loss))
+        if early:  # the next step's first all-gathers are in flight before its forward
+            groups = [u._get_fsdp_state()._fsdp_param_group for u in trainer.early_gather.units]
+            issued = all(g._all_gather_result is not None for g in groups)
+    params = {n: p.detach().to_local().clone() for n, p in trainer.model.named_parameters()}
+    trainer.close()
+    return losses, params, issued
+
+
+def test_early_all_gather_trains_bit_for_bit_like_one_optimizer_step_and_prefetches(tmp_path):
+    early = run_on_ranks(2, _train_with_early_gather, True, str(tmp_path / "early"))
+    plain = run_on_ranks(2, _train_with_early_gather, False, str(tmp_path / "plain"))
+    for (losses_e, params_e, issued), (losses_p, params_p, _) in zip(early, plain, strict=True):
+        assert issued
+        assert losses_e == losses_p
+        assert params_e.keys() == params_p.keys()
+        for name, value in params_e.items():
+            assert torch.equal(value, params_p[name]), name
