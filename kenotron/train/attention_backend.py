@@ -59,6 +59,23 @@ def resolve_attention_backend(backend: str, document_masking: bool) -> str:
     return backend
 
 
+def auto_picks_flash_attn(cfg: JobConfig, cp: int, meta_model: nn.Module, device_major: int) -> bool:
+    """Whether "auto" runs FlashAttention-3/4 instead of SDPA: when one is installed for this GPU
+    (SM90 and later) and the run is what it computes exactly, plain causal attention in bf16 (no
+    document masking, no sliding window shorter than the sequence, no context parallel) and not
+    `training.deterministic` (their backward accumulates in any order). Measured faster than
+    cuDNN's SDPA in every H200 row (1-3%, docs/performance.md)."""
+    t = cfg.training
+    if (device_major < 9 or t.device == "cpu" or t.param_dtype != "bfloat16" or t.deterministic
+            or cfg.data.document_masking or cp > 1 or window_shorter_than(meta_model, t.seq_len) is not None):
+        return False
+    try:
+        kernel = load_flash_attention(device_major)
+    except FlashAttnUnavailable:
+        return False
+    return kernel.version >= 3  # FlashAttention-2 is slower than cuDNN on Hopper
+
+
 def attention_context(backend: str, device: torch.device) -> contextlib.AbstractContextManager:
     """The SDPA kernel choice around forward (nothing for flex and flash_attn, which skip SDPA)."""
     if backend in NOT_SDPA:

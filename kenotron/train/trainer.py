@@ -26,6 +26,7 @@ from kenotron.checkpoint import CheckpointManager, TrainState
 from kenotron.checkpoint.model_info import describe_model
 from kenotron.config import JobConfig, config_to_toml
 from kenotron.data import MicroBatch, build_text_loader, build_tokenizer
+from kenotron.models.common.flash_attention import cuda_major
 from kenotron.parallel.dims import Meshes
 from kenotron.parallel.early_gather import EarlyGather
 from kenotron.parallel.float8 import check_float8_available
@@ -40,6 +41,7 @@ from kenotron.parallel.zero1 import Zero1Optimizer
 from kenotron.train.attention_backend import (
     BlockMasks,
     attention_context,
+    auto_picks_flash_attn,
     resolve_attention_backend,
     use_attention_kernel,
 )
@@ -124,6 +126,10 @@ class Trainer:
         self.attention_backend = resolve_attention_backend(cfg.model.attention_backend, cfg.data.document_masking)
         with torch.device("meta"):
             model = run.spec.build(run.model_args)
+        if self.attention_backend == "auto" and auto_picks_flash_attn(cfg, run.dims.cp, model, cuda_major(self.device)):
+            self.attention_backend = "flash_attn"
+        if self.is_rank0:
+            logger.info("attention: %s (model.attention_backend=%s)", self.attention_backend, cfg.model.attention_backend)
         use_attention_kernel(model, self.attention_backend, self.device)
         use_eager_kernels(model, self.eager_kernels)
         self.n_params = sum(p.numel() for p in model.parameters())

@@ -144,3 +144,41 @@ def test_selective_activation_checkpointing_saves_flex_attention_and_trains_the_
     plain = run_steps(DOCS, str(tmp_path / "plain"))
     checkpointed = run_steps(DOCS + ["--activation_checkpoint.mode", "selective-op"], str(tmp_path / "ac"))
     assert plain["losses"] == checkpointed["losses"]
+
+
+def test_auto_picks_flash_attention_3_or_4_only_where_it_computes_the_same_attention(monkeypatch):
+    import kenotron.train.attention_backend as ab
+    from kenotron.models.common.flash_attention import FlashAttention, FlashAttnUnavailable
+    from kenotron.models import get_model_spec
+
+    installed = {"version": 4}
+
+    def load(device_major):
+        if installed["version"] is None:
+            raise FlashAttnUnavailable("none installed")
+        return FlashAttention(lambda *a, **k: None, installed["version"])
+
+    monkeypatch.setattr(ab, "load_flash_attention", load)
+
+    def picks(*overrides, cp=1, major=9, flavor=("llama3", "debug")):
+        cfg = load_config(None, ["--training.param_dtype", "bfloat16", "--training.device", "cuda",
+                                 "--model.name", flavor[0], "--model.flavor", flavor[1], *overrides])
+        spec = get_model_spec(cfg.model.name)
+        with torch.device("meta"):
+            model = spec.build(spec.flavors[cfg.model.flavor])
+        return ab.auto_picks_flash_attn(cfg, cp, model, major)
+
+    assert picks()
+    assert not picks(major=8)  # Ampere: FlashAttention-3/4 are Hopper and later
+    assert not picks(major=0)  # no GPU
+    assert not picks("--training.param_dtype", "float32")
+    assert not picks("--training.deterministic", "true")
+    assert not picks("--data.document_masking", "true")
+    assert not picks(cp=2)
+    assert not picks("--training.seq_len", "256", flavor=("mistral", "debug"))  # window shorter than seq
+    installed["version"] = 3
+    assert picks()
+    installed["version"] = 2  # FlashAttention-2 is slower than cuDNN's SDPA on Hopper
+    assert not picks()
+    installed["version"] = None
+    assert not picks()
