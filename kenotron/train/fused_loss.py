@@ -20,14 +20,13 @@ to the parameter's and the hidden states' dtype; on CUDA in one Triton pass each
 
 from __future__ import annotations
 
-import functools
-import importlib.util
 from collections.abc import Callable
 
 import torch
 from torch.distributed.tensor import DTensor
 
 from kenotron.config import ConfigError
+from kenotron.train.eager_kernels import triton_importable
 from kenotron.train.loss import IGNORE_INDEX
 
 
@@ -90,11 +89,6 @@ class _LinearCrossEntropy(torch.autograd.Function):
         gh = _scaled(grad_h, grad_loss, ctx.h_dtype).reshape(ctx.h_shape)
         gw = _scaled(grad_w, grad_loss, ctx.w_dtype)
         return gh, gw, None, None, None, None
-
-
-@functools.cache
-def triton_importable() -> bool:
-    return importlib.util.find_spec("triton") is not None
 
 
 def _scaled(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

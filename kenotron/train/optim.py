@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Callable
 from typing import Any
 
@@ -11,6 +10,7 @@ from torch import nn
 
 from kenotron.config import ConfigError
 from kenotron.config import Optimizer as OptimizerConfig
+from kenotron.train.eager_kernels import triton_importable
 
 
 def closure_loss(closure: Callable[[], Any] | None) -> Any:
@@ -41,7 +41,7 @@ def resolve_adamw_implementation(implementation: str, device_type: str, triton_p
     """The AdamW kernel that runs: "triton" (one Triton kernel per tensor, kenotron/train/triton_adamw.py)
     on CUDA when triton is installed, measured fastest on H200; else "fused" on CUDA and "foreach"
     on CPU, where fused is slower. A named implementation is kept (ConfigError if it cannot run)."""
-    present = importlib.util.find_spec("triton") is not None if triton_present is None else triton_present
+    present = triton_importable() if triton_present is None else triton_present
     if implementation == "auto":
         if device_type != "cuda":
             return "foreach"

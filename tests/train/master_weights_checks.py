@@ -10,6 +10,7 @@ import sys
 import torch
 
 from kenotron.train.master_weights import MasterWeightAdamW
+from tests.train.optimizer_steps import step_alongside
 
 HYPER = {"lr": 1e-2, "betas": (0.9, 0.95), "eps": 1e-8}
 
@@ -54,14 +55,7 @@ def check_masters_follow_fp32_adamw_and_params_are_their_rounding(kernel: str) -
         for p, q, g in zip(ours, ref, grads, strict=True):
             p.grad = g.clone()
             q.grad = g.float() / scale if scale is not None else g.float()
-        opt.grad_scale = scale
-        opt.step()
-        ref_opt.step()
-        for p, g in zip(ours, grads, strict=True):
-            assert torch.equal(p.grad, g), "the gradients must be left as they were"
-        for o in (opt, ref_opt):  # an LR schedule between steps
-            for group in o.param_groups:
-                group["lr"] *= 0.5
+        step_alongside(opt, ref_opt, scale, ours, grads)
     for p, q in zip(ours, ref, strict=True):
         state = opt.state[p]
         assert state["master"].dtype == state["exp_avg"].dtype == state["exp_avg_sq"].dtype == torch.float32

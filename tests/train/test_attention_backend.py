@@ -148,8 +148,11 @@ def test_selective_activation_checkpointing_saves_flex_attention_and_trains_the_
 
 def test_auto_picks_flash_attention_3_or_4_only_where_it_computes_the_same_attention(monkeypatch):
     import kenotron.train.attention_backend as ab
-    from kenotron.models.common.flash_attention import FlashAttention, FlashAttnUnavailable
     from kenotron.models import get_model_spec
+    from kenotron.models.common.flash_attention import (
+        FlashAttention,
+        FlashAttnUnavailable,
+    )
 
     installed = {"version": 4}
 
