@@ -60,12 +60,11 @@ import torch
 from torch import nn
 
 from kenotron.estimate.context import attention_output_copy
-from kenotron.estimate.fake_job import fused_gate, target_device
+from kenotron.estimate.fake_job import fused_gate, loss_kernel, target_device
 from kenotron.estimate.tracker import Breakdown, allocated_bytes
 from kenotron.models.common.norms import LayerNorm
 from kenotron.parallel.plan import matching_modules
 from kenotron.parallel.zero1 import partition_params
-from kenotron.train.fused_loss import resolve_loss_kernel
 from kenotron.train.precision import single_device_fsdp, uses_master_weights
 from kenotron.train.resolve import RunPlan
 from kenotron.train.trainer import uses_fused_loss
@@ -244,12 +243,6 @@ def activations_per_block(run: RunPlan, s: StepShape) -> float:
         n = run.plan.ac_every_n
         return (block_activations(s, "full", sp) + (n - 1) * block_activations(s, "none", sp)) / n
     return block_activations(s, ac, sp, run.plan.ac_save_matmul_every)
-
-
-def loss_kernel(run: RunPlan) -> str:
-    """The fused loss's chunk kernel the trainer would pick on the planned device."""
-    device = "cpu" if run.cfg.training.device == "cpu" else "cuda"
-    return resolve_loss_kernel(run.cfg.training.loss_kernel, device, run.cfg.compile.enable, triton_present=True)
 
 
 def loss_bytes(run: RunPlan, s: StepShape, fused: bool) -> tuple[int, int]:

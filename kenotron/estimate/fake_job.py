@@ -67,12 +67,17 @@ def fused_gate(run: RunPlan) -> bool:
     return kernels == "triton"
 
 
+def loss_kernel(run: RunPlan) -> str:
+    """The fused loss's chunk kernel the trainer would pick on the planned device."""
+    return resolve_loss_kernel(
+        run.cfg.training.loss_kernel, target_device(run).type, run.cfg.compile.enable, triton_present=True
+    )
+
+
 def loss_chunk_fn(run: RunPlan):
     """The fused loss's chunk step as the trainer would run it; the compiled one is simulated by
     PyTorch's ops (both give the gradient a buffer of its own beside the logits)."""
-    kernel = resolve_loss_kernel(
-        run.cfg.training.loss_kernel, target_device(run).type, run.cfg.compile.enable, triton_present=True
-    )
+    kernel = loss_kernel(run)
     return chunk_fn_for("torch" if kernel == "compiled" else kernel)
 
 

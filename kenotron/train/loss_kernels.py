@@ -1,5 +1,7 @@
-"""One Triton pass for the fused loss's backward: out = x · scale, computed in fp32 and rounded
-once to the output dtype (`scale` a 0-dim fp32 tensor on the device: the loss's gradient).
+"""Triton kernels of the fused loss (kenotron/train/fused_loss.py): `cross_entropy_grad_`, a
+chunk's loss with its gradient written over the logits (described at the kernel), and
+`scale_to`, the backward's out = x · scale computed in fp32 and rounded once to the output dtype
+(`scale` a 0-dim fp32 tensor on the device: the loss's gradient).
 
 With bf16 weights (master weights, or FSDP's unsharded bf16 parameters) the output layer's weight
 gradient is a (vocab, dim) bf16 product, and PyTorch's ops scale it either in bf16 after rounding
