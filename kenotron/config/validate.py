@@ -50,6 +50,13 @@ def validate_config(cfg: JobConfig) -> None:
         raise ConfigError(
             f"activation_checkpoint.save_matmul_every={ac.save_matmul_every} must be >= 1 (1 keeps every matmul output)"
         )
+    if ac.offload_blocks < 0:
+        raise ConfigError(f"activation_checkpoint.offload_blocks={ac.offload_blocks} must be >= 0 (0 offloads nothing)")
+    if ac.offload_blocks and 0 < cfg.model.n_layers < ac.offload_blocks:
+        raise ConfigError(
+            f"activation_checkpoint.offload_blocks={ac.offload_blocks} is more than model.n_layers="
+            f"{cfg.model.n_layers}; use at most {cfg.model.n_layers}"
+        )
     backend = cfg.model.attention_backend
     if cfg.data.document_masking and backend not in ("auto", "flex"):
         raise ConfigError(

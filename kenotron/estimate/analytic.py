@@ -324,7 +324,8 @@ def peak_breakdown(run: RunPlan, params: ParameterBytes, O: int, kind: dict[str,
     G = local + extra_grad
     sharded_grads = data_parallel_kind(run) in ("fsdp", "hsdp")
     accumulated = G if run.grad_accum_steps > 1 else 0
-    blocks = round(s.layers * activations_per_block(run, s))
+    # Offloaded blocks keep their saved tensors in host memory (only tensors under 1 MiB stay).
+    blocks = round((s.layers - min(run.plan.offload_blocks, s.layers)) * activations_per_block(run, s))
     if s.autocast:  # autocast keeps the bf16 copy of each matmul weight until its backward
         blocks += round(s.layers * params.block_gathered * uncheckpointed_fraction(run))
     edges = 2 * allocated_bytes(s.residual_tokens * s.dim * s.residual)  # embedding output, final norm output

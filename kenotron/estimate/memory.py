@@ -94,7 +94,9 @@ def estimate_rank(
     """One rank class's estimate (with `model`'s analytic figures beside it) and how it was obtained."""
     n_layers = run.model_args.n_layers
     period = block_period(run.plan)
-    depths = None if full_depth else shallow_depths(n_layers, period)
+    # Offloading makes the first blocks unlike the others: the line through two shallow models
+    # would not hold, so every block runs.
+    depths = None if full_depth or run.plan.offload_blocks else shallow_depths(n_layers, period)
     if depths is None:
         step = track_step(run, None, rank_class.rank)
         peaks = peaks_by_place(step, n_layers, period)
@@ -128,7 +130,8 @@ def describe_settings(run: RunPlan, model: analytic.AnalyticModel) -> dict[str, 
         "data parallel": dp,
         "param_dtype": cfg.training.param_dtype,
         "AC": cfg.activation_checkpoint.mode
-        + (f"/{cfg.activation_checkpoint.every_n}" if cfg.activation_checkpoint.mode == "every-n-layers" else ""),
+        + (f"/{cfg.activation_checkpoint.every_n}" if cfg.activation_checkpoint.mode == "every-n-layers" else "")
+        + (f", first {run.plan.offload_blocks} blocks offloaded" if run.plan.offload_blocks else ""),
         "local batch": cfg.training.local_batch_size,
         "seq_len": cfg.training.seq_len,
         "micro-steps": run.grad_accum_steps,

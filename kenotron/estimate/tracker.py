@@ -295,7 +295,9 @@ class StepMemoryTracker(TorchDispatchMode):
             return out
         new = [
             st for t in tree_leaves(out)
-            if isinstance(t, torch.Tensor) and (st := t.untyped_storage()) not in self._by_storage
+            # Meta tensors hold no memory (the activation offloader's stand-ins for host copies).
+            if isinstance(t, torch.Tensor) and t.device.type != "meta"
+            and (st := t.untyped_storage()) not in self._by_storage
         ]
         if new and not _inside_sharding_propagation():
             origin = self._origin(func)

@@ -101,6 +101,10 @@ class Plan:
     """For every-n-layers: checkpoint one block in every this many."""
     ac_save_matmul_every: int = 1
     """For selective-op: keep one matmul output in every this many (the rest are recomputed)."""
+    offload_blocks: int = 0
+    """Activation offloading: the first this many blocks of each model part keep what they save
+    for backward in pinned host memory (kenotron/parallel/activation_offload.py) and are not
+    checkpointed (ac_mode applies to the other blocks); 0 = off."""
     compile: bool = False
     """torch.compile each block."""
     float8: str = ""
@@ -153,6 +157,9 @@ class Plan:
             raise PlanError(
                 f"plan.ac_save_matmul_every={self.ac_save_matmul_every} must be >= 1 (1 keeps every matmul output)"
             )
+        n_blocks = len(matching_modules(model, self.blocks))
+        if not 0 <= self.offload_blocks <= n_blocks:
+            raise PlanError(f"plan.offload_blocks={self.offload_blocks} must lie in [0, {n_blocks}] (the model's blocks)")
         for name, _ in model.named_modules():
             styles = [p for p in self.tp_styles if name and fqn_matches(p, name)]
             if len(styles) > 1:
@@ -235,6 +242,7 @@ class Plan:
             + (f" (every {self.ac_every_n})" if self.ac_mode == "every-n-layers" else "")
             + (f" (one matmul output kept in {self.ac_save_matmul_every})"
                if self.ac_mode == "selective-op" and self.ac_save_matmul_every > 1 else "")
+            + (f"   offload: first {self.offload_blocks} blocks" if self.offload_blocks else "")
             + f"   compile: {self.compile}   float8: {self.float8 or 'off'}",
         ]
         lines.append(
@@ -286,6 +294,7 @@ class Plan:
         from kenotron.parallel.activation_checkpoint import (
             apply_activation_checkpointing,
         )
+        from kenotron.parallel.activation_offload import apply_activation_offloading
         from kenotron.parallel.context.apply import apply_context_parallel
         from kenotron.parallel.data import apply_data_parallel
         from kenotron.parallel.tensor import apply_tensor_parallel
@@ -307,8 +316,10 @@ class Plan:
         cp_mesh = meshes.get("cp")
         sharder = apply_context_parallel(model, cp_mesh, self) if cp_mesh is not None else None
         blocks = matching_modules(model, self.blocks)
+        offloaded = min(self.offload_blocks, len(blocks))
+        # Offloaded blocks keep nothing on the device, so recomputing them would save nothing.
         apply_activation_checkpointing(
-            [b for _, b in blocks], self.ac_mode, self.ac_every_n, self.ac_save_matmul_every
+            [b for _, b in blocks[offloaded:]], self.ac_mode, self.ac_every_n, self.ac_save_matmul_every
         )
         if self.compile:
             # Dynamo cannot trace kenotron's ring attention (point-to-point sends): blocks that
@@ -316,6 +327,9 @@ class Plan:
             ring = cp_mesh is not None and resolve_cp_attention(self.cp_attention, cp_mesh.device_type) == "ring"
             for _, block in blocks:
                 block.compile(fullgraph=not ring)
+        # After compile (its hooks run outside the graphs), before FSDP (whose pre-forward
+        # all-gather runs first as it prepends its hook).
+        apply_activation_offloading([b for _, b in blocks], offloaded)
         return apply_data_parallel(model, meshes, self), sharder
 
 

@@ -55,6 +55,7 @@ def build_plan(cfg: JobConfig, spec: ModelSpec) -> Plan:
         ac_mode=cfg.activation_checkpoint.mode,
         ac_every_n=cfg.activation_checkpoint.every_n,
         ac_save_matmul_every=cfg.activation_checkpoint.save_matmul_every,
+        offload_blocks=cfg.activation_checkpoint.offload_blocks,
         compile=cfg.compile.enable,
         float8=cfg.float8.recipe if cfg.float8.enable else "",
         float8_all_gather=cfg.float8.fsdp_all_gather,

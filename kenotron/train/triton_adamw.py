@@ -34,12 +34,11 @@ BLOCK = 1024  # measured fastest of 1024-8192 on an H200 (scripts/bench_optimize
 
 
 @triton.jit
-def _adamw_kernel(
-    p_ptr, g_ptr, m_ptr, v_ptr, w_ptr, scale_ptr, n,
+def _adamw_block(
+    offs, p_ptr, g_ptr, m_ptr, v_ptr, w_ptr, scale_ptr, n,
     decay, beta1, beta2, eps, step_size, bias_correction2_sqrt,
-    HAS_SCALE: tl.constexpr, HAS_MASTER: tl.constexpr, BLOCK: tl.constexpr,
+    HAS_SCALE: tl.constexpr, HAS_MASTER: tl.constexpr,
 ):
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     # With a master copy (w, fp32) the update reads it instead of the (bf16) parameter and
     # writes both: the parameter is the master rounded to its dtype.
@@ -66,6 +65,24 @@ def _adamw_kernel(
     tl.store(v_ptr + offs, v.to(v_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _adamw_kernel(
+    p_ptr, g_ptr, m_ptr, v_ptr, w_ptr, scale_ptr, n,
+    decay, beta1, beta2, eps, step_size, bias_correction2_sqrt,
+    HAS_SCALE: tl.constexpr, HAS_MASTER: tl.constexpr, BLOCK: tl.constexpr, STRIDED: tl.constexpr,
+):
+    # STRIDED: a fixed number of programs walks the tensor (occupying that many SMs while it
+    # runs beside other work); else one program per block.
+    first = tl.program_id(0).to(tl.int64) * BLOCK
+    if STRIDED:
+        for start in range(first, n, tl.num_programs(0) * BLOCK):
+            _adamw_block(start + tl.arange(0, BLOCK), p_ptr, g_ptr, m_ptr, v_ptr, w_ptr, scale_ptr, n,
+                         decay, beta1, beta2, eps, step_size, bias_correction2_sqrt, HAS_SCALE, HAS_MASTER)
+    else:
+        _adamw_block(first + tl.arange(0, BLOCK), p_ptr, g_ptr, m_ptr, v_ptr, w_ptr, scale_ptr, n,
+                     decay, beta1, beta2, eps, step_size, bias_correction2_sqrt, HAS_SCALE, HAS_MASTER)
+
+
 def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
 
@@ -73,12 +90,13 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 def adamw_update_(
     param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor, *,
     lr: float, beta1: float, beta2: float, eps: float, weight_decay: float, step: int,
-    grad_scale: torch.Tensor | None = None, master: torch.Tensor | None = None,
+    grad_scale: torch.Tensor | None = None, master: torch.Tensor | None = None, programs: int | None = None,
 ) -> None:
     """One AdamW step on one tensor, in place (param, exp_avg, exp_avg_sq), `step` counted from 1.
 
     `master`: an fp32 copy of a lower-precision `param` (kenotron/train/master_weights.py); the
-    step updates it and writes `param` as its rounding, in the same pass."""
+    step updates it and writes `param` as its rounding, in the same pass. `programs`: launch at
+    most that many programs, each striding over the tensor (None: one per BLOCK elements)."""
     tensors = [_local(t) for t in (param, grad, exp_avg, exp_avg_sq)]
     tensors.append(_local(master) if master is not None else tensors[0])  # unused pointer without a master
     if not all(t.is_contiguous() for t in tensors):
@@ -88,10 +106,13 @@ def adamw_update_(
     if n == 0:
         return
     scale = grad_scale if grad_scale is not None else tensors[0]  # any pointer: unused without HAS_SCALE
-    _adamw_kernel[(triton.cdiv(n, BLOCK),)](
+    blocks = triton.cdiv(n, BLOCK)
+    strided = programs is not None and programs < blocks
+    _adamw_kernel[(programs if strided else blocks,)](
         *tensors, scale, n,
         1.0 - lr * weight_decay, beta1, beta2, eps, lr / (1.0 - beta1**step), math.sqrt(1.0 - beta2**step),
-        HAS_SCALE=grad_scale is not None, HAS_MASTER=master is not None, BLOCK=BLOCK, num_warps=4,
+        HAS_SCALE=grad_scale is not None, HAS_MASTER=master is not None, BLOCK=BLOCK, STRIDED=strided,
+        num_warps=4,
     )
 
 

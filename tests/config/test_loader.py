@@ -137,6 +137,9 @@ def test_help_lists_every_field_with_doc_and_default():
         (["--training.max_norm", "-1"], r"max_norm=-1.0 must be >= 0"),
         (["--activation_checkpoint.every_n", "0"], r"activation_checkpoint.every_n=0 must be >= 1"),
         (["--activation_checkpoint.save_matmul_every", "0"], r"save_matmul_every=0 must be >= 1"),
+        (["--activation_checkpoint.offload_blocks", "-1"], r"offload_blocks=-1 must be >= 0"),
+        (["--activation_checkpoint.offload_blocks", "9", "--model.n_layers", "8"],
+         r"offload_blocks=9 is more than model.n_layers=8; use at most 8"),
     ],
 )
 def test_validation_errors_name_the_value(args, message):

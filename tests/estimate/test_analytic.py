@@ -32,10 +32,12 @@ SHAPE = ["--model.flavor", "1B", "--model.n_layers", "4", "--training.seq_len", 
         (4, ["--parallelism.cp", "4", "--training.local_batch_size", "1", "--activation_checkpoint.mode", "selective-op"]),
         (4, ["--training.local_batch_size", "1", "--parallelism.fsdp_reduce_dtype", "bfloat16"]),
         (4, ["--training.local_batch_size", "1", "--model.flavor", "8B", "--model.n_layers", "2"]),
+        (4, ["--activation_checkpoint.offload_blocks", "1"]),
     ],
     ids=["fsdp", "fsdp-full-ac", "fsdp-tp-selective", "fsdp-selective-every-2nd-matmul",
          "zero1-accumulation", "ddp", "one-gpu-autocast", "one-gpu-master-weights", "fsdp-cp2", "cp4-selective",
-         "fsdp-bf16-reduce-peak-at-the-root-reduce-scatter", "fsdp-untied-peak-at-the-root-reduce-scatter"],
+         "fsdp-bf16-reduce-peak-at-the-root-reduce-scatter", "fsdp-untied-peak-at-the-root-reduce-scatter",
+         "fsdp-first-block-offloaded"],
 )
 def test_analytic_peak_matches_the_fake_tensor_estimate(ngpu, overrides):
     report = estimate_memory(load_config("train_configs/debug.toml", SHAPE + overrides), ngpu, gpu_memory_gib=80)

@@ -75,6 +75,15 @@ def test_activation_checkpointing_lowers_activation_memory():
     assert by_mode["full"].peak.total < by_mode["none"].peak.total
 
 
+def test_offloaded_blocks_leave_the_device_and_lower_the_peak():
+    ranks = {k: estimate(1, "--model.n_layers", "6", "--activation_checkpoint.offload_blocks", str(k)).ranks[0]
+             for k in (0, 2, 4)}
+    saved = {k: r.phase_peaks["forward"].activations for k, r in ranks.items()}
+    # Two more blocks offloaded take two blocks' activations off the device each time.
+    assert saved[0] - saved[2] > 0 and saved[2] - saved[4] == pytest.approx(saved[0] - saved[2], rel=0.01)
+    assert ranks[0].peak.total > ranks[2].peak.total > ranks[4].peak.total
+
+
 @pytest.mark.parametrize(
     "overrides",
     [

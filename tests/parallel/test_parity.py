@@ -20,6 +20,8 @@ LAYOUTS = {
     "tp2": (2, ["--parallelism.tp", "2", "--training.local_batch_size", "8"]),
     "tp4": (4, ["--parallelism.tp", "4", "--training.local_batch_size", "8"]),
     "fsdp2_tp2": (4, ["--parallelism.tp", "2"]),
+    # The first block's saved activations (those of at least 1 MiB) offloaded to host memory.
+    "fsdp2_offload1": (2, ["--activation_checkpoint.offload_blocks", "1"]),
 }
 TP_LAYOUTS = ("tp2", "tp4", "fsdp2_tp2")
 
@@ -40,6 +42,7 @@ EXPECTED_LOCAL = {
     "tp2": {"layers.0.attention.wq.weight": (128, 256), "layers.0.feed_forward.w2.weight": (256, 384)},
     "tp4": {"layers.0.attention.wq.weight": (64, 256), "layers.0.feed_forward.w2.weight": (256, 192)},
     "fsdp2_tp2": {"layers.0.attention.wq.weight": (64, 256), "layers.0.feed_forward.w2.weight": (128, 384)},
+    "fsdp2_offload1": {"layers.0.attention.wq.weight": (128, 256), "layers.0.feed_forward.w2.weight": (128, 768)},
 }
 
 

@@ -78,6 +78,10 @@ def test_a_plan_with_a_bad_style_or_mode_is_rejected():
         plan_for(SPEC, dp_mode="zero3").check(meta_model())
     with pytest.raises(PlanError, match=r"plan.ac_save_matmul_every=0 must be >= 1"):
         plan_for(SPEC, ac_mode="selective-op", ac_save_matmul_every=0).check(meta_model())
+    n_blocks = meta_model().args.n_layers
+    with pytest.raises(PlanError, match=rf"plan.offload_blocks={n_blocks + 1} must lie in \[0, {n_blocks}\]"):
+        plan_for(SPEC, offload_blocks=n_blocks + 1).check(meta_model())
+    assert "offload: first 2 blocks" in str(plan_for(SPEC, offload_blocks=2))
 
 
 def _applied_local_shapes(mesh_shape: dict[str, int]) -> dict[str, tuple]:

@@ -93,7 +93,27 @@ def check_dtensor_parameters_update_through_their_shards() -> None:
             dist.destroy_process_group()
 
 
+def check_strided_programs_update_bit_for_bit_like_one_program_per_block() -> None:
+    from kenotron.train.triton_adamw import adamw_update_
+
+    g = torch.Generator().manual_seed(3)
+    # 5000 elements: five blocks of 1024, the last one partial; 2 programs stride over them.
+    base = [torch.randn(5000, generator=g) for _ in range(3)]
+    results = []
+    for programs in (None, 2, 64):
+        p, m, master = base[0].to(torch.bfloat16), base[1].abs(), base[0].clone()
+        v = m * m
+        adamw_update_(p, base[2].to(torch.bfloat16), m, v, lr=1e-2, beta1=0.9, beta2=0.95, eps=1e-8,
+                      weight_decay=0.1, step=2, grad_scale=torch.tensor(1.5), master=master, programs=programs)
+        results.append((p, m, v, master))
+    for other in results[1:]:
+        for a, b in zip(results[0], other, strict=True):
+            assert torch.equal(a, b)
+    assert not torch.equal(results[0][3], base[0])
+
+
 if __name__ == "__main__":
+    check_strided_programs_update_bit_for_bit_like_one_program_per_block()
     check_equals_torch_adamw_with_lr_changes_and_clipping()
     check_state_dict_moves_between_implementations()
     check_dtensor_parameters_update_through_their_shards()

@@ -1,0 +1,215 @@
+"""Activation offloading (`activation_checkpoint.offload_blocks`): the tensors the first N blocks
+save for backward wait in pinned host memory between their forward and their backward.
+
+Memory for PCIe traffic instead of recompute. The first blocks are the ones to move: their
+activations are made first and used last, so the copies out run under the rest of the forward
+and the copies back under the backward of the blocks after them. The copies run on two streams
+of their own (the GPU's copy engines, not its SMs), so the compute stream never waits for a copy
+out, and waits for a copy back only if the backward gets to the tensor first.
+
+- A forward pre-hook on each offloaded block installs `saved_tensors_hooks` and its forward hook
+  removes them; both run outside torch.compile's graph (Dynamo-disabled, like FSDP's hooks), and
+  a compiled block's runtime hands every tensor its backward needs to the pack hook.
+- pack: a plain tensor of at least `MIN_BYTES` on the accelerator (not a parameter: FSDP and
+  the optimizer own those) is copied into pinned host memory, with its strides, on the copy-out
+  stream, which first waits for the compute stream. `record_stream` keeps the caching allocator
+  from reusing its device memory before that copy is done; the tensor is freed as soon as
+  nothing else holds it.
+- prefetch: the tensors of block k go back (copy-in stream, newest first) when the backward of
+  block k + D begins (a hook on that block's output gradient; the last block's for those past
+  it), D = min(N, blocks - N - 1), at least 1. While block j's backward runs, blocks from
+  j - D on are back: D + 1 blocks' tensors on the device, which D keeps at or under the
+  blocks - N that the end of the forward holds, and N blocks of backward bring N blocks back
+  when the model is deep enough. Each copy gets its device memory on the compute stream, so
+  the allocator's per-stream pools are those of a run without offloading.
+- unpack: the compute stream waits for the tensor's copy in (an event); a tensor whose prefetch
+  has not started (a backward that skips the hook) is copied back there and then.
+
+On a CPU (tests) the copies are plain copies into other CPU tensors. Fake tensors (the memory
+estimator, whose fake device tensors live on the CPU) leave meta stand-ins, which the
+estimator's tracker does not count: it sees the device memory go and come back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensor, is_fake
+
+MIN_BYTES = 1 << 20
+"""Smaller saved tensors (norm statistics, log-sum-exps, RoPE tables) stay where they are: each
+copy costs a launch and an event, and they add little memory."""
+
+
+@dataclass(eq=False)
+class SavedActivation:
+    """One offloaded tensor: its host copy, and its device copy once prefetched."""
+
+    host: torch.Tensor
+    device: torch.device
+    copied_out: torch.cuda.Event | None
+    uses: int = 1
+    """Pack calls that returned this record (one tensor saved by several ops); the device copy
+    is dropped after as many unpacks."""
+    on_device: torch.Tensor | None = None
+    copied_in: torch.cuda.Event | None = None
+
+
+@dataclass(eq=False)
+class BlockRecord:
+    """What one forward of one offloaded block packed (one per micro-batch and block)."""
+
+    saved: list[SavedActivation] = field(default_factory=list)
+    by_key: dict[tuple, SavedActivation] = field(default_factory=dict)
+    prefetched: bool = False
+
+
+class ActivationOffloader:
+    """Offloads the saved tensors of `blocks[:count]` (one model part's blocks, in order)."""
+
+    def __init__(self, blocks: list[nn.Module], count: int, min_bytes: int = MIN_BYTES) -> None:
+        if not 0 <= count <= len(blocks):
+            raise ValueError(f"offload_blocks={count} is not between 0 and the {len(blocks)} blocks of this model part")
+        self.count = count
+        self.min_bytes = min_bytes
+        self.last = len(blocks) - 1
+        self.distance = max(1, min(count, len(blocks) - count - 1))
+        """Blocks of backward between a block's prefetch and its own backward (module doc)."""
+        self.copy_out: torch.cuda.Stream | None = None
+        self.copy_in: torch.cuda.Stream | None = None
+        # The records of the forward pass under way, by block index; a block's backward hook
+        # captures the ones it prefetches, so several micro-batches in flight stay apart.
+        self._current: dict[int, BlockRecord] = {}
+        self._hooks: list[torch.autograd.graph.saved_tensors_hooks] = []
+        self.packed_bytes = 0
+        """Bytes copied out so far (tests and logs)."""
+        self.late_copies = 0
+        """Tensors copied back at unpack because no prefetch had started."""
+        for index, block in enumerate(blocks):
+            if index < count:
+                block.register_forward_pre_hook(self._pre_forward_hook(index))
+            block.register_forward_hook(self._post_forward_hook(index))
+
+    # -- hooks around each block's forward ----------------------------------------------------------
+
+    def _pre_forward_hook(self, index: int):
+        @torch._dynamo.disable
+        def pre_forward(_module, _args) -> None:
+            while self._hooks:  # left by a forward that raised
+                self._hooks.pop().__exit__(None, None, None)
+            if not torch.is_grad_enabled():
+                return
+            record = self._current[index] = BlockRecord()
+            hooks = torch.autograd.graph.saved_tensors_hooks(lambda t: self._pack(record, t), self._unpack)
+            hooks.__enter__()
+            self._hooks.append(hooks)
+
+        return pre_forward
+
+    def _post_forward_hook(self, index: int):
+        @torch._dynamo.disable
+        def post_forward(_module, _args, output) -> None:
+            if index < self.count and self._hooks:
+                self._hooks.pop().__exit__(None, None, None)
+            if not (isinstance(output, torch.Tensor) and output.requires_grad):
+                return
+            targets = self._prefetched_at(index)
+            records = [self._current.pop(k) for k in targets if k in self._current]
+            if records:
+                output.register_hook(lambda _grad: self._prefetch(records))
+
+        return post_forward
+
+    def _prefetched_at(self, index: int) -> list[int]:
+        """Offloaded blocks whose tensors go back when the backward of block `index` begins."""
+        if index == self.last:
+            return [k for k in range(self.count - 1, -1, -1) if k + self.distance >= self.last]
+        k = index - self.distance
+        return [k] if 0 <= k < self.count else []
+
+    # -- pack / prefetch / unpack ---------------------------------------------------------------------
+
+    def _pack(self, record: BlockRecord, t: torch.Tensor):
+        # Plain tensors (fake ones in the estimator); parameters, other subclasses (DTensor,
+        # float8) and small tensors are kept.
+        if type(t) not in (torch.Tensor, FakeTensor) or t.numel() * t.element_size() < self.min_bytes:
+            return t
+        fake = is_fake(t)
+        key = None if fake else (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype)
+        if key in record.by_key:
+            saved = record.by_key[key]
+            saved.uses += 1
+            return saved
+        cuda = t.is_cuda and not fake
+        # Fake tensors (the estimator) get a meta stand-in: host memory is not the device's.
+        host = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta" if fake else "cpu", pin_memory=cuda)
+        event = None
+        if fake:
+            pass
+        elif cuda:
+            if self.copy_out is None:
+                self.copy_out, self.copy_in = torch.cuda.Stream(t.device), torch.cuda.Stream(t.device)
+            self.copy_out.wait_stream(torch.cuda.current_stream(t.device))
+            with torch.cuda.stream(self.copy_out):
+                host.copy_(t, non_blocking=True)
+                event = torch.cuda.Event()
+                event.record()
+            t.record_stream(self.copy_out)
+        else:
+            host.copy_(t)
+        saved = SavedActivation(host, t.device, event)
+        record.saved.append(saved)
+        if key is not None:
+            record.by_key[key] = saved
+        self.packed_bytes += t.numel() * t.element_size()
+        return saved
+
+    def _prefetch(self, records: list[BlockRecord]) -> None:
+        for record in records:
+            if record.prefetched:
+                continue
+            record.prefetched = True
+            for saved in reversed(record.saved):  # the backward needs the newest first
+                self._copy_in(saved)
+
+    def _copy_in(self, saved: SavedActivation) -> None:
+        host = saved.host
+        # Allocated on the compute stream, which uses and frees it.
+        on_device = torch.empty_strided(host.shape, host.stride(), dtype=host.dtype, device=saved.device)
+        if host.device.type == "meta":
+            pass  # a fake tensor's stand-in: no values to copy
+        elif saved.copied_out is None:
+            on_device.copy_(host)
+        else:
+            compute = torch.cuda.current_stream(saved.device)
+            self.copy_in.wait_stream(compute)  # the memory is free for the copy from here on
+            self.copy_in.wait_event(saved.copied_out)
+            with torch.cuda.stream(self.copy_in):
+                on_device.copy_(host, non_blocking=True)
+                saved.copied_in = torch.cuda.Event()
+                saved.copied_in.record()
+            on_device.record_stream(self.copy_in)
+        saved.on_device = on_device
+
+    def _unpack(self, saved):
+        if isinstance(saved, torch.Tensor):
+            return saved
+        if saved.on_device is None:
+            self.late_copies += 1
+            self._copy_in(saved)
+        if saved.copied_in is not None:
+            torch.cuda.current_stream(saved.device).wait_event(saved.copied_in)
+        t = saved.on_device
+        saved.uses -= 1
+        if saved.uses <= 0:
+            # Drop it so its memory goes with the backward's last use; a second backward over
+            # the same graph (retain_graph) copies it in again.
+            saved.on_device, saved.copied_in, saved.uses = None, None, 1
+        return t
+
+
+def apply_activation_offloading(blocks: list[nn.Module], count: int) -> ActivationOffloader | None:
+    """Offload the saved tensors of the first `count` of `blocks` (None when count is 0)."""
+    return ActivationOffloader(blocks, count) if count > 0 else None
