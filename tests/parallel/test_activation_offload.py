@@ -40,8 +40,8 @@ def _grads(model: Llama3) -> dict[str, torch.Tensor]:
 
 def _assert_same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
     assert a.keys() == b.keys()
-    for name in a:
-        assert torch.equal(a[name], b[name]), name
+    for name, value in a.items():
+        assert torch.equal(value, b[name]), name
 
 
 @pytest.mark.parametrize("count", [1, 2, 3, 4])
