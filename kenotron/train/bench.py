@@ -114,9 +114,15 @@ def _profile(trainer, steps: int = 3, rows: int = 30) -> tuple[str, list[dict]]:
             trainer.train_step(trainer.loader.next_step())
         torch.cuda.synchronize()
         wall_us = (time.perf_counter() - t0) * 1e6
-    top = prof.key_averages().table(sort_by="device_time_total", row_limit=rows, max_name_column_width=90)
+    averages = prof.key_averages()
+    top = averages.table(sort_by="device_time_total", row_limit=rows, max_name_column_width=90)
+    # Host time in CUDA runtime calls: a synchronizing call (a stream or event wait, a pinned
+    # allocation) shows here as milliseconds during which the host queues no work.
+    runtime = sorted((e for e in averages if e.key.startswith("cuda")), key=lambda e: -e.cpu_time_total)[:8]
+    host = "CUDA runtime calls, host ms per step: " + ", ".join(
+        f"{e.key} {e.cpu_time_total / 1e3 / steps:.1f} ({e.count // steps}x)" for e in runtime)
     kernels = device_kernels(prof)
-    return top + "\n" + summarize_kernels(kernels, steps, wall_us).table(), top_kernels(kernels, steps)
+    return top + "\n" + host + "\n" + summarize_kernels(kernels, steps, wall_us).table(), top_kernels(kernels, steps)
 
 
 def time_steps(trainer, warmup: int, steps: int, timing: str) -> tuple[list[float], list]:

@@ -1,7 +1,7 @@
 """Activation offloading moves memory, never results: the offloaded model gives the loss and the
-gradients of the plain one bit for bit, eager and compiled, with several micro-batches in
-flight, and every offloaded tensor is back on its device before its backward asks for it (no
-late copies). That the device memory goes is checked on fake tensors by the estimator's tests
+gradients of the plain one bit for bit, eager and compiled, over steps that reuse the host
+buffers, with several micro-batches in flight, and every offloaded tensor is back on its device
+before its backward asks for it (no late copies). That the device memory goes is checked on fake tensors by the estimator's tests
 (tests/estimate/test_memory.py) and on a GPU below."""
 
 from __future__ import annotations
@@ -98,6 +98,22 @@ def test_micro_batches_in_flight_keep_their_own_tensors():
         first.backward()
     _assert_same(_grads(offloaded), _grads(reference))
     assert offloader.late_copies == 0
+
+
+def test_host_buffers_are_made_in_the_first_step_and_reused_after():
+    # Also what caught a tensor taking a freed one's address within a block: the copy-once
+    # check compares the tensor itself, not only its address.
+    reference = _model()
+    offloaded = copy.deepcopy(reference)
+    offloader = ActivationOffloader(list(offloaded.layers.values()), 2, min_bytes=0)
+    allocated = []
+    for step in range(3):
+        for model in (reference, offloaded):
+            model.zero_grad(set_to_none=True)
+            _loss(model, _tokens(10 + step)).backward()
+        _assert_same(_grads(offloaded), _grads(reference))
+        allocated.append(offloader.pool.allocated_bytes)
+    assert allocated[0] > 0 and allocated[1] == allocated[2] == allocated[0]
 
 
 def test_small_tensors_and_no_grad_forwards_are_left_alone():
