@@ -3,6 +3,7 @@
     python scripts/bench_kernels.py matmul      # every linear of the 1B and 8B shapes: fwd, dgrad, wgrad
     python scripts/bench_kernels.py attention   # SDPA backends and q/k/v layouts, fwd + bwd
                                                 # (and FlashAttention-4 when flash-attn-4 is installed)
+    python scripts/bench_kernels.py pcie        # pinned host <-> device copies (activation offloading)
 
 What the step's profile cannot say: how fast each matmul shape can run alone (so whether the
 step's matmul time is at cuBLAS's limit), and which attention kernel and layout is fastest.
@@ -99,14 +100,29 @@ def bench_attention() -> None:
                       flush=True)
 
 
+def bench_pcie(gib: int = 4) -> None:
+    """Pinned host <-> device copies of `gib` GiB (what activation offloading moves), GB/s.
+    Run one process per GPU at once to see the bandwidth each gets while all copy."""
+    n = gib << 30
+    device = torch.empty(n, dtype=torch.uint8, device="cuda")
+    host = torch.empty(n, dtype=torch.uint8, pin_memory=True)
+    name = f"cuda:{torch.cuda.current_device()}"
+    for direction, copy in (("device to host", lambda: host.copy_(device, non_blocking=True)),
+                            ("host to device", lambda: device.copy_(host, non_blocking=True))):
+        ms = median_cuda_ms(copy, reps=3, warmup=1)
+        print(f"| {name} | {direction} | {gib} GiB | {n / ms / 1e6:.1f} GB/s |", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("what", choices=["matmul", "attention", "all"])
+    parser.add_argument("what", choices=["matmul", "attention", "pcie", "all"])
     args = parser.parse_args()
     if args.what in ("matmul", "all"):
         bench_matmuls()
     if args.what in ("attention", "all"):
         bench_attention()
+    if args.what in ("pcie", "all"):
+        bench_pcie()
 
 
 if __name__ == "__main__":
