@@ -19,10 +19,11 @@ out, and waits for a copy back only if the backward gets to the tensor first.
   nothing else holds it.
 - prefetch: the tensors of block k go back (copy-in stream, newest first) when the backward of
   block k + D begins (a hook on that block's output gradient; the last block's for those past
-  it), D = blocks - N - 1, at least 1: as early as memory allows. While block j's backward
-  runs, the blocks from j - D on are on the device, D + 1 = blocks - N of them, as many as at
-  the end of the forward. Copying back takes as long as copying out (PCIe), so the earliest
-  start is what keeps the backward from waiting. Each copy gets its device memory on the
+  it), D = blocks - N - 2, at least 1: about as early as memory allows. While block j's
+  backward runs, the blocks from j - D on are on the device, D + 1 = blocks - N - 1 of them,
+  one fewer than at the end of the forward (the backward's own temporaries are larger; with
+  one more, the 8B FSDP estimate peaked 1.4 GiB higher). Copying back takes as long as copying
+  out (PCIe), so the earliest start is what keeps the backward from waiting. Each copy gets its device memory on the
   compute stream, so the allocator's per-stream pools are those of a run without offloading.
 - unpack: the compute stream waits for the tensor's copy in (an event); a tensor whose prefetch
   has not started (a backward that skips the hook) is copied back there and then.
