@@ -14,9 +14,17 @@ out, and waits for a copy back only if the backward gets to the tensor first.
   the optimizer own those) is copied into pinned host memory, with its strides, on the copy-out
   stream, which first waits for the compute stream. The pinned buffers are kept from step to
   step (`HostBufferPool`): a buffer goes back to the pool when autograd drops the tensor, and
-  its next copy out waits for its last copy in. `record_stream` keeps the caching allocator
-  from reusing its device memory before that copy is done; the tensor is freed as soon as
-  nothing else holds it.
+  its next copy out waits for its last copy in.
+- release: the offloader holds each copied tensor until block j + R (R = blocks - N - 1, at
+  least 1) is about to run its forward; there the compute stream waits for the copy and lets
+  go. Letting go of a tensor whose copy the GPU has not finished must not hand its memory to a
+  later allocation. `record_stream` did that by keeping the memory out of the allocator's reach
+  until the copy was seen done, but the host runs the forward far ahead of the GPU, so none of
+  it was reusable when the next blocks asked for memory: the allocator mapped more (+16 GiB
+  reserved on the 1-GPU 8B width with 3 blocks offloaded, measured). A wait on the compute
+  stream frees it in stream order instead, reusable at once. R is as late as keeps the peak (at
+  the end of the forward) free of offloaded tensors, so the GPU waits only if copying out N
+  blocks takes longer than computing the forward of R of them.
 - prefetch: the tensors of block k go back (copy-in stream, newest first) when the backward of
   block k + D begins (a hook on that block's output gradient; the last block's for those past
   it), D = blocks - N - 2, at least 1: about as early as memory allows. While block j's
@@ -24,7 +32,9 @@ out, and waits for a copy back only if the backward gets to the tensor first.
   one fewer than at the end of the forward (the backward's own temporaries are larger; with
   one more, the 8B FSDP estimate peaked 1.4 GiB higher). Copying back takes as long as copying
   out (PCIe), so the earliest start is what keeps the backward from waiting. Each copy gets its device memory on the
-  compute stream, so the allocator's per-stream pools are those of a run without offloading.
+  compute stream, so the allocator's per-stream pools are those of a run without offloading,
+  and without `record_stream` (the same reason as above): the compute stream waits for the copy
+  before it uses the tensor (unpack) or lets go of it unused (a graph freed without backward).
 - unpack: the compute stream waits for the tensor's copy in (an event); a tensor whose prefetch
   has not started (a backward that skips the hook) is copied back there and then.
 
@@ -84,6 +94,28 @@ def storage_extent(t: torch.Tensor) -> int:
 
 
 @dataclass(eq=False)
+class DeviceCopy:
+    """A prefetched tensor on its way back: it is the compute stream's once `stream` has waited
+    for `copied_in` (at unpack, or when autograd drops it unused)."""
+
+    tensor: torch.Tensor | None = None
+    copied_in: torch.cuda.Event | None = None
+    stream: torch.cuda.Stream | None = None
+
+    def release(self) -> None:
+        if self.tensor is not None and self.copied_in is not None:
+            self.stream.wait_event(self.copied_in)
+        self.tensor = self.copied_in = self.stream = None
+
+
+def _drop_saved(pool: HostBufferPool, slot: HostSlot | None, back: DeviceCopy) -> None:
+    """A saved tensor's record is gone (after its backward, or with its graph)."""
+    back.release()
+    if slot is not None:
+        pool.give(slot)
+
+
+@dataclass(eq=False)
 class SavedActivation:
     """One offloaded tensor: its host copy, and its device copy once prefetched."""
 
@@ -95,8 +127,7 @@ class SavedActivation:
     uses: int = 1
     """Pack calls that returned this record (one tensor saved by several ops); the device copy
     is dropped after as many unpacks."""
-    on_device: torch.Tensor | None = None
-    copied_in: torch.cuda.Event | None = None
+    back: DeviceCopy = field(default_factory=DeviceCopy)
 
 
 @dataclass(eq=False)
@@ -108,6 +139,15 @@ class BlockRecord:
     """A tensor saved twice is copied once. Keyed by address and layout, and checked against the
     tensor itself: once it is freed, a new tensor may get its address in the same block."""
     prefetched: bool = False
+    index: int = 0
+    """The block's index among the model part's blocks."""
+    copying_out: list[tuple[torch.Tensor, torch.cuda.Event]] = field(default_factory=list)
+    """Device tensors held until their copy out is done (the module doc's release)."""
+
+    def release(self) -> None:
+        for tensor, copied_out in self.copying_out:
+            torch.cuda.current_stream(tensor.device).wait_event(copied_out)
+        self.copying_out.clear()
 
 
 class ActivationOffloader:
@@ -121,6 +161,9 @@ class ActivationOffloader:
         self.last = len(blocks) - 1
         self.distance = max(1, len(blocks) - count - 2)
         """Blocks of backward between a block's prefetch and its own backward (module doc)."""
+        self.release_distance = max(1, len(blocks) - count - 1)
+        """Blocks of forward between a block's copies out and the release of its device tensors."""
+        self._copying_out: list[BlockRecord] = []
         self.copy_out: torch.cuda.Stream | None = None
         self.copy_in: torch.cuda.Stream | None = None
         self.pool = HostBufferPool()
@@ -144,9 +187,12 @@ class ActivationOffloader:
         def pre_forward(_module, _args) -> None:
             while self._hooks:  # left by a forward that raised
                 self._hooks.pop().__exit__(None, None, None)
+            if index == 0:  # a new forward: nothing of the last one is held (one that raised)
+                self._release_through(self.last)
             if not torch.is_grad_enabled():
                 return
-            record = self._current[index] = BlockRecord()
+            record = self._current[index] = BlockRecord(index=index)
+            self._copying_out.append(record)
             hooks = torch.autograd.graph.saved_tensors_hooks(lambda t: self._pack(record, t), self._unpack)
             hooks.__enter__()
             self._hooks.append(hooks)
@@ -158,6 +204,8 @@ class ActivationOffloader:
         def post_forward(_module, _args, output) -> None:
             if index < self.count and self._hooks:
                 self._hooks.pop().__exit__(None, None, None)
+            # Before block index + 1 allocates: the copies of block index + 1 - R are let go.
+            self._release_through(self.last if index == self.last else index + 1 - self.release_distance)
             if not (isinstance(output, torch.Tensor) and output.requires_grad):
                 return
             targets = self._prefetched_at(index)
@@ -166,6 +214,11 @@ class ActivationOffloader:
                 output.register_hook(lambda _grad: self._prefetch(records))
 
         return post_forward
+
+    def _release_through(self, index: int) -> None:
+        """Let go of the device tensors of the offloaded blocks up to `index` (module doc)."""
+        while self._copying_out and self._copying_out[0].index <= index:
+            self._copying_out.pop(0).release()
 
     def _prefetched_at(self, index: int) -> list[int]:
         """Offloaded blocks whose tensors go back when the backward of block `index` begins."""
@@ -206,14 +259,13 @@ class ActivationOffloader:
                 host.copy_(t, non_blocking=True)
                 event = torch.cuda.Event()
                 event.record()
-            t.record_stream(self.copy_out)
+            record.copying_out.append((t, event))
             slot.last_copy = event
         elif not fake:
             host.copy_(t)
         saved = SavedActivation(host, t.device, event, slot)
-        if slot is not None:
-            # Back to the pool when autograd lets go of the tensor (after its backward).
-            weakref.finalize(saved, self.pool.give, slot)
+        # Back to the pool when autograd lets go of the tensor (after its backward).
+        weakref.finalize(saved, _drop_saved, self.pool, slot, saved.back)
         record.saved.append(saved)
         if key is not None:
             record.by_key[key] = (weakref.ref(t), saved)
@@ -229,7 +281,7 @@ class ActivationOffloader:
                 self._copy_in(saved)
 
     def _copy_in(self, saved: SavedActivation) -> None:
-        host = saved.host
+        host, back = saved.host, saved.back
         # Allocated on the compute stream, which uses and frees it.
         on_device = torch.empty_strided(host.shape, host.stride(), dtype=host.dtype, device=saved.device)
         if host.device.type == "meta":
@@ -237,31 +289,32 @@ class ActivationOffloader:
         elif saved.copied_out is None:
             on_device.copy_(host)
         else:
-            compute = torch.cuda.current_stream(saved.device)
-            self.copy_in.wait_stream(compute)  # the memory is free for the copy from here on
+            back.stream = torch.cuda.current_stream(saved.device)
+            self.copy_in.wait_stream(back.stream)  # the memory is free for the copy from here on
             self.copy_in.wait_event(saved.copied_out)
             with torch.cuda.stream(self.copy_in):
                 on_device.copy_(host, non_blocking=True)
-                saved.copied_in = torch.cuda.Event()
-                saved.copied_in.record()
-            on_device.record_stream(self.copy_in)
-            saved.slot.last_copy = saved.copied_in
-        saved.on_device = on_device
+                back.copied_in = torch.cuda.Event()
+                back.copied_in.record()
+            saved.slot.last_copy = back.copied_in
+        back.tensor = on_device
 
     def _unpack(self, saved):
         if isinstance(saved, torch.Tensor):
             return saved
-        if saved.on_device is None:
+        back = saved.back
+        if back.tensor is None:
             self.late_copies += 1
             self._copy_in(saved)
-        if saved.copied_in is not None:
-            torch.cuda.current_stream(saved.device).wait_event(saved.copied_in)
-        t = saved.on_device
+        if back.copied_in is not None:
+            torch.cuda.current_stream(saved.device).wait_event(back.copied_in)
+            back.copied_in = None  # the compute stream's from here on
+        t = back.tensor
         saved.uses -= 1
         if saved.uses <= 0:
             # Drop it so its memory goes with the backward's last use; a second backward over
             # the same graph (retain_graph) copies it in again.
-            saved.on_device, saved.copied_in, saved.uses = None, None, 1
+            back.tensor, saved.uses = None, 1
         return t
 
 

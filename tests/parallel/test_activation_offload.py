@@ -121,10 +121,34 @@ def test_small_tensors_and_no_grad_forwards_are_left_alone():
     offloader = ActivationOffloader(list(model.layers.values()), 4)  # 1 MiB: larger than anything here
     _loss(model, _tokens(5)).backward()
     assert offloader.packed_bytes == 0
-    offloader = ActivationOffloader(list(_model().layers.values()), 4, min_bytes=0)
+    model = _model()
+    offloader = ActivationOffloader(list(model.layers.values()), 4, min_bytes=0)
     with torch.no_grad():
         _loss(model, _tokens(5))
     assert offloader.packed_bytes == 0
+    _loss(model, _tokens(5))
+    assert offloader.packed_bytes > 0  # the same offloader moves them when grad is on
+
+
+@pytest.mark.parametrize("count", [1, 2, 3, 4])
+def test_copied_out_tensors_are_held_until_block_plus_release_distance_and_none_past_the_forward(count):
+    # Held: block k's device tensors until block k + R starts, R = blocks - N - 1 (at least 1):
+    # as late as keeps the end of the forward, the peak, free of them (module doc).
+    model = _model(args=Llama3Args(dim=64, n_layers=6, n_heads=4, n_kv_heads=2, ffn_dim=160, vocab_size=256))
+    blocks = list(model.layers.values())
+    offloader = ActivationOffloader(blocks, count, min_bytes=0)
+    held_at: dict[int, list[int]] = {}  # at the start of each block, its own record just made
+    for index, block in enumerate(blocks):
+        block.register_forward_pre_hook(
+            lambda _m, _a, index=index: held_at.__setitem__(index, [r.index for r in offloader._copying_out])
+        )
+    loss = _loss(model, _tokens(6))
+    distance = max(1, len(blocks) - count - 1)
+    assert offloader.release_distance == distance
+    for index, held in held_at.items():
+        assert held == [k for k in range(count) if index - distance < k <= index], (index, held)
+    assert offloader._copying_out == []  # the forward's end: every copy out has been let go
+    loss.backward()
 
 
 def test_count_outside_the_blocks_is_refused():
@@ -155,18 +179,25 @@ def test_compiled_blocks_hand_their_saved_tensors_to_the_offloader():
 def test_cuda_offload_lowers_peak_memory_and_keeps_gradients():
     args = Llama3Args(dim=512, n_layers=6, n_heads=8, n_kv_heads=4, ffn_dim=1536, vocab_size=256, max_seq_len=2048)
     tokens = _tokens(7, "cuda", seq=2049)
-    peaks, grads = [], []
+    peaks, reserved, grads = [], [], []
     for count in (0, 3):
         model = _model("cuda", args)
         offloader = ActivationOffloader(list(model.layers.values()), count) if count else None
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-        _loss(model, tokens).backward()
-        torch.cuda.synchronize()
+        for _step in range(2):  # the second step reuses the host buffers and the cached memory
+            model.zero_grad(set_to_none=True)
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+            base, base_reserved = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
+            _loss(model, tokens).backward()
+            torch.cuda.synchronize()
         peaks.append(torch.cuda.max_memory_allocated() - base)
+        reserved.append(torch.cuda.max_memory_reserved() - base_reserved)
         grads.append(_grads(model))
         if offloader is not None:
             assert offloader.packed_bytes > 0 and offloader.late_copies == 0
+        del model, offloader
     _assert_same(grads[1], grads[0])
     assert peaks[1] < 0.8 * peaks[0], peaks
+    # Reserved memory falls too: freed device tensors are reusable at once (no record_stream).
+    assert reserved[1] < 0.9 * reserved[0], reserved
