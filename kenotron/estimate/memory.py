@@ -83,6 +83,8 @@ def track_step(run: RunPlan, n_layers: int | None, rank: int) -> TrackedStep:
             tracker.register_static([*job.model.parameters(), *job.model.buffers()], "parameters")
             tracker.register_static(job.optimizer_state(), "optimizer_state")
             tracker.register_other_live_tensors("parameters")
+            for offloader in job.applied.offloaders:  # prefetch by the tracked memory, as on a GPU
+                offloader.memory_in_use = tracker.live_bytes
             with tracker:
                 train_step(job, tracker)
     return tracker.result()

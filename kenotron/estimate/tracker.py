@@ -150,6 +150,8 @@ class _Events:
     """(storage index, byte delta, position index) per allocation, free or resize."""
     positions: list[Position] = field(default_factory=list)
     position_index: dict[Position, int] = field(default_factory=dict)
+    live: int = 0
+    """Bytes alive now: the sum of the log's deltas so far."""
 
 
 class StepMemoryTracker(TorchDispatchMode):
@@ -225,6 +227,10 @@ class StepMemoryTracker(TorchDispatchMode):
             if type(obj) is FakeTensor and obj.fake_mode is self._fake_mode and obj.untyped_storage() not in self._by_storage:
                 self.register_static([obj], category)
 
+    def live_bytes(self) -> int:
+        """Bytes of the tracked tensors alive now (the activation offloader's memory probe)."""
+        return self._events.live
+
     # -- bookkeeping ---------------------------------------------------------------------
 
     def _position_index(self) -> int:
@@ -245,6 +251,7 @@ class StepMemoryTracker(TorchDispatchMode):
         ev.storages.append(_Storage(nbytes, origin, self._position.micro_step, module))
         self._by_storage[storage] = index
         ev.log.append((index, nbytes, self._position_index()))
+        ev.live += nbytes
         self._watch_free(storage, index)
 
     def _watch_free(self, storage: torch.UntypedStorage, index: int) -> None:
@@ -257,6 +264,7 @@ class StepMemoryTracker(TorchDispatchMode):
             return
         if record.freed_at is None and record.nbytes:
             self._events.log.append((index, -record.nbytes, self._position_index()))
+            self._events.live -= record.nbytes
         record.freed_at = len(self._events.log)
 
     def _resized(self, storage: torch.UntypedStorage, old_nbytes: int) -> None:
@@ -272,6 +280,7 @@ class StepMemoryTracker(TorchDispatchMode):
         new = allocated_bytes(storage.nbytes())
         if new != record.nbytes:
             ev.log.append((index, new - record.nbytes, self._position_index()))
+            ev.live += new - record.nbytes
             record.nbytes = new
 
     def _origin(self, func: Any) -> str:

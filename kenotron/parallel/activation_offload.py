@@ -25,13 +25,17 @@ out, and waits for a copy back only if the backward gets to the tensor first.
   stream frees it in stream order instead, reusable at once. R is as late as keeps the peak (at
   the end of the forward) free of offloaded tensors, so the GPU waits only if copying out N
   blocks takes longer than computing the forward of R of them.
-- prefetch: the tensors of block k go back (copy-in stream, newest first) when the backward of
-  block k + D begins (a hook on that block's output gradient; the last block's for those past
-  it), D = blocks - N - 2, at least 1: about as early as memory allows. While block j's
-  backward runs, the blocks from j - D on are on the device, D + 1 = blocks - N - 1 of them,
-  one fewer than at the end of the forward (the backward's own temporaries are larger; with
-  one more, the 8B FSDP estimate peaked 1.4 GiB higher). Copying back takes as long as copying
-  out (PCIe), so the earliest start is what keeps the backward from waiting. Each copy gets its device memory on the
+- prefetch: the tensors of block k go back (copy-in stream, newest first) as early as memory
+  allows, since copying back takes as long as copying out (PCIe) and an early start is what
+  keeps the backward from waiting. When the backward of block j begins (a hook on its output
+  gradient), the next offloaded block goes back if the device memory in use plus its bytes
+  stays under what was in use at the end of the forward (the step's activation peak), and so
+  on; block j - 1 goes back then at the latest. Measuring beats a fixed distance: the
+  gradients the backward makes take the room its freed activations leave (bf16 gradients of
+  an 8B-width block are ~28% of its saved tensors), and prefetching D = blocks - N - 2 blocks
+  ahead peaked ~3 GiB above the end of the forward (1-GPU 8B width, 16 blocks, 6 offloaded). The
+  probe is the CUDA allocator's count on a GPU (the estimator passes its tracker's); without
+  one (CPU tests), block k goes back when the backward of block k + D begins. Each copy gets its device memory on the
   compute stream, so the allocator's per-stream pools are those of a run without offloading,
   and without `record_stream` (the same reason as above): the compute stream waits for the copy
   before it uses the tensor (unpack) or lets go of it unused (a graph freed without backward).
@@ -45,8 +49,10 @@ estimator's tracker does not count: it sees the device memory go and come back.
 
 from __future__ import annotations
 
+import functools
 import weakref
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -141,6 +147,8 @@ class BlockRecord:
     prefetched: bool = False
     index: int = 0
     """The block's index among the model part's blocks."""
+    nbytes: int = 0
+    """Device bytes copied out (what its prefetch will allocate)."""
     copying_out: list[tuple[torch.Tensor, torch.cuda.Event]] = field(default_factory=list)
     """Device tensors held until their copy out is done (the module doc's release)."""
 
@@ -148,6 +156,18 @@ class BlockRecord:
         for tensor, copied_out in self.copying_out:
             torch.cuda.current_stream(tensor.device).wait_event(copied_out)
         self.copying_out.clear()
+
+
+@dataclass(eq=False)
+class ForwardRecords:
+    """The offloaded blocks of one forward (one micro-batch), in block order; each leaves the
+    list when its prefetch starts."""
+
+    records: list[BlockRecord] = field(default_factory=list)
+    memory_in_use: Callable[[], int] | None = None
+    """The probe of device bytes in use (None: prefetch at the fixed distance)."""
+    budget: int = 0
+    """Bytes in use at the end of this forward: prefetches stay under it (module doc)."""
 
 
 class ActivationOffloader:
@@ -160,16 +180,19 @@ class ActivationOffloader:
         self.min_bytes = min_bytes
         self.last = len(blocks) - 1
         self.distance = max(1, len(blocks) - count - 2)
-        """Blocks of backward between a block's prefetch and its own backward (module doc)."""
+        """Without a memory probe: blocks of backward between a block's prefetch and its own backward."""
         self.release_distance = max(1, len(blocks) - count - 1)
         """Blocks of forward between a block's copies out and the release of its device tensors."""
         self._copying_out: list[BlockRecord] = []
         self.copy_out: torch.cuda.Stream | None = None
         self.copy_in: torch.cuda.Stream | None = None
         self.pool = HostBufferPool()
-        # The records of the forward pass under way, by block index; a block's backward hook
-        # captures the ones it prefetches, so several micro-batches in flight stay apart.
-        self._current: dict[int, BlockRecord] = {}
+        self.memory_in_use: Callable[[], int] | None = None
+        """Device bytes in use now, for the prefetch budget. None: the CUDA allocator's count on a
+        GPU, the fixed distance elsewhere; the memory estimator sets its tracker's count."""
+        # The forward under way; each block's backward hook captures its forward's records, so
+        # several micro-batches in flight stay apart.
+        self._forward: ForwardRecords | None = None
         self._hooks: list[torch.autograd.graph.saved_tensors_hooks] = []
         self.packed_bytes = 0
         """Bytes copied out so far (tests and logs)."""
@@ -191,7 +214,10 @@ class ActivationOffloader:
                 self._release_through(self.last)
             if not torch.is_grad_enabled():
                 return
-            record = self._current[index] = BlockRecord(index=index)
+            if index == 0 or self._forward is None:
+                self._forward = ForwardRecords()
+            record = BlockRecord(index=index)
+            self._forward.records.append(record)
             self._copying_out.append(record)
             hooks = torch.autograd.graph.saved_tensors_hooks(lambda t: self._pack(record, t), self._unpack)
             hooks.__enter__()
@@ -206,26 +232,42 @@ class ActivationOffloader:
                 self._hooks.pop().__exit__(None, None, None)
             # Before block index + 1 allocates: the copies of block index + 1 - R are let go.
             self._release_through(self.last if index == self.last else index + 1 - self.release_distance)
-            if not (isinstance(output, torch.Tensor) and output.requires_grad):
+            forward = self._forward
+            if forward is None or not (isinstance(output, torch.Tensor) and output.requires_grad):
                 return
-            targets = self._prefetched_at(index)
-            records = [self._current.pop(k) for k in targets if k in self._current]
-            if records:
-                output.register_hook(lambda _grad: self._prefetch(records))
+            if index == self.last:
+                forward.memory_in_use = self._probe(output)
+                if forward.memory_in_use is not None:
+                    forward.budget = forward.memory_in_use()
+                self._forward = None
+            output.register_hook(lambda _grad: self._prefetch_at(forward, index))
 
         return post_forward
+
+    def _probe(self, output: torch.Tensor) -> Callable[[], int] | None:
+        if self.memory_in_use is not None:
+            return self.memory_in_use
+        if output.is_cuda and not is_fake(output):
+            return functools.partial(torch.cuda.memory_allocated, output.device)
+        return None
 
     def _release_through(self, index: int) -> None:
         """Let go of the device tensors of the offloaded blocks up to `index` (module doc)."""
         while self._copying_out and self._copying_out[0].index <= index:
             self._copying_out.pop(0).release()
 
-    def _prefetched_at(self, index: int) -> list[int]:
-        """Offloaded blocks whose tensors go back when the backward of block `index` begins."""
-        if index == self.last:
-            return [k for k in range(self.count - 1, -1, -1) if k + self.distance >= self.last]
-        k = index - self.distance
-        return [k] if 0 <= k < self.count else []
+    def _prefetch_at(self, forward: ForwardRecords, index: int) -> None:
+        """The backward of block `index` begins: start the prefetches that are due (module doc)."""
+        records = forward.records
+        while records:
+            record = records[-1]
+            if record.index < index - 1:  # not due yet: only if it fits
+                if forward.memory_in_use is None:
+                    if record.index < index - self.distance:
+                        break
+                elif forward.memory_in_use() + record.nbytes > forward.budget:
+                    break
+            self._prefetch([records.pop()])
 
     # -- pack / prefetch / unpack ---------------------------------------------------------------------
 
@@ -267,6 +309,7 @@ class ActivationOffloader:
         # Back to the pool when autograd lets go of the tensor (after its backward).
         weakref.finalize(saved, _drop_saved, self.pool, slot, saved.back)
         record.saved.append(saved)
+        record.nbytes += storage_extent(t) * t.element_size()
         if key is not None:
             record.by_key[key] = (weakref.ref(t), saved)
         self.packed_bytes += t.numel() * t.element_size()

@@ -278,19 +278,23 @@ class Plan:
                 raise PlanError("context parallel does not combine with pipeline parallel yet; use cp=1 or pp=1")
             parts = [stage_module(model, self.pipeline.stages[s], self.blocks) for s in stage_ids]
         data_parallel = sharder = None
+        offloaders = []
         for index, part in enumerate(parts):
-            data_parallel, sharder = self._apply_to_part(part, meshes)
+            data_parallel, sharder, offloader = self._apply_to_part(part, meshes)
+            if offloader is not None:
+                offloaders.append(offloader)
             if stage_ids and stage_ids[index] > 0 and self._sequence_sharded(meshes):
                 feed_full_positions(part, meshes.size("tp"))
-        return AppliedPlan(parts, data_parallel, meshes, self, stage_ids, sharder)
+        return AppliedPlan(parts, data_parallel, meshes, self, stage_ids, sharder, offloaders)
 
     def _sequence_sharded(self, meshes: Meshes) -> bool:
         """Whether the residual stream between blocks (and stages) is split along the sequence."""
         return meshes.get("tp") is not None and bool(self.tp_styles) and self.sequence_parallel
 
-    def _apply_to_part(self, model: nn.Module, meshes: Meshes) -> tuple[Any, SequenceSharder | None]:
-        """TP/SP -> CP -> AC -> compile -> data parallel on one model part; returns the
-        DataParallelState and, under context parallel, how to slice batches."""
+    def _apply_to_part(self, model: nn.Module, meshes: Meshes) -> tuple[Any, SequenceSharder | None, Any]:
+        """TP/SP -> CP -> AC -> compile -> offload -> data parallel on one model part; returns
+        the DataParallelState, under context parallel how to slice batches, and the part's
+        ActivationOffloader (None without offloading)."""
         from kenotron.parallel.activation_checkpoint import (
             apply_activation_checkpointing,
         )
@@ -329,8 +333,8 @@ class Plan:
                 block.compile(fullgraph=not ring)
         # After compile (its hooks run outside the graphs), before FSDP (whose pre-forward
         # all-gather runs first as it prepends its hook).
-        apply_activation_offloading([b for _, b in blocks], offloaded)
-        return apply_data_parallel(model, meshes, self), sharder
+        offloader = apply_activation_offloading([b for _, b in blocks], offloaded)
+        return apply_data_parallel(model, meshes, self), sharder, offloader
 
 
 @dataclass
@@ -347,6 +351,8 @@ class AppliedPlan:
     """Pipeline stage index of each model part (empty without pipeline parallel)."""
     sequence_sharder: SequenceSharder | None = None
     """Under context parallel: slices each (batch, seq) micro-batch for this rank (None otherwise)."""
+    offloaders: list[Any] = field(default_factory=list)
+    """kenotron.parallel.activation_offload.ActivationOffloader of each model part that offloads."""
 
     @property
     def loss_parallel(self) -> bool:

@@ -175,6 +175,58 @@ def test_compiled_blocks_hand_their_saved_tensors_to_the_offloader():
     assert offloader.late_copies == 0
 
 
+class SchedulingOffloader(ActivationOffloader):
+    """Notes, for each offloaded block, the block whose backward was beginning when it went back."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.prefetched_at: dict[int, int] = {}
+        self._beginning = -1
+
+    def _prefetch_at(self, forward, index):
+        self._beginning = index
+        super()._prefetch_at(forward, index)
+
+    def _prefetch(self, records):
+        for record in records:
+            self.prefetched_at[record.index] = self._beginning
+        super()._prefetch(records)
+
+
+def _scheduled(count: int, probe=None) -> SchedulingOffloader:
+    args = Llama3Args(dim=64, n_layers=6, n_heads=4, n_kv_heads=2, ffn_dim=160, vocab_size=256)
+    reference = _model(args=args)
+    model = copy.deepcopy(reference)
+    offloader = SchedulingOffloader(list(model.layers.values()), count, min_bytes=0)
+    offloader.memory_in_use = probe
+    for m in (reference, model):
+        _loss(m, _tokens(8)).backward()
+    _assert_same(_grads(model), _grads(reference))
+    assert offloader.late_copies == 0
+    return offloader
+
+
+def test_without_a_memory_probe_block_k_goes_back_when_block_k_plus_distance_begins_its_backward():
+    offloader = _scheduled(2)  # 6 blocks: D = 6 - 2 - 2 = 2
+    assert offloader.prefetched_at == {1: 3, 0: 2}
+
+
+def test_with_no_room_under_the_forward_peak_each_block_goes_back_one_block_ahead():
+    offloader = _scheduled(3, probe=lambda: 100)  # the end of the forward's level: no room
+    assert offloader.prefetched_at == {2: 3, 1: 2, 0: 1}
+
+
+def test_with_room_under_the_forward_peak_every_block_goes_back_when_the_backward_begins():
+    level = [1 << 40]
+
+    def probe() -> int:  # the end of the forward's level first, then all that back in free room
+        in_use, level[0] = level[0], 0
+        return in_use
+
+    offloader = _scheduled(3, probe=probe)
+    assert offloader.prefetched_at == {2: 5, 1: 5, 0: 5}
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_offload_lowers_peak_memory_and_keeps_gradients():
     args = Llama3Args(dim=512, n_layers=6, n_heads=8, n_kv_heads=4, ffn_dim=1536, vocab_size=256, max_seq_len=2048)
