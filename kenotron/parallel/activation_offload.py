@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import functools
 import weakref
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -134,6 +134,12 @@ class SavedActivation:
     """Pack calls that returned this record (one tensor saved by several ops); the device copy
     is dropped after as many unpacks."""
     back: DeviceCopy = field(default_factory=DeviceCopy)
+    block: int = 0
+    """The index of the block that saved it."""
+    nbytes: int = 0
+    """Device bytes its copy back allocates."""
+    started: bool = False
+    """Its copy back has been issued (by the pace, or by an unpack that got there first)."""
 
 
 @dataclass(eq=False)
@@ -144,7 +150,6 @@ class BlockRecord:
     by_key: dict[tuple, tuple[weakref.ref, SavedActivation]] = field(default_factory=dict)
     """A tensor saved twice is copied once. Keyed by address and layout, and checked against the
     tensor itself: once it is freed, a new tensor may get its address in the same block."""
-    prefetched: bool = False
     index: int = 0
     """The block's index among the model part's blocks."""
     nbytes: int = 0
@@ -168,6 +173,11 @@ class ForwardRecords:
     """The probe of device bytes in use (None: prefetch at the fixed distance)."""
     budget: int = 0
     """Bytes in use at the end of this forward: prefetches stay under it (module doc)."""
+    pace: int | None = None
+    """Bytes of copies back to start per block of backward (None: all admitted ones at once)."""
+    queue: deque[SavedActivation] = field(default_factory=deque)
+    """Admitted tensors whose copies back are not issued yet, in the order the backward needs them."""
+    queued_bytes: int = 0
 
 
 class ActivationOffloader:
@@ -239,6 +249,8 @@ class ActivationOffloader:
                 forward.memory_in_use = self._probe(output)
                 if forward.memory_in_use is not None:
                     forward.budget = forward.memory_in_use()
+                    total = sum(record.nbytes for record in forward.records)
+                    forward.pace = -(-total // max(1, self.last - self.count))
                 self._forward = None
             output.register_hook(lambda _grad: self._prefetch_at(forward, index))
 
@@ -257,7 +269,8 @@ class ActivationOffloader:
             self._copying_out.pop(0).release()
 
     def _prefetch_at(self, forward: ForwardRecords, index: int) -> None:
-        """The backward of block `index` begins: start the prefetches that are due (module doc)."""
+        """The backward of block `index` begins: admit the blocks whose turn it is, then issue
+        their copies back at the pace (module doc)."""
         records = forward.records
         while records:
             record = records[-1]
@@ -265,9 +278,28 @@ class ActivationOffloader:
                 if forward.memory_in_use is None:
                     if record.index < index - self.distance:
                         break
-                elif forward.memory_in_use() + record.nbytes > forward.budget:
+                elif forward.memory_in_use() + forward.queued_bytes + record.nbytes > forward.budget:
                     break
-            self._prefetch([records.pop()])
+            self._admit(forward, records.pop())
+        allowance = forward.pace
+        queue = forward.queue
+        while queue:
+            saved = queue[0]
+            due = saved.block >= index - 1
+            if not due and allowance is not None and allowance <= 0:
+                break
+            queue.popleft()
+            forward.queued_bytes -= saved.nbytes
+            if not saved.started:
+                self._copy_in(saved)
+                if allowance is not None:
+                    allowance -= saved.nbytes
+
+    def _admit(self, forward: ForwardRecords, record: BlockRecord) -> None:
+        """Queue a block's tensors for the copy back, newest first (its backward needs them so)."""
+        for saved in reversed(record.saved):
+            forward.queue.append(saved)
+            forward.queued_bytes += saved.nbytes
 
     # -- pack / prefetch / unpack ---------------------------------------------------------------------
 
@@ -305,25 +337,19 @@ class ActivationOffloader:
             slot.last_copy = event
         elif not fake:
             host.copy_(t)
-        saved = SavedActivation(host, t.device, event, slot)
+        nbytes = storage_extent(t) * t.element_size()
+        saved = SavedActivation(host, t.device, event, slot, block=record.index, nbytes=nbytes)
         # Back to the pool when autograd lets go of the tensor (after its backward).
         weakref.finalize(saved, _drop_saved, self.pool, slot, saved.back)
         record.saved.append(saved)
-        record.nbytes += storage_extent(t) * t.element_size()
+        record.nbytes += nbytes
         if key is not None:
             record.by_key[key] = (weakref.ref(t), saved)
         self.packed_bytes += t.numel() * t.element_size()
         return saved
 
-    def _prefetch(self, records: list[BlockRecord]) -> None:
-        for record in records:
-            if record.prefetched:
-                continue
-            record.prefetched = True
-            for saved in reversed(record.saved):  # the backward needs the newest first
-                self._copy_in(saved)
-
     def _copy_in(self, saved: SavedActivation) -> None:
+        saved.started = True
         host, back = saved.host, saved.back
         # Allocated on the compute stream, which uses and frees it.
         on_device = torch.empty_strided(host.shape, host.stride(), dtype=host.dtype, device=saved.device)

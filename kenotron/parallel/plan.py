@@ -331,10 +331,13 @@ class Plan:
             ring = cp_mesh is not None and resolve_cp_attention(self.cp_attention, cp_mesh.device_type) == "ring"
             for _, block in blocks:
                 block.compile(fullgraph=not ring)
-        # After compile (its hooks run outside the graphs), before FSDP (whose pre-forward
-        # all-gather runs first as it prepends its hook).
+        data_parallel = apply_data_parallel(model, meshes, self)
+        # After compile (its hooks run outside the graphs) and after FSDP: FSDP's pre-forward
+        # all-gather still runs first (it prepends its hook), and the offloader's backward hook
+        # on each block's output runs after FSDP's pre-backward one, so its copies back queue
+        # behind FSDP's small host-to-device copy (the all-gather's copy-out) instead of ahead.
         offloader = apply_activation_offloading([b for _, b in blocks], offloaded)
-        return apply_data_parallel(model, meshes, self), sharder, offloader
+        return data_parallel, sharder, offloader
 
 
 @dataclass

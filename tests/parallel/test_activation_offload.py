@@ -176,21 +176,26 @@ def test_compiled_blocks_hand_their_saved_tensors_to_the_offloader():
 
 
 class SchedulingOffloader(ActivationOffloader):
-    """Notes, for each offloaded block, the block whose backward was beginning when it went back."""
+    """Notes, per offloaded block, the block whose backward was beginning when it was admitted
+    for the copy back and when each of its tensors' copies was issued."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.prefetched_at: dict[int, int] = {}
+        self.admitted_at: dict[int, int] = {}
+        self.issued_at: dict[int, list[int]] = {}
         self._beginning = -1
 
     def _prefetch_at(self, forward, index):
         self._beginning = index
         super()._prefetch_at(forward, index)
 
-    def _prefetch(self, records):
-        for record in records:
-            self.prefetched_at[record.index] = self._beginning
-        super()._prefetch(records)
+    def _admit(self, forward, record):
+        self.admitted_at[record.index] = self._beginning
+        super()._admit(forward, record)
+
+    def _copy_in(self, saved):
+        self.issued_at.setdefault(saved.block, []).append(self._beginning)
+        super()._copy_in(saved)
 
 
 def _scheduled(count: int, probe=None) -> SchedulingOffloader:
@@ -203,20 +208,24 @@ def _scheduled(count: int, probe=None) -> SchedulingOffloader:
         _loss(m, _tokens(8)).backward()
     _assert_same(_grads(model), _grads(reference))
     assert offloader.late_copies == 0
+    # Every tensor of block k is on its way back by the time block k + 1's backward begins.
+    assert all(min(blocks) >= k + 1 for k, blocks in offloader.issued_at.items())
     return offloader
 
 
 def test_without_a_memory_probe_block_k_goes_back_when_block_k_plus_distance_begins_its_backward():
-    offloader = _scheduled(2)  # 6 blocks: D = 6 - 2 - 2 = 2
-    assert offloader.prefetched_at == {1: 3, 0: 2}
+    offloader = _scheduled(2)  # 6 blocks: D = 6 - 2 - 2 = 2; all of a block's copies at once
+    assert offloader.admitted_at == {1: 3, 0: 2}
+    assert {k: set(blocks) for k, blocks in offloader.issued_at.items()} == {1: {3}, 0: {2}}
 
 
 def test_with_no_room_under_the_forward_peak_each_block_goes_back_one_block_ahead():
     offloader = _scheduled(3, probe=lambda: 100)  # the end of the forward's level: no room
-    assert offloader.prefetched_at == {2: 3, 1: 2, 0: 1}
+    assert offloader.admitted_at == {2: 3, 1: 2, 0: 1}
+    assert {k: set(blocks) for k, blocks in offloader.issued_at.items()} == {2: {3}, 1: {2}, 0: {1}}
 
 
-def test_with_room_under_the_forward_peak_every_block_goes_back_when_the_backward_begins():
+def test_with_room_every_block_is_admitted_at_once_and_its_copies_are_spread_at_the_pace():
     level = [1 << 40]
 
     def probe() -> int:  # the end of the forward's level first, then all that back in free room
@@ -224,7 +233,11 @@ def test_with_room_under_the_forward_peak_every_block_goes_back_when_the_backwar
         return in_use
 
     offloader = _scheduled(3, probe=probe)
-    assert offloader.prefetched_at == {2: 5, 1: 5, 0: 5}
+    assert offloader.admitted_at == {2: 5, 1: 5, 0: 5}
+    # The pace is the offloaded bytes over blocks - N - 1 = 2 blocks of backward: a block and a
+    # half's copies per block, newest block first, so block 0's start one block later.
+    issued = offloader.issued_at
+    assert set(issued[2]) == {5} and min(issued[0]) == 4 and max(issued[1]) <= 5
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
