@@ -25,20 +25,27 @@ out, and waits for a copy back only if the backward gets to the tensor first.
   stream frees it in stream order instead, reusable at once. R is as late as keeps the peak (at
   the end of the forward) free of offloaded tensors, so the GPU waits only if copying out N
   blocks takes longer than computing the forward of R of them.
-- prefetch: the tensors of block k go back (copy-in stream, newest first) as early as memory
-  allows, since copying back takes as long as copying out (PCIe) and an early start is what
-  keeps the backward from waiting. When the backward of block j begins (a hook on its output
-  gradient), the next offloaded block goes back if the device memory in use plus its bytes
-  stays under what was in use at the end of the forward (the step's activation peak), and so
-  on; block j - 1 goes back then at the latest. Measuring beats a fixed distance: the
-  gradients the backward makes take the room its freed activations leave (bf16 gradients of
-  an 8B-width block are ~28% of its saved tensors), and prefetching D = blocks - N - 2 blocks
-  ahead peaked ~3 GiB above the end of the forward (1-GPU 8B width, 16 blocks, 6 offloaded). The
-  probe is the CUDA allocator's count on a GPU (the estimator passes its tracker's); without
-  one (CPU tests), block k goes back when the backward of block k + D begins. Each copy gets its device memory on the
-  compute stream, so the allocator's per-stream pools are those of a run without offloading,
-  and without `record_stream` (the same reason as above): the compute stream waits for the copy
-  before it uses the tensor (unpack) or lets go of it unused (a graph freed without backward).
+- prefetch, in two steps, from a hook on each block's output gradient (when its backward
+  begins; registered after FSDP's, so it runs after FSDP's pre-backward):
+  - admit: the next offloaded block (newest first) is admitted if the device memory in use,
+    plus what is admitted and not yet copied, plus its bytes stays under what was in use at
+    the end of the forward (the activation peak); block j - 1 at the latest. Measuring beats a
+    fixed distance: the backward's gradients take the room its freed activations leave (bf16
+    gradients of an 8B-width block are ~28% of its saved tensors), and D = blocks - N - 2
+    blocks ahead peaked ~3 GiB above the end of the forward (1-GPU 8B width, 16 blocks, 6
+    offloaded). The probe is the CUDA allocator's count on a GPU (the estimator passes its
+    tracker's); without one (CPU tests) block k is admitted when block k + D's backward begins.
+  - issue: admitted tensors are copied back (copy-in stream, newest first) at a pace, the
+    offloaded bytes over blocks - N - 1 blocks of backward (what is due, block j - 1's, at
+    once). Host-to-device copies share one copy engine in order, and FSDP's all-gather
+    copy-out makes a small one on the compute stream at each block's pre-backward: behind a
+    whole block's prefetch it held the compute stream ~41 ms (2 x H200 FSDP, 6 blocks
+    offloaded: -11% a step, measured per block). Issued after that copy and a fraction of a
+    block at a time, the copies are done before the next one comes.
+  Each copy gets its device memory on the compute stream, so the allocator's per-stream pools
+  are those of a run without offloading, and without `record_stream` (the same reason as
+  above): the compute stream waits for the copy before it uses the tensor (unpack) or lets go
+  of it unused (a graph freed without backward).
 - unpack: the compute stream waits for the tensor's copy in (an event); a tensor whose prefetch
   has not started (a backward that skips the hook) is copied back there and then.
 
