@@ -216,6 +216,9 @@ class Parallelism:
     fsdp_early_all_gather: bool = True
     """Under FSDP, update the root unit's and the first block's parameters first and start their all-gathers for the next step while the optimizer updates the rest (the same values; hides the all-gathers the forward would otherwise wait for)."""
 
+    fsdp_gradients_in_compute_pool: bool = True
+    """Under FSDP on CUDA (not HSDP), allocate the reduce-scatter outputs that become the sharded gradients from the compute stream's memory instead of the reduce-scatter stream's, so the next forward can reuse it once the gradients are freed (kenotron/parallel/fsdp_gradient_pool.py): reserved memory falls by up to the gradients' size, values unchanged."""
+
     fsdp_reduce_dtype: Literal["float32", "bfloat16"] = "float32"
     """dtype of the data-parallel gradient reduction (reduce-scatter / all-reduce): float32 (exact sums of bf16 gradients), or bfloat16 (half the bytes on the wire, sums rounded to bf16; the sharded gradient is still accumulated in the parameters' dtype)."""
 

@@ -19,6 +19,7 @@ sharded gradient even when compute runs in bf16.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -135,4 +136,15 @@ def apply_data_parallel(model: nn.Module, meshes: Meshes, plan: Plan) -> DataPar
         # once, and a loss that reads the output weight after forward relies on it).
         root_kwargs = {"reshard_after_forward": False} if plan.reshard_after_forward == "never" else {}
         fully_shard(model, mesh=mesh, mp_policy=mp, **root_kwargs)
+        if plan.fsdp_gradients_in_compute_pool and kind == "fsdp" and mesh.device_type == "cuda":
+            from kenotron.parallel.fsdp_gradient_pool import (
+                allocate_gradients_in_compute_pool,
+            )
+
+            device = torch.device("cuda", torch.cuda.current_device())
+            if not allocate_gradients_in_compute_pool([*units, model], device):
+                warnings.warn(
+                    f"torch {torch.__version__} has no FSDPModule.set_custom_reduce_scatter: the sharded "
+                    "gradients stay in the reduce-scatter stream's memory pool; set "
+                    "parallelism.fsdp_gradients_in_compute_pool false to silence this", stacklevel=2)
     return DataParallelState(kind, mesh)

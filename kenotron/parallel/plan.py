@@ -95,6 +95,9 @@ class Plan:
     reduce_dtype: str = "float32"
     """Dtype of the data-parallel gradient reduction (the sharded gradient accumulates in the
     parameters' own dtype)."""
+    fsdp_gradients_in_compute_pool: bool = True
+    """Under FSDP on CUDA: allocate the sharded gradients from the compute stream's memory pool
+    (kenotron/parallel/fsdp_gradient_pool.py)."""
     ac_mode: str = "none"
     """Activation checkpointing of blocks: none, full, selective-op, every-n-layers."""
     ac_every_n: int = 2

@@ -51,6 +51,7 @@ def build_plan(cfg: JobConfig, spec: ModelSpec) -> Plan:
         dp_mode=p.dp_mode,
         reshard_after_forward=p.fsdp_reshard_after_forward,
         reduce_dtype=p.fsdp_reduce_dtype,
+        fsdp_gradients_in_compute_pool=p.fsdp_gradients_in_compute_pool,
         param_dtype=cfg.training.param_dtype,
         ac_mode=cfg.activation_checkpoint.mode,
         ac_every_n=cfg.activation_checkpoint.every_n,

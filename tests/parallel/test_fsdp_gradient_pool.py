@@ -1,0 +1,54 @@
+"""FSDP's sharded gradients come from the compute stream's memory pool with the option on (so
+the next forward can reuse them once freed) and from the reduce-scatter stream's without it,
+with the same values. CUDA only: on a CPU there are no streams and the option does nothing."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.distributed.pool import run_on_ranks
+
+
+def _stream_of(ptr: int) -> int:
+    for segment in torch.cuda.memory_snapshot():
+        if segment["address"] <= ptr < segment["address"] + segment["total_size"]:
+            return segment["stream"]
+    raise AssertionError(f"no segment holds address {ptr:#x}")
+
+
+def _gradients_and_their_pools() -> list[tuple[dict, set]]:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    from kenotron.parallel.fsdp_gradient_pool import allocate_gradients_in_compute_pool
+
+    mesh = init_device_mesh("cuda", (1,))
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    compute = torch.cuda.current_stream().cuda_stream
+    results = []
+    for in_compute_pool in (False, True):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(*(torch.nn.Linear(256, 256) for _ in range(3))).cuda()
+        for layer in model:
+            fully_shard(layer, mesh=mesh, mp_policy=mp)
+        fully_shard(model, mesh=mesh, mp_policy=mp)
+        if in_compute_pool:
+            assert allocate_gradients_in_compute_pool([*model, model], torch.device("cuda"))
+        x = torch.randn(64, 256, device="cuda", generator=torch.Generator("cuda").manual_seed(1))
+        model(x).float().square().mean().backward()
+        torch.cuda.synchronize()
+        grads = {n: p.grad.to_local().cpu() for n, p in model.named_parameters()}
+        pools = {_stream_of(p.grad.to_local().data_ptr()) == compute for p in model.parameters()}
+        results.append((grads, pools))
+    return results
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_sharded_gradients_come_from_the_compute_pool_with_the_same_values():
+    (plain, plain_pools), (pooled, pooled_pools) = run_on_ranks(1, _gradients_and_their_pools)[0]
+    assert plain_pools == {False}  # the reduce-scatter stream's pool
+    assert pooled_pools == {True}
+    assert plain.keys() == pooled.keys()
+    for name, grad in plain.items():
+        assert torch.equal(grad, pooled[name]), name
