@@ -125,6 +125,21 @@ def _profile(trainer, steps: int = 3, rows: int = 30) -> tuple[str, list[dict]]:
     return top + "\n" + host + "\n" + summarize_kernels(kernels, steps, wall_us).table(), top_kernels(kernels, steps)
 
 
+def _trace(trainer) -> str:
+    """Per-block times of one more step and the allocator's pools by stream (block_trace.py)."""
+    from kenotron.parallel.plan import matching_modules
+    from kenotron.train.block_trace import BlockTimer, format_trace, stream_pools
+
+    blocks = [m for _, m in matching_modules(trainer.model_parts[0], trainer.run.plan.blocks)]
+    timer = BlockTimer(blocks, trainer.device)
+    try:
+        trainer.train_step(trainer.loader.next_step())
+        forward, tail, backward = timer.times()
+    finally:
+        timer.close()
+    return format_trace(forward, tail, backward, stream_pools(trainer.device))
+
+
 def time_steps(trainer, warmup: int, steps: int, timing: str) -> tuple[list[float], list]:
     """Seconds of each timed step, and the loss tensor of every step (warm-up included)."""
     import torch
@@ -158,7 +173,7 @@ def time_steps(trainer, warmup: int, steps: int, timing: str) -> tuple[list[floa
 
 
 def run_worker(out_path: str, warmup: int, steps: int, overrides: list[str], profile: bool = False,
-               timing: str = "stream") -> None:
+               timing: str = "stream", trace: bool = False) -> None:
     """Inside one case's process (every rank): build the trainer, time the steps, write JSON."""
     import torch
     import torch.distributed as dist
@@ -203,6 +218,8 @@ def run_worker(out_path: str, warmup: int, steps: int, overrides: list[str], pro
     }
     if profile and device.type == "cuda":
         result["profile"], result["kernels"] = _profile(trainer)
+    if trace:
+        result["trace"] = _trace(trainer)
     if world.rank == 0:
         Path(out_path).write_text(json.dumps(result))
     trainer.close()
@@ -210,13 +227,14 @@ def run_worker(out_path: str, warmup: int, steps: int, overrides: list[str], pro
 
 def run_case(
     name: str, overrides: list[str], ngpu: int, warmup: int, steps: int, timeout: float, profile: bool = False,
-    timing: str = "stream",
+    timing: str = "stream", trace: bool = False,
 ) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "result.json")
         worker = ["-m", "kenotron.train.bench", "--worker", out, "--warmup", str(warmup), "--steps", str(steps),
                   "--timing", timing]
         worker += ["--profile"] if profile else []
+        worker += ["--trace"] if trace else []
         worker += ["--"]
         if ngpu > 1:
             cmd = ["torchrun", "--standalone", "--nproc-per-node", str(ngpu), *worker, *overrides]
@@ -263,11 +281,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=900)
     parser.add_argument("--json", help="write all rows to this file")
     parser.add_argument("--profile", action="store_true", help="print the top CUDA kernels of each case")
+    parser.add_argument("--trace", action="store_true",
+                        help="print per-block forward/backward times of one more step and the memory pools by stream")
     parser.add_argument("--timing", choices=["stream", "sync"], default="stream",
                         help="stream: steps back to back, timed by CUDA events; sync: synchronize around each step")
     args, rest = parser.parse_known_args(argv)
     if args.worker:
-        run_worker(args.worker, args.warmup, args.steps, [a for a in rest if a != "--"], args.profile, args.timing)
+        run_worker(args.worker, args.warmup, args.steps, [a for a in rest if a != "--"], args.profile, args.timing,
+                   args.trace)
         return 0
     cases: dict[str, list[str]] = {}
     for preset in args.preset:
@@ -282,11 +303,12 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for name, overrides in cases.items():
         row = run_case(name, overrides + extra, args.ngpu, args.warmup, args.steps, args.timeout, args.profile,
-                       args.timing)
+                       args.timing, args.trace)
         rows.append(row)
         print(format_row(row), flush=True)
-        if row.get("profile"):
-            print(row.pop("profile"), flush=True)
+        for text in ("profile", "trace"):
+            if row.get(text):
+                print(row.pop(text), flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
     return 0 if all("error" not in r for r in rows) else 1
