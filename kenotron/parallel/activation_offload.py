@@ -159,10 +159,13 @@ class BlockRecord:
     tensor itself: once it is freed, a new tensor may get its address in the same block."""
     index: int = 0
     """The block's index among the model part's blocks."""
-    nbytes: int = 0
-    """Device bytes copied out (what its prefetch will allocate)."""
     copying_out: list[tuple[torch.Tensor, torch.cuda.Event]] = field(default_factory=list)
     """Device tensors held until their copy out is done (the module doc's release)."""
+
+    @property
+    def nbytes(self) -> int:
+        """Device bytes copied out (what its prefetch will allocate)."""
+        return sum(saved.nbytes for saved in self.saved)
 
     def release(self) -> None:
         for tensor, copied_out in self.copying_out:
@@ -323,12 +326,13 @@ class ActivationOffloader:
                 saved.uses += 1
                 return saved
         cuda = t.is_cuda and not fake
+        nbytes = storage_extent(t) * t.element_size()
         event = slot = None
         if fake:
             # The estimator's fake tensors get a meta stand-in: host memory is not the device's.
             host = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
         else:
-            slot = self.pool.take(storage_extent(t) * t.element_size(), pin=cuda)
+            slot = self.pool.take(nbytes, pin=cuda)
             host = slot.buffer.view(t.dtype).as_strided(t.shape, t.stride())
         if cuda:
             if self.copy_out is None:
@@ -344,12 +348,10 @@ class ActivationOffloader:
             slot.last_copy = event
         elif not fake:
             host.copy_(t)
-        nbytes = storage_extent(t) * t.element_size()
         saved = SavedActivation(host, t.device, event, slot, block=record.index, nbytes=nbytes)
         # Back to the pool when autograd lets go of the tensor (after its backward).
         weakref.finalize(saved, _drop_saved, self.pool, slot, saved.back)
         record.saved.append(saved)
-        record.nbytes += nbytes
         if key is not None:
             record.by_key[key] = (weakref.ref(t), saved)
         self.packed_bytes += t.numel() * t.element_size()

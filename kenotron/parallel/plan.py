@@ -295,7 +295,7 @@ class Plan:
         return meshes.get("tp") is not None and bool(self.tp_styles) and self.sequence_parallel
 
     def _apply_to_part(self, model: nn.Module, meshes: Meshes) -> tuple[Any, SequenceSharder | None, Any]:
-        """TP/SP -> CP -> AC -> compile -> offload -> data parallel on one model part; returns
+        """TP/SP -> CP -> AC -> compile -> data parallel -> offload on one model part; returns
         the DataParallelState, under context parallel how to slice batches, and the part's
         ActivationOffloader (None without offloading)."""
         from kenotron.parallel.activation_checkpoint import (
