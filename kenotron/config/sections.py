@@ -106,6 +106,9 @@ class Training:
     expandable_segments: bool = True
     """CUDA caching allocator grows segments in place instead of caching fixed blocks: less fragmentation, lower reserved memory."""
 
+    empty_cache_after_first_step: bool = True
+    """Hand the CUDA allocator's cached free memory back once, after the first step of a run: that step's compilation, autotuning and first allocations leave a layout the later steps fit around, and reserved memory stays above what they need (8B FSDP 4, offloading: 72.2 GiB kept; 70.4 after). One device synchronization; nothing on a CPU."""
+
     loss: Literal["auto", "plain", "fused"] = "auto"
     """plain: output layer then cross-entropy on full logits; fused: both in token chunks, no full-vocabulary logits kept (auto: fused unless tensor parallel's vocab-parallel loss applies)."""
 

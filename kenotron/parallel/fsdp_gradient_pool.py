@@ -9,17 +9,27 @@ for the 8B model on 2 GPUs, measured per pool). Allocating that output from the 
 stream's pool lets the forward reuse it, as in a run without a second stream.
 
 Safety: FSDP makes the reduce-scatter stream wait for the compute stream just before it
-allocates the output, so the reduce-scatter writes after every earlier use of that memory; and
-`record_stream` on the reduce-scatter stream keeps the allocator from handing the memory back
-to the compute stream while reduce-scatter-stream work on it is pending (a cast to the
-parameters' dtype, or an accumulation into existing gradients, frees it there). Plain FSDP
-only: HSDP also works on the output on an all-reduce stream.
+allocates the output, so the reduce-scatter writes after every earlier use of that memory. The
+memory must then not go back to the compute stream while reduce-scatter-stream work on it is
+pending. Two cases:
+- The output becomes the gradients (its dtype is the parameters' and they have no gradient yet
+  to accumulate into): it is held here until the end of the backward, where the compute stream
+  waits for the reduce-scatter stream. When the gradients are freed later (after the optimizer
+  step), the free is in the compute stream's order and the memory is reusable at once.
+  `record_stream` would keep it out of reach until the allocator sees the reduce-scatter
+  stream's event done, which, with the host running ahead of the GPU, is after the next
+  forward has asked for memory: reserved memory grows instead.
+- The output is freed during the backward (cast to the parameters' dtype, or added into
+  existing gradients, on the reduce-scatter stream): `record_stream` on that stream, so the
+  memory is reused as soon as that work is done rather than held to the end of the backward.
+Plain FSDP only: HSDP also works on the output on an all-reduce stream.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
 try:  # public in newer torch builds, private in 2.11
     from torch.distributed.fsdp import ReduceScatter
@@ -27,11 +37,29 @@ except ImportError:
     from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
 
 
-class ComputePoolReduceScatter(ReduceScatter):
-    """FSDP's reduce-scatter with its buffers allocated from `compute`'s pool."""
+def own_parameters(module: nn.Module) -> list[nn.Parameter]:
+    """The parameters one FSDP module's reduce-scatter covers: its own, not its nested FSDP modules'."""
+    from torch.distributed.fsdp import FSDPModule
 
-    def __init__(self, compute: torch.cuda.Stream) -> None:
+    nested = {id(p) for m in module.modules() if m is not module and isinstance(m, FSDPModule)
+              for p in m.parameters()}
+    return [p for p in module.parameters() if id(p) not in nested]
+
+
+def becomes_gradients(dtype: torch.dtype, params: list[nn.Parameter]) -> bool:
+    """Whether a reduce-scatter output of `dtype` is kept as `params`' gradients (viewed, neither
+    cast nor added into existing gradients), so that nothing frees it during the backward."""
+    return bool(params) and all(p.dtype == dtype and p.grad is None for p in params)
+
+
+class ComputePoolReduceScatter(ReduceScatter):
+    """One FSDP module's reduce-scatter with its buffers allocated from `compute`'s pool."""
+
+    def __init__(self, compute: torch.cuda.Stream, params: list[nn.Parameter]) -> None:
         self.compute = compute
+        self.params = params
+        self._held: list[torch.Tensor] = []
+        self._streams: list[torch.cuda.Stream] = []
 
     def allocate(self, size, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         current = torch.cuda.current_stream(device)
@@ -39,19 +67,39 @@ class ComputePoolReduceScatter(ReduceScatter):
             return torch.empty(*size, dtype=dtype, device=device)
         with torch.cuda.stream(self.compute):
             tensor = torch.empty(*size, dtype=dtype, device=device)
-        tensor.record_stream(current)
+        if not (becomes_gradients(dtype, self.params) and self._hold(tensor, current)):
+            tensor.record_stream(current)
         return tensor
+
+    def _hold(self, tensor: torch.Tensor, stream: torch.cuda.Stream) -> bool:
+        """Keep `tensor` to the end of this backward; False outside a backward."""
+        if not self._held:
+            try:
+                # Runs after FSDP's own end-of-backward callback, queued earlier (root pre-backward).
+                torch.autograd.Variable._execution_engine.queue_callback(self._release)
+            except RuntimeError:  # not inside a backward: nothing would release it
+                return False
+        self._held.append(tensor)
+        if stream not in self._streams:
+            self._streams.append(stream)
+        return True
+
+    def _release(self) -> None:
+        for stream in self._streams:
+            self.compute.wait_stream(stream)
+        self._held.clear()
+        self._streams.clear()
 
     def __call__(self, output_tensor, input_tensor, group, op, async_op: bool = False):
         return dist.reduce_scatter_tensor(output_tensor, input_tensor, op=op, group=group, async_op=async_op)
 
 
-def allocate_gradients_in_compute_pool(modules: list, device: torch.device) -> bool:
-    """Install the compute-pool reduce-scatter on every FSDP module (the compute stream is the
+def allocate_gradients_in_compute_pool(modules: list[nn.Module], device: torch.device) -> bool:
+    """Install a compute-pool reduce-scatter on every FSDP module (the compute stream is the
     current one); False where this torch build has no custom reduce-scatter hook."""
     if not all(hasattr(m, "set_custom_reduce_scatter") for m in modules):
         return False
-    comm = ComputePoolReduceScatter(torch.cuda.current_stream(device))
+    compute = torch.cuda.current_stream(device)
     for module in modules:
-        module.set_custom_reduce_scatter(comm)
+        module.set_custom_reduce_scatter(ComputePoolReduceScatter(compute, own_parameters(module)))
     return True

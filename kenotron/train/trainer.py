@@ -101,6 +101,9 @@ class Trainer:
         cfg = self.cfg = run.cfg
         self.world = WorldInfo.from_env()
         self.device = pick_device(cfg.training.device, self.world, cfg.training.expandable_segments)
+        # training.empty_cache_after_first_step: the first step (compilation, autotuning) leaves the
+        # allocator's cache laid out for itself; the later steps get a fresh one.
+        self._empty_cache_pending = cfg.training.empty_cache_after_first_step and self.device.type == "cuda"
         # Checked before any process group exists: a bad choice fails fast on every rank.
         self.eager_kernels = resolve_eager_kernels(cfg.model.eager_kernels, self.device.type, cfg.compile.enable)
         self.loss_kernel = resolve_loss_kernel(cfg.training.loss_kernel, self.device.type, cfg.compile.enable)
@@ -345,6 +348,9 @@ class Trainer:
         loss = self.forward_backward(microbatches)
         grad_norm = self.clip_gradients()
         self.optimizer_step()
+        if self._empty_cache_pending:
+            self._empty_cache_pending = False
+            torch.cuda.empty_cache()
         return loss, grad_norm
 
     def global_losses(self, local_losses: list[torch.Tensor]) -> torch.Tensor:

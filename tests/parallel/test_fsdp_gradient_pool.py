@@ -1,6 +1,7 @@
 """FSDP's sharded gradients come from the compute stream's memory pool with the option on (so
 the next forward can reuse them once freed) and from the reduce-scatter stream's without it,
-with the same values. CUDA only: on a CPU there are no streams and the option does nothing."""
+with the same values, and freed gradients are reusable by the compute stream at once. CUDA only:
+on a CPU there are no streams and the option does nothing."""
 
 from __future__ import annotations
 
@@ -52,3 +53,47 @@ def test_cuda_sharded_gradients_come_from_the_compute_pool_with_the_same_values(
     assert plain.keys() == pooled.keys()
     for name, grad in plain.items():
         assert torch.equal(grad, pooled[name]), name
+
+
+def _block_states(addresses: set[int]) -> set[str]:
+    """The allocator's state of each block that holds one of `addresses`."""
+    states = set()
+    for segment in torch.cuda.memory_snapshot():
+        start = segment["address"]
+        for block in segment["blocks"]:
+            if any(start <= a < start + block["size"] for a in addresses):
+                states.add(block["state"])
+            start += block["size"]
+    return states
+
+
+def _freed_gradient_states_while_the_gpu_is_behind() -> set[str]:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    from kenotron.parallel.fsdp_gradient_pool import allocate_gradients_in_compute_pool
+
+    mesh = init_device_mesh("cuda", (1,))
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    model = torch.nn.Sequential(*(torch.nn.Linear(1024, 1024) for _ in range(3))).cuda()
+    for layer in model:
+        fully_shard(layer, mesh=mesh, mp_policy=mp)
+    fully_shard(model, mesh=mesh, mp_policy=mp)
+    assert allocate_gradients_in_compute_pool([*model, model], torch.device("cuda"))
+    loss = model(torch.randn(64, 1024, device="cuda")).float().square().mean()
+    # Keep the GPU ~1 s behind the host, as in training, so the reduce-scatters are still
+    # queued when the gradients are freed.
+    torch.cuda._sleep(2_000_000_000)
+    loss.backward()
+    freed = {p.grad.to_local().data_ptr() for p in model.parameters()}
+    model.zero_grad(set_to_none=True)
+    states = _block_states(freed)
+    torch.cuda.synchronize()
+    return states
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_freed_gradients_are_free_at_once_while_the_gpu_is_behind():
+    # "active_pending_free" is a block freed under record_stream whose other stream's work is
+    # not done: not reusable until the allocator sees it done.
+    assert run_on_ranks(1, _freed_gradient_states_while_the_gpu_is_behind)[0] == {"inactive"}
