@@ -97,3 +97,44 @@ def test_cuda_freed_gradients_are_free_at_once_while_the_gpu_is_behind():
     # "active_pending_free" is a block freed under record_stream whose other stream's work is
     # not done: not reusable until the allocator sees it done.
     assert run_on_ranks(1, _freed_gradient_states_while_the_gpu_is_behind)[0] == {"inactive"}
+
+
+def _bf16_reduction_gradients_and_pools() -> list[tuple[dict, set]]:
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    from kenotron.parallel.fsdp_gradient_pool import allocate_gradients_in_compute_pool
+
+    rank = dist.get_rank()
+    torch.cuda.set_device(rank)
+    mesh = DeviceMesh.from_group(dist.new_group(backend="nccl"), "cuda")
+    compute = torch.cuda.current_stream().cuda_stream
+    results = []
+    for wire in (False, True):  # FSDP's own bf16 reduction; fp32 FSDP with bf16 on the wire
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(*(torch.nn.Linear(256, 256) for _ in range(3))).cuda()
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16,
+                                  reduce_dtype=torch.float32 if wire else torch.bfloat16)
+        for layer in model:
+            fully_shard(layer, mesh=mesh, mp_policy=mp)
+        fully_shard(model, mesh=mesh, mp_policy=mp)
+        if wire:
+            assert allocate_gradients_in_compute_pool([*model, model], torch.device("cuda"), torch.bfloat16)
+        x = torch.randn(64, 256, device="cuda", generator=torch.Generator("cuda").manual_seed(1 + rank))
+        model(x).float().square().mean().backward()
+        torch.cuda.synchronize()
+        grads = {n: p.grad.to_local().cpu() for n, p in model.named_parameters()}
+        pools = {_stream_of(p.grad.to_local().data_ptr()) == compute for p in model.parameters()}
+        results.append((grads, pools))
+    return results
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+def test_cuda_bf16_reduction_on_the_wire_gives_fsdps_bf16_gradients_in_the_compute_pool():
+    for (plain, plain_pools), (wired, wired_pools) in run_on_ranks(2, _bf16_reduction_gradients_and_pools):
+        assert plain_pools == {False}  # FSDP's fp32 cast runs on the reduce-scatter stream
+        assert wired_pools == {True}
+        for name, grad in plain.items():
+            assert grad.dtype == wired[name].dtype == torch.float32
+            assert torch.equal(grad, wired[name]), name
