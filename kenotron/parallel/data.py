@@ -92,17 +92,10 @@ def _replicate(module: nn.Module, mesh: DeviceMesh, mp: MixedPrecisionPolicy) ->
     replicate(module, mesh=mesh, mp_policy=mp)
 
 
-def _custom_reduce_scatter_supported() -> bool:
-    from kenotron.parallel.fsdp_gradient_pool import custom_reduce_scatter_supported
-
-    return custom_reduce_scatter_supported()
-
-
 def apply_data_parallel(model: nn.Module, meshes: Meshes, plan: Plan) -> DataParallelState:
     """Wrap each unit, then the root, in FSDP (or its replicate-only variant)."""
     mp = MixedPrecisionPolicy(param_dtype=DTYPES[plan.param_dtype], reduce_dtype=DTYPES[plan.reduce_dtype])
     units = [m for pattern in plan.fsdp_units for _, m in matching_modules(model, pattern)]
-    wire_dtype = None  # set where the compute-pool reduce-scatter carries bf16 reduction itself
 
     if plan.dp_mode == "zero1":
         mesh = meshes.get("dp")
@@ -131,12 +124,6 @@ def apply_data_parallel(model: nn.Module, meshes: Meshes, plan: Plan) -> DataPar
         # keeping them gathered for the step (the schedule reshards after its last backward)
         # costs little memory.
         pipelined = plan.pipeline is not None and meshes.get("pp") is not None
-        pooled = plan.fsdp_gradients_in_compute_pool and kind == "fsdp" and mesh.device_type == "cuda"
-        if pooled and mp.reduce_dtype == torch.bfloat16 and _custom_reduce_scatter_supported():
-            # FSDP reduces "in fp32", so its output is the fp32 gradients (compute pool); the
-            # custom reduce-scatter sends bf16 (fsdp_gradient_pool.py).
-            wire_dtype = mp.reduce_dtype
-            mp = MixedPrecisionPolicy(param_dtype=mp.param_dtype, reduce_dtype=torch.float32)
         for i, unit in enumerate(units):
             if plan.reshard_after_forward == "default":
                 # The last unit's parameters are needed again right away by backward; on a
@@ -149,13 +136,13 @@ def apply_data_parallel(model: nn.Module, meshes: Meshes, plan: Plan) -> DataPar
         # once, and a loss that reads the output weight after forward relies on it).
         root_kwargs = {"reshard_after_forward": False} if plan.reshard_after_forward == "never" else {}
         fully_shard(model, mesh=mesh, mp_policy=mp, **root_kwargs)
-        if pooled:
+        if plan.fsdp_gradients_in_compute_pool and kind == "fsdp" and mesh.device_type == "cuda":
             from kenotron.parallel.fsdp_gradient_pool import (
                 allocate_gradients_in_compute_pool,
             )
 
             device = torch.device("cuda", torch.cuda.current_device())
-            if not allocate_gradients_in_compute_pool([*units, model], device, wire_dtype):
+            if not allocate_gradients_in_compute_pool([*units, model], device):
                 warnings.warn(
                     f"torch {torch.__version__} has no FSDPModule.set_custom_reduce_scatter: the sharded "
                     "gradients stay in the reduce-scatter stream's memory pool; set "

@@ -23,14 +23,6 @@ pending. Two cases:
   existing gradients, on the reduce-scatter stream): `record_stream` on that stream, so the
   memory is reused as soon as that work is done rather than held to the end of the backward.
 Plain FSDP only: HSDP also works on the output on an all-reduce stream.
-
-bf16 reduction (`parallelism.fsdp_reduce_dtype = "bfloat16"`) with this option: FSDP is told to
-reduce in fp32, so its output is the fp32 gradients themselves (in the compute pool, held as
-above), and this reduce-scatter puts bf16 on the wire: it casts the input to bf16 (exact: the
-gradients were bf16), reduce-scatters in bf16 with FSDP's reduce op, and writes the result into
-the fp32 output. The values are those of FSDP's own bf16 reduction, whose fp32 cast allocates
-the gradients on the reduce-scatter stream, in its pool (8B on 4 GPUs: 79.7 GiB reserved
-against 72.2 with fp32 reduction).
 """
 
 from __future__ import annotations
@@ -60,26 +52,12 @@ def becomes_gradients(dtype: torch.dtype, params: list[nn.Parameter]) -> bool:
     return bool(params) and all(p.dtype == dtype and p.grad is None for p in params)
 
 
-def reduce_scatter_on_wire(output: torch.Tensor, input: torch.Tensor, group, op,
-                           wire_dtype: torch.dtype | None) -> None:
-    """Reduce-scatter `input` into `output`, communicating in `wire_dtype` (None: their own dtype)."""
-    if wire_dtype is None or wire_dtype == output.dtype:
-        dist.reduce_scatter_tensor(output, input, op=op, group=group)
-        return
-    on_wire = torch.empty_like(output, dtype=wire_dtype)
-    dist.reduce_scatter_tensor(on_wire, input.to(wire_dtype), op=op, group=group)
-    output.copy_(on_wire)
-
-
 class ComputePoolReduceScatter(ReduceScatter):
-    """One FSDP module's reduce-scatter with its buffers allocated from `compute`'s pool, and
-    bf16 on the wire when `wire_dtype` says so."""
+    """One FSDP module's reduce-scatter with its buffers allocated from `compute`'s pool."""
 
-    def __init__(self, compute: torch.cuda.Stream, params: list[nn.Parameter],
-                 wire_dtype: torch.dtype | None = None) -> None:
+    def __init__(self, compute: torch.cuda.Stream, params: list[nn.Parameter]) -> None:
         self.compute = compute
         self.params = params
-        self.wire_dtype = wire_dtype
         self._held: list[torch.Tensor] = []
         self._streams: list[torch.cuda.Stream] = []
 
@@ -113,25 +91,15 @@ class ComputePoolReduceScatter(ReduceScatter):
         self._streams.clear()
 
     def __call__(self, output_tensor, input_tensor, group, op, async_op: bool = False):
-        if async_op:  # FSDP issues it on its reduce-scatter stream and does not ask for a handle
-            raise NotImplementedError("the compute-pool reduce-scatter runs in stream order only (async_op=False)")
-        reduce_scatter_on_wire(output_tensor, input_tensor, group, op, self.wire_dtype)
+        return dist.reduce_scatter_tensor(output_tensor, input_tensor, op=op, group=group, async_op=async_op)
 
 
-def custom_reduce_scatter_supported() -> bool:
-    """Whether this torch build lets FSDP modules take a custom reduce-scatter (2.11 does)."""
-    from torch.distributed.fsdp import FSDPModule
-
-    return hasattr(FSDPModule, "set_custom_reduce_scatter")
-
-
-def allocate_gradients_in_compute_pool(modules: list[nn.Module], device: torch.device,
-                                       wire_dtype: torch.dtype | None = None) -> bool:
+def allocate_gradients_in_compute_pool(modules: list[nn.Module], device: torch.device) -> bool:
     """Install a compute-pool reduce-scatter on every FSDP module (the compute stream is the
     current one); False where this torch build has no custom reduce-scatter hook."""
     if not all(hasattr(m, "set_custom_reduce_scatter") for m in modules):
         return False
     compute = torch.cuda.current_stream(device)
     for module in modules:
-        module.set_custom_reduce_scatter(ComputePoolReduceScatter(compute, own_parameters(module), wire_dtype))
+        module.set_custom_reduce_scatter(ComputePoolReduceScatter(compute, own_parameters(module)))
     return True

@@ -1,7 +1,6 @@
 """Which reduce-scatter outputs the compute-pool option holds to the end of the backward (they
 become the gradients) and which it hands back as soon as the reduce-scatter stream is done with
-them (cast or accumulated); which parameters a module's reduce-scatter covers; and bf16 on the
-wire into an fp32 output equals a bf16 reduce-scatter cast to fp32. Runs on a CPU (gloo)."""
+them (cast or accumulated). Runs on a CPU: the rules read only dtypes and gradients."""
 
 from __future__ import annotations
 
@@ -52,27 +51,3 @@ def test_own_parameters_of_an_fsdp_module_leave_out_its_nested_fsdp_modules():
     root, block = run_on_ranks(1, _own_parameter_names)[0]
     assert root == ["2.weight", "2.bias"]
     assert block == ["0.weight", "0.bias"]
-
-
-def _wire_against_plain() -> tuple[bool, bool]:
-    import torch.distributed as dist
-
-    from kenotron.parallel.fsdp_gradient_pool import reduce_scatter_on_wire
-
-    rank, world = dist.get_rank(), dist.get_world_size()
-    grads = torch.randn(world * 1024, generator=torch.Generator().manual_seed(rank)).bfloat16()
-    on_wire = torch.empty(1024)
-    reduce_scatter_on_wire(on_wire, grads.float(), None, dist.ReduceOp.SUM, torch.bfloat16)
-    in_bf16 = torch.empty(1024, dtype=torch.bfloat16)
-    dist.reduce_scatter_tensor(in_bf16, grads, op=dist.ReduceOp.SUM)
-    in_fp32 = torch.empty(1024)
-    dist.reduce_scatter_tensor(in_fp32, grads.float(), op=dist.ReduceOp.SUM)
-    return torch.equal(on_wire, in_bf16.float()), torch.equal(on_wire, in_fp32)
-
-
-def test_bf16_on_the_wire_into_fp32_equals_a_bf16_reduce_scatter_not_an_fp32_one():
-    from tests.distributed.pool import run_on_ranks
-
-    for same_as_bf16, same_as_fp32 in run_on_ranks(2, _wire_against_plain):
-        assert same_as_bf16
-        assert not same_as_fp32
