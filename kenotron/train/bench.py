@@ -9,8 +9,8 @@ Each case runs in its own process (torchrun for several GPUs) so compile caches,
 statistics and allocator state never carry over. A case trains `--warmup` steps (excluded:
 compilation, allocator growth), then `--steps` timed steps; the row reports medians over the
 timed steps: tokens/s per device, TFLOP/s per device and MFU (formula in
-kenotron/train/flops.py), and the peak memory of rank 0 (max allocated and max reserved by the
-caching allocator).
+kenotron/train/flops.py), and the peak memory of the timed steps (max allocated and max reserved
+by the caching allocator, the largest over ranks).
 
 Timing (`--timing`): "stream" (default) runs the timed steps back to back as the trainer does,
 with no host synchronization between them, and times each step on the GPU's own timeline (a
@@ -57,6 +57,8 @@ PRESETS: dict[str, dict[str, list[str]]] = {
         "1B b4x4096 FSDP4 compiled": _1B + ["--compile.enable", "true"],
         "8B b2x8192 FSDP4 compiled selective-AC": _8B_FSDP,
         "8B b2x8192 FSDP4 compiled selective-AC mm-every-2": _8B_FSDP + ["--activation_checkpoint.save_matmul_every", "2"],
+        # Under the reference's 70.7 GiB, allocated and reserved (docs/performance.md, session 9).
+        "8B b2x8192 FSDP4 compiled selective-AC offload-6": _8B_FSDP + ["--activation_checkpoint.offload_blocks", "6"],
     },
     # FlashAttention-4 (needs the flash-attn-4 package): the bf16 rows with the fastest attention kernel.
     "h200-4gpu-fa4": {
@@ -64,6 +66,9 @@ PRESETS: dict[str, dict[str, list[str]]] = {
         "1B b4x4096 FSDP4 compiled FA4 bf16-reduce": _1B + [
             "--compile.enable", "true", "--model.attention_backend", "flash_attn",
             "--parallelism.fsdp_reduce_dtype", "bfloat16",
+        ],
+        "8B b2x8192 FSDP4 compiled selective-AC offload-6 FA4": _8B_FSDP + [
+            "--activation_checkpoint.offload_blocks", "6", "--model.attention_backend", "flash_attn",
         ],
     },
     "h200-1gpu-fa4": {
