@@ -128,9 +128,11 @@ class CheckpointManager:
         self.rank = dist.get_rank(process_group) if self.distributed else 0
         self.world_size = dist.get_world_size(process_group) if self.distributed else 1
         # Optimizers holding their own copy of the weights (master weights) take it from newly
-        # loaded parameters; a loaded optimizer part, which comes after, restores their own.
-        after_model_load = [o.masters_from_params for o in optimizers or () if hasattr(o, "masters_from_params")]
-        self.parts: dict[str, HasState] = {"model": ModelState(model_parts, after_load=after_model_load)}
+        # loaded parameters when their own part is not loaded with them (see load_from).
+        self._masters_follow_model = [
+            o.masters_from_params for o in optimizers or () if hasattr(o, "masters_from_params")
+        ]
+        self.parts: dict[str, HasState] = {"model": ModelState(model_parts)}
         if optimizers:
             self.parts["optimizer"] = OptimizerState(model_parts, optimizers)
         if lr_schedulers:
@@ -357,6 +359,12 @@ class CheckpointManager:
         dcp.load(state, checkpoint_id=str(path), process_group=self.process_group)
         for name in names:
             self.parts[name].load_state_dict(state[name])
+        if "model" in names and "optimizer" not in names:
+            # The masters must follow the loaded weights. Not when the optimizer part is loaded
+            # too: dcp.load wrote its saved masters into the live state tensors, which a copy
+            # from the (bf16) parameters would overwrite.
+            for masters_from_params in self._masters_follow_model:
+                masters_from_params()
         step = int(marker["step"])
         logger.info("loaded %s (%s) from %s", step_folder_name(step), ", ".join(names), path)
         return step

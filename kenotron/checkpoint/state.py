@@ -16,7 +16,7 @@ from __future__ import annotations
 import copy
 import pickle
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -50,10 +50,8 @@ class HasState(Protocol):
 class ModelState:
     """The parameters of one or more model parts (pipeline stages hold disjoint names)."""
 
-    def __init__(self, model_parts: Sequence[nn.Module], after_load: Sequence[Callable[[], None]] = ()) -> None:
+    def __init__(self, model_parts: Sequence[nn.Module]) -> None:
         self.model_parts = list(model_parts)
-        self.after_load = list(after_load)
-        """Called once the parameters are loaded (an optimizer's fp32 masters follow them)."""
 
     def state_dict(self) -> dict[str, Any]:
         merged: dict[str, Any] = {}
@@ -66,8 +64,6 @@ class ModelState:
         # that every name a part needs is present, so strict=False only skips the other parts'.
         for part in self.model_parts:
             set_model_state_dict(part, state, options=StateDictOptions(strict=False))
-        for callback in self.after_load:
-            callback()
 
 
 class OptimizerState:

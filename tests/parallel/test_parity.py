@@ -68,7 +68,13 @@ def test_tp_layout_without_sequence_parallel_matches_one_rank(layout, reference_
 def test_tp_without_loss_parallel_matches_one_rank(reference_fp32, tmp_path):
     world, overrides = LAYOUTS["tp2"]
     results = run_on_ranks(world, run_steps, overrides + ["--parallelism.loss_parallel", "false"], str(tmp_path))
-    assert_parity(reference_fp32, results, loss_tol=1e-6, grad_tol=1e-6)
+    # The first step's loss and gradients are as tight as every layout's; the later losses follow
+    # AdamW updates of those gradients, which turn their ~1e-8 differences into a few fp32 ulps of
+    # a loss near 8.6 (ulp 9.5e-7): 2 ulps after step 2 on an AVX-512/AMX CPU, whose matmul
+    # kernels sum the gathered logits' halves in another order than the 1-rank product.
+    assert_parity(reference_fp32, results, loss_tol=4e-6, grad_tol=1e-6)
+    first = reference_fp32["losses"][0]
+    assert all(abs(r["losses"][0] - first) <= 1e-6 for r in results), "first-step loss differs"
 
 
 @pytest.mark.parametrize("layout", ["fsdp2", "fsdp2_tp2"])

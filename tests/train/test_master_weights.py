@@ -133,30 +133,50 @@ def test_auto_picks_master_weights_on_one_cuda_device_where_they_apply():
     assert decide("--training.param_dtype", "float32") == (False, False)
 
 
+RESUME_ARGS = ["--training.local_batch_size", "4", *MW, "--checkpoint.enable", "true"]
+
+
+def _masters_and_weights(folder: Path, *extra: str, steps: int = 0) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """A trainer on `folder` (resuming whatever checkpoint is there), after `steps` more steps:
+    its optimizer's fp32 masters and its parameters widened to fp32."""
+    from kenotron.train.resolve import resolve_run
+    from kenotron.train.trainer import Trainer
+    from tests.checkpoint.test_trainer_resume import COMMON
+
+    cfg = load_config(None, [*COMMON, *RESUME_ARGS, "--job.dump_folder", str(folder), *extra])
+    trainer = Trainer(resolve_run(cfg, world_size=1))
+    try:
+        for _ in range(steps):
+            trainer.train_step(trainer.loader.next_step())
+        params = list(trainer.model.parameters())
+        return [trainer.optimizer.state[p]["master"].clone() for p in params], [p.detach().float() for p in params]
+    finally:
+        trainer.close()
+
+
 def test_loading_the_model_part_alone_sets_the_masters_from_it(tmp_path):
     """With the optimizer part left out, the loaded weights become the masters (else the first
     step would bring the initialisation back); a fresh run's masters differ from them."""
-    from kenotron.train.resolve import resolve_run
-    from kenotron.train.trainer import Trainer
-    from tests.checkpoint.test_trainer_resume import COMMON, STOP_AFTER, train
+    from tests.checkpoint.test_trainer_resume import STOP_AFTER, train
 
-    args = ["--training.local_batch_size", "4", *MW, "--checkpoint.enable", "true"]
-    train(str(tmp_path / "run"), args, stop_after=STOP_AFTER)
-
-    def masters(folder: Path, *extra: str) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        cfg = load_config(None, [*COMMON, *args, "--job.dump_folder", str(folder), *extra])
-        trainer = Trainer(resolve_run(cfg, world_size=1))
-        try:
-            assert trainer.step == (STOP_AFTER if folder.name == "run" else 0)
-            params = list(trainer.model.parameters())
-            return [trainer.optimizer.state[p]["master"].clone() for p in params], [p.detach().float() for p in params]
-        finally:
-            trainer.close()
-
-    loaded, weights = masters(tmp_path / "run", "--checkpoint.exclude_from_loading", "optimizer")
-    fresh, _ = masters(tmp_path / "fresh")
+    train(str(tmp_path / "run"), RESUME_ARGS, stop_after=STOP_AFTER)
+    loaded, weights = _masters_and_weights(tmp_path / "run", "--checkpoint.exclude_from_loading", "optimizer")
+    fresh, _ = _masters_and_weights(tmp_path / "fresh")
     assert all(torch.equal(m, w) for m, w in zip(loaded, weights, strict=True))
     assert not all(torch.equal(m, f) for m, f in zip(loaded, fresh, strict=True))
+
+
+def test_resuming_model_and_optimizer_restores_the_saved_fp32_masters(tmp_path):
+    """Loading both parts gives back the masters of the saving run bit for bit, not its bf16
+    weights: the model part's load must not set the masters from the weights when the
+    optimizer part is loaded too (dcp.load has already written the saved masters into them)."""
+    from tests.checkpoint.test_trainer_resume import STOP_AFTER, train
+
+    train(str(tmp_path / "run"), RESUME_ARGS, stop_after=STOP_AFTER)
+    resumed, weights = _masters_and_weights(tmp_path / "run")
+    expected, _ = _masters_and_weights(tmp_path / "uninterrupted", "--checkpoint.enable", "false", steps=STOP_AFTER)
+    assert all(torch.equal(m, e) for m, e in zip(resumed, expected, strict=True))
+    assert not all(torch.equal(m, w) for m, w in zip(resumed, weights, strict=True))
 
 
 def test_resuming_a_checkpoint_saved_without_master_weights_says_so(tmp_path):
