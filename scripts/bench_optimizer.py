@@ -7,6 +7,11 @@ tensor, kenotron/train/triton_adamw.py) at several block sizes, both with the cl
 as grad_scale, as the trainer calls them. Prints ms per step and the bandwidth of the 28 bytes
 per parameter the update reads and writes (fp32 weight, gradient, two moments in; weight and
 moments out). Median of 10 steps after 3 warm-ups.
+
+Then the gradient norm over bf16 gradients of the same shapes (master weights' gradients):
+torch's `_foreach_norm` (one multi-tensor kernel) against kenotron's Triton sum of squares
+(kenotron/parallel/sum_of_squares.py) at several block sizes; TB/s of the 2 bytes read per
+parameter.
 """
 
 from __future__ import annotations
@@ -36,7 +41,30 @@ def _step(optimizer: torch.optim.Optimizer, scale: torch.Tensor) -> None:
     optimizer.step()
 
 
+def bench_grad_norm() -> None:
+    from kenotron.parallel import sum_of_squares as sos
+
+    print("| model | parameters | gradient norm | ms | TB/s |\n|---|---|---|---|---|")
+    for name, shapes in MODELS.items():
+        grads = [torch.randn(s, device="cuda", dtype=torch.bfloat16) for s in shapes]
+        n = sum(g.numel() for g in grads)
+        variants = {"torch _foreach_norm": lambda: torch.stack(torch._foreach_norm(grads, 2, dtype=torch.float32))  # noqa: B023
+                    .pow(2).sum()}
+        for block in (4096, 8192, 16384):
+            variants[f"triton, block {block}"] = (block, lambda: sos.sum_of_squares(grads))  # noqa: B023
+        for label, entry in variants.items():
+            fn = entry
+            if isinstance(entry, tuple):
+                sos.BLOCK, fn = entry
+            ms = median_cuda_ms(fn, reps=20, warmup=3)
+            print(f"| {name} | {n / 1e9:.3f} B | {label} | {ms:.3f} | {n * 2 / ms / 1e9:.2f} |", flush=True)
+        sos.BLOCK = 8192
+        del grads
+        torch.cuda.empty_cache()
+
+
 def main() -> None:
+    bench_grad_norm()
     print("| model | parameters | implementation | ms / step | TB/s |\n|---|---|---|---|---|")
     for name, shapes in MODELS.items():
         params = [torch.randn(s, device="cuda").requires_grad_() for s in shapes]

@@ -118,6 +118,9 @@ class Training:
     loss_kernel: Literal["auto", "triton", "compiled", "torch"] = "auto"
     """How the fused loss turns a chunk's logits into its loss and their gradient: triton (one Triton kernel that writes the gradient over the logits; CUDA), compiled (torch.compile's fusion of the same math), torch (PyTorch's softmax ops, a second logits-sized buffer); auto: triton on CUDA with triton installed, else compiled when compile.enable, else torch."""
 
+    grad_norm_kernel: Literal["auto", "triton", "torch"] = "auto"
+    """How the gradient norm sums the squares of the gradients: triton (one Triton kernel per gradient, blocks of 8192 elements, fp32 partial sums; CUDA), torch (torch's multi-tensor norm); auto: triton on CUDA with triton installed, else torch."""
+
 
 @dataclass
 class Optimizer:

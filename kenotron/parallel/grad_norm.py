@@ -10,12 +10,16 @@ groups are added and, with pipeline parallel, summed over the stages.
 
 from __future__ import annotations
 
+import importlib.util
 from collections import defaultdict
 
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
+from torch._subclasses.fake_tensor import is_fake
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+
+from kenotron.config import ConfigError
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -36,8 +40,31 @@ def reduce_partial_grads_(params: list[torch.nn.Parameter]) -> None:
             p.grad = g.redistribute(g.device_mesh, placements)
 
 
-def _sum_of_squares(tensors: list[torch.Tensor]) -> torch.Tensor:
+GRAD_NORM_KERNELS = ("auto", "triton", "torch")
+
+
+def resolve_grad_norm_kernel(choice: str, device_type: str, triton_present: bool | None = None) -> str:
+    """"triton" or "torch" for `training.grad_norm_kernel`; ConfigError when "triton" cannot run.
+    `triton_present` None looks for the package (the estimator passes True: it plans GPU jobs)."""
+    if choice not in GRAD_NORM_KERNELS:
+        raise ConfigError(f"training.grad_norm_kernel={choice!r} is not one of {', '.join(GRAD_NORM_KERNELS)}")
+    present = importlib.util.find_spec("triton") is not None if triton_present is None else triton_present
+    if choice == "auto":
+        return "triton" if device_type == "cuda" and present else "torch"
+    if choice == "triton" and (device_type != "cuda" or not present):
+        missing = "a CUDA device" if device_type != "cuda" else "the triton package (pip install triton)"
+        raise ConfigError(f"training.grad_norm_kernel='triton' needs {missing}; use 'auto' or 'torch'")
+    return choice
+
+
+def _sum_of_squares(tensors: list[torch.Tensor], kernel: str) -> torch.Tensor:
     if tensors[0].device.type == "cuda":
+        if kernel == "triton" and all(t.is_contiguous() for t in tensors) and not is_fake(tensors[0]):
+            # Importing it imports triton: only when chosen. 1.6x the bandwidth of _foreach_norm
+            # on an H200 (docs/performance.md, session 10).
+            from kenotron.parallel.sum_of_squares import sum_of_squares
+
+            return sum_of_squares(tensors)
         # One multi-tensor kernel for all norms instead of three kernels per tensor; fp32 results
         # for bf16 gradients too (master weights), whose norms would otherwise be rounded to bf16.
         return torch.stack(torch._foreach_norm(tensors, 2, dtype=torch.float32)).pow(2).sum()
@@ -47,8 +74,9 @@ def _sum_of_squares(tensors: list[torch.Tensor]) -> torch.Tensor:
 
 
 @torch.no_grad()
-def total_grad_norm(grads: list[torch.Tensor], pp_mesh: DeviceMesh | None = None) -> torch.Tensor:
-    """L2 norm of all gradients as one vector, identical on every rank (fp32, plain tensor)."""
+def total_grad_norm(grads: list[torch.Tensor], pp_mesh: DeviceMesh | None = None, kernel: str = "torch") -> torch.Tensor:
+    """L2 norm of all gradients as one vector, identical on every rank (fp32, plain tensor).
+    `kernel`: a resolved `training.grad_norm_kernel` (triton on CUDA, else torch's ops)."""
     groups: dict[tuple, list[torch.Tensor]] = defaultdict(list)
     for g in grads:
         key = (g.device_mesh, tuple(g.placements)) if isinstance(g, DTensor) else (None, ())
@@ -56,7 +84,7 @@ def total_grad_norm(grads: list[torch.Tensor], pp_mesh: DeviceMesh | None = None
     device = grads[0].device if grads else torch.device("cpu")
     total = torch.zeros((), dtype=torch.float32, device=device)
     for (mesh, placements), group in groups.items():
-        sq = _sum_of_squares([_local(g) for g in group])
+        sq = _sum_of_squares([_local(g) for g in group], kernel)
         for dim, placement in enumerate(placements):
             if isinstance(placement, Partial):
                 # A state error, not a type error: the gradient is a valid DTensor whose

@@ -35,6 +35,7 @@ from kenotron.parallel.grad_norm import (
     clip_grads_,
     optimizer_unscales_gradients,
     reduce_partial_grads_,
+    resolve_grad_norm_kernel,
     total_grad_norm,
 )
 from kenotron.parallel.zero1 import Zero1Optimizer
@@ -107,6 +108,7 @@ class Trainer:
         # Checked before any process group exists: a bad choice fails fast on every rank.
         self.eager_kernels = resolve_eager_kernels(cfg.model.eager_kernels, self.device.type, cfg.compile.enable)
         self.loss_kernel = resolve_loss_kernel(cfg.training.loss_kernel, self.device.type, cfg.compile.enable)
+        self.grad_norm_kernel = resolve_grad_norm_kernel(cfg.training.grad_norm_kernel, self.device.type)
         if cfg.optimizer.name == "adamw":
             resolve_adamw_implementation(cfg.optimizer.implementation, self.device.type)
         if cfg.float8.enable:
@@ -312,7 +314,8 @@ class Trainer:
         grads = [p.grad for p in params]
         # A weight tied across pipeline stages has one copy per stage: its norm counts once.
         duplicates = self.pipeline.tied.norm_duplicates() if self.pipeline is not None else set()
-        norm = total_grad_norm([p.grad for p in params if id(p) not in duplicates], pp_mesh=self.meshes.get("pp"))
+        norm = total_grad_norm([p.grad for p in params if id(p) not in duplicates], pp_mesh=self.meshes.get("pp"),
+                               kernel=self.grad_norm_kernel)
         max_norm = self.cfg.training.max_norm
         if max_norm > 0:
             if all(optimizer_unscales_gradients(o) for o in self.optimizers):
