@@ -48,10 +48,10 @@ def bench_grad_norm() -> None:
     for name, shapes in MODELS.items():
         grads = [torch.randn(s, device="cuda", dtype=torch.bfloat16) for s in shapes]
         n = sum(g.numel() for g in grads)
-        variants = {"torch _foreach_norm": lambda: torch.stack(torch._foreach_norm(grads, 2, dtype=torch.float32))  # noqa: B023
+        variants = {"torch _foreach_norm": lambda g=grads: torch.stack(torch._foreach_norm(g, 2, dtype=torch.float32))
                     .pow(2).sum()}
         for block in (4096, 8192, 16384):
-            variants[f"triton, block {block}"] = (block, lambda: sos.sum_of_squares(grads))  # noqa: B023
+            variants[f"triton, block {block}"] = (block, lambda g=grads: sos.sum_of_squares(g))
         for label, entry in variants.items():
             fn = entry
             if isinstance(entry, tuple):

@@ -15,8 +15,8 @@ from collections import defaultdict
 
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import DeviceMesh
 from torch._subclasses.fake_tensor import is_fake
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
 from kenotron.config import ConfigError
