@@ -10,7 +10,6 @@ groups are added and, with pipeline parallel, summed over the stages.
 
 from __future__ import annotations
 
-import importlib.util
 from collections import defaultdict
 
 import torch
@@ -18,8 +17,6 @@ import torch.distributed as dist
 from torch._subclasses.fake_tensor import is_fake
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
-
-from kenotron.config import ConfigError
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -38,23 +35,6 @@ def reduce_partial_grads_(params: list[torch.nn.Parameter]) -> None:
         if isinstance(g, DTensor) and any(isinstance(pl, Partial) for pl in g.placements):
             placements = [Replicate() if isinstance(pl, Partial) else pl for pl in g.placements]
             p.grad = g.redistribute(g.device_mesh, placements)
-
-
-GRAD_NORM_KERNELS = ("auto", "triton", "torch")
-
-
-def resolve_grad_norm_kernel(choice: str, device_type: str, triton_present: bool | None = None) -> str:
-    """"triton" or "torch" for `training.grad_norm_kernel`; ConfigError when "triton" cannot run.
-    `triton_present` None looks for the package (the estimator passes True: it plans GPU jobs)."""
-    if choice not in GRAD_NORM_KERNELS:
-        raise ConfigError(f"training.grad_norm_kernel={choice!r} is not one of {', '.join(GRAD_NORM_KERNELS)}")
-    present = importlib.util.find_spec("triton") is not None if triton_present is None else triton_present
-    if choice == "auto":
-        return "triton" if device_type == "cuda" and present else "torch"
-    if choice == "triton" and (device_type != "cuda" or not present):
-        missing = "a CUDA device" if device_type != "cuda" else "the triton package (pip install triton)"
-        raise ConfigError(f"training.grad_norm_kernel='triton' needs {missing}; use 'auto' or 'torch'")
-    return choice
 
 
 def _sum_of_squares(tensors: list[torch.Tensor], kernel: str) -> torch.Tensor:

@@ -27,6 +27,22 @@ def triton_importable() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
+def resolve_triton_choice(field: str, choice: str, choices: tuple[str, ...], device_type: str, present: bool,
+                          fallback: str) -> str:
+    """The value that runs for a config `field` whose `choices` are "auto", "triton" and others:
+    auto is "triton" on CUDA with the package `present`, else `fallback`; "triton" where it
+    cannot run, or a value not in `choices`, is a ConfigError naming the fix."""
+    if choice not in choices:
+        raise ConfigError(f"{field}={choice!r} is not one of {', '.join(choices)}")
+    if choice == "auto":
+        return "triton" if device_type == "cuda" and present else fallback
+    if choice == "triton" and (device_type != "cuda" or not present):
+        missing = "a CUDA device" if device_type != "cuda" else "the triton package (pip install triton)"
+        others = [repr(c) for c in choices if c != "triton"]
+        raise ConfigError(f"{field}='triton' needs {missing}; use {field}={', '.join(others[:-1])} or {others[-1]}")
+    return choice
+
+
 def resolve_eager_kernels(choice: str, device_type: str, compiled: bool, triton_present: bool | None = None) -> str:
     """"triton" or "torch" for `model.eager_kernels`; ConfigError when "triton" cannot run.
 

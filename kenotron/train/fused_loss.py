@@ -25,8 +25,7 @@ from collections.abc import Callable
 import torch
 from torch.distributed.tensor import DTensor
 
-from kenotron.config import ConfigError
-from kenotron.train.eager_kernels import triton_importable
+from kenotron.train.eager_kernels import resolve_triton_choice, triton_importable
 from kenotron.train.loss import IGNORE_INDEX
 
 
@@ -175,16 +174,9 @@ LOSS_KERNELS = ("auto", "triton", "compiled", "torch")
 def resolve_loss_kernel(choice: str, device_type: str, compiled: bool, triton_present: bool | None = None) -> str:
     """"triton", "compiled" or "torch" for `training.loss_kernel`; ConfigError when "triton" cannot run.
     `triton_present` None looks for the package (the estimator passes True: it plans GPU jobs)."""
-    if choice not in LOSS_KERNELS:
-        raise ConfigError(f"training.loss_kernel={choice!r} is not one of {', '.join(LOSS_KERNELS)}")
     present = triton_importable() if triton_present is None else triton_present
-    if choice == "auto":
-        return "triton" if device_type == "cuda" and present else ("compiled" if compiled else "torch")
-    if choice == "triton" and (device_type != "cuda" or not present):
-        missing = "a CUDA device" if device_type != "cuda" else "the triton package (pip install triton)"
-        raise ConfigError(f"training.loss_kernel='triton' needs {missing}; use training.loss_kernel='auto', "
-                          f"'compiled' or 'torch'")
-    return choice
+    return resolve_triton_choice("training.loss_kernel", choice, LOSS_KERNELS, device_type, present,
+                                 fallback="compiled" if compiled else "torch")
 
 
 def chunk_fn_for(kernel: str) -> Callable | None:

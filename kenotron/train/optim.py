@@ -10,7 +10,7 @@ from torch import nn
 
 from kenotron.config import ConfigError
 from kenotron.config import Optimizer as OptimizerConfig
-from kenotron.train.eager_kernels import triton_importable
+from kenotron.train.eager_kernels import resolve_triton_choice, triton_importable
 
 
 def closure_loss(closure: Callable[[], Any] | None) -> Any:
@@ -51,6 +51,17 @@ def resolve_adamw_implementation(implementation: str, device_type: str, triton_p
         raise ConfigError(f"optimizer.implementation='triton' needs {missing}; use optimizer.implementation='auto' "
                           f"or 'fused'")
     return implementation
+
+
+GRAD_NORM_KERNELS = ("auto", "triton", "torch")
+
+
+def resolve_grad_norm_kernel(choice: str, device_type: str, triton_present: bool | None = None) -> str:
+    """"triton" or "torch" for `training.grad_norm_kernel` (the gradient norm's sum of squares,
+    kenotron/parallel/sum_of_squares.py); ConfigError when "triton" cannot run."""
+    present = triton_importable() if triton_present is None else triton_present
+    return resolve_triton_choice("training.grad_norm_kernel", choice, GRAD_NORM_KERNELS, device_type, present,
+                                 fallback="torch")
 
 
 def adamw_kernel_kwargs(implementation: str) -> dict[str, bool]:

@@ -35,7 +35,6 @@ from kenotron.parallel.grad_norm import (
     clip_grads_,
     optimizer_unscales_gradients,
     reduce_partial_grads_,
-    resolve_grad_norm_kernel,
     total_grad_norm,
 )
 from kenotron.parallel.zero1 import Zero1Optimizer
@@ -66,6 +65,7 @@ from kenotron.train.optim import (
     optimizer_factory,
     param_groups,
     resolve_adamw_implementation,
+    resolve_grad_norm_kernel,
 )
 from kenotron.train.pipeline_step import PipelineRunner
 from kenotron.train.precision import single_device_fsdp, uses_master_weights

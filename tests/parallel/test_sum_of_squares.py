@@ -38,14 +38,14 @@ def test_gradient_norm_on_cuda_uses_the_kernel_and_equals_torchs_norm():
 
 def test_grad_norm_kernel_choice_and_errors_name_the_fix():
     from kenotron.config import ConfigError
-    from kenotron.parallel.grad_norm import resolve_grad_norm_kernel
+    from kenotron.train.optim import resolve_grad_norm_kernel
 
     assert resolve_grad_norm_kernel("auto", "cuda", triton_present=True) == "triton"
     assert resolve_grad_norm_kernel("auto", "cuda", triton_present=False) == "torch"
     assert resolve_grad_norm_kernel("auto", "cpu", triton_present=True) == "torch"
-    with pytest.raises(ConfigError, match="grad_norm_kernel='triton' needs a CUDA device; use 'auto' or 'torch'"):
+    with pytest.raises(ConfigError, match="training.grad_norm_kernel='triton' needs a CUDA device; use training.grad_norm_kernel='auto' or 'torch'"):
         resolve_grad_norm_kernel("triton", "cpu", triton_present=True)
     with pytest.raises(ConfigError, match=r"needs the triton package \(pip install triton\)"):
         resolve_grad_norm_kernel("triton", "cuda", triton_present=False)
-    with pytest.raises(ConfigError, match="grad_norm_kernel='cuda' is not one of auto, triton, torch"):
+    with pytest.raises(ConfigError, match="training.grad_norm_kernel='cuda' is not one of auto, triton, torch"):
         resolve_grad_norm_kernel("cuda", "cuda")
