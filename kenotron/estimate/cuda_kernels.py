@@ -94,8 +94,12 @@ def use_fused_gate_memory(model: torch.nn.Module) -> None:
             module.silu_mul = _silu_mul_memory
 
 
-def _sum_of_squares_cuda_path(tensors: list[torch.Tensor]) -> torch.Tensor:
-    """grad_norm._sum_of_squares as it runs on CUDA: one multi-tensor norm, no big temporaries."""
+def _sum_of_squares_cuda_path(tensors: list[torch.Tensor], kernel: str) -> torch.Tensor:
+    """grad_norm._sum_of_squares as it runs on CUDA, no big temporaries: the Triton kernel's fp32
+    partial sum per 8192-element block (kenotron/parallel/sum_of_squares.py), or one multi-tensor norm."""
+    if kernel == "triton":
+        blocks = sum(-(-t.numel() // 8192) for t in tensors)
+        return torch.empty(blocks, dtype=torch.float32, device=tensors[0].device).sum()
     return torch.stack(torch._foreach_norm(tensors, 2)).float().pow(2).sum()
 
 
