@@ -45,6 +45,7 @@ def bench_grad_norm() -> None:
     from kenotron.parallel import sum_of_squares as sos
 
     print("| model | parameters | gradient norm | ms | TB/s |\n|---|---|---|---|---|")
+    default_block = sos.BLOCK
     for name, shapes in MODELS.items():
         grads = [torch.randn(s, device="cuda", dtype=torch.bfloat16) for s in shapes]
         n = sum(g.numel() for g in grads)
@@ -58,7 +59,7 @@ def bench_grad_norm() -> None:
                 sos.BLOCK, fn = entry
             ms = median_cuda_ms(fn, reps=20, warmup=3)
             print(f"| {name} | {n / 1e9:.3f} B | {label} | {ms:.3f} | {n * 2 / ms / 1e9:.2f} |", flush=True)
-        sos.BLOCK = 8192
+        sos.BLOCK = default_block
         del grads
         torch.cuda.empty_cache()
 

@@ -136,9 +136,11 @@ def test_auto_picks_master_weights_on_one_cuda_device_where_they_apply():
 RESUME_ARGS = ["--training.local_batch_size", "4", *MW, "--checkpoint.enable", "true"]
 
 
-def _masters_and_weights(folder: Path, *extra: str, steps: int = 0) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """A trainer on `folder` (resuming whatever checkpoint is there), after `steps` more steps:
-    its optimizer's fp32 masters and its parameters widened to fp32."""
+def _masters_and_weights(folder: Path, *extra: str, resumed_at: int, steps: int = 0
+                         ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """A trainer on `folder` (resuming whatever checkpoint is there, which must bring it to step
+    `resumed_at`), after `steps` more steps: its optimizer's fp32 masters and its parameters
+    widened to fp32."""
     from kenotron.train.resolve import resolve_run
     from kenotron.train.trainer import Trainer
     from tests.checkpoint.test_trainer_resume import COMMON
@@ -146,6 +148,7 @@ def _masters_and_weights(folder: Path, *extra: str, steps: int = 0) -> tuple[lis
     cfg = load_config(None, [*COMMON, *RESUME_ARGS, "--job.dump_folder", str(folder), *extra])
     trainer = Trainer(resolve_run(cfg, world_size=1))
     try:
+        assert trainer.step == resumed_at
         for _ in range(steps):
             trainer.train_step(trainer.loader.next_step())
         params = list(trainer.model.parameters())
@@ -160,8 +163,9 @@ def test_loading_the_model_part_alone_sets_the_masters_from_it(tmp_path):
     from tests.checkpoint.test_trainer_resume import STOP_AFTER, train
 
     train(str(tmp_path / "run"), RESUME_ARGS, stop_after=STOP_AFTER)
-    loaded, weights = _masters_and_weights(tmp_path / "run", "--checkpoint.exclude_from_loading", "optimizer")
-    fresh, _ = _masters_and_weights(tmp_path / "fresh")
+    loaded, weights = _masters_and_weights(tmp_path / "run", "--checkpoint.exclude_from_loading", "optimizer",
+                                           resumed_at=STOP_AFTER)
+    fresh, _ = _masters_and_weights(tmp_path / "fresh", resumed_at=0)
     assert all(torch.equal(m, w) for m, w in zip(loaded, weights, strict=True))
     assert not all(torch.equal(m, f) for m, f in zip(loaded, fresh, strict=True))
 
@@ -173,8 +177,9 @@ def test_resuming_model_and_optimizer_restores_the_saved_fp32_masters(tmp_path):
     from tests.checkpoint.test_trainer_resume import STOP_AFTER, train
 
     train(str(tmp_path / "run"), RESUME_ARGS, stop_after=STOP_AFTER)
-    resumed, weights = _masters_and_weights(tmp_path / "run")
-    expected, _ = _masters_and_weights(tmp_path / "uninterrupted", "--checkpoint.enable", "false", steps=STOP_AFTER)
+    resumed, weights = _masters_and_weights(tmp_path / "run", resumed_at=STOP_AFTER)
+    expected, _ = _masters_and_weights(tmp_path / "uninterrupted", "--checkpoint.enable", "false", resumed_at=0,
+                                       steps=STOP_AFTER)
     assert all(torch.equal(m, e) for m, e in zip(resumed, expected, strict=True))
     assert not all(torch.equal(m, w) for m, w in zip(resumed, weights, strict=True))
 
