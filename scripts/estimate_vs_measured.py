@@ -22,10 +22,9 @@ import json
 import sys
 from pathlib import Path
 
-from kenotron.config import load_config
+from kenotron.config import load_config, split_config_arg
 from kenotron.estimate import estimate_memory
 from kenotron.estimate.report import gib
-from kenotron.train.__main__ import split_config_arg
 from kenotron.train.bench import SYNTHETIC, run_case
 
 ACCEPTED_ERROR = 0.10

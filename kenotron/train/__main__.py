@@ -1,56 +1,80 @@
-"""`python -m kenotron.train --config X.toml [--section.key value ...]` (run_train.sh calls this)."""
+"""`python -m kenotron.train --config X.toml [--section.key value ...]`: one training process.
+
+`kenotron train` / `./run_train.sh` start one of these per rank through torchrun
+(kenotron/launch/launcher.py). Whatever ends it, it ends with at most one line of its own:
+
+- exit 0: trained to training.steps (or found nothing left to do);
+- exit 2: a config error (`kenotron: config error: ...`), found before any process group;
+- exit 1: training stopped on a non-finite loss, or an unexpected error (its traceback first);
+- exit 128 + N: stopped by signal N (130 for Ctrl-C), after finishing or abandoning a save.
+"""
 
 from __future__ import annotations
 
 import sys
+import traceback
 
-from kenotron.config import ConfigError, config_help, load_config
+from kenotron.config import ConfigError, load_config, split_config_arg
+from kenotron.launch.worker import WorkerGuard, exit_code_of, report_failure
 from kenotron.models import MODEL_SPECS, UnknownModelError
 from kenotron.parallel.dims import ParallelConfigError
 
+CONFIG_ERRORS = (ConfigError, ParallelConfigError, UnknownModelError, FileNotFoundError)
+"""What a bad config raises; each is reported as one line and exit code 2."""
 
-def split_config_arg(argv: list[str]) -> tuple[str | None, list[str]]:
-    """Take `--config PATH` / `--config=PATH` out of argv."""
-    path, rest, i = None, [], 0
-    while i < len(argv):
-        if argv[i] == "--config":
-            if i + 1 >= len(argv):
-                raise ConfigError("--config needs a TOML file path")
-            path, i = argv[i + 1], i + 2
-            continue
-        if argv[i].startswith("--config="):
-            path = argv[i].split("=", 1)[1]
-        else:
-            rest.append(argv[i])
-        i += 1
-    return path, rest
+
+def answer_info_flags(argv: list[str], prog: str = "python -m kenotron.train") -> bool:
+    """Print --help or --list-models when asked (True), without starting anything."""
+    if "-h" in argv or "--help" in argv:
+        from kenotron.config.help import help_for_argv
+
+        print(help_for_argv([a for a in argv if a not in ("-h", "--help")], prog=prog))
+        return True
+    if "--list-models" in argv:
+        for name, spec in MODEL_SPECS.items():
+            print(f"{name}: {', '.join(spec.flavors)}")
+        return True
+    return False
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if "-h" in argv or "--help" in argv:
-        print(config_help())
-        return 0
-    if "--list-models" in argv:
-        for name, spec in MODEL_SPECS.items():
-            print(f"{name}: {', '.join(spec.flavors)}")
-        return 0
+    try:
+        if answer_info_flags(argv):
+            return 0
+    except ConfigError as e:
+        report_failure(f"kenotron: config error: {e}", kind="config")
+        return 2
+    guard = WorkerGuard.install()
     try:
         path, overrides = split_config_arg(argv)
         cfg = load_config(path, overrides)
-        # Imported here so --help stays fast and config errors come before torch's start-up.
+        # Imported here so config errors come before torch's start-up.
         from kenotron.train.trainer import NonFiniteLossError, run_training
-    except (ConfigError, ParallelConfigError, UnknownModelError, FileNotFoundError) as e:
-        print(f"kenotron: config error: {e}", file=sys.stderr)
-        return 2
-    try:
+
         run_training(cfg)
-    except (ConfigError, ParallelConfigError, UnknownModelError, FileNotFoundError) as e:
-        print(f"kenotron: config error: {e}", file=sys.stderr)
+    except CONFIG_ERRORS as e:
+        report_failure(f"kenotron: config error: {e}", kind="config")
         return 2
-    except NonFiniteLossError as e:
-        print(f"kenotron: stopped: {e}", file=sys.stderr)
+    except KeyboardInterrupt as stop:
+        from kenotron.train.interrupt import TrainingInterrupted
+
+        if isinstance(stop, TrainingInterrupted):
+            report_failure(f"kenotron: {stop}", kind="interrupted")
+            return stop.exit_code
+        report_failure("kenotron: interrupted during start-up", kind="interrupted")
+        return exit_code_of(stop)
+    except Exception as e:  # noqa: BLE001 - every other failure: traceback, then the one line
+        from kenotron.train.trainer import NonFiniteLossError
+
+        if isinstance(e, NonFiniteLossError):
+            report_failure(f"kenotron: stopped: {e}")
+            return 1
+        traceback.print_exc()
+        report_failure(f"kenotron: error: {type(e).__name__}: {e}")
         return 1
+    finally:
+        guard.uninstall()
     return 0
 
 

@@ -183,8 +183,7 @@ def run_worker(out_path: str, warmup: int, steps: int, overrides: list[str], pro
     import torch
     import torch.distributed as dist
 
-    from kenotron.config import load_config
-    from kenotron.train.__main__ import split_config_arg
+    from kenotron.config import load_config, split_config_arg
     from kenotron.train.distributed import WorldInfo
     from kenotron.train.resolve import resolve_run
     from kenotron.train.trainer import Trainer, setup_logging

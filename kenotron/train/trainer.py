@@ -45,6 +45,7 @@ from kenotron.train.attention_backend import (
     resolve_attention_backend,
     use_attention_kernel,
 )
+from kenotron.train.console import ensure_console_logging
 from kenotron.train.distributed import (
     WorldInfo,
     destroy_distributed,
@@ -58,6 +59,7 @@ from kenotron.train.fused_loss import (
     linear_cross_entropy_sum,
     resolve_loss_kernel,
 )
+from kenotron.train.interrupt import stop_training
 from kenotron.train.loss import IGNORE_INDEX, cross_entropy_sum
 from kenotron.train.lr_schedule import LRSchedule, build_lr_scheduler
 from kenotron.train.metrics import MetricsLogger
@@ -427,17 +429,20 @@ class Trainer:
 
 
 def setup_logging(rank: int) -> None:
-    level = logging.INFO if rank == 0 else logging.WARNING
-    logging.basicConfig(level=level, format="[kenotron %(asctime)s] %(message)s", datefmt="%H:%M:%S", force=True)
+    ensure_console_logging(rank)
 
 
 def run_training(cfg: JobConfig) -> list[dict[str, Any]]:
-    """Resolve, build and train; returns the metric records (rank 0's view)."""
+    """Resolve, build and train; returns the metric records (rank 0's view).
+
+    A stop signal (Ctrl-C, SIGTERM) ends it with TrainingInterrupted, after the save in flight."""
     world = WorldInfo.from_env()
     setup_logging(world.rank)
     run = resolve_run(cfg, world.world_size)
     trainer = Trainer(run)
     try:
         return trainer.train()
+    except KeyboardInterrupt as stop:
+        raise stop_training(trainer, stop) from None
     finally:
         trainer.close()

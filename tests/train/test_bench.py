@@ -58,8 +58,7 @@ def test_every_gpu_preset_is_a_valid_config_for_its_gpu_count(monkeypatch):
 
     import torch
 
-    from kenotron.config import load_config
-    from kenotron.train.__main__ import split_config_arg
+    from kenotron.config import load_config, split_config_arg
     from kenotron.train.bench import PRESETS, SYNTHETIC
     from kenotron.train.resolve import resolve_run
 
