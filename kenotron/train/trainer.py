@@ -24,7 +24,7 @@ from torch.distributed.tensor.parallel import loss_parallel
 
 from kenotron.checkpoint import CheckpointManager, TrainState
 from kenotron.checkpoint.model_info import describe_model
-from kenotron.config import JobConfig, config_to_toml
+from kenotron.config import JobConfig
 from kenotron.data import MicroBatch, build_text_loader, build_tokenizer
 from kenotron.models.common.flash_attention import cuda_major
 from kenotron.parallel.dims import Meshes
@@ -71,7 +71,10 @@ from kenotron.train.optim import (
 )
 from kenotron.train.pipeline_step import PipelineRunner
 from kenotron.train.precision import single_device_fsdp, uses_master_weights
+from kenotron.train.progress import nothing_to_do
 from kenotron.train.resolve import RunPlan, resolve_run
+from kenotron.train.run_folder import check_run_folder, start_run_folder
+from kenotron.train.wandb_logger import wandb_sink
 
 logger = logging.getLogger("kenotron")
 
@@ -122,10 +125,7 @@ class Trainer:
         if cfg.training.deterministic:
             torch.use_deterministic_algorithms(True)
 
-        self.dump_folder = Path(cfg.job.dump_folder)
-        if self.is_rank0:
-            self.dump_folder.mkdir(parents=True, exist_ok=True)
-            (self.dump_folder / "config.toml").write_text(config_to_toml(cfg))
+        self.dump_folder = Path(cfg.job.dump_folder)  # config.toml and records: train/run_folder.py
 
         # bf16 parameters with fp32 masters in AdamW, or (otherwise) autocast / FSDP casts: train/precision.py.
         self.master_weights = uses_master_weights(run, self.device.type)
@@ -188,7 +188,8 @@ class Trainer:
             self.block_masks = BlockMasks(eos_id, getattr(model, "sliding_window", None))
         self.metrics = MetricsLogger(
             self.dump_folder, self.flops_per_token, self.world.world_size, self.device, write=self.is_rank0,
-            tensorboard=cfg.metrics.tensorboard,
+            tensorboard=cfg.metrics.tensorboard, total_steps=cfg.training.steps, log_freq=cfg.metrics.log_freq,
+            wandb=wandb_sink(cfg, self.world.rank),
         )
         self.train_state = TrainState()  # step and tokens_seen live here so checkpoints hold them
         bf16 = cfg.training.param_dtype == "bfloat16"
@@ -221,6 +222,8 @@ class Trainer:
         )
         self.checkpointer.load()
         # -- end checkpointing --
+        if self.is_rank0:  # records after the resumed step dropped, config.toml written: train/run_folder.py
+            self.metrics.open(start_run_folder(cfg, self.step))
 
     @property
     def step(self) -> int:
@@ -393,6 +396,8 @@ class Trainer:
                 self.run.grad_accum_steps, cfg.training.steps,
                 f" | {cfg.job.description}" if cfg.job.description else "",
             )
+        if self.is_rank0 and self.step >= cfg.training.steps:
+            logger.info(nothing_to_do(self.step, cfg))
         records: list[dict[str, Any]] = []
         window: list[torch.Tensor] = []
         window_start = self.step + 1
@@ -404,7 +409,7 @@ class Trainer:
             self.tokens_seen += tokens_per_step
             self.metrics.count(tokens_per_step)
             window.append(loss)
-            if self.step % cfg.metrics.log_freq == 0 or self.step == cfg.training.steps:
+            if self.metrics.should_log(self.step):
                 losses = self.global_losses(window)
                 self._check_finite(losses, window_start)
                 rec = self.metrics.record(
@@ -438,6 +443,7 @@ def run_training(cfg: JobConfig) -> list[dict[str, Any]]:
     A stop signal (Ctrl-C, SIGTERM) ends it with TrainingInterrupted, after the save in flight."""
     world = WorldInfo.from_env()
     setup_logging(world.rank)
+    check_run_folder(cfg)
     run = resolve_run(cfg, world.world_size)
     trainer = Trainer(run)
     try:
