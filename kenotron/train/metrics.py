@@ -75,6 +75,8 @@ class MetricsLogger:
     _tb: Any = field(default=None, init=False)
     _jsonl: Any = field(default=None, init=False)
     _first_step: int | None = field(default=None, init=False)
+    _rate_origin: tuple[int, float] | None = field(default=None, init=False)
+    """(step, time) of this launch's first record: the ETA uses the pace since then (no warm-up)."""
     _peak: float | None = field(default=None, init=False)
     _warned_peak: bool = field(default=False, init=False)
 
@@ -139,8 +141,7 @@ class MetricsLogger:
             "tokens_seen": tokens_seen,
             "step_time_s": seconds / max(self._window_steps, 1),
         }
-        remaining = max(self.total_steps - step, 0)
-        eta = remaining * rec["step_time_s"] if self.total_steps else None
+        eta = self._eta(step, now, rec["step_time_s"])
         self._window_start, self._window_tokens, self._window_steps = now, 0, 0
         if self.write:
             self.open()
@@ -153,6 +154,15 @@ class MetricsLogger:
                 self.wandb.log(rec)
             logger.info(format_record(rec, total_steps=self.total_steps, eta_s=eta))
         return rec
+
+    def _eta(self, step: int, now: float, step_time_s: float) -> float | None:
+        if not self.total_steps:
+            return None
+        if self._rate_origin is None or step <= self._rate_origin[0]:
+            self._rate_origin = (step, now)
+        else:
+            step_time_s = (now - self._rate_origin[1]) / (step - self._rate_origin[0])
+        return max(self.total_steps - step, 0) * step_time_s
 
     def close(self) -> None:
         if self._jsonl is not None:
