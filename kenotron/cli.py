@@ -55,10 +55,9 @@ def _estimate(argv: list[str]) -> int:
 
 
 def _generate(argv: list[str]) -> int:
-    from kenotron.generate.cli import main
+    from kenotron.generate.cli import run
 
-    main(argv, prog="kenotron generate")
-    return 0
+    return run(argv, prog="kenotron generate")
 
 
 def _convert(argv: list[str]) -> int:

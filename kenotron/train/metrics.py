@@ -185,7 +185,7 @@ def _si(x: float) -> str:
 
 def format_duration(seconds: float) -> str:
     """`42s`, `3m05s`, `2h07m`."""
-    seconds = max(int(round(seconds)), 0)
+    seconds = max(round(seconds), 0)
     if seconds < 60:
         return f"{seconds}s"
     if seconds < 3600:

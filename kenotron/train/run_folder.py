@@ -187,3 +187,10 @@ def start_run_folder(cfg: JobConfig, step: int) -> int | None:
                        folder, state.describe())
     (folder / CONFIG_NAME).write_text(toml)
     return step + 1 if state.used or step > 0 else None
+
+
+def nothing_to_do(step: int, cfg: JobConfig) -> str:
+    """The line for a launch that resumed at or past its last step."""
+    return (f"nothing to do: the run in {cfg.job.dump_folder} is at step {step} and training.steps is "
+            f"{cfg.training.steps}; raise training.steps (e.g. --training.steps {max(step, cfg.training.steps) * 2}) "
+            f"to train further")

@@ -71,9 +71,8 @@ from kenotron.train.optim import (
 )
 from kenotron.train.pipeline_step import PipelineRunner
 from kenotron.train.precision import single_device_fsdp, uses_master_weights
-from kenotron.train.progress import nothing_to_do
 from kenotron.train.resolve import RunPlan, resolve_run
-from kenotron.train.run_folder import check_run_folder, start_run_folder
+from kenotron.train.run_folder import check_run_folder, nothing_to_do, start_run_folder
 from kenotron.train.wandb_logger import wandb_sink
 
 logger = logging.getLogger("kenotron")

@@ -1,8 +1,8 @@
-"""Progress for the user: what a launch has left to do, and bars for long work outside the loop.
+"""Progress bars for long work outside the training loop (conversion, estimation's search, generation).
 
-The training loop's own progress is the record line (train/metrics.py: step/total, ETA). Long
-work elsewhere (conversion, estimation's search, generation) shows a tqdm bar on a terminal and
-stays silent when its output goes to a file or a pipe.
+The training loop's own progress is its record line (train/metrics.py: step/total, ETA). A bar is
+drawn with tqdm on stderr when that is a terminal, and nothing is drawn when the output goes to a
+file or a pipe.
 """
 
 from __future__ import annotations
@@ -10,16 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Any, TypeVar
 
-from kenotron.config import JobConfig
-
 T = TypeVar("T")
-
-
-def nothing_to_do(step: int, cfg: JobConfig) -> str:
-    """The line for a launch that resumed at or past its last step."""
-    return (f"nothing to do: the run in {cfg.job.dump_folder} is at step {step} and training.steps is "
-            f"{cfg.training.steps}; raise training.steps (e.g. --training.steps {max(step, cfg.training.steps) * 2}) "
-            f"to train further")
 
 
 def progress(items: Iterable[T], *, total: int | None = None, desc: str = "", unit: str = "it",
