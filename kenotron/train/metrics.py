@@ -160,6 +160,7 @@ class MetricsLogger:
             return None
         if self._rate_origin is None or step <= self._rate_origin[0]:
             self._rate_origin = (step, now)
+            return None  # the first record's pace includes start-up and compilation
         else:
             step_time_s = (now - self._rate_origin[1]) / (step - self._rate_origin[0])
         return max(self.total_steps - step, 0) * step_time_s
