@@ -49,6 +49,8 @@ NAMED = {
     "math": SDPBackend.MATH,
 }
 CUDA_AUTO_ORDER = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+CUDA_ONLY_SDPA = ("cudnn", "efficient")
+"""SDPA kernels with no CPU implementation (torch has flash and math on CPU)."""
 NOT_SDPA = ("flex", "flash_attn")
 
 
@@ -92,7 +94,11 @@ def attention_context(backend: str, device: torch.device) -> contextlib.Abstract
 def use_attention_kernel(model: nn.Module, backend: str, device: torch.device) -> None:
     """For flash_attn, make every attention module's `attention_fn` flash-attn's kernel
     (the best one installed for the GPU, see load_flash_attention). Call it on the (meta) model before
-    `plan.apply`, so pipeline stages, which are copies, keep it. Other backends: no change."""
+    `plan.apply`, so pipeline stages, which are copies, keep it. Other backends: no change.
+    A CUDA-only SDPA kernel on another device is refused here (ConfigError), before any step."""
+    if backend in CUDA_ONLY_SDPA and device.type != "cuda":
+        raise ConfigError(f"model.attention_backend={backend!r} is a CUDA kernel and this run is on {device.type}; "
+                          f"use 'auto', 'flash' or 'math' there")
     if backend != "flash_attn":
         return
     kernel = load_flash_attention(cuda_major(device))

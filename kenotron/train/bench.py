@@ -270,6 +270,16 @@ def format_row(r: dict) -> str:
     )
 
 
+CPU_PRESETS = ("cpu-smoke",)
+"""The presets that run on a CPU; the others need CUDA devices."""
+
+
+def _cuda_visible() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 HEADER = "| case | tokens/s/device | TFLOP/s/device | MFU | peak GiB alloc / reserved | last loss |\n|---|---|---|---|---|---|"
 
 
@@ -302,6 +312,11 @@ def main(argv: list[str] | None = None) -> int:
         cases[name.strip()] = shlex.split(spec)
     if not cases:
         parser.error("give --preset or --case")
+    gpu_presets = [p for p in args.preset if p not in CPU_PRESETS]
+    if gpu_presets and not _cuda_visible():
+        print(f"bench: --preset {gpu_presets[0]} measures GPU shapes and no CUDA device is visible here; run it on a "
+              f"GPU machine, or use --preset {' / '.join(CPU_PRESETS)} on a CPU", file=sys.stderr)
+        return 2
     extra = shlex.split(args.extra)
     print(HEADER, flush=True)
     rows = []

@@ -29,7 +29,7 @@ from kenotron.data import MicroBatch, build_text_loader, build_tokenizer
 from kenotron.models.common.flash_attention import cuda_major
 from kenotron.parallel.dims import Meshes
 from kenotron.parallel.early_gather import EarlyGather
-from kenotron.parallel.float8 import check_float8_available
+from kenotron.parallel.float8 import check_float8_available, use_fast_cpu_float8
 from kenotron.parallel.grad_norm import (
     clip_divisor,
     clip_grads_,
@@ -117,6 +117,7 @@ class Trainer:
             resolve_adamw_implementation(cfg.optimizer.implementation, self.device.type)
         if cfg.float8.enable:
             check_float8_available()
+            use_fast_cpu_float8(self.device.type)
         self._owns_process_group = False
         if self.world.world_size > 1 or self.world.launched:
             self._owns_process_group = init_distributed(self.device)

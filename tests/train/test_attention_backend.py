@@ -185,3 +185,12 @@ def test_auto_picks_flash_attention_3_or_4_only_where_it_computes_the_same_atten
     assert not picks()
     installed["version"] = None
     assert not picks()
+
+
+@pytest.mark.parametrize("backend", ["cudnn", "efficient"])
+def test_a_cuda_only_sdpa_kernel_is_refused_on_a_cpu_before_any_step(backend):
+    from kenotron.config import ConfigError
+    from kenotron.train.attention_backend import use_attention_kernel
+
+    with pytest.raises(ConfigError, match=rf"model.attention_backend='{backend}' is a CUDA kernel and this run is on cpu"):
+        use_attention_kernel(torch.nn.Linear(1, 1), backend, torch.device("cpu"))
