@@ -27,3 +27,20 @@ def progress(items: Iterable[T], *, total: int | None = None, desc: str = "", un
         yield from bar
     finally:
         bar.close()
+
+
+class _NoBar:
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def progress_bar(total: int, *, desc: str = "", unit: str = "it") -> Any:
+    """A bar advanced by hand (`.update()`, `.close()`), on a terminal only; otherwise a no-op."""
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        return _NoBar()
+    return tqdm(total=total, desc=desc, unit=unit, disable=None, leave=False, dynamic_ncols=True)
