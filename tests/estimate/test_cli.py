@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from kenotron.estimate.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
