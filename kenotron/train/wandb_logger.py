@@ -8,6 +8,7 @@ goes on in the same W&B run. Files go under `<job.dump_folder>/wandb`; `WANDB_MO
 
 from __future__ import annotations
 
+import secrets
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -40,7 +41,7 @@ class WandbSink:
         folder = Path(cfg.job.dump_folder)
         folder.mkdir(parents=True, exist_ok=True)
         id_file = folder / ID_FILE
-        run_id = id_file.read_text().strip() if id_file.is_file() else wandb.util.generate_id()
+        run_id = id_file.read_text().strip() if id_file.is_file() else secrets.token_hex(6)
         id_file.write_text(run_id + "\n")
         self.run = wandb.init(
             project=cfg.metrics.wandb_project, name=folder.resolve().name, id=run_id, resume="allow",
