@@ -124,7 +124,9 @@ class MetricsLogger:
         tps = self._window_tokens / seconds / self.world_size
         tflops = tps * self.flops_per_token / 1e12
         if self._peak is None and not self._warned_peak:
-            logger.warning("no peak FLOP/s known for device %r: MFU is not reported", self.device_name)
+            # A CPU has no peak in the table by design (an info line); an unknown GPU is worth a warning.
+            log = logger.warning if self.device.type == "cuda" else logger.info
+            log("no peak FLOP/s known for device %r: MFU is not reported", self.device_name)
             self._warned_peak = True
         mfu = 100.0 * tflops * 1e12 / self._peak if self._peak else None
         rec = {
