@@ -38,7 +38,9 @@ def config_help(cfg: JobConfig | None = None, *, prog: str = "python -m kenotron
     intro = (f"Values come from the defaults, then {origin}, then `--section.key value` on the command line. "
              f"Each key shows its value here, with the default beside it where they differ. "
              f"`--help SECTION` shows one section; `--list-models` the model families.")
-    out = [f"usage: {prog} {USAGE}", ""] + textwrap.wrap(intro, width) + [""]
+    usage = textwrap.wrap(f"usage: {prog} {USAGE}", width, subsequent_indent=" " * (len(prog) + 8),
+                          break_on_hyphens=False)
+    out = [*usage, "", *textwrap.wrap(intro, width), ""]
     doc_indent = " " * 6
     current = None
     for info in all_fields(JobConfig).values():
