@@ -82,7 +82,7 @@ def _tensorboard_steps(folder: Path, tag: str = "train/loss") -> list[tuple[int,
     return [(e.step, round(e.value, 4)) for e in acc.Scalars(tag)]
 
 
-def test_a_resumed_run_shows_every_step_once_in_metrics_and_tensorboard(tmp_path):
+def test_a_resumed_run_shows_every_step_once_in_metrics_and_tensorboard(tmp_path, caplog):
     folder = tmp_path / "run"
     on = ["--checkpoint.enable", "true", "--metrics.tensorboard", "true"]
     train(str(folder), on)  # steps 1-4, checkpoints at 2 and 4
@@ -92,6 +92,10 @@ def test_a_resumed_run_shows_every_step_once_in_metrics_and_tensorboard(tmp_path
     tb = _tensorboard_steps(folder)
     assert [step for step, _ in tb] == [1, 2, 3, 4]
     assert tb[-1][1] == round(first, 4)  # exact resume: the replayed step has the same loss
+    with caplog.at_level("INFO", logger="kenotron"):
+        train(str(folder), on)  # resumes at step 4 of 4
+    assert f"nothing to do: the run in {folder} is at step 4 and training.steps is 4" in caplog.text
+    assert _steps(folder) == [1, 2, 3, 4]
 
 
 def test_metrics_logger_tells_tensorboard_to_purge_replayed_steps(tmp_path):
