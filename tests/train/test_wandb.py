@@ -23,7 +23,7 @@ def test_wandb_gets_the_scalars_tensorboard_gets(tmp_path, monkeypatch):
 
     def spy(self, record):
         real_log(self, record)
-        logged.append((record["step"], {k: v for k, v in record.items()}))
+        logged.append((record["step"], dict(record)))
 
     monkeypatch.setattr(wandb_logger.WandbSink, "log", spy)
     folder = tmp_path / "run"
