@@ -20,7 +20,7 @@ GOLDEN = ROOT / "tests" / "golden" / "debug_losses.jsonl"
 
 
 def _stated(text: str, where: str) -> tuple[float, float]:
-    found = re.search(r"loss (\d+\.\d+) at step 1 and (\d+\.\d+) at step 250", " ".join(text.split()))
+    found = re.search(r"loss (?:is )?(\d+\.\d+) at step 1 and (\d+\.\d+) at step 250", " ".join(text.split()))
     assert found, f"{where} no longer states 'loss X at step 1 and Y at step 250'"
     return float(found.group(1)), float(found.group(2))
 
