@@ -41,6 +41,7 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor, Shard
 
+from kenotron.dtensor import local_tensor
 from kenotron.parallel.context.apply import resolve_cp_attention
 from kenotron.parallel.context.ring import RingAttention
 from kenotron.parallel.context.torch_ring import TorchRingAttention, torch_cp_api
@@ -59,10 +60,6 @@ def cp_attention_kind(run: RunPlan, device: torch.device) -> str | None:
     return resolve_cp_attention(run.plan.cp_attention, device.type)
 
 
-def _local(x: Any) -> Any:
-    return x.to_local() if isinstance(x, DTensor) else x
-
-
 def _sharded(tensors: Any, mesh: Any) -> tuple[DTensor, ...]:
     # torch's own handler wraps its local results with the output spec of sharding propagation:
     # sharded along the sequence (dim 2) on the cp mesh, as here.
@@ -78,7 +75,7 @@ def _ring_forward(op_call: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -
         raise NotImplementedError("torch's context-parallel SDPA takes no attention mask")
     mesh = q.device_mesh
     out, lse = torch_cp_api()._templated_ring_attention(
-        mesh.get_group(), 2, CPU_FLASH, _local(q), _local(k), _local(v), is_causal=is_causal,
+        mesh.get_group(), 2, CPU_FLASH, local_tensor(q), local_tensor(k), local_tensor(v), is_causal=is_causal,
         dropout_p=dropout_p, scale=kwargs.get("scale"),
     )
     return _sharded((out, lse), mesh)
@@ -88,8 +85,8 @@ def _ring_backward(op_call: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) 
     grad_out, q, k, v, out, lse, dropout_p, is_causal = args
     mesh = q.device_mesh
     grads = torch_cp_api()._templated_ring_attention_backward(
-        mesh.get_group(), 2, CPU_FLASH_BACKWARD, _local(grad_out), "grad_out", _local(q), _local(k), _local(v),
-        _local(out), _local(lse), is_causal, dropout_p=dropout_p, scale=kwargs.get("scale"),
+        mesh.get_group(), 2, CPU_FLASH_BACKWARD, local_tensor(grad_out), "grad_out", local_tensor(q), local_tensor(k),
+        local_tensor(v), local_tensor(out), local_tensor(lse), is_causal, dropout_p=dropout_p, scale=kwargs.get("scale"),
     )
     return _sharded(grads[:3], mesh)
 

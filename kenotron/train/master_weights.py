@@ -86,7 +86,7 @@ class MasterWeightAdamW(torch.optim.AdamW):
             states = [self.state[p] for p in params]
             if self.kernel == "triton":
                 # Importing it imports triton: only when chosen.
-                from kenotron.train.triton_adamw import adamw_step_group
+                from kenotron.kernels.adamw import adamw_step_group
 
                 adamw_step_group(group, params, states, self.grad_scale, masters=True)
             else:

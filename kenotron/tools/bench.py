@@ -106,7 +106,7 @@ def _profile(trainer, steps: int = 3, rows: int = 30) -> tuple[str, list[dict]]:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from kenotron.train.kernel_profile import (
+    from kenotron.tools.kernel_profile import (
         device_kernels,
         summarize_kernels,
         top_kernels,
@@ -133,7 +133,7 @@ def _profile(trainer, steps: int = 3, rows: int = 30) -> tuple[str, list[dict]]:
 def _trace(trainer) -> str:
     """Per-block times of one more step and the allocator's pools by stream (block_trace.py)."""
     from kenotron.parallel.plan import matching_modules
-    from kenotron.train.block_trace import BlockTimer, format_trace, stream_pools
+    from kenotron.tools.block_trace import BlockTimer, format_trace, stream_pools
 
     blocks = [m for _, m in matching_modules(trainer.model_parts[0], trainer.run.plan.blocks)]
     timer = BlockTimer(blocks, trainer.device)
@@ -236,7 +236,7 @@ def run_case(
 ) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "result.json")
-        worker = ["-m", "kenotron.train.bench", "--worker", out, "--warmup", str(warmup), "--steps", str(steps),
+        worker = ["-m", "kenotron.tools.bench", "--worker", out, "--warmup", str(warmup), "--steps", str(steps),
                   "--timing", timing]
         worker += ["--profile"] if profile else []
         worker += ["--trace"] if trace else []

@@ -1,4 +1,5 @@
-"""model.eager_kernels: which RoPE / SwiGLU gate kernels a run uses, and the refusals."""
+"""model.eager_kernels: the fused RoPE and SwiGLU gate installed on a model (kenotron/models/common/eager_kernels.py),
+the config's refusal under compile, and training with them on CUDA."""
 
 from __future__ import annotations
 
@@ -9,39 +10,10 @@ import torch
 
 from kenotron.config import ConfigError, load_config
 from kenotron.models.common.attention import GQAttention
+from kenotron.models.common.eager_kernels import use_eager_kernels
 from kenotron.models.common.mlp import SwiGLU, silu_mul
 from kenotron.models.common.rope import apply_rope
-from kenotron.train.eager_kernels import resolve_eager_kernels, use_eager_kernels
 from kenotron.train.resolve import resolve_run
-
-
-@pytest.mark.parametrize(
-    ("choice", "device", "compiled", "present", "expected"),
-    [
-        ("auto", "cuda", False, True, "triton"),
-        ("auto", "cuda", False, False, "torch"),
-        ("auto", "cuda", True, True, "torch"),
-        ("auto", "cpu", False, True, "torch"),
-        ("torch", "cuda", False, True, "torch"),
-        ("triton", "cuda", False, True, "triton"),
-    ],
-)
-def test_auto_picks_triton_only_for_uncompiled_cuda_blocks_with_triton_installed(choice, device, compiled, present,
-                                                                                  expected):
-    assert resolve_eager_kernels(choice, device, compiled, triton_present=present) == expected
-
-
-@pytest.mark.parametrize(
-    ("device", "compiled", "present", "message"),
-    [
-        ("cuda", True, True, "compile.enable=true"),
-        ("cpu", False, True, "needs a CUDA device"),
-        ("cuda", False, False, "needs the triton package"),
-    ],
-)
-def test_triton_where_it_cannot_run_is_refused_with_the_fix(device, compiled, present, message):
-    with pytest.raises(ConfigError, match=message):
-        resolve_eager_kernels("triton", device, compiled, triton_present=present)
 
 
 def test_triton_with_compile_is_refused_by_the_config_check():
