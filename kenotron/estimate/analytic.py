@@ -59,7 +59,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from kenotron.estimate.context import attention_output_copy
+from kenotron.estimate.cp_ring_memory import attention_output_copy
 from kenotron.estimate.fake_job import fused_gate, loss_kernel, target_device
 from kenotron.estimate.tracker import Breakdown, allocated_bytes
 from kenotron.models.common.norms import LayerNorm
@@ -171,7 +171,7 @@ class StepShape:
     qk_norm: bool
     fp32_norm: bool
     cp_output_copy: bool = False
-    """Context parallel: the output projection keeps a copy of the attention output (context.py)."""
+    """Context parallel: the output projection keeps a copy of the attention output (cp_ring_memory.py)."""
     fused_gate: bool = False
     """SwiGLU's gate is the fused Triton kernel (eager CUDA runs): silu(a) is not kept."""
 

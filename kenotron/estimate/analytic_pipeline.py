@@ -1,5 +1,5 @@
 """Closed-form memory of one pipeline rank under 1F1B: the planner's
-first pass for pp layouts, checked against the fake-tensor simulation (pipeline.py).
+first pass for pp layouts, checked against the fake-tensor simulation (pipeline_memory.py).
 
 Notation as in analytic.py, per microbatch: b_m = local batch / microbatches, T = b_m·s tokens;
 stage s of p holds k_s blocks (the trainer's own split), the embedding on the first stage and the

@@ -1,7 +1,7 @@
 """estimate_memory: a config and a GPU count in, per-rank peak memory out, without GPUs.
 
 For each group of ranks that hold the same things (all ranks; under pipeline parallel one
-per pipeline rank, simulated in its schedule's order by pipeline.py) one rank is simulated: a
+per pipeline rank, simulated in its schedule's order by pipeline_memory.py) one rank is simulated: a
 fake process group of the job's world size in which this process is that rank, the trainer's
 job built on fake tensors (fake_job.py), one warm-up step (which creates the optimizer state
 and FSDP's lazily allocated buffers, as a real first step does), then one tracked step
@@ -20,7 +20,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from kenotron.config import JobConfig
 from kenotron.estimate import analytic
-from kenotron.estimate.context import context_notes, torch_cp_state
+from kenotron.estimate.cp_ring_memory import context_notes, torch_cp_state
 from kenotron.estimate.cuda_kernels import cuda_kernel_memory
 from kenotron.estimate.depth import (
     activations_by_module,
@@ -146,8 +146,8 @@ def estimate_run(run: RunPlan, gpu_memory_gib: float | None = None, full_depth: 
     """The report for a resolved run (see estimate_memory)."""
     start = time.perf_counter()
     if run.dims.pp > 1:
-        # Each pipeline rank runs its own stages in its own order: simulated one by one (pipeline.py).
-        from kenotron.estimate.pipeline import estimate_pipeline_run
+        # Each pipeline rank runs its own stages in its own order: simulated one by one (pipeline_memory.py).
+        from kenotron.estimate.pipeline_memory import estimate_pipeline_run
 
         budget = gpu_memory_gib if gpu_memory_gib is not None else default_gpu_memory_gib()
         return estimate_pipeline_run(run, budget, full_depth)

@@ -137,8 +137,8 @@ def test_bad_configs_raise_the_trainers_own_errors(ngpu, overrides, error):
 
 def test_pipeline_and_context_parallel_are_no_longer_refused():
     report = estimate_memory(load_config(DEBUG, ["--parallelism.pp", "2"]), 2)
-    assert len(report.ranks) == 2  # one rank class per pipeline rank (tests/estimate/test_pipeline.py)
-    # Context parallel is simulated (tests/estimate/test_context.py).
+    assert len(report.ranks) == 2  # one rank class per pipeline rank (tests/estimate/test_pipeline_memory.py)
+    # Context parallel is simulated (tests/estimate/test_cp_ring_memory.py).
 
 
 def test_estimates_of_different_layouts_follow_each_other_in_one_process():

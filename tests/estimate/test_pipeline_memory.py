@@ -9,7 +9,7 @@ import torch
 
 from kenotron.config import ConfigError, load_config
 from kenotron.estimate import estimate_memory
-from kenotron.estimate.pipeline_schedule import max_in_flight, rank_actions
+from kenotron.estimate.pipeline_order import max_in_flight, rank_actions
 from kenotron.estimate.tracker import allocated_bytes
 from kenotron.parallel.dims import ParallelConfigError
 from kenotron.parallel.pipeline import stage_module
@@ -145,7 +145,7 @@ def test_last_stage_keeps_every_microbatchs_logits_only_when_step_returns_output
     args = ("--parallelism.pp", "4", "--training.local_batch_size", "8", "--parallelism.pp_layers_per_stage",
             "[1, 1, 1, 1]")
     without = estimate(4, *args).ranks[3].peak
-    monkeypatch.setattr("kenotron.estimate.pipeline_step.RETURN_OUTPUTS", True)
+    monkeypatch.setattr("kenotron.estimate.pipeline_replay.RETURN_OUTPUTS", True)
     kept = estimate(4, *args).ranks[3].peak
     logits = 8 * allocated_bytes(256 * 4096 * 4)
     assert kept.total - without.total >= logits

@@ -1,5 +1,5 @@
 """The estimator under context parallel: a CP rank is simulated with torch's own ring on fake
-tensors (kenotron/estimate/context.py), FSDP shards over dp_shard x cp, activations follow the
+tensors (kenotron/estimate/cp_ring_memory.py), FSDP shards over dp_shard x cp, activations follow the
 local sequence, and bad CP configs fail as the trainer fails."""
 
 from __future__ import annotations

@@ -2,10 +2,10 @@
 
 Ranks at the same pipeline position hold the same stages and run the same actions, so one
 rank per pp coordinate is simulated (memory.rank_classes). For each: the rank's stages are
-built as the trainer builds them (pipeline_step.py), a warm-up step (one microbatch through
+built as the trainer builds them (pipeline_replay.py), a warm-up step (one microbatch through
 every local stage, then the optimizer step) creates the optimizer state and FSDP's lazily
 allocated buffers, then one schedule step is tracked: every microbatch's forward and
-backward in the order torch's schedule runs them on that rank (pipeline_schedule.py), so the
+backward in the order torch's schedule runs them on that rank (pipeline_order.py), so the
 activations of the microbatches the schedule keeps in flight at once are counted, then
 clipping and the optimizer step.
 
@@ -46,7 +46,7 @@ from kenotron.estimate.fake_job import (
     ignored_features,
     simulated_micro_steps,
 )
-from kenotron.estimate.pipeline_schedule import (
+from kenotron.estimate.pipeline_order import (
     REDUCED_MICROBATCHES,
     Action,
     counts_before,
@@ -54,7 +54,7 @@ from kenotron.estimate.pipeline_schedule import (
     microbatch_roles,
     rank_actions,
 )
-from kenotron.estimate.pipeline_step import (
+from kenotron.estimate.pipeline_replay import (
     Numbering,
     PipelineJob,
     StagesTracker,
