@@ -148,10 +148,6 @@ class CheckpointManager:
             self.uploader = BackgroundUploader(
                 S3Store(config.remote_folder, config.remote_endpoint_url), config.remote_delete_local
             )
-        self.last_save_blocked_s = 0.0
-        """Seconds the last save() kept the caller waiting (the training stall, without staging)."""
-        self.last_staging_wait_s = 0.0
-        """Seconds the last wait_for_staging() waited."""
 
     # -- saving ---------------------------------------------------------------------------------
 
@@ -170,7 +166,6 @@ class CheckpointManager:
     def save(self, step: int) -> Path:
         """Save every part as step `step`; returns the step folder. In the async modes the write
         goes on in the background and the folder becomes loadable when its marker appears."""
-        started = time.perf_counter()
         self.wait()
         path = self._prepare_folder(step)
         state = {name: part for name, part in self.parts.items()}
@@ -182,7 +177,6 @@ class CheckpointManager:
         except Exception as exc:
             raise CheckpointSaveError(f"saving {path} failed: {exc}{self._previous_hint(step)}") from exc
         self._track(_PendingSave(step, inflight, marker))
-        self.last_save_blocked_s = time.perf_counter() - started
         return path
 
     def save_model_only(self, step: int, dtype: torch.dtype = torch.float32) -> Path:
@@ -203,7 +197,6 @@ class CheckpointManager:
         pending = self._pending
         if pending is None or pending.inflight.staged is None:
             return
-        started = time.perf_counter()
         try:
             pending.inflight.staged.result()
         except Exception as exc:
@@ -213,7 +206,6 @@ class CheckpointManager:
             ) from exc
         finally:
             pending.inflight.staged = None
-            self.last_staging_wait_s = time.perf_counter() - started
 
     def wait(self) -> None:
         """Block until the save in flight is written and marked complete; CheckpointSaveError if it failed."""

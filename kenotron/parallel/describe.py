@@ -63,13 +63,6 @@ def describe_parameters(plan: Plan, model: nn.Module, mesh_shape: dict[str, int]
     return rows
 
 
-def optimizer_state_fraction(plan: Plan, mesh_shape: dict[str, int]) -> float:
-    """Share of the (per-rank) parameter bytes AdamW keeps per state tensor on one rank."""
-    if plan.dp_mode == "zero1":
-        return 1.0 / max(int(mesh_shape.get("dp_replicate", 1)) * int(mesh_shape.get("dp_shard", 1)), 1)
-    return 1.0
-
-
 def format_description(rows: list[dict[str, Any]], mesh_shape: dict[str, int]) -> str:
     dims = [d for d in MESH_DIMS if int(mesh_shape.get(d, 1)) > 1]
     header = ("parameter", "global shape", *dims, "local shape", "MiB/rank")

@@ -91,10 +91,6 @@ class ParallelDims:
         """Data-parallel degree: how many different slices of the global batch are in flight."""
         return self.dp_replicate * self.dp_shard
 
-    @property
-    def fsdp_enabled(self) -> bool:
-        return self.dp_shard > 1 or self.cp > 1
-
     def degrees(self) -> dict[str, int]:
         return {name: getattr(self, name) for name in MESH_DIM_ORDER}
 

@@ -91,12 +91,3 @@ class Zero1Optimizer:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.inner.load_state_dict(state)
-
-    def state_bytes(self) -> int:
-        """Bytes of optimizer state tensors held by this rank."""
-        return sum(
-            local_tensor(v).numel() * local_tensor(v).element_size()
-            for s in self.inner.state.values()
-            for v in s.values()
-            if isinstance(v, torch.Tensor)
-        )
