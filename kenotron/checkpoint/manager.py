@@ -17,9 +17,9 @@ old checkpoints and uploads; the folder must be one filesystem that every rank s
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -168,7 +168,7 @@ class CheckpointManager:
         goes on in the background and the folder becomes loadable when its marker appears."""
         self.wait()
         path = self._prepare_folder(step)
-        state = {name: part for name, part in self.parts.items()}
+        state = dict(self.parts)
         marker = self._marker(step, parts=list(state), model_only=False, dtype=None)
         if self._saver is None:
             self._saver = DcpSaver(self.config.async_mode, self.process_group)
@@ -213,12 +213,10 @@ class CheckpointManager:
         if pending is None:
             return
         if pending.inflight.written is not None:
-            try:
+            # Whatever the save raised (any type) is already in pending.error (the done-callback
+            # recorded it); it is re-raised below as CheckpointSaveError, so nothing may escape here first.
+            with contextlib.suppress(Exception):
                 pending.inflight.written.result()
-            # Whatever the save raised (any type) is already in pending.error; it is re-raised
-            # below as CheckpointSaveError, so nothing may escape here first.
-            except Exception:  # noqa: BLE001, S110
-                pass  # the done-callback recorded it; reported below once it has run
         pending.finished.wait()
         if pending.error is not None:
             raise CheckpointSaveError(

@@ -225,7 +225,7 @@ def enumerate_candidates(
                     run = _candidate_run(base, cfg, dims, global_batch, model.model)
                     if run is None:
                         continue
-                    degrees = {k: v for k, v in dims.degrees().items()}
+                    degrees = dims.degrees()
                     out.append(Candidate(
                         degrees, dp_mode, ac, local, run.grad_accum_steps, model.peak(run).total,
                         step_time(run, model.parameters(run), n_matmul, hw),
