@@ -33,12 +33,13 @@ import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.distributed.tensor import DTensor
 
+from kenotron.dtensor import local_tensor
 from kenotron.models.common.mlp import SwiGLU, silu_mul
 from kenotron.parallel import grad_norm
 
 
 def _is_fake(t: torch.Tensor) -> bool:
-    local = t.to_local() if isinstance(t, DTensor) else t
+    local = local_tensor(t)
     return isinstance(local, FakeTensor)
 
 

@@ -36,8 +36,8 @@ import time
 from dataclasses import dataclass
 
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.distributed.tensor import DTensor
 
+from kenotron.dtensor import local_tensor
 from kenotron.estimate.cuda_kernels import cuda_kernel_memory
 from kenotron.estimate.depth import activations_by_module, extrapolate_line
 from kenotron.estimate.fake_job import (
@@ -158,7 +158,7 @@ def track_pipeline_step(run: RunPlan, rank: int, reduced: bool = False) -> RankS
         if reduced:  # what one more microbatch adds (see expand_microbatches)
             stage = job.stages[local[0]]
             output = stage.output_chunks[0] if stage.is_last and stage.output_chunks else None
-            output = output.to_local() if isinstance(output, DTensor) else output  # vocab-parallel logits
+            output = local_tensor(output)  # vocab-parallel logits
             chunk = allocated_bytes(output.untyped_storage().nbytes()) if output is not None else 0
             kept = _kept_by_forward(tracker, numbering.of(0, Action("F", local[0], 1), 0)) - chunk
             buffers = sum(allocated_bytes(b[0].untyped_storage().nbytes())

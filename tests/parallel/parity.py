@@ -14,6 +14,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from kenotron.config import load_config
+from kenotron.dtensor import full_tensor, local_tensor
 from kenotron.parallel.plan import Plan
 from kenotron.train.resolve import resolve_run
 from kenotron.train.trainer import Trainer
@@ -27,7 +28,7 @@ BASE = [
 
 
 def full(t: torch.Tensor) -> torch.Tensor:
-    return (t.full_tensor() if isinstance(t, DTensor) else t).detach().float().cpu().clone()
+    return full_tensor(t).detach().float().cpu().clone()
 
 
 def named_parameters(trainer: Trainer) -> Iterator[tuple[str, torch.nn.Parameter]]:
@@ -60,7 +61,7 @@ def run_steps(
         if step == 0:
             grads = {name: full(p.grad) for name, p in named_parameters(trainer) if id(p) not in duplicates}
             grad_local_shapes = {
-                name: tuple((p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad).shape)
+                name: tuple(local_tensor(p.grad).shape)
                 for name, p in named_parameters(trainer)
             }
         norms.append(trainer.clip_gradients().item())
@@ -70,7 +71,7 @@ def run_steps(
     reports = all(trainer.meshes.coordinate(d) == 0 for d in ("dp_replicate", "dp_shard", "cp", "tp"))
     # What this rank actually holds, so a test can tell a sharded layout from a replicated one.
     local_shapes = {
-        name: tuple((p.to_local() if isinstance(p, DTensor) else p).shape) for name, p in named_parameters(trainer)
+        name: tuple(local_tensor(p).shape) for name, p in named_parameters(trainer)
     }
     dtensors = sorted(name for name, p in named_parameters(trainer) if isinstance(p, DTensor))
     return {

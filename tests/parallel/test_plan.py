@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor
 
+from kenotron.dtensor import local_tensor
 from kenotron.models import get_model_spec
 from kenotron.parallel.dims import ParallelDims
 from kenotron.parallel.plan import PlanError, plan_for
@@ -89,7 +89,7 @@ def _applied_local_shapes(mesh_shape: dict[str, int]) -> dict[str, tuple]:
     meshes = dims.build_meshes("cpu")
     model = meta_model()
     plan_for(SPEC).apply(model, meshes)
-    return {n: tuple((p.to_local() if isinstance(p, DTensor) else p).shape) for n, p in model.named_parameters()}
+    return {n: tuple(local_tensor(p).shape) for n, p in model.named_parameters()}
 
 
 def test_describe_matches_the_shapes_apply_produces_on_rank0():
