@@ -48,8 +48,8 @@ def _is_oom(row: dict) -> bool:
 def _overrides(shape: str, cp: int, seq_len: int, args: argparse.Namespace) -> list[str]:
     return SHAPES[shape] + [
         "--parallelism.cp", str(cp), "--parallelism.dp_shard", "-1",
-        "--parallelism.cp_load_balance", "true" if args.load_balance else "false",
-        "--parallelism.cp_rotate_method", args.rotate,
+        "--tuning.cp_load_balance", "true" if args.load_balance else "false",
+        "--tuning.cp_rotate_method", args.rotate,
         "--training.seq_len", str(seq_len), "--training.local_batch_size", "1", "--training.global_batch_size", "-1",
         "--activation_checkpoint.mode", args.ac, "--compile.enable", "true" if args.compile else "false",
     ] + shlex.split(args.extra)

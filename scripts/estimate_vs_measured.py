@@ -22,11 +22,10 @@ import json
 import sys
 from pathlib import Path
 
-from kenotron.config import load_config
+from kenotron.config import load_config, split_config_arg
 from kenotron.estimate import estimate_memory
 from kenotron.estimate.report import gib
 from kenotron.tools.bench import SYNTHETIC, run_case
-from kenotron.train.__main__ import split_config_arg
 
 ACCEPTED_ERROR = 0.10
 """The issue's bar: each estimate within 10% of the measured peak."""

@@ -1,4 +1,4 @@
-"""The AdamW update as one Triton kernel per parameter tensor (`optimizer.implementation = "triton"`;
+"""The AdamW update as one Triton kernel per parameter tensor (`tuning.adamw_implementation = "triton"`;
 the optimizer around it is kenotron.train.optim.TritonAdamW).
 
 The update is memory-bound: per parameter it reads the weight, gradient and both moments and
@@ -96,8 +96,8 @@ def adamw_update_(
     tensors = [local_tensor(t) for t in (param, grad, exp_avg, exp_avg_sq)]
     tensors.append(local_tensor(master) if master is not None else tensors[0])  # unused pointer without a master
     if not all(t.is_contiguous() for t in tensors):
-        raise ValueError("optimizer.implementation='triton' needs contiguous parameters, gradients and moments; "
-                         "use optimizer.implementation='fused' for this model")
+        raise ValueError("tuning.adamw_implementation='triton' needs contiguous parameters, gradients and moments; "
+                         "use tuning.adamw_implementation='fused' for this model")
     n = tensors[0].numel()
     if n == 0:
         return

@@ -38,24 +38,24 @@ def resolve_triton_choice(field: str, choice: str, choices: tuple[str, ...], dev
 
 
 def resolve_eager_kernels(choice: str, device_type: str, compiled: bool, triton_present: bool | None = None) -> str:
-    """"triton" or "torch" for `model.eager_kernels` (the fused RoPE and SwiGLU gate of
+    """"triton" or "torch" for `tuning.eager_kernels` (the fused RoPE and SwiGLU gate of
     kenotron/kernels/rope_swiglu.py, for uncompiled blocks); ConfigError when "triton" cannot run."""
     present = _present(triton_present)
     if choice not in ("auto", "triton", "torch"):
-        raise ConfigError(f"model.eager_kernels={choice!r} is not one of auto, triton, torch")
+        raise ConfigError(f"tuning.eager_kernels={choice!r} is not one of auto, triton, torch")
     if choice == "torch":
         return "torch"
     if compiled:
         if choice == "triton":
             raise ConfigError(
-                "model.eager_kernels='triton' is for uncompiled blocks, but compile.enable=true (the compiler fuses "
-                "RoPE and SwiGLU itself); set model.eager_kernels to 'auto' or compile.enable=false"
+                "tuning.eager_kernels='triton' is for uncompiled blocks, but compile.enable=true (the compiler fuses "
+                "RoPE and SwiGLU itself); set tuning.eager_kernels to 'auto' or compile.enable=false"
             )
         return "torch"
     if device_type != "cuda" or not present:
         if choice == "triton":
             missing = "a CUDA device" if device_type != "cuda" else "the triton package (pip install triton)"
-            raise ConfigError(f"model.eager_kernels='triton' needs {missing}; use model.eager_kernels='auto' or 'torch'")
+            raise ConfigError(f"tuning.eager_kernels='triton' needs {missing}; use tuning.eager_kernels='auto' or 'torch'")
         return "torch"
     return "triton"
 
@@ -64,9 +64,9 @@ LOSS_KERNELS = ("auto", "triton", "compiled", "torch")
 
 
 def resolve_loss_kernel(choice: str, device_type: str, compiled: bool, triton_present: bool | None = None) -> str:
-    """"triton", "compiled" or "torch" for `training.loss_kernel` (the fused loss's chunk step;
+    """"triton", "compiled" or "torch" for `tuning.loss_kernel` (the fused loss's chunk step;
     the Triton one is kenotron/kernels/loss.py); ConfigError when "triton" cannot run."""
-    return resolve_triton_choice("training.loss_kernel", choice, LOSS_KERNELS, device_type, _present(triton_present),
+    return resolve_triton_choice("tuning.loss_kernel", choice, LOSS_KERNELS, device_type, _present(triton_present),
                                  fallback="compiled" if compiled else "torch")
 
 
@@ -74,9 +74,9 @@ GRAD_NORM_KERNELS = ("auto", "triton", "torch")
 
 
 def resolve_grad_norm_kernel(choice: str, device_type: str, triton_present: bool | None = None) -> str:
-    """"triton" or "torch" for `training.grad_norm_kernel` (the gradient norm's sum of squares,
+    """"triton" or "torch" for `tuning.grad_norm_kernel` (the gradient norm's sum of squares,
     kenotron/kernels/sum_of_squares.py); ConfigError when "triton" cannot run."""
-    return resolve_triton_choice("training.grad_norm_kernel", choice, GRAD_NORM_KERNELS, device_type,
+    return resolve_triton_choice("tuning.grad_norm_kernel", choice, GRAD_NORM_KERNELS, device_type,
                                  _present(triton_present), fallback="torch")
 
 
@@ -91,6 +91,6 @@ def resolve_adamw_implementation(implementation: str, device_type: str, triton_p
         return "triton" if present else "fused"
     if implementation == "triton" and (device_type != "cuda" or not present):
         missing = "a CUDA device" if device_type != "cuda" else "the triton package (pip install triton)"
-        raise ConfigError(f"optimizer.implementation='triton' needs {missing}; use optimizer.implementation='auto' "
+        raise ConfigError(f"tuning.adamw_implementation='triton' needs {missing}; use tuning.adamw_implementation='auto' "
                           f"or 'fused'")
     return implementation

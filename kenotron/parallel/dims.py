@@ -13,11 +13,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from kenotron.errors import ConfigError
+
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
 
-class ParallelConfigError(ValueError):
+class ParallelConfigError(ConfigError):
     """Degrees that cannot be laid out on the world size or the model; the message says how to fix them."""
 
 

@@ -54,7 +54,7 @@ def _sum_of_squares(tensors: list[torch.Tensor], kernel: str) -> torch.Tensor:
 @torch.no_grad()
 def total_grad_norm(grads: list[torch.Tensor], pp_mesh: DeviceMesh | None = None, kernel: str = "torch") -> torch.Tensor:
     """L2 norm of all gradients as one vector, identical on every rank (fp32, plain tensor).
-    `kernel`: a resolved `training.grad_norm_kernel` (triton on CUDA, else torch's ops)."""
+    `kernel`: a resolved `tuning.grad_norm_kernel` (triton on CUDA, else torch's ops)."""
     groups: dict[tuple, list[torch.Tensor]] = defaultdict(list)
     for g in grads:
         key = (g.device_mesh, tuple(g.placements)) if isinstance(g, DTensor) else (None, ())

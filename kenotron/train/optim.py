@@ -10,7 +10,6 @@ from torch import nn
 
 from kenotron.config import ConfigError
 from kenotron.config import Optimizer as OptimizerConfig
-from kenotron.kernels.select import resolve_adamw_implementation
 
 
 def closure_loss(closure: Callable[[], Any] | None) -> Any:
@@ -82,19 +81,18 @@ def adamw_kernel_kwargs(implementation: str) -> dict[str, bool]:
     }[implementation]
 
 
-def optimizer_factory(cfg: OptimizerConfig, device_type: str, triton_present: bool | None = None,
-                      master_weights: bool = False) -> Callable[[list[dict]], torch.optim.Optimizer]:
-    """A function from parameter groups to the configured optimizer (`triton_present`: None looks
-    for the package, see resolve_adamw_implementation). `master_weights`: AdamW keeps fp32 masters
+def optimizer_factory(cfg: OptimizerConfig, implementation: str, master_weights: bool = False,
+                      ) -> Callable[[list[dict]], torch.optim.Optimizer]:
+    """A function from parameter groups to the configured optimizer. `implementation`: AdamW's
+    kernel as resolve_run chose it (Choices.adamw). `master_weights`: AdamW keeps fp32 masters
     and turns the parameters bf16 when built (kenotron/train/master_weights.py)."""
     if master_weights and cfg.name != "adamw":
-        raise ConfigError(f"training.mixed_precision='master_weights' keeps its fp32 masters in AdamW's state, but "
+        raise ConfigError(f"tuning.mixed_precision='master_weights' keeps its fp32 masters in AdamW's state, but "
                           f"optimizer.name={cfg.name!r}; use optimizer.name='adamw' or another mixed_precision")
     if cfg.name == "sgd":
         return lambda groups: torch.optim.SGD(groups, lr=cfg.lr)
     if cfg.name != "adamw":
-        raise ValueError(f"optimizer.name={cfg.name!r} is not supported; use 'adamw' or 'sgd'")
-    implementation = resolve_adamw_implementation(cfg.implementation, device_type, triton_present)
+        raise ConfigError(f"optimizer.name={cfg.name!r} is not supported; use 'adamw' or 'sgd'")
     betas = (cfg.beta1, cfg.beta2)
     if master_weights:
         from kenotron.train.master_weights import MasterWeightAdamW

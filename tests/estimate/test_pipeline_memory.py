@@ -34,7 +34,7 @@ def stage_static_bytes(ngpu: int, pp_rank: int, overrides: list[str], config: st
     mesh_shape = {k: v for k, v in run.dims.degrees().items() if k != "pp"}
     total = 0
     for s in split.local_stages(pp_rank):
-        part = stage_module(model, split.stages[s], run.plan.blocks)
+        part = stage_module(model, split.stages[s], run.plan.layout.blocks)
         total += sum(allocated_bytes(r["bytes"]) for r in run.plan.describe(part, mesh_shape))
         total += sum(allocated_bytes(b.numel() * b.element_size()) for b in part.buffers())
     return total
@@ -125,7 +125,7 @@ def test_multi_stage_schedules_run_each_ranks_stages(schedule):
         (("--parallelism.pp", "8"), ParallelConfigError),  # 8 stages, 4 layers
         (("--parallelism.pp", "2", "--parallelism.pp_microbatches", "3"), ParallelConfigError),
         (("--parallelism.pp", "4", "--training.local_batch_size", "2"), ParallelConfigError),  # 1F1B: >= pp
-        (("--parallelism.pp", "2", "--training.loss", "fused"), ConfigError),
+        (("--parallelism.pp", "2", "--tuning.loss", "fused"), ConfigError),
     ],
     ids=["too-few-layers", "microbatches-divide", "1f1b-microbatches", "fused-loss"],
 )

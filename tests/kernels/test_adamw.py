@@ -1,4 +1,4 @@
-"""optimizer.implementation = "triton" (kenotron/kernels/adamw.py): the kernel equals torch's AdamW
+"""tuning.adamw_implementation = "triton" (kenotron/kernels/adamw.py): the kernel equals torch's AdamW
 (run on the CPU through Triton's interpreter, in a child process), the refusal off CUDA, the
 clipping divisor handed to the kernel, and a dry run on fake tensors that only creates the state."""
 
@@ -25,8 +25,8 @@ def test_triton_adamw_equals_torch_adamw_through_clipping_lr_changes_checkpoints
 def test_triton_on_cpu_is_refused_before_training():
     from kenotron.train.resolve import resolve_run
 
-    cfg = load_config(None, ["--training.device", "cpu", "--optimizer.implementation", "triton"])
-    with pytest.raises(ConfigError, match="optimizer.implementation='triton' needs a CUDA device"):
+    cfg = load_config(None, ["--training.device", "cpu", "--tuning.adamw_implementation", "triton"])
+    with pytest.raises(ConfigError, match="tuning.adamw_implementation='triton' needs a CUDA device"):
         resolve_run(cfg, world_size=1)
 
 
@@ -37,8 +37,8 @@ def test_triton_adamw_takes_the_clipping_divisor_and_a_dry_run_only_creates_stat
     from kenotron.parallel.grad_norm import optimizer_unscales_gradients
     from kenotron.train.optim import TritonAdamW
 
-    cfg = load_config(None, ["--optimizer.implementation", "triton"]).optimizer
-    factory = optimizer_factory(cfg, "cuda", triton_present=True)
+    cfg = load_config(None, ["--tuning.adamw_implementation", "triton"]).optimizer
+    factory = optimizer_factory(cfg, "triton")
     with FakeTensorMode():
         p = torch.nn.Parameter(torch.empty(64, 32))
         opt = factory([{"params": [p], "weight_decay": 0.1}])
@@ -79,6 +79,7 @@ def test_a_gpu_job_with_triton_is_planned_on_a_cpu_machine_and_refused_by_its_tr
 
     if torch.cuda.is_available():
         pytest.skip("checks the CPU-only machine's behaviour")
-    run = resolve_run(load_config(None, ["--optimizer.implementation", "triton"]), world_size=1)  # estimation.py's view
-    with pytest.raises(ConfigError, match="optimizer.implementation='triton' needs a CUDA device"):
-        Trainer(run)
+    cfg = load_config(None, ["--tuning.adamw_implementation", "triton"])
+    resolve_run(cfg, world_size=1)  # estimation.py's view: planned for a GPU machine
+    with pytest.raises(ConfigError, match="tuning.adamw_implementation='triton' needs a CUDA device"):
+        Trainer(cfg)

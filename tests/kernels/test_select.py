@@ -48,7 +48,7 @@ def test_adamw_auto_picks_triton_on_cuda_with_triton_else_fused_or_foreach():
     assert resolve_adamw_implementation("auto", "cuda", triton_present=False) == "fused"
     assert resolve_adamw_implementation("auto", "cpu", triton_present=True) == "foreach"
     assert resolve_adamw_implementation("fused", "cuda", triton_present=True) == "fused"
-    with pytest.raises(ConfigError, match="optimizer.implementation='triton' needs a CUDA device"):
+    with pytest.raises(ConfigError, match="tuning.adamw_implementation='triton' needs a CUDA device"):
         resolve_adamw_implementation("triton", "cpu", triton_present=True)
     with pytest.raises(ConfigError, match=r"needs the triton package \(pip install triton\)"):
         resolve_adamw_implementation("triton", "cuda", triton_present=False)
@@ -58,12 +58,12 @@ def test_grad_norm_kernel_choice_and_errors_name_the_fix():
     assert resolve_grad_norm_kernel("auto", "cuda", triton_present=True) == "triton"
     assert resolve_grad_norm_kernel("auto", "cuda", triton_present=False) == "torch"
     assert resolve_grad_norm_kernel("auto", "cpu", triton_present=True) == "torch"
-    with pytest.raises(ConfigError, match="training.grad_norm_kernel='triton' needs a CUDA device; "
-                                          "use training.grad_norm_kernel='auto' or 'torch'"):
+    with pytest.raises(ConfigError, match="tuning.grad_norm_kernel='triton' needs a CUDA device; "
+                                          "use tuning.grad_norm_kernel='auto' or 'torch'"):
         resolve_grad_norm_kernel("triton", "cpu", triton_present=True)
     with pytest.raises(ConfigError, match=r"needs the triton package \(pip install triton\)"):
         resolve_grad_norm_kernel("triton", "cuda", triton_present=False)
-    with pytest.raises(ConfigError, match="training.grad_norm_kernel='cuda' is not one of auto, triton, torch"):
+    with pytest.raises(ConfigError, match="tuning.grad_norm_kernel='cuda' is not one of auto, triton, torch"):
         resolve_grad_norm_kernel("cuda", "cuda")
 
 
@@ -73,9 +73,9 @@ def test_loss_kernel_choice_follows_device_and_compile_and_refuses_triton_off_cu
     assert resolve_loss_kernel("auto", "cpu", compiled=True, triton_present=True) == "compiled"
     assert resolve_loss_kernel("auto", "cpu", compiled=False, triton_present=True) == "torch"
     assert resolve_loss_kernel("compiled", "cuda", compiled=False, triton_present=True) == "compiled"
-    with pytest.raises(ConfigError, match="training.loss_kernel='triton' needs a CUDA device"):
+    with pytest.raises(ConfigError, match="tuning.loss_kernel='triton' needs a CUDA device"):
         resolve_loss_kernel("triton", "cpu", compiled=False, triton_present=True)
     with pytest.raises(ConfigError, match="needs the triton package"):
         resolve_loss_kernel("triton", "cuda", compiled=False, triton_present=False)
-    with pytest.raises(ConfigError, match="training.loss_kernel='fast' is not one of"):
+    with pytest.raises(ConfigError, match="tuning.loss_kernel='fast' is not one of"):
         resolve_loss_kernel("fast", "cuda", compiled=False)

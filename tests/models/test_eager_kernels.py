@@ -1,4 +1,4 @@
-"""model.eager_kernels: the fused RoPE and SwiGLU gate installed on a model (kenotron/models/common/eager_kernels.py),
+"""tuning.eager_kernels: the fused RoPE and SwiGLU gate installed on a model (kenotron/models/common/eager_kernels.py),
 the config's refusal under compile, and training with them on CUDA."""
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from kenotron.train.resolve import resolve_run
 
 
 def test_triton_with_compile_is_refused_by_the_config_check():
-    cfg = load_config(None, ["--model.eager_kernels", "triton", "--compile.enable", "true"])
-    with pytest.raises(ConfigError, match="model.eager_kernels='triton' is for uncompiled blocks"):
+    cfg = load_config(None, ["--tuning.eager_kernels", "triton", "--compile.enable", "true"])
+    with pytest.raises(ConfigError, match="tuning.eager_kernels='triton' is for uncompiled blocks"):
         resolve_run(cfg, 1)
 
 
@@ -57,7 +57,7 @@ def test_training_with_triton_kernels_follows_pytorch_ops_under_every_ac_mode(tm
               "--activation_checkpoint.mode", ac, "--training.device", "cuda"]
     losses = {}
     for kernels in ("triton", "torch"):
-        cfg = load_config(None, common + ["--model.eager_kernels", kernels, "--job.dump_folder", str(tmp_path / kernels)])
+        cfg = load_config(None, common + ["--tuning.eager_kernels", kernels, "--job.dump_folder", str(tmp_path / kernels)])
         losses[kernels] = [r["loss"] for r in run_training(cfg)]
     for a, b in zip(losses["triton"], losses["torch"]):
         assert a == pytest.approx(b, rel=2e-2)

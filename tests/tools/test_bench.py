@@ -58,9 +58,8 @@ def test_every_gpu_preset_is_a_valid_config_for_its_gpu_count(monkeypatch):
 
     import torch
 
-    from kenotron.config import load_config
+    from kenotron.config import load_config, split_config_arg
     from kenotron.tools.bench import PRESETS, SYNTHETIC
-    from kenotron.train.__main__ import split_config_arg
     from kenotron.train.resolve import resolve_run
 
     # The flash_attn presets are checked as on an H200 with flash-attn-4 installed.

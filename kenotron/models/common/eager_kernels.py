@@ -1,4 +1,4 @@
-"""Fused Triton kernels for RoPE and SwiGLU in uncompiled blocks (`model.eager_kernels`).
+"""Fused Triton kernels for RoPE and SwiGLU in uncompiled blocks (`tuning.eager_kernels`).
 
 Measured on an H200 (docs/performance.md), an eager 1B step spends more time in RoPE's and
 SwiGLU's elementwise kernels than in its optimizer; kenotron/kernels/rope_swiglu.py does each
