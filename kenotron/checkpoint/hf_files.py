@@ -58,7 +58,7 @@ def weight_files(hf_dir: str | Path) -> dict[str, Path]:
         safetensors = _safetensors()
         with safetensors.safe_open(str(single), framework="pt") as f:
             # safe_open is not a mapping: it has keys() but no __iter__ / __contains__.
-            return {key: single for key in f.keys()}  # noqa: SIM118
+            return dict.fromkeys(f.keys(), single)
     found = sorted(p.name for p in hf_dir.glob("*.bin")) or sorted(p.name for p in hf_dir.iterdir())[:5]
     raise CheckpointFormatError(
         f"{hf_dir} holds no {SINGLE_FILE} or {INDEX_FILE} (found: {', '.join(found) or 'nothing'}); kenotron reads "
@@ -108,7 +108,7 @@ def write_hf_shards(
         # safetensors refuses views and shared storage: give each tensor its own contiguous copy.
         tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in load(keys).items()}
         safetensors.torch.save_file(tensors, str(out / name), metadata={"format": "pt"})
-        weight_map.update({key: name for key in tensors})
+        weight_map.update(dict.fromkeys(tensors, name))
         total += sum(t.numel() * t.element_size() for t in tensors.values())
         del tensors
     if len(shards) > 1:

@@ -27,6 +27,7 @@ from kenotron.config.sections import (
     Parallelism,
     Tokenizer,
     Training,
+    Tuning,
 )
 from kenotron.config.validate import validate_config
 
@@ -47,6 +48,7 @@ __all__ = [
     "Parallelism",
     "Tokenizer",
     "Training",
+    "Tuning",
     "all_fields",
     "config_from_dict",
     "config_help",

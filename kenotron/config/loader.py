@@ -16,10 +16,7 @@ from typing import Any
 
 from kenotron.config.schema import FieldInfo, all_fields, section_classes
 from kenotron.config.sections import JobConfig
-
-
-class ConfigError(ValueError):
-    """A bad configuration value; the message says which key and how to fix it."""
+from kenotron.errors import ConfigError
 
 
 def _suggest(word: str, candidates: Sequence[str]) -> str:
@@ -219,3 +216,4 @@ def config_reference_markdown() -> str:
         kind = info.type_name().replace("|", "\\|")
         out.append(f"| `{info.key}` | {kind} | `{toml_value(info.default)}` | {doc} |")
     return "\n".join(out) + "\n"
+

@@ -16,11 +16,11 @@ import traceback
 
 from kenotron.config import ConfigError, load_config, split_config_arg
 from kenotron.launch.worker import WorkerGuard, exit_code_of, report_failure
-from kenotron.models import MODEL_SPECS, UnknownModelError
-from kenotron.parallel.dims import ParallelConfigError
+from kenotron.models import MODEL_SPECS
 
-CONFIG_ERRORS = (ConfigError, ParallelConfigError, UnknownModelError, FileNotFoundError)
-"""What a bad config raises; each is reported as one line and exit code 2."""
+CONFIG_ERRORS = (ConfigError, FileNotFoundError)
+"""What a bad config raises (PlanError, ParallelConfigError, UnknownModelError are ConfigErrors);
+each is reported as one line and exit code 2."""
 
 
 def answer_info_flags(argv: list[str], prog: str = "python -m kenotron.train") -> bool:

@@ -118,8 +118,8 @@ def test_flash_attn_without_the_package_says_how_to_install_it(monkeypatch):
 def test_flash_attn_needs_cuda_bf16_no_short_window_and_a_compilable_version(monkeypatch):
     monkeypatch.setitem(sys.modules, "flash_attn", fake_flash_attn("2.6.3"))
     flash = ["--model.attention_backend", "flash_attn"]
-    assert "needs CUDA" in refused(flash)
-    # The remaining checks, as on a GPU machine:
+    assert "needs CUDA" in refused(flash + ["--training.device", "cpu"])
+    # The remaining checks, as on a GPU machine (resolve_run plans for the GPU machine the config names):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *device: (8, 0))  # an A100
     assert "set training.param_dtype='bfloat16'" in refused(flash)
@@ -188,9 +188,9 @@ def test_auto_picks_flash_attention_3_or_4_only_where_it_computes_the_same_atten
 
 
 @pytest.mark.parametrize("backend", ["cudnn", "efficient"])
-def test_a_cuda_only_sdpa_kernel_is_refused_on_a_cpu_before_any_step(backend):
-    from kenotron.config import ConfigError
-    from kenotron.train.attention_backend import use_attention_kernel
+def test_a_cuda_only_sdpa_kernel_is_refused_on_a_cpu_before_any_process_group(backend):
+    from kenotron.train.choices import Target
 
+    cfg = load_config(None, ["--model.attention_backend", backend, "--training.device", "cpu"])
     with pytest.raises(ConfigError, match=rf"model.attention_backend='{backend}' is a CUDA kernel and this run is on cpu"):
-        use_attention_kernel(torch.nn.Linear(1, 1), backend, torch.device("cpu"))
+        resolve_run(cfg, 1, Target.of(torch.device("cpu")))
