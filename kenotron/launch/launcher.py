@@ -32,6 +32,8 @@ from kenotron.config import ConfigError, load_config, split_config_arg
 # What torchrun logs and kenotron says better itself: the failure summary, the signal forwarding.
 _REPLACED_LOG_LINES = ("failed (exitcode", "death signal, shutting down workers", "closing signal",
                        "Setting OMP_NUM_THREADS")
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+"""What the launcher sends its ranks to stop them."""
 _CAUSE_ORDER = {"config": 0, "error": 0, "crash": 0, "peer": 1, "interrupted": 2}
 """How a failure ranks as the cause of a job's end: lower first, then earlier."""
 
@@ -128,6 +130,10 @@ def failures_of(exc: Any) -> list[Failure]:
         record = _read_record(pf.error_file) if pf.error_file and os.path.isfile(pf.error_file) else {}
         if record:
             kind, line = record.get("kind", "error"), record.get("line", "")
+        elif -pf.exitcode in _STOP_SIGNALS:
+            # Stopped by the launcher (it sends these to the others when one rank fails) before
+            # it could say anything: a consequence, not a cause.
+            kind, line = "interrupted", f"stopped by {pf.signal_name()} before it could report"
         elif pf.exitcode < 0:
             kind, line = "crash", f"died of {pf.signal_name()} without a Python error"
         else:

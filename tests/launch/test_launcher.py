@@ -120,3 +120,27 @@ def test_run_train_sh_passes_a_config_error_through_as_exit_code_2():
         "(see --help for every key)"
     )
     assert proc.stdout == ""
+
+
+def test_the_cause_is_the_rank_that_failed_not_the_ones_the_launcher_stopped(tmp_path):
+    import json
+    from types import SimpleNamespace
+
+    from kenotron.launch.launcher import failures_of
+
+    def failure(rank, exitcode, record=None, timestamp=100):
+        error_file = ""
+        if record is not None:
+            error_file = str(tmp_path / f"error{rank}.json")
+            Path(error_file).write_text(json.dumps({"message": record["line"], "kenotron": record}))
+        name = signal.Signals(-exitcode).name if exitcode < 0 else "<N/A>"
+        return SimpleNamespace(local_rank=rank, exitcode=exitcode, error_file=error_file, timestamp=timestamp,
+                               signal_name=lambda: name)
+
+    stopped = failure(0, -signal.SIGTERM, timestamp=99)  # killed by the launcher before its guard was up
+    aborted = failure(1, -signal.SIGABRT, timestamp=100)
+    assert [f.rank for f in failures_of(SimpleNamespace(failures={0: stopped, 1: aborted}))] == [1, 0]
+    interrupted = failure(0, 143, {"line": "kenotron: interrupted", "kind": "interrupted", "time": 1.0})
+    config = failure(1, 2, {"line": "kenotron: config error: x", "kind": "config", "time": 2.0})
+    first = failures_of(SimpleNamespace(failures={0: interrupted, 1: config}))[0]
+    assert (first.rank, first.exit_code, first.line) == (1, 2, "kenotron: config error: x")
