@@ -238,7 +238,9 @@ def run_case(
                   "--timing", timing]
         worker += ["--profile"] if profile else []
         worker += ["--trace"] if trace else []
-        worker += ["--"]
+        # A benchmark keeps no run: its config, records and checkpoints go to the temporary folder
+        # (the case's own overrides come after, so a case may still name a folder).
+        worker += ["--", "--job.dump_folder", os.path.join(tmp, "run")]
         if ngpu > 1:
             cmd = ["torchrun", "--standalone", "--nproc-per-node", str(ngpu), *worker, *overrides]
         else:

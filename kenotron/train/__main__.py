@@ -1,7 +1,7 @@
 """`python -m kenotron.train --config X.toml [--section.key value ...]`: one training process.
 
 `kenotron train` / `./run_train.sh` start one of these per rank through torchrun
-(kenotron/launch/launcher.py). Whatever ends it, it ends with at most one line of its own:
+(kenotron/launch/launcher.py; signals and the last word: train/worker_guard.py). Whatever ends it, it ends with at most one line of its own:
 
 - exit 0: trained to training.steps (or found nothing left to do);
 - exit 2: a config error (`kenotron: config error: ...`), found before any process group;
@@ -15,8 +15,8 @@ import sys
 import traceback
 
 from kenotron.config import ConfigError, load_config, split_config_arg
-from kenotron.launch.worker import WorkerGuard, exit_code_of, report_failure
 from kenotron.models import MODEL_SPECS
+from kenotron.train.worker_guard import WorkerGuard, exit_code_of, report_failure
 
 CONFIG_ERRORS = (ConfigError, FileNotFoundError)
 """What a bad config raises (PlanError, ParallelConfigError, UnknownModelError are ConfigErrors);
