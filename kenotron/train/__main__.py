@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import traceback
 
@@ -78,5 +79,16 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def exit_process(code: int) -> None:
+    """End the process with `code`. After a stop signal, without the interpreter's teardown: a save
+    that the signal cut at its start can leave a native thread behind whose destruction at exit
+    aborts the process (SIGABRT), which would hide the clean stop just reported."""
+    if code >= 128:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

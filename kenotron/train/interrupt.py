@@ -35,6 +35,7 @@ def _signal_name(stop: KeyboardInterrupt) -> tuple[str, int]:
 def stop_training(trainer: Any, stop: KeyboardInterrupt) -> TrainingInterrupted:
     """Wait for the checkpoint in flight (or see that it was cut short) and describe the stop."""
     name, code = _signal_name(stop)
+    trainer.metrics.close()  # the records written so far stay (TensorBoard flushes on close)
     total = trainer.cfg.training.steps
     parts = [f"interrupted ({name}) at step {trainer.step}/{total}"]
     checkpointer = trainer.checkpointer
