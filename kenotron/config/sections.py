@@ -282,6 +282,9 @@ class Checkpoint:
     remote_delete_local: bool = False
     """Delete a local checkpoint once its upload succeeded (a failed upload always keeps it)."""
 
+    checksums: bool = False
+    """Record a SHA-256 of every checkpoint file in its completion marker (rank 0 reads the files back after each save) and verify them before loading: catches files damaged in place. File sizes are always recorded and checked."""
+
 
 @dataclass
 class Float8:
