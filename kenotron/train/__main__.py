@@ -39,7 +39,8 @@ def main(argv: list[str] | None = None) -> int:
         path, overrides = split_config_arg(argv)
         cfg = load_config(path, overrides)
         # Imported here so --help stays fast and config errors come before torch's start-up.
-        from kenotron.train.trainer import NonFiniteLossError, run_training
+        from kenotron.train.guards import NonFiniteLossError
+        from kenotron.train.trainer import run_training
     except (ConfigError, ParallelConfigError, UnknownModelError, FileNotFoundError) as e:
         print(f"kenotron: config error: {e}", file=sys.stderr)
         return 2

@@ -58,6 +58,11 @@ from kenotron.train.fused_loss import (
     linear_cross_entropy_sum,
     resolve_loss_kernel,
 )
+from kenotron.train.guards import (
+    DivergenceGuard,
+    divergence_advice,
+    warn_if_nothing_to_train,
+)
 from kenotron.train.loss import IGNORE_INDEX, cross_entropy_sum
 from kenotron.train.lr_schedule import LRSchedule, build_lr_scheduler
 from kenotron.train.metrics import MetricsLogger
@@ -72,10 +77,6 @@ from kenotron.train.precision import single_device_fsdp, uses_master_weights
 from kenotron.train.resolve import RunPlan, resolve_run
 
 logger = logging.getLogger("kenotron")
-
-
-class NonFiniteLossError(RuntimeError):
-    """The loss became NaN or infinite; training stops rather than writing garbage."""
 
 
 def _hidden_states(h: torch.Tensor) -> torch.Tensor:
@@ -218,7 +219,11 @@ class Trainer:
             train_state=self.train_state, model_info=describe_model(run.spec, run.model_args, cfg.model.flavor),
         )
         self.checkpointer.load()
+        if self.is_rank0:
+            warn_if_nothing_to_train(self.step, cfg.training.steps)
         # -- end checkpointing --
+        self.guard = DivergenceGuard(divergence_advice(cfg.optimizer.lr, cfg.lr_scheduler.warmup_steps,
+                                                       cfg.training.max_norm))
 
     @property
     def step(self) -> int:
@@ -370,16 +375,6 @@ class Trainer:
 
     # -- the loop -------------------------------------------------------------------------
 
-    def _check_finite(self, losses: torch.Tensor, first_step: int) -> None:
-        finite = torch.isfinite(losses)
-        if not bool(finite.all()):
-            bad = int((~finite).nonzero()[0, 0]) + first_step
-            raise NonFiniteLossError(
-                f"loss is {losses[bad - first_step].item()} at step {bad}: training stopped. Lower optimizer.lr "
-                f"(now {self.cfg.optimizer.lr}), lengthen lr_scheduler.warmup_steps (now "
-                f"{self.cfg.lr_scheduler.warmup_steps}), or set training.max_norm > 0"
-            )
-
     def train(self) -> list[dict[str, Any]]:
         cfg = self.cfg
         if self.is_rank0:
@@ -402,15 +397,19 @@ class Trainer:
             self.tokens_seen += tokens_per_step
             self.metrics.count(tokens_per_step)
             window.append(loss)
+            self.guard.observe(self.step, grad_norm)  # no synchronization (train/guards.py)
             if self.step % cfg.metrics.log_freq == 0 or self.step == cfg.training.steps:
+                self.guard.check()
                 losses = self.global_losses(window)
-                self._check_finite(losses, window_start)
+                self.guard.check_losses(losses, window_start)
                 rec = self.metrics.record(
                     step=self.step, loss=losses[-1].item(), loss_avg=losses.mean().item(),
                     grad_norm=grad_norm.item(), lr=self._lr_of_step(self.step), tokens_seen=self.tokens_seen,
                 )
                 records.append(rec)
                 window, window_start = [], self.step + 1
+            if self.checkpointer.should_save(self.step, last=self.step == cfg.training.steps):
+                self.guard.check()  # a diverged state is never saved
             self.checkpointer.maybe_save(self.step, last=self.step == cfg.training.steps)
         self.checkpointer.close()  # the last save and uploads are complete when train() returns
         self.metrics.close()
