@@ -237,6 +237,9 @@ class Parallelism:
     async_tp: bool = False
     """With tp > 1 on CUDA and compile on: overlap TP communication with the matmuls."""
 
+    collective_timeout_s: float = 600.0
+    """Seconds a collective waits for the other ranks before the job fails (every process group of the job). A watchdog names a rank that stopped making progress after a quarter of this (at most 60 s)."""
+
 
 @dataclass
 class Checkpoint:

@@ -11,6 +11,7 @@ parallel the model is a list of parts (this rank's stages) and a PipelineRunner
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import logging
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,6 +25,7 @@ from torch.distributed.tensor.parallel import loss_parallel
 
 from kenotron.checkpoint import CheckpointManager, TrainState
 from kenotron.checkpoint.model_info import describe_model
+from kenotron.checkpoint.remote import redact_url
 from kenotron.config import JobConfig, config_to_toml
 from kenotron.data import MicroBatch, build_text_loader, build_tokenizer
 from kenotron.models.common.flash_attention import cuda_major
@@ -60,6 +62,7 @@ from kenotron.train.fused_loss import (
 )
 from kenotron.train.guards import (
     DivergenceGuard,
+    NonFiniteLossError,
     divergence_advice,
     warn_if_nothing_to_train,
 )
@@ -75,6 +78,8 @@ from kenotron.train.optim import (
 from kenotron.train.pipeline_step import PipelineRunner
 from kenotron.train.precision import single_device_fsdp, uses_master_weights
 from kenotron.train.resolve import RunPlan, resolve_run
+from kenotron.train.run_lock import lock_run_folders
+from kenotron.train.watchdog import start_watchdog
 
 logger = logging.getLogger("kenotron")
 
@@ -114,17 +119,23 @@ class Trainer:
             resolve_adamw_implementation(cfg.optimizer.implementation, self.device.type)
         if cfg.float8.enable:
             check_float8_available()
+        # One live job per run folder (train/run_lock.py), before any process group: a busy folder fails at once.
+        self._locks = lock_run_folders(cfg.job.dump_folder, Path(cfg.job.dump_folder) / cfg.checkpoint.folder
+                                       if cfg.checkpoint.enable else None) if self.world.rank == 0 else []
         self._owns_process_group = False
         if self.world.world_size > 1 or self.world.launched:
-            self._owns_process_group = init_distributed(self.device)
+            self._owns_process_group = init_distributed(self.device, cfg.parallelism.collective_timeout_s)
         self.is_rank0 = self.world.rank == 0
+        self._finished = False  # every rank ended together: close() tears the groups down with a barrier
+        self.watchdog = start_watchdog(self.world.rank, self.world.world_size, cfg.parallelism.collective_timeout_s,
+                                       lambda: self.train_state.step)
         if cfg.training.deterministic:
             torch.use_deterministic_algorithms(True)
 
         self.dump_folder = Path(cfg.job.dump_folder)
         if self.is_rank0:
             self.dump_folder.mkdir(parents=True, exist_ok=True)
-            (self.dump_folder / "config.toml").write_text(config_to_toml(cfg))
+            (self.dump_folder / "config.toml").write_text(redact_url(config_to_toml(cfg)))
 
         # bf16 parameters with fp32 masters in AdamW, or (otherwise) autocast / FSDP casts: train/precision.py.
         self.master_weights = uses_master_weights(run, self.device.type)
@@ -411,8 +422,11 @@ class Trainer:
             if self.checkpointer.should_save(self.step, last=self.step == cfg.training.steps):
                 self.guard.check()  # a diverged state is never saved
             self.checkpointer.maybe_save(self.step, last=self.step == cfg.training.steps)
+        if self.early_gather is not None:
+            self.early_gather.finish()  # no forward waits for the last step's all-gathers
         self.checkpointer.close()  # the last save and uploads are complete when train() returns
         self.metrics.close()
+        self._finished = True
         return records
 
     def _lr_of_step(self, step: int) -> float:
@@ -420,9 +434,15 @@ class Trainer:
         return self.cfg.optimizer.lr * self.schedule.lr_factor(step)
 
     def close(self) -> None:
+        if self.watchdog is not None:
+            self.watchdog.stop()
+        if self._finished and self.early_gather is not None:
+            self.early_gather.finish()
         self.checkpointer.close()
         if self._owns_process_group:
-            destroy_distributed()
+            destroy_distributed(finished=self._finished)
+        for lock in self._locks:
+            lock.release()
 
 
 def setup_logging(rank: int) -> None:
@@ -434,9 +454,18 @@ def run_training(cfg: JobConfig) -> list[dict[str, Any]]:
     """Resolve, build and train; returns the metric records (rank 0's view)."""
     world = WorldInfo.from_env()
     setup_logging(world.rank)
+    if not faulthandler.is_enabled():
+        faulthandler.enable(all_threads=True)  # a rank killed by a signal (SIGABRT, SIGSEGV) prints its stacks
     run = resolve_run(cfg, world.world_size)
     trainer = Trainer(run)
     try:
         return trainer.train()
+    except NonFiniteLossError:
+        trainer._finished = True  # every rank stops at the same step (global norm and losses): end as one
+        raise
+    except BaseException:
+        if trainer.watchdog is not None and trainer.watchdog.diagnosis:
+            logger.error("rank %d stopped; before that the watchdog found: %s", world.rank, trainer.watchdog.diagnosis)
+        raise
     finally:
         trainer.close()
