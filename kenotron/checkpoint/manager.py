@@ -227,10 +227,11 @@ class CheckpointManager:
         if pending.inflight.written is not None:
             try:
                 pending.inflight.written.result()
-            # Whatever the save raised (any type) is already in pending.error; it is re-raised
-            # below as CheckpointSaveError, so nothing may escape here first.
-            except Exception:  # noqa: BLE001, S110
-                pass  # the done-callback recorded it; reported below once it has run
+            # Whatever the save raised is already in pending.error (DCP's CheckpointException is a
+            # BaseException); it is re-raised below as CheckpointSaveError. Only an interrupt passes.
+            except BaseException as exc:
+                if not (isinstance(exc, Exception) or is_checkpoint_exception(exc)):
+                    raise
         pending.finished.wait()
         if pending.error is not None:
             raise self._save_failed(pending.step, pending.inflight.path, pending.error) from pending.error
