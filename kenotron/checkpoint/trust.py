@@ -31,7 +31,8 @@ import torch.serialization
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
-from kenotron.checkpoint.errors import CheckpointFormatError
+from kenotron.checkpoint.diagnose import is_checkpoint_exception, root_causes
+from kenotron.checkpoint.errors import CheckpointError, CheckpointFormatError
 
 METADATA_NAME = ".metadata"
 
@@ -121,8 +122,11 @@ class SafeLoadPlanner(DefaultLoadPlanner):
         try:
             plain = torch.load(value, weights_only=True)
         except pickle.UnpicklingError as exc:
+            text = str(exc)
+            why = next((line.split(":", 1)[1].strip() for line in text.splitlines()
+                        if line.startswith("WeightsUnpickler error:")), text.strip().splitlines()[0])
             raise CheckpointFormatError(
-                f"checkpoint entry {read_item.dest_index.fqn!r} holds more than plain values ({exc}); it may have "
+                f"checkpoint entry {read_item.dest_index.fqn!r} holds more than plain values ({why}); it may have "
                 f"been crafted to run code when loaded. Do not load this checkpoint"
             ) from None
         # DCP's own method places the value (it differs between torch versions); what it unpickles
@@ -135,6 +139,22 @@ class SafeLoadPlanner(DefaultLoadPlanner):
 
 def load_state(state: dict[str, Any], path: str | Path, *, process_group: dist.ProcessGroup | None = None,
                no_dist: bool = False) -> None:
-    """`dcp.load(state, path)` through SafeFileSystemReader and SafeLoadPlanner."""
-    dcp.load(state, storage_reader=SafeFileSystemReader(str(path)), planner=SafeLoadPlanner(),
-             process_group=process_group, no_dist=no_dist)
+    """`dcp.load(state, path)` through SafeFileSystemReader and SafeLoadPlanner; a failure is a
+    CheckpointFormatError saying which rank failed and why (DCP's own exception is a BaseException)."""
+    try:
+        dcp.load(state, storage_reader=SafeFileSystemReader(str(path)), planner=SafeLoadPlanner(),
+                 process_group=process_group, no_dist=no_dist)
+    except BaseException as exc:
+        if not is_checkpoint_exception(exc):
+            raise
+        causes = root_causes(exc)
+        ours = next((c for c in causes.values() if isinstance(c, CheckpointError)), None)
+        if ours is not None:
+            raise ours from None
+        rank, cause = next(iter(causes.items()))
+        on = f" on rank {rank}" if rank is not None else ""
+        first_line = (str(cause).strip().splitlines() or ["no details"])[0]
+        raise CheckpointFormatError(
+            f"loading {path} failed{on}: {type(cause).__name__}: {first_line}; the folder is damaged or was written "
+            f"by other code, load an earlier step"
+        ) from None
