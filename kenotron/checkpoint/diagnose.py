@@ -77,10 +77,7 @@ def describe_save_failure(exc: BaseException, folder: str | Path) -> str:
     ranks = sorted(r for r in causes if r is not None)
     first = next(iter(causes.values()))
     os_error = next((e for e in (first_os_error(c) for c in causes.values()) if e is not None), None)
-    if os_error is not None:
-        why = explain_os_error(os_error)
-    else:
-        why = f"{type(first).__name__}: {_first_line(str(first))}"
+    why = explain_os_error(os_error) if os_error is not None else f"{type(first).__name__}: {_first_line(str(first))}"
     on = f" on rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}" if ranks else ""
     text = f"failed{on}: {why}"
     free = free_bytes(folder)

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -141,10 +140,6 @@ class CheckpointManager:
             self.uploader = BackgroundUploader(
                 S3Store(config.remote_folder, config.remote_endpoint_url), config.remote_delete_local
             )
-        self.last_save_blocked_s = 0.0
-        """Seconds the last save() kept the caller waiting (the training stall, without staging)."""
-        self.last_staging_wait_s = 0.0
-        """Seconds the last wait_for_staging() waited."""
 
     # -- saving ---------------------------------------------------------------------------------
 
@@ -163,11 +158,10 @@ class CheckpointManager:
     def save(self, step: int) -> Path:
         """Save every part as step `step`; returns the step folder. In the async modes the write
         goes on in the background and the folder becomes loadable when its marker appears."""
-        started = time.perf_counter()
         self.wait()
         self._refuse_nonfinite(step)
         path = self._prepare_folder(step)
-        state = {name: part for name, part in self.parts.items()}
+        state = dict(self.parts)
         marker = self._marker(step, parts=list(state), model_only=False, dtype=None)
         if self._saver is None:
             self._saver = DcpSaver(self.config.async_mode, self.process_group)
@@ -180,7 +174,6 @@ class CheckpointManager:
                 raise
             raise self._save_failed(step, path, exc) from exc
         self._track(_PendingSave(step, inflight, marker))
-        self.last_save_blocked_s = time.perf_counter() - started
         return path
 
     def save_model_only(self, step: int, dtype: torch.dtype = torch.float32) -> Path:
@@ -207,7 +200,6 @@ class CheckpointManager:
         pending = self._pending
         if pending is None or pending.inflight.staged is None:
             return
-        started = time.perf_counter()
         try:
             pending.inflight.staged.result()
         except Exception as exc:
@@ -217,7 +209,6 @@ class CheckpointManager:
             ) from exc
         finally:
             pending.inflight.staged = None
-            self.last_staging_wait_s = time.perf_counter() - started
 
     def wait(self) -> None:
         """Block until the save in flight is written and marked complete; CheckpointSaveError if it failed."""

@@ -7,6 +7,7 @@ deletes a small file, and compares the free space with the size of one checkpoin
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -57,10 +58,8 @@ def check_folder_writable(folder: str | Path, needed_bytes: int = 0) -> None:
             f"set checkpoint.folder (or job.dump_folder) to a writable place"
         ) from None
     finally:
-        try:
+        with contextlib.suppress(OSError):
             probe.unlink(missing_ok=True)
-        except OSError:
-            pass
     free = free_bytes(folder)
     if needed_bytes and free is not None and free < needed_bytes:
         raise CheckpointError(

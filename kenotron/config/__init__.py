@@ -8,6 +8,7 @@ from kenotron.config.loader import (
     config_to_toml,
     load_config,
     parse_overrides,
+    split_config_arg,
 )
 from kenotron.config.schema import FieldInfo, all_fields
 from kenotron.config.sections import (
@@ -25,6 +26,7 @@ from kenotron.config.sections import (
     Parallelism,
     Tokenizer,
     Training,
+    Tuning,
 )
 from kenotron.config.validate import validate_config
 
@@ -45,6 +47,7 @@ __all__ = [
     "Parallelism",
     "Tokenizer",
     "Training",
+    "Tuning",
     "all_fields",
     "config_from_dict",
     "config_help",
@@ -52,5 +55,6 @@ __all__ = [
     "config_to_toml",
     "load_config",
     "parse_overrides",
+    "split_config_arg",
     "validate_config",
 ]

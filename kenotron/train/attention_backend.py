@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+from typing import Any
 
 import torch
 from torch import nn
@@ -131,9 +132,9 @@ def window_shorter_than(meta_model: nn.Module, seq_len: int) -> int | None:
     return window if window is not None and seq_len > window else None
 
 
-def check_attention(cfg: JobConfig, dims: ParallelDims, meta_model: nn.Module) -> None:
-    """What flex and flash_attn cannot run, refused with the fix in the message (ConfigError)."""
-    backend = resolve_attention_backend(cfg.model.attention_backend, cfg.data.document_masking)
+def check_attention(cfg: JobConfig, dims: ParallelDims, meta_model: nn.Module, target: Any, backend: str) -> None:
+    """What flex and flash_attn cannot run, refused with the fix in the message (ConfigError).
+    `backend`: the requested one, after resolve_attention_backend."""
     if backend not in NOT_SDPA:
         return
     name = f"model.attention_backend={backend!r}"
@@ -153,14 +154,15 @@ def check_attention(cfg: JobConfig, dims: ParallelDims, meta_model: nn.Module) -
                 + (", or turn data.document_masking off" if cfg.data.document_masking else "")
             )
         return
-    _check_flash_attn(cfg, meta_model)
+    _check_flash_attn(cfg, meta_model, target)
 
 
-def _check_flash_attn(cfg: JobConfig, meta_model: nn.Module) -> None:
+def _check_flash_attn(cfg: JobConfig, meta_model: nn.Module, target: Any) -> None:
+    """`target`: a kenotron.train.choices.Target (the machine the job runs on)."""
     t = cfg.training
-    cuda = torch.cuda.is_available() and t.device != "cpu"
+    cuda = target.device_type == "cuda"
     try:
-        kernel = load_flash_attention(torch.cuda.get_device_capability()[0] if cuda else 0)
+        kernel = load_flash_attention(target.cuda_major if cuda else 0)
     except FlashAttnUnavailable as e:
         raise ConfigError(
             f"model.attention_backend='flash_attn' needs the flash-attn package, which is not installed here: "

@@ -1,4 +1,4 @@
-"""bf16 parameters whose fp32 master copies live in the optimizer (`training.mixed_precision = "master_weights"`).
+"""bf16 parameters whose fp32 master copies live in the optimizer (`tuning.mixed_precision = "master_weights"`).
 
 Under autocast the model keeps fp32 parameters and every step casts each weight to bf16 for
 its matmul (forward), then widens each bf16 weight gradient back to fp32 for the parameter
@@ -86,7 +86,7 @@ class MasterWeightAdamW(torch.optim.AdamW):
             states = [self.state[p] for p in params]
             if self.kernel == "triton":
                 # Importing it imports triton: only when chosen.
-                from kenotron.train.triton_adamw import adamw_step_group
+                from kenotron.kernels.adamw import adamw_step_group
 
                 adamw_step_group(group, params, states, self.grad_scale, masters=True)
             else:

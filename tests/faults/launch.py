@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -77,9 +78,7 @@ def kill_job(job: subprocess.Popen) -> str:
     """SIGKILL the job and every process it started (torchrun gives each rank a session of its
     own; stopped processes included); returns the rest of its output."""
     for pid in [job.pid, *descendants(job.pid)]:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
     rest, _ = job.communicate(timeout=60)
     return rest or ""

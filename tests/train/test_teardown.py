@@ -7,7 +7,6 @@ import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
 
 from kenotron.config import load_config
-from kenotron.train.resolve import resolve_run
 from kenotron.train.trainer import Trainer
 from tests.distributed.pool import run_on_ranks
 
@@ -18,11 +17,11 @@ def _pending_all_gathers_after_training(folder: str) -> int:
         "--training.steps", "2", "--metrics.tensorboard", "false", "--job.dump_folder", folder,
         "--parallelism.dp_shard", str(dist.get_world_size()),
     ])
-    trainer = Trainer(resolve_run(cfg, dist.get_world_size()))
+    trainer = Trainer(cfg)
     try:
-        assert trainer.early_gather is not None, "the case under test: FSDP's early all-gathers are on"
+        assert trainer.job.early_gather is not None, "the case under test: FSDP's early all-gathers are on"
         trainer.train()
-        units = [m for m in trainer.model.modules() if isinstance(m, FSDPModule)]
+        units = [m for m in trainer.job.model.modules() if isinstance(m, FSDPModule)]
         return sum(1 for u in units if u._get_fsdp_state()._fsdp_param_group._all_gather_result is not None)
     finally:
         trainer.close()

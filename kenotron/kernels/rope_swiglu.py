@@ -8,7 +8,7 @@ step (docs/performance.md). Here each is one kernel forward and one backward tha
 input once and write every output once, computing in fp32.
 
 torch.compile fuses the same operations itself, so compiled blocks keep the plain PyTorch
-code (train/fused_kernels.py chooses). Importing this module needs the `triton` package.
+code (kenotron/kernels/select.py chooses). Importing this module needs the `triton` package.
 """
 
 from __future__ import annotations
