@@ -24,6 +24,7 @@ import torch
 
 from kenotron.data.text_source import DocumentSource
 from kenotron.data.tokenizer import Tokenizer
+from kenotron.errors import DataError
 
 
 @dataclass
@@ -78,7 +79,7 @@ class PackedWindows:
             tokens = self._document_tokens(ids)
             offset, self._resume_offset = self._resume_offset, 0
             if offset >= len(tokens):
-                raise ValueError(
+                raise DataError(
                     f"packing state points at token {offset} of document {document.index} "
                     f"(epoch {document.epoch}), which has {len(tokens)} tokens; the checkpoint "
                     "was made with other data, tokenizer or data.add_bos"
