@@ -7,7 +7,9 @@ synchronization), and the record is read where the loop synchronizes anyway: at 
 and before a checkpoint is saved, so that a diverged state is never written.
 
 The gradient norm is global (reduced over every parallel dimension), so every rank sees the
-same record and stops at the same step, without a collective of its own.
+same record and stops at the same step, without a collective of its own. A non-finite loss
+back-propagates into non-finite gradients, so the norm catches it in the same step; the losses
+themselves are checked too, at logging steps, once they are reduced.
 """
 
 from __future__ import annotations
