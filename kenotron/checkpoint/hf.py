@@ -39,6 +39,7 @@ from kenotron.checkpoint.hf_files import (
 )
 from kenotron.checkpoint.hf_tokenizer import write_hf_tokenizer
 from kenotron.checkpoint.model_info import describe_model, model_from_info
+from kenotron.checkpoint.trust import load_state
 from kenotron.models import MODEL_SPECS, ModelSpec
 
 
@@ -192,7 +193,7 @@ def checkpoint_to_hf(checkpoint_dir: str | Path, out_dir: str | Path, *, dtype: 
 
     def load(hf_keys: Any) -> dict[str, torch.Tensor]:
         state = {kept[h]: torch.empty(stored[kept[h]][0], dtype=stored[kept[h]][1]) for h in hf_keys}
-        dcp.load({"model": state}, checkpoint_id=str(checkpoint_dir), no_dist=True)
+        load_state({"model": state}, checkpoint_dir, no_dist=True)
         tensors = adapter.to_hf(state, args)
         return {k: v.to(dtype) for k, v in tensors.items()} if dtype is not None else tensors
 

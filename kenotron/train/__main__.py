@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         path, overrides = split_config_arg(argv)
         cfg = load_config(path, overrides)
         # Imported here so config errors come before torch's start-up.
-        from kenotron.train.trainer import NonFiniteLossError, run_training
+        from kenotron.train.trainer import run_training
 
         run_training(cfg)
     except CONFIG_ERRORS as e:
@@ -65,11 +65,19 @@ def main(argv: list[str] | None = None) -> int:
             return stop.exit_code
         report_failure("kenotron: interrupted during start-up", kind="interrupted")
         return exit_code_of(stop)
-    except Exception as e:  # noqa: BLE001 - every other failure: traceback, then the one line
-        from kenotron.train.trainer import NonFiniteLossError
+    except Exception as e:  # noqa: BLE001 - every other failure: one line (a traceback first when unexpected)
+        from kenotron.checkpoint import CheckpointError
+        from kenotron.checkpoint.diagnose import explain_os_error
+        from kenotron.train.guards import NonFiniteLossError
 
         if isinstance(e, NonFiniteLossError):
             report_failure(f"kenotron: stopped: {e}")
+            return 1
+        if isinstance(e, CheckpointError):  # a damaged, foreign or mismatching checkpoint, a failed save
+            report_failure(f"kenotron: checkpoint error: {e}")
+            return 1
+        if isinstance(e, OSError):  # a folder that cannot be created or written, a file that cannot be read
+            report_failure(f"kenotron: error: {explain_os_error(e)}")
             return 1
         traceback.print_exc()
         report_failure(f"kenotron: error: {type(e).__name__}: {e}")

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from kenotron.checkpoint.folders import list_step_folders, step_folder_name
+from kenotron.checkpoint.remote import redact_url
 from kenotron.config import ConfigError, JobConfig, config_to_toml, toml_value
 
 logger = logging.getLogger("kenotron")
@@ -185,12 +186,6 @@ def start_run_folder(cfg: JobConfig, step: int) -> int | None:
     elif state.used:
         logger.warning("restarting the run in %s from step 0 (same config, nothing to resume): its %s are replaced",
                        folder, state.describe())
-    (folder / CONFIG_NAME).write_text(toml)
+    (folder / CONFIG_NAME).write_text(redact_url(toml))  # no credentials of an S3 endpoint URL
     return step + 1 if state.used or step > 0 else None
 
-
-def nothing_to_do(step: int, cfg: JobConfig) -> str:
-    """The line for a launch that resumed at or past its last step."""
-    return (f"nothing to do: the run in {cfg.job.dump_folder} is at step {step} and training.steps is "
-            f"{cfg.training.steps}; raise training.steps (e.g. --training.steps {max(step, cfg.training.steps) * 2}) "
-            f"to train further")

@@ -94,7 +94,7 @@ def test_a_resumed_run_shows_every_step_once_in_metrics_and_tensorboard(tmp_path
     assert tb[-1][1] == round(first, 4)  # exact resume: the replayed step has the same loss
     with caplog.at_level("INFO", logger="kenotron"):
         train(str(folder), on)  # resumes at step 4 of 4
-    assert f"nothing to do: the run in {folder} is at step 4 and training.steps is 4" in caplog.text
+    assert "resumed at step 4, and training.steps=4: nothing left to train" in caplog.text
     assert _steps(folder) == [1, 2, 3, 4]
 
 
