@@ -271,6 +271,12 @@ class Metrics:
     tensorboard: bool = False
     """Also write TensorBoard scalars under <dump_folder>/tb."""
 
+    wandb: bool = False
+    """Also send the same scalars to Weights & Biases (needs the wandb extra; WANDB_MODE=offline keeps them local)."""
+
+    wandb_project: str = "kenotron"
+    """Weights & Biases project of the run (with metrics.wandb)."""
+
 
 @dataclass
 class Compile:

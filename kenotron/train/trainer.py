@@ -22,19 +22,23 @@ import torch.distributed as dist
 
 from kenotron.checkpoint import CheckpointManager, TrainState
 from kenotron.checkpoint.model_info import describe_model
-from kenotron.checkpoint.remote import redact_url
-from kenotron.config import JobConfig, config_to_toml
+from kenotron.config import JobConfig
 from kenotron.data import MicroBatch, build_text_loader
+from kenotron.parallel.float8 import use_fast_cpu_float8
 from kenotron.parallel.plan import Plan
 from kenotron.train.choices import Target
+from kenotron.train.console import ensure_console_logging
 from kenotron.train.distributed import WorldInfo, destroy_distributed, init_distributed, pick_device
 from kenotron.train.flops import flops_per_token
 from kenotron.train.guards import DivergenceGuard, NonFiniteLossError, divergence_advice, warn_if_nothing_to_train
+from kenotron.train.interrupt import stop_training
 from kenotron.train.job import Job, build_job, build_meshes
 from kenotron.train.metrics import MetricsLogger
 from kenotron.train.resolve import ResolvedRun, resolve_run
+from kenotron.train.run_folder import check_run_folder, start_run_folder
 from kenotron.train.run_lock import lock_run_folders
 from kenotron.train.step import check_label_tokens, train_step
+from kenotron.train.wandb_logger import wandb_sink
 from kenotron.train.watchdog import start_watchdog
 
 logger = logging.getLogger("kenotron")
@@ -50,6 +54,8 @@ class Trainer:
         self.is_rank0 = self.world.rank == 0
         # -- resolve: every check and choice, on every rank, before any process group --
         self.device = pick_device(cfg.training.device, self.world, cfg.tuning.expandable_segments)
+        if cfg.float8.enable:
+            use_fast_cpu_float8(self.device.type)
         self.run: ResolvedRun = resolve_run(cfg, self.world.world_size, Target.of(self.device))
         if edit_plan is not None:
             edit_plan(self.run.plan)
@@ -63,10 +69,8 @@ class Trainer:
                                        lambda: self.train_state.step)
         if cfg.training.deterministic:
             torch.use_deterministic_algorithms(True)
-        self.dump_folder = Path(cfg.job.dump_folder)
+        self.dump_folder = Path(cfg.job.dump_folder)  # config.toml and records: train/run_folder.py
         if self.is_rank0:
-            self.dump_folder.mkdir(parents=True, exist_ok=True)
-            (self.dump_folder / "config.toml").write_text(redact_url(config_to_toml(cfg)))
             logger.info("attention: %s (model.attention_backend=%s)", self.run.choices.attention_backend,
                         cfg.model.attention_backend)
         # -- build: meshes, model, plan.apply, init, optimizers and schedules --
@@ -85,7 +89,9 @@ class Trainer:
             split=d.split, add_bos=d.add_bos, synthetic_vocab_size=args.vocab_size,
         )
         self.metrics = MetricsLogger(self.dump_folder, self.flops_per_token, self.world.world_size, self.device,
-                                     write=self.is_rank0, tensorboard=cfg.metrics.tensorboard)
+                                     write=self.is_rank0, tensorboard=cfg.metrics.tensorboard,
+                                     total_steps=cfg.training.steps, log_freq=cfg.metrics.log_freq,
+                                     wandb=wandb_sink(cfg, self.world.rank))
         self.train_state = TrainState()  # step and tokens_seen live here so checkpoints hold them
         self.checkpointer = CheckpointManager(
             cfg.checkpoint, self.dump_folder / cfg.checkpoint.folder, model_parts=self.job.model_parts,
@@ -93,7 +99,8 @@ class Trainer:
             train_state=self.train_state, model_info=describe_model(self.run.spec, args, cfg.model.flavor),
         )
         self.checkpointer.load()
-        if self.is_rank0:
+        if self.is_rank0:  # records after the resumed step dropped, config.toml written: train/run_folder.py
+            self.metrics.open(start_run_folder(cfg, self.step))
             warn_if_nothing_to_train(self.step, cfg.training.steps)
         self.guard = DivergenceGuard(divergence_advice(cfg.optimizer.lr, cfg.lr_scheduler.warmup_steps,
                                                        cfg.training.max_norm))
@@ -164,7 +171,7 @@ class Trainer:
             self.metrics.count(tokens_per_step)
             window.append(loss)
             self.guard.observe(self.step, grad_norm)  # no synchronization (train/guards.py)
-            if self.step % cfg.metrics.log_freq == 0 or self.step == cfg.training.steps:
+            if self.metrics.should_log(self.step):
                 self.guard.check()
                 losses = self.global_losses(window)
                 self.guard.check_losses(losses, window_start)
@@ -201,8 +208,7 @@ class Trainer:
 
 
 def setup_logging(rank: int) -> None:
-    level = logging.INFO if rank == 0 else logging.WARNING
-    logging.basicConfig(level=level, format="[kenotron %(asctime)s] %(message)s", datefmt="%H:%M:%S", force=True)
+    ensure_console_logging(rank)
 
 
 def run_training(cfg: JobConfig) -> list[dict[str, Any]]:
@@ -211,12 +217,15 @@ def run_training(cfg: JobConfig) -> list[dict[str, Any]]:
     setup_logging(rank)
     if not faulthandler.is_enabled():
         faulthandler.enable(all_threads=True)  # a rank killed by a signal (SIGABRT, SIGSEGV) prints its stacks
+    check_run_folder(cfg)
     trainer = Trainer(cfg)
     try:
         return trainer.train()
     except NonFiniteLossError:
         trainer._finished = True  # every rank stops at the same step (global norm and losses): end as one
         raise
+    except KeyboardInterrupt as stop:
+        raise stop_training(trainer, stop) from None
     except BaseException:
         if trainer.watchdog is not None and trainer.watchdog.diagnosis:
             logger.error("rank %d stopped; before that the watchdog found: %s", rank, trainer.watchdog.diagnosis)

@@ -62,3 +62,18 @@ def test_float8_training_follows_the_unconverted_loss(tmp_path):
     for a, b in zip(runs["float8"], runs["fp32"]):
         assert a == pytest.approx(b, rel=0.03)  # float8 rounding, not a different model
     assert runs["float8"] != runs["fp32"]  # the float8 matmuls really ran
+
+
+def test_float8_on_a_cpu_turns_onednn_off_with_one_warning(caplog):
+    from kenotron.parallel.float8 import use_fast_cpu_float8
+
+    before = torch.backends.mkldnn.enabled
+    try:
+        torch.backends.mkldnn.enabled = True
+        with caplog.at_level("WARNING", logger="kenotron"):
+            assert use_fast_cpu_float8("cpu")
+        assert not torch.backends.mkldnn.enabled
+        assert "float8 on a CPU checks numerics only" in caplog.text
+        assert not use_fast_cpu_float8("cuda")
+    finally:
+        torch.backends.mkldnn.enabled = before
