@@ -16,6 +16,8 @@ import logging
 
 from torch import nn
 
+from kenotron.errors import ConfigError
+
 FLOAT8_RECIPES = ("tensorwise", "rowwise")
 logger = logging.getLogger("kenotron")
 
@@ -23,9 +25,9 @@ INSTALL_HINT = "pip install 'kenotron[float8]' (torchao)"
 
 
 def check_float8_available() -> None:
-    """Refuse float8 before any process group exists when torchao is missing (ImportError with the fix)."""
+    """Refuse float8 before any process group exists when torchao is missing (ConfigError with the fix)."""
     if importlib.util.find_spec("torchao") is None:
-        raise ImportError(f"float8.enable=true needs torchao, which is not installed: {INSTALL_HINT}; "
+        raise ConfigError(f"float8.enable=true needs torchao, which is not installed: {INSTALL_HINT}; "
                           f"or set float8.enable=false")
 
 

@@ -24,7 +24,7 @@ from kenotron.checkpoint import CheckpointManager, TrainState
 from kenotron.checkpoint.model_info import describe_model
 from kenotron.config import JobConfig
 from kenotron.data import MicroBatch, build_text_loader
-from kenotron.parallel.float8 import use_fast_cpu_float8
+from kenotron.parallel.float8 import check_float8_available, use_fast_cpu_float8
 from kenotron.parallel.plan import Plan
 from kenotron.train.choices import Target
 from kenotron.train.console import ensure_console_logging
@@ -55,6 +55,7 @@ class Trainer:
         # -- resolve: every check and choice, on every rank, before any process group --
         self.device = pick_device(cfg.training.device, self.world, cfg.tuning.expandable_segments)
         if cfg.float8.enable:
+            check_float8_available()  # this machine's torchao (the estimator plans float8 jobs without it)
             use_fast_cpu_float8(self.device.type)
         self.run: ResolvedRun = resolve_run(cfg, self.world.world_size, Target.of(self.device))
         if edit_plan is not None:

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from kenotron.config import load_config
+from kenotron.config import ConfigError, load_config
 from kenotron.models import get_model_spec
 from kenotron.parallel import float8
 from kenotron.parallel.float8 import check_float8_available, convert_to_float8
@@ -43,8 +43,19 @@ def test_unknown_recipe_is_refused():
 
 def test_missing_torchao_is_refused_with_the_install_command(monkeypatch):
     monkeypatch.setattr(float8.importlib.util, "find_spec", lambda name: None)
-    with pytest.raises(ImportError, match=r"float8.enable=true needs torchao.*pip install 'kenotron\[float8\]'"):
+    with pytest.raises(ConfigError, match=r"float8.enable=true needs torchao.*pip install 'kenotron\[float8\]'"):
         check_float8_available()
+
+
+def test_the_trainer_refuses_float8_without_torchao_before_any_process_group(monkeypatch):
+    import torch.distributed as dist
+
+    from kenotron.train.trainer import Trainer
+
+    monkeypatch.setattr(float8.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ConfigError, match="float8.enable=true needs torchao"):
+        Trainer(load_config(None, ["--float8.enable", "true", "--training.device", "cpu"]))
+    assert not dist.is_initialized()
 
 
 @needs_torchao
