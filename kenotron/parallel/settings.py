@@ -108,13 +108,6 @@ class ParallelSettings:
             raise self._bad("ac_save_matmul_every", "must be >= 1 (1 keeps every matmul output)")
         if not 0 <= self.offload_blocks <= n_blocks:
             raise self._bad("offload_blocks", f"must lie in [0, {n_blocks}] (the model's blocks)")
-        degrees = degrees or {}
-        cp, pp = degrees.get("cp", 1), degrees.get("pp", 1)
-        if cp > 1 and pp > 1:
-            raise PlanError(f"parallelism.cp={cp} does not combine with pipeline parallel (pp={pp}) yet; "
-                            f"use cp=1 or pp=1")
-        if cp > 1 and self.dp_mode == "zero1":
-            raise PlanError(f"parallelism.dp_mode='zero1' does not combine with cp={cp}; use dp_mode='fsdp'")
 
     def __str__(self) -> str:
         ac = self.ac_mode + (f" (every {self.ac_every_n})" if self.ac_mode == "every-n-layers" else "")
