@@ -410,9 +410,12 @@ def pipeline_notes(run: ResolvedRun, steps: list[RankStep]) -> list[str]:
     assert split is not None
     t = run.cfg.training
     flight = {s: n for step in steps for s, n in max_in_flight(step.actions).items()}
+    shape = f"{t.local_batch_size // split.microbatches} x {t.seq_len}"
+    if run.dims.cp > 1:
+        shape += f" ({t.seq_len // run.dims.cp} tokens of each sequence per cp rank)"
     notes = [
         f"pipeline {split.schedule}: {split.n_stages} stages, {split.microbatches} microbatches of "
-        f"{t.local_batch_size // split.microbatches} x {t.seq_len} per schedule step; microbatches in flight at most "
+        f"{shape} per schedule step; microbatches in flight at most "
         + ", ".join(f"stage {s}: {flight[s]}" for s in sorted(flight)),
         ("pipeline: receive buffers, one per microbatch, are in temporaries; a tensor being sent is counted until "
          "its action ends"),
