@@ -108,6 +108,12 @@ class ParallelSettings:
             raise self._bad("ac_save_matmul_every", "must be >= 1 (1 keeps every matmul output)")
         if not 0 <= self.offload_blocks <= n_blocks:
             raise self._bad("offload_blocks", f"must lie in [0, {n_blocks}] (the model's blocks)")
+        degrees = degrees or {}
+        # ZeRO-1 shares optimizer state over the ranks that hold the same parameters: data and
+        # context parallel (cp ranks hold the same parameters, each with part of every sequence).
+        shared = degrees.get("dp_replicate", 1) * degrees.get("dp_shard", 1) * degrees.get("cp", 1)
+        if self.dp_mode == "zero1" and shared == 1 and any(d > 1 for d in degrees.values()):
+            raise self._bad("dp_mode", "needs ranks to share optimizer state over: dp_shard, dp_replicate or cp > 1")
 
     def __str__(self) -> str:
         ac = self.ac_mode + (f" (every {self.ac_every_n})" if self.ac_mode == "every-n-layers" else "")

@@ -124,9 +124,6 @@ def resolve_layout(cfg: JobConfig, world_size: int, spec: ModelSpec, args: Any, 
     # The kind of ring the target runs (the estimator builds a CUDA job's torch ring on its CPU mesh).
     plan.settings.cp_attention = cp_attention_kind(plan.settings.cp_attention, target.device_type)
     plan.check(meta_model, dims.degrees())
-    if p.dp_mode == "zero1" and dims.dp * dims.cp == 1 and world_size > 1:
-        raise ConfigError("parallelism.dp_mode='zero1' needs ranks to share optimizer state over: dp_shard, "
-                          "dp_replicate or cp > 1")
     check_context_parallel(cfg, dims, meta_model, target)
     if dims.pp > 1:
         check_compile(p.pp_schedule, cfg.compile.enable)
