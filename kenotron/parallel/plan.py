@@ -13,7 +13,8 @@ process group needed), then `plan.apply(model, meshes)`:
 
 With context parallel (a `cp` mesh dimension), the CP step replaces the `attention_fn` of the
 modules `layout.attention_modules` names (kenotron/parallel/context/apply.py), and the applied
-plan's `sequence_sharder` slices each batch for this rank.
+plan's `sequence_sharder` slices each batch for this rank. Pipeline stages get their RoPE
+positions from a hook (`feed_positions`): the schedule hands them one tensor only.
 
 With pipeline parallel, `plan.pipeline` (a `PipelineSplit`) lists the modules of every stage;
 `apply` cuts this rank's stages out of the model first and runs the rest on each of them.

@@ -3,7 +3,9 @@
 Words: the trainer's *micro-steps* are gradient-accumulation steps (the loader's MicroBatch
 list); the schedule cuts each micro-step's local batch into `pp_microbatches` pipeline
 *microbatches*. Only the first stage is fed token ids and only the last stage labels; the
-middle stages get nothing from the loader.
+middle stages get nothing from the loader. Under context parallel both are this cp rank's
+shard of every sequence (the head-tail layout), cut before the schedule splits the batch; the
+stages' RoPE positions come from `feed_positions` (kenotron/parallel/pipeline.py).
 
 The loss: the schedule calls `loss_fn` once per microbatch on the last stage and
 back-propagates its value as it is (scale_grads=False). It is the step's `microbatch_loss`
