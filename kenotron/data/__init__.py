@@ -29,13 +29,13 @@ from kenotron.data.text_source import (
     list_documents,
     open_documents,
 )
+from kenotron.data.hf_tokenizer import HFTokenizer
+from kenotron.data.tiktoken_bpe import TiktokenTokenizer, llama3_special_tokens
 from kenotron.data.tokenizer import (
     BUILTIN_TOKENIZER_FILE,
     LLAMA3_SPLIT_PATTERN,
-    TiktokenTokenizer,
     Tokenizer,
     build_tokenizer,
-    llama3_special_tokens,
 )
 
 __all__ = [
@@ -44,6 +44,7 @@ __all__ = [
     "Document",
     "DocumentSource",
     "GlobalBatchLoader",
+    "HFTokenizer",
     "IndexedDocuments",
     "MicroBatch",
     "PackedWindows",

@@ -68,7 +68,8 @@ class PackedWindows:
         return self.seq_len + 1
 
     def _document_tokens(self, ids: list[int]) -> np.ndarray:
-        head = [self.tokenizer.bos_id] if self.add_bos else []
+        bos = self.tokenizer.bos_id
+        head = [bos] if self.add_bos and bos is not None else []
         return np.array(head + ids + [self.tokenizer.eos_id], dtype=np.int64)
 
     def _read_documents(self) -> None:
