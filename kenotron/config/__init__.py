@@ -15,6 +15,8 @@ from kenotron.config.sections import (
     Checkpoint,
     Compile,
     Data,
+    DataSource,
+    DataStage,
     Float8,
     Job,
     JobConfig,
@@ -25,6 +27,7 @@ from kenotron.config.sections import (
     Parallelism,
     Tokenizer,
     Training,
+    Validation,
 )
 from kenotron.config.validate import validate_config
 
@@ -34,6 +37,8 @@ __all__ = [
     "Compile",
     "ConfigError",
     "Data",
+    "DataSource",
+    "DataStage",
     "FieldInfo",
     "Float8",
     "Job",
@@ -45,6 +50,7 @@ __all__ = [
     "Parallelism",
     "Tokenizer",
     "Training",
+    "Validation",
     "all_fields",
     "config_from_dict",
     "config_help",

@@ -207,7 +207,7 @@ class TiktokenTokenizer(Tokenizer):
         self.vocab_size = num_ranks + len(special_names)
         self.bos_id = self.special_tokens[BEGIN_OF_TEXT]
         self.eos_id = self.special_tokens[END_OF_TEXT]
-        self._threads = cpu_count()
+        self.threads = cpu_count()
         self._encoding = tiktoken.Encoding(
             name=self.name,
             pat_str=self.split_pattern,
@@ -229,9 +229,9 @@ class TiktokenTokenizer(Tokenizer):
         # very long runs are cut first, one by one.
         long = {i for i, t in enumerate(texts) if len(t) > _MAX_RUN_CHARS and _LONG_RUN.search(t)}
         if not long:
-            return self._encoding.encode_ordinary_batch(list(texts), num_threads=self._threads)
+            return self._encoding.encode_ordinary_batch(list(texts), num_threads=self.threads)
         out = self._encoding.encode_ordinary_batch(
-            ["" if i in long else t for i, t in enumerate(texts)], num_threads=self._threads
+            ["" if i in long else t for i, t in enumerate(texts)], num_threads=self.threads
         )
         for i in long:
             out[i] = self.encode(texts[i])

@@ -92,9 +92,10 @@ class MetricsLogger:
         self._window_steps += 1
 
     def record(
-        self, *, step: int, loss: float, grad_norm: float, lr: float, tokens_seen: int, loss_avg: float | None = None
+        self, *, step: int, loss: float, grad_norm: float, lr: float, tokens_seen: int, loss_avg: float | None = None,
+        extra: dict[str, float] | None = None,
     ) -> dict[str, Any]:
-        """Close the window at this step: build, print and write the record."""
+        """Close the window at this step: build, print and write the record (with `extra` keys added)."""
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         now = time.perf_counter()
@@ -119,11 +120,12 @@ class MetricsLogger:
             "tokens_seen": tokens_seen,
             "step_time_s": seconds / max(self._window_steps, 1),
         }
+        rec.update(extra or {})
         self._window_start, self._window_tokens, self._window_steps = now, 0, 0
         if self.write:
             self._jsonl.write(json.dumps(rec) + "\n")
             if self._tb is not None:
-                for key in ("loss", "grad_norm", "lr", "tokens_per_sec", "tflops", "mfu", "memory_gib"):
+                for key in ("loss", "grad_norm", "lr", "tokens_per_sec", "tflops", "mfu", "memory_gib", *(extra or {})):
                     if rec[key] is not None:
                         self._tb.add_scalar(f"train/{key}", rec[key], step)
             logger.info(format_record(rec))
@@ -150,4 +152,5 @@ def format_record(rec: dict[str, Any]) -> str:
         f"step {rec['step']:>6} | loss {rec['loss']:.4f} (avg {rec['loss_avg']:.4f}) | grad_norm {rec['grad_norm']:.3f} | lr {rec['lr']:.2e} | "
         f"{_si(rec['tokens_per_sec'])} tok/s | {rec['tflops']:.3g} TFLOP/s | MFU {mfu} | "
         f"mem {rec['memory_gib']:.2f} GiB | {rec['elapsed_s']:.1f}s"
+        + (f" | data wait {rec['data_wait_s'] * 1e3:.1f} ms/step" if rec.get("data_wait_s") is not None else "")
     )

@@ -14,7 +14,7 @@ import torch
 
 from kenotron.checkpoint import check_checkpoint_config
 from kenotron.config import ConfigError, JobConfig, validate_config
-from kenotron.data import build_tokenizer
+from kenotron.data import build_tokenizer, check_data_config
 from kenotron.models import ModelSpec, get_model_spec
 from kenotron.parallel.dims import ParallelDims
 from kenotron.parallel.pipeline import (
@@ -135,6 +135,7 @@ def resolve_run(cfg: JobConfig, world_size: int) -> RunPlan:
             f"the tokenizer has {tokenizer.vocab_size} tokens but the model's vocabulary is {args.vocab_size}; "
             f"set --model.vocab_size {tokenizer.vocab_size} (or larger) or use a smaller tokenizer"
         )
+    check_data_config(cfg, tokenizer, args.vocab_size)
     dims.check_model(
         n_heads=args.n_heads, n_kv_heads=args.n_kv_heads, ffn_dim=args.ffn_dim, vocab_size=args.vocab_size,
         n_layers=args.n_layers,

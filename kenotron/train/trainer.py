@@ -25,7 +25,7 @@ from torch.distributed.tensor.parallel import loss_parallel
 from kenotron.checkpoint import CheckpointManager, TrainState
 from kenotron.checkpoint.model_info import describe_model
 from kenotron.config import JobConfig, config_to_toml
-from kenotron.data import MicroBatch, build_text_loader, build_tokenizer
+from kenotron.data import MicroBatch, build_data_loader, build_tokenizer
 from kenotron.models.common.flash_attention import cuda_major
 from kenotron.parallel.dims import Meshes
 from kenotron.parallel.early_gather import EarlyGather
@@ -173,11 +173,14 @@ class Trainer:
 
         self.tokenizer = build_tokenizer(cfg.tokenizer.path)
         d = cfg.data
-        self.loader = build_text_loader(
-            self.tokenizer, d.dataset, d.path, seq_len=cfg.training.seq_len, global_batch_size=run.global_batch_size,
-            local_batch_size=cfg.training.local_batch_size, dp_rank=self.meshes.coordinate("dp"),
-            dp_size=run.dims.dp, text_field=d.text_field, split=d.split, add_bos=d.add_bos,
-            synthetic_vocab_size=run.model_args.vocab_size,
+        # Pipeline stages get only what they use: token ids on the first, labels on the last.
+        stage_ids = self.applied.stage_ids
+        n_stages = run.plan.pipeline.n_stages if stage_ids else 1
+        self.loader = build_data_loader(
+            cfg, self.tokenizer, vocab_size=run.model_args.vocab_size, global_batch_size=run.global_batch_size,
+            dp_rank=self.meshes.coordinate("dp"), dp_size=run.dims.dp,
+            feed_inputs=not stage_ids or 0 in stage_ids or d.document_masking,
+            feed_labels=not stage_ids or n_stages - 1 in stage_ids,
         )
         # flex: one BlockMask per micro-batch (block-causal over documents, or causal), for every layer.
         self.block_masks: BlockMasks | None = None
@@ -269,9 +272,9 @@ class Trainer:
         count), detached; summed over the data- and context-parallel ranks (each cp rank
         holds part of every sequence) it is the step's mean loss.
         """
-        label_tokens = self.run.global_batch_size * self.cfg.training.seq_len
-        local = sum(int((mb.labels != IGNORE_INDEX).sum()) for mb in microbatches)
-        if local != label_tokens // self.run.dims.dp:
+        label_tokens = self.run.global_batch_size * self._step_seq_len()
+        local = sum(int((mb.labels != IGNORE_INDEX).sum()) for mb in microbatches if mb.labels is not None)
+        if microbatches[0].labels is not None and local != label_tokens // self.run.dims.dp:
             # Packed windows never hold ignored labels; anything else needs a global count.
             raise RuntimeError(f"expected {label_tokens // self.run.dims.dp} label tokens per rank, got {local}")
         if self.pipeline is not None:
@@ -306,6 +309,10 @@ class Trainer:
                 (loss * self.applied.data_parallel.averaging_size).backward()
             total += _local(loss.detach())
         return total
+
+    def _step_seq_len(self) -> int:
+        """The sequence length of the step being run (a data stage may set its own)."""
+        return getattr(self.loader, "last_seq_len", None) or self.cfg.training.seq_len
 
     def clip_gradients(self) -> torch.Tensor:
         """Global L2 norm of all gradients; scaled down to training.max_norm when above it."""
@@ -394,10 +401,10 @@ class Trainer:
         records: list[dict[str, Any]] = []
         window: list[torch.Tensor] = []
         window_start = self.step + 1
-        tokens_per_step = self.run.global_batch_size * cfg.training.seq_len
         self.metrics.reset_clock()
         while self.step < cfg.training.steps:
             loss, grad_norm = self.train_step(self.loader.next_step())
+            tokens_per_step = self.run.global_batch_size * self._step_seq_len()
             self.step += 1
             self.tokens_seen += tokens_per_step
             self.metrics.count(tokens_per_step)
@@ -408,6 +415,7 @@ class Trainer:
                 rec = self.metrics.record(
                     step=self.step, loss=losses[-1].item(), loss_avg=losses.mean().item(),
                     grad_norm=grad_norm.item(), lr=self._lr_of_step(self.step), tokens_seen=self.tokens_seen,
+                    extra=self._data_metrics(len(window)),
                 )
                 records.append(rec)
                 window, window_start = [], self.step + 1
@@ -416,11 +424,21 @@ class Trainer:
         self.metrics.close()
         return records
 
+    def _data_metrics(self, steps: int) -> dict[str, float]:
+        """data_wait_s (seconds per step the loop waited for its batch) and tokens seen per dataset."""
+        out: dict[str, float] = {}
+        if hasattr(self.loader, "take_wait_seconds"):
+            out["data_wait_s"] = self.loader.take_wait_seconds() / max(steps, 1)
+        if hasattr(self.loader, "tokens_by_dataset"):
+            out.update({f"tokens_seen/{name}": n for name, n in self.loader.tokens_by_dataset().items()})
+        return out
+
     def _lr_of_step(self, step: int) -> float:
         """The LR that optimizer step `step` used."""
         return self.cfg.optimizer.lr * self.schedule.lr_factor(step)
 
     def close(self) -> None:
+        self.loader.close()
         self.checkpointer.close()
         if self._owns_process_group:
             destroy_distributed()
