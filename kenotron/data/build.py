@@ -110,28 +110,58 @@ def open_source(spec: SourceSpec, cfg: JobConfig, tokenizer: Tokenizer, vocab_si
         except TokenFileError as err:
             raise ConfigError(str(err)) from None
         return TokenizedWindows(folder, shuffle=cfg.data.shuffle, seed=cfg.data.seed, name=spec.name)
-    documents = open_documents(spec.dataset, spec.path, spec.text_field, spec.split)
+    try:
+        documents = open_documents(spec.dataset, spec.path, spec.text_field, spec.split)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
     return PackedWindows(documents, tokenizer, cfg.training.seq_len, add_bos=cfg.data.add_bos)
 
 
-def check_data_config(cfg: JobConfig, tokenizer: Tokenizer, vocab_size: int) -> None:
+def check_data_config(cfg: JobConfig, tokenizer: Tokenizer, vocab_size: int, global_batch_size: int) -> None:
     """Every data check that needs no process group: sources, weights, stages, the custom loader,
-    the tokenized folders (opened and checked), the validation set's settings."""
+    the tokenized folders (opened and checked), local text (its first document read), and the
+    validation set's settings and size (for tokenized data)."""
     if cfg.data.loader:
         load_loader_factory(cfg.data.loader)
     else:
         specs = source_specs(cfg)
         data_stages(cfg, specs)
         for spec in specs:
-            if spec.dataset == "tokenized":
-                open_source(spec, cfg, tokenizer, vocab_size).num_windows(cfg.training.seq_len + 1)
-            elif spec.dataset in LOCAL_FORMATS or spec.dataset == "auto":
-                open_documents(spec.dataset, spec.path, spec.text_field)  # reads the first document
+            if spec.dataset == "tokenized" or spec.dataset in LOCAL_FORMATS or spec.dataset == "auto":
+                source = open_source(spec, cfg, tokenizer, vocab_size)
+                if isinstance(source, TokenizedWindows):
+                    source.num_windows(cfg.training.seq_len + 1)
     v = cfg.validation
     if v.every < 0 or v.batches < 1:
         raise ConfigError(f"validation.every={v.every} must be >= 0 and validation.batches={v.batches} >= 1")
-    if v.every and v.dataset in ("tokenized", "json", "jsonl", "parquet", "text", "auto") and not v.path:
+    if not v.every:
+        return
+    if (v.dataset == "tokenized" or v.dataset in LOCAL_FORMATS or v.dataset == "auto") and not v.path:
         raise ConfigError(f"validation.every={v.every} but validation.path is empty; give the validation data")
+    if v.dataset == "tokenized":
+        _check_validation_size(cfg, open_source(_validation_spec(cfg), cfg, tokenizer, vocab_size), global_batch_size)
+    elif v.dataset in LOCAL_FORMATS or v.dataset == "auto":
+        open_source(_validation_spec(cfg), cfg, tokenizer, vocab_size)  # reads its first document
+
+
+def _validation_spec(cfg: JobConfig) -> SourceSpec:
+    v = cfg.validation
+    return SourceSpec("validation", v.dataset, v.path, 1.0, v.text_field, v.split)
+
+
+def _check_validation_size(cfg: JobConfig, source: Any, global_batch_size: int, available: int | None = None) -> None:
+    v, seq_len = cfg.validation, cfg.training.seq_len
+    wanted = v.batches * global_batch_size
+    if available is None:
+        available = source.num_windows(seq_len + 1) if isinstance(source, TokenizedWindows) else wanted
+    if available < wanted:
+        held = f"holds {available} windows" if available else "runs out before"
+        raise ConfigError(
+            f"the validation set {v.path or v.dataset!r} {held} of {seq_len + 1} tokens, fewer than validation.batches x "
+            f"global batch = {v.batches} x {global_batch_size}; lower validation.batches"
+            + (f" (at most {available // global_batch_size})" if available else "")
+            + " or give more validation data"
+        )
 
 
 def _context(cfg: JobConfig, tokenizer: Tokenizer, vocab_size: int, global_batch_size: int, dp_rank: int,
@@ -178,12 +208,10 @@ class ValidationSet:
     def __init__(self, cfg: JobConfig, tokenizer: Tokenizer, *, vocab_size: int, global_batch_size: int,
                  dp_rank: int = 0, dp_size: int = 1, feed_inputs: bool = True, feed_labels: bool = True) -> None:
         v = cfg.validation
-        spec = SourceSpec("validation", v.dataset, v.path, 1.0, v.text_field, v.split)
         seq_len = cfg.training.seq_len
-        source = open_source(spec, cfg, tokenizer, vocab_size)
+        source = open_source(_validation_spec(cfg), cfg, tokenizer, vocab_size)
         if isinstance(source, TokenizedWindows):
             source.shuffle = False
-        wanted = v.batches * global_batch_size
         self.batches = v.batches
 
         def loader() -> GlobalBatchLoader:
@@ -194,24 +222,14 @@ class ValidationSet:
 
         self._loader = loader
         self._cached: list[list[MicroBatch]] | None = None
-        where = f"the validation set {v.path or v.dataset!r}"
-        if is_random_access(source):
-            available = source.num_windows(seq_len + 1) if isinstance(source, TokenizedWindows) else wanted
-            short = f"holds {available} windows"
-        else:
+        available = None
+        if not is_random_access(source):
             try:
                 self._cached = [loader().next_step() for _ in range(v.batches)]
             except ValueError as err:
-                raise ConfigError(f"{where}: {err}") from None
-            available = wanted if source.documents.epoch == 0 else 0
-            short = "runs out before"
-        if available < wanted:
-            raise ConfigError(
-                f"{where} {short} {wanted} windows of {seq_len + 1} tokens (validation.batches x global batch = "
-                f"{v.batches} x {global_batch_size}); lower validation.batches"
-                + (f" (at most {available // global_batch_size})" if available else "")
-                + " or give more validation data"
-            )
+                raise ConfigError(f"the validation set {v.path or v.dataset!r}: {err}") from None
+            available = v.batches * global_batch_size if source.documents.epoch == 0 else 0
+        _check_validation_size(cfg, source, global_batch_size, available)
 
     def __iter__(self) -> Any:
         """This rank's micro-batches of each validation batch, in order."""

@@ -88,7 +88,9 @@ class HFTokenizer(Tokenizer):
         return self._tokenizer.encode(text, add_special_tokens=False).ids
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        encodings = self._tokenizer.encode_batch_fast(list(texts), add_special_tokens=False)
+        # encode_batch_fast (tokenizers >= 0.21) skips the character offsets kenotron does not use.
+        encode = getattr(self._tokenizer, "encode_batch_fast", self._tokenizer.encode_batch)
+        encodings = encode(list(texts), add_special_tokens=False)
         return [e.ids for e in encodings]
 
     def decode(self, ids: Sequence[int]) -> str:

@@ -135,7 +135,6 @@ def resolve_run(cfg: JobConfig, world_size: int) -> RunPlan:
             f"the tokenizer has {tokenizer.vocab_size} tokens but the model's vocabulary is {args.vocab_size}; "
             f"set --model.vocab_size {tokenizer.vocab_size} (or larger) or use a smaller tokenizer"
         )
-    check_data_config(cfg, tokenizer, args.vocab_size)
     dims.check_model(
         n_heads=args.n_heads, n_kv_heads=args.n_kv_heads, ffn_dim=args.ffn_dim, vocab_size=args.vocab_size,
         n_layers=args.n_layers,
@@ -143,6 +142,7 @@ def resolve_run(cfg: JobConfig, world_size: int) -> RunPlan:
     dims.check_seq_len(t.seq_len, sequence_parallel=p.sequence_parallel)
     global_batch = t.global_batch_size if t.global_batch_size != -1 else t.local_batch_size * dims.dp
     accum = dims.grad_accum_steps(global_batch, t.local_batch_size)
+    check_data_config(cfg, tokenizer, args.vocab_size, global_batch)
     check_checkpoint_config(cfg.checkpoint)
     if t.mixed_precision == "master_weights" and (world_size > 1 or accum > 1):
         raise ConfigError(

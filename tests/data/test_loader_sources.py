@@ -3,6 +3,8 @@ each rank reads only its own windows, and resume is exact across layouts, epochs
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 import torch
@@ -23,7 +25,7 @@ def token_folder(path, base, n_tokens, files=3):
     """A folder whose token at stream position i is base + i, split over several files."""
     path.mkdir(parents=True)
     cuts = np.linspace(0, n_tokens, files + 1).astype(int)
-    for f, (lo, hi) in enumerate(zip(cuts, cuts[1:], strict=False)):
+    for f, (lo, hi) in enumerate(itertools.pairwise(cuts)):
         writer = TokenFileWriter(path / f"{f:05d}.ds", 4, "positions")
         for start in range(lo, hi, 10):
             writer.write(np.arange(base + start, base + min(start + 10, hi)))
