@@ -17,6 +17,7 @@ the thread restarts on the next `next_step()`. An error in the thread is raised 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import queue
 import threading
@@ -80,10 +81,8 @@ class Prefetcher:
             return
         self._stop.set()
         while self._thread.is_alive():
-            try:
+            with contextlib.suppress(queue.Empty):
                 self._queue.get(timeout=0.05)
-            except queue.Empty:
-                pass
         self._thread.join()
         self._thread = None
         self._queue = queue.Queue(maxsize=self.depth)
