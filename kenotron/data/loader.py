@@ -106,7 +106,9 @@ class GlobalBatchLoader:
             raise ValueError(f"dp_rank={dp_rank} is out of range for dp_size={dp_size}")
         if seq_len < 1:
             raise ValueError(f"training.seq_len={seq_len} must be at least 1")
-        if not isinstance(sources, (list, tuple)):
+        if isinstance(sources, NamedSource):
+            sources = [sources]
+        elif not isinstance(sources, (list, tuple)):
             sources = [NamedSource(getattr(sources, "name", "data"), sources)]
         self.sources: list[NamedSource] = list(sources)
         names = [s.name for s in self.sources]

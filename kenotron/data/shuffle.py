@@ -13,15 +13,15 @@ from __future__ import annotations
 import numpy as np
 
 _ROUNDS = 6
-_MASK64 = np.uint64(0xFFFFFFFFFFFFFFFF)
+_M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+_S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
 
 
 def _mix(x: np.ndarray) -> np.ndarray:
-    """splitmix64's finalizer: a fast, well-spread hash of uint64 values."""
-    with np.errstate(over="ignore"):
-        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        return x ^ (x >> np.uint64(31))
+    """splitmix64's finalizer: a fast, well-spread hash of uint64 values (arrays wrap silently)."""
+    x = (x ^ (x >> _S30)) * _M1
+    x = (x ^ (x >> _S27)) * _M2
+    return x ^ (x >> _S31)
 
 
 class Permutation:
@@ -34,15 +34,15 @@ class Permutation:
         bits = max(2, (n - 1).bit_length())
         self.half = (bits + 1) // 2
         self.half_mask = np.uint64((1 << self.half) - 1)
+        self.shift = np.uint64(self.half)
         rng = np.random.default_rng([seed & 0xFFFFFFFF, seed >> 32 & 0xFFFFFFFF, epoch])
         self.keys = rng.integers(0, 2**63, size=_ROUNDS, dtype=np.uint64)
 
     def _network(self, x: np.ndarray) -> np.ndarray:
-        left, right = x >> np.uint64(self.half), x & self.half_mask
+        left, right = x >> self.shift, x & self.half_mask
         for key in self.keys:
-            with np.errstate(over="ignore"):
-                left, right = right, left ^ (_mix(right + key) & self.half_mask)
-        return (left << np.uint64(self.half)) | right
+            left, right = right, left ^ (_mix(right + key) & self.half_mask)
+        return (left << self.shift) | right
 
     def __getitem__(self, index: np.ndarray | int) -> np.ndarray:
         x = np.asarray(index, dtype=np.uint64)
