@@ -28,8 +28,7 @@ def write_sample_data(folder: str | Path, repeats: int = 1, tokenizer_path: str 
         part = jsonl.with_name(jsonl.name + ".part")
         with open(part, "w", encoding="utf-8") as f:
             for copy in range(repeats):
-                for i, text in enumerate(builtin_documents()):
-                    f.write(json.dumps({"id": f"{copy}-{i}", "text": text}) + "\n")
+                f.writelines(json.dumps({"id": f"{copy}-{i}", "text": text}) + "\n" for i, text in enumerate(builtin_documents()))
         part.replace(jsonl)
     tokenized = folder / "tokenized"
     preprocess("jsonl", str(jsonl), tokenized, tokenizer_path, workers=workers, chunk_bytes=32 << 20, progress=False)
