@@ -7,14 +7,15 @@ import pytest
 
 from kenotron.config import ConfigError, load_config
 from kenotron.data.build import data_stages, source_specs
-from kenotron.data.preprocess import preprocess
+from kenotron.data.sample_data import write_sample_data
 from kenotron.train.resolve import resolve_run
 
 
 @pytest.fixture(scope="module")
 def tokenized(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("tok") / "builtin"
-    preprocess("builtin", "", folder, "", workers=1, progress=False)
+    """The built-in corpus as JSON Lines and tokenized (kenotron.data.sample_data, as the benchmarks use it)."""
+    jsonl, folder = write_sample_data(tmp_path_factory.mktemp("sample"), workers=1)
+    assert jsonl.is_file() and len(jsonl.read_text().splitlines()) == 1910
     return folder
 
 
@@ -54,7 +55,7 @@ def test_bad_source_weights_and_names(tokenized):
     with pytest.raises(ConfigError, match="data.sources weights: weight -2.0 is negative"):
         resolve_run(cfg, world_size=1)
     cfg = load_config(None, ["--data.sources", f'[{{path = "{tokenized}"}}, {{path = "{tokenized}"}}]'])
-    with pytest.raises(ConfigError, match="several sources named 'builtin'"):
+    with pytest.raises(ConfigError, match="several sources named 'tokenized'"):
         resolve_run(cfg, world_size=1)
 
 
@@ -63,10 +64,10 @@ def test_truncated_tokenized_folder_fails_before_training(tokenized, tmp_path):
 
     broken = tmp_path / "broken"
     shutil.copytree(tokenized, broken)
-    token_file = broken / "00001.ds"
+    token_file = broken / "00000.ds"
     token_file.write_bytes(token_file.read_bytes()[:-3])
     cfg = load_config(None, ["--data.dataset", "tokenized", "--data.path", str(broken)])
-    with pytest.raises(ConfigError, match=r"00001.ds' holds \d+ bytes, not a whole number of 2-byte tokens"):
+    with pytest.raises(ConfigError, match=r"00000.ds. holds \d+ bytes, not a whole number of 2-byte tokens"):
         resolve_run(cfg, world_size=1)
 
 
