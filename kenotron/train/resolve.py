@@ -106,11 +106,12 @@ def build_pipeline_split_from_config(
     )
 
 
-def resolve_run(cfg: JobConfig, world_size: int) -> RunPlan:
-    """Every check that needs only the config, the world size and the tokenizer file.
+def resolve_run(cfg: JobConfig, world_size: int, check_data: bool = True) -> RunPlan:
+    """Every check that needs only the config, the world size, the tokenizer file and the data.
 
     Raises ConfigError / ParallelConfigError / UnknownModelError / PlanError with the fix in
-    the message.
+    the message. `check_data=False` skips opening the data (the estimator plans a job whose data
+    lives on another machine).
     """
     validate_config(cfg)
     p = cfg.parallelism
@@ -142,7 +143,8 @@ def resolve_run(cfg: JobConfig, world_size: int) -> RunPlan:
     dims.check_seq_len(t.seq_len, sequence_parallel=p.sequence_parallel)
     global_batch = t.global_batch_size if t.global_batch_size != -1 else t.local_batch_size * dims.dp
     accum = dims.grad_accum_steps(global_batch, t.local_batch_size)
-    check_data_config(cfg, tokenizer, args.vocab_size, global_batch)
+    if check_data:
+        check_data_config(cfg, tokenizer, args.vocab_size, global_batch)
     check_checkpoint_config(cfg.checkpoint)
     if t.mixed_precision == "master_weights" and (world_size > 1 or accum > 1):
         raise ConfigError(

@@ -88,3 +88,13 @@ def test_empty_validation_set_fails_before_training(tokenized, tmp_path):
         ValidationSet(cfg, build_tokenizer(""), vocab_size=4096, global_batch_size=4)
     with pytest.raises(ConfigError, match=message):
         resolve_run(cfg, world_size=1)
+
+
+def test_the_estimator_plans_a_job_whose_data_is_elsewhere(tmp_path):
+    from kenotron.estimate.memory import estimate_memory
+
+    cfg = load_config(None, ["--data.dataset", "tokenized", "--data.path", str(tmp_path / "on-the-cluster"),
+                             "--training.seq_len", "64", "--training.local_batch_size", "2"])
+    with pytest.raises(FileNotFoundError, match="on-the-cluster' does not exist"):
+        resolve_run(cfg, world_size=1)
+    assert estimate_memory(cfg, ngpu=1).ranks
