@@ -18,7 +18,7 @@ import argparse
 
 import torch
 
-from kenotron.train.kernel_profile import median_cuda_ms
+from kenotron.tools.kernel_profile import median_cuda_ms
 
 SHAPES = {
     # name: (tokens, dim, ffn, q heads * head_dim, kv heads * head_dim, vocab)

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from kenotron.models.common.flash_attention import FlashAttention
 from kenotron.models.common.flash_attention4 import fa4_attention, import_fa4
-from kenotron.train.kernel_profile import median_cuda_ms
+from kenotron.tools.kernel_profile import median_cuda_ms
 
 SHAPES = {
     # name: (tokens, dim, ffn, heads, kv_heads, head_dim, vocab, seq)

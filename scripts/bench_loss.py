@@ -90,7 +90,7 @@ def _variants(tokens: int, vocab: int, dim: int) -> dict:
 def _ce_sweep(tokens: int, vocab: int) -> None:
     """The Triton cross-entropy alone (it overwrites the logits with their gradient; later runs
     read gradients instead, the same traffic): GB/s counts two reads and one write."""
-    from kenotron.train.loss_kernels import cross_entropy_grad_
+    from kenotron.kernels.loss import cross_entropy_grad_
 
     logits = torch.randn(tokens, vocab, device="cuda", dtype=torch.bfloat16)
     labels = torch.randint(0, vocab, (tokens,), device="cuda")

@@ -3,14 +3,14 @@
     python scripts/bench_optimizer.py
 
 torch's fused AdamW (multi-tensor apply) against kenotron's TritonAdamW (one Triton kernel per
-tensor, kenotron/train/triton_adamw.py) at several block sizes, both with the clipping divisor
+tensor, kenotron/kernels/adamw.py) at several block sizes, both with the clipping divisor
 as grad_scale, as the trainer calls them. Prints ms per step and the bandwidth of the 28 bytes
 per parameter the update reads and writes (fp32 weight, gradient, two moments in; weight and
 moments out). Median of 10 steps after 3 warm-ups.
 
 Then the gradient norm over bf16 gradients of the same shapes (master weights' gradients):
 torch's `_foreach_norm` (one multi-tensor kernel) against kenotron's Triton sum of squares
-(kenotron/parallel/sum_of_squares.py) at several block sizes; TB/s of the 2 bytes read per
+(kenotron/kernels/sum_of_squares.py) at several block sizes; TB/s of the 2 bytes read per
 parameter.
 """
 
@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import torch
 
-from kenotron.train import triton_adamw
-from kenotron.train.kernel_profile import median_cuda_ms
-from kenotron.train.triton_adamw import TritonAdamW
+from kenotron.kernels import adamw as triton_adamw
+from kenotron.tools.kernel_profile import median_cuda_ms
+from kenotron.train.optim import TritonAdamW
 
 
 def llama_shapes(dim: int, ffn: int, layers: int, heads: int, kv_heads: int, vocab: int, tied: bool) -> list[tuple]:
@@ -42,7 +42,7 @@ def _step(optimizer: torch.optim.Optimizer, scale: torch.Tensor) -> None:
 
 
 def bench_grad_norm() -> None:
-    from kenotron.parallel import sum_of_squares as sos
+    from kenotron.kernels import sum_of_squares as sos
 
     print("| model | parameters | gradient norm | ms | TB/s |\n|---|---|---|---|---|")
     default_block = sos.BLOCK

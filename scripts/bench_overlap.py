@@ -19,8 +19,8 @@ import statistics
 
 import torch
 
+from kenotron.kernels.adamw import adamw_update_
 from kenotron.models.llama3.model import Llama3, Llama3Args
-from kenotron.train.triton_adamw import adamw_update_
 
 SHAPES = {
     # name: (Llama3Args overrides, batch, seq)

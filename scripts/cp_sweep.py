@@ -9,7 +9,7 @@ ngpu / cp) and one sequence per data-parallel rank, so parameters, gradients and
 state take the same memory at every cp and only the per-sequence activations differ. For each
 pair the sequence length doubles from `--start` until a run fails, then bisects between the
 last length that trained and the first that did not, down to `--resolution` of it. A run is
-one process group of the real trainer (kenotron.train.bench.run_case: warm-up steps, timed
+one process group of the real trainer (kenotron.tools.bench.run_case: warm-up steps, timed
 steps, medians); a failure that is not an out-of-memory error stops that pair and is reported.
 
 The table has one row per (shape, cp): the longest length that trained with its tokens/s per
@@ -25,7 +25,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from kenotron.train.bench import run_case
+from kenotron.tools.bench import run_case
 
 SHAPES: dict[str, list[str]] = {
     "1B": ["--config", "train_configs/llama3_1b.toml"],
@@ -48,8 +48,8 @@ def _is_oom(row: dict) -> bool:
 def _overrides(shape: str, cp: int, seq_len: int, args: argparse.Namespace) -> list[str]:
     return SHAPES[shape] + [
         "--parallelism.cp", str(cp), "--parallelism.dp_shard", "-1",
-        "--parallelism.cp_load_balance", "true" if args.load_balance else "false",
-        "--parallelism.cp_rotate_method", args.rotate,
+        "--tuning.cp_load_balance", "true" if args.load_balance else "false",
+        "--tuning.cp_rotate_method", args.rotate,
         "--training.seq_len", str(seq_len), "--training.local_batch_size", "1", "--training.global_batch_size", "-1",
         "--activation_checkpoint.mode", args.ac, "--compile.enable", "true" if args.compile else "false",
     ] + shlex.split(args.extra)

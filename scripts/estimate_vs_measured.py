@@ -7,7 +7,7 @@
 Run from the repository root with kenotron installed (or PYTHONPATH=.), as scripts/bench.py.
 
 For each case the estimate comes from kenotron.estimate (fake tensors, in this process) and
-the measurement from the real trainer through kenotron.train.bench's worker (one process, or
+the measurement from the real trainer through kenotron.tools.bench's worker (one process, or
 torchrun for several GPUs): a few warm-up steps, then `torch.cuda.reset_peak_memory_stats`
 and the measured steps; the figure is `torch.cuda.max_memory_allocated`, the largest over
 the ranks. Both sides run the same config with compile off (the estimator simulates eager
@@ -22,11 +22,10 @@ import json
 import sys
 from pathlib import Path
 
-from kenotron.config import load_config
+from kenotron.config import load_config, split_config_arg
 from kenotron.estimate import estimate_memory
 from kenotron.estimate.report import gib
-from kenotron.train.__main__ import split_config_arg
-from kenotron.train.bench import SYNTHETIC, run_case
+from kenotron.tools.bench import SYNTHETIC, run_case
 
 ACCEPTED_ERROR = 0.10
 """The issue's bar: each estimate within 10% of the measured peak."""

@@ -71,7 +71,7 @@ def check_state_fits(
         if all(k.startswith("optimizer.") and k.endswith(".master") for k in missing):
             raise CheckpointMismatchError(
                 f"checkpoint {path}{saved_as} has no {_describe(missing[0])}{more}: it was saved without master "
-                f"weights (training.mixed_precision). Resume with the mixed precision it was saved with, or start "
+                f"weights (tuning.mixed_precision). Resume with the mixed precision it was saved with, or start "
                 f"the optimizer fresh from its weights with checkpoint.exclude_from_loading = optimizer"
             )
         raise CheckpointMismatchError(

@@ -71,12 +71,6 @@ def list_step_folders(folder: str | Path) -> list[StepFolder]:
     return sorted(found, key=lambda f: f.step)
 
 
-def latest_complete(folder: str | Path) -> StepFolder | None:
-    """The complete checkpoint with the highest step, or None."""
-    complete = [f for f in list_step_folders(folder) if f.complete]
-    return complete[-1] if complete else None
-
-
 def write_marker(path: str | Path, content: dict[str, Any]) -> None:
     """Write the completion marker atomically (temporary file, fsync, rename, fsync of the folder)."""
     path = Path(path)

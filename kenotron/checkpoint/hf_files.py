@@ -57,7 +57,7 @@ def weight_files(hf_dir: str | Path) -> dict[str, Path]:
         safetensors = _safetensors()
         with safetensors.safe_open(str(single), framework="pt") as f:
             # safe_open is not a mapping: it has keys() but no __iter__ / __contains__.
-            return {key: single for key in f.keys()}  # noqa: SIM118
+            return dict.fromkeys(f.keys(), single)
     found = sorted(p.name for p in hf_dir.glob("*.bin")) or sorted(p.name for p in hf_dir.iterdir())[:5]
     raise CheckpointFormatError(
         f"{hf_dir} holds no {SINGLE_FILE} or {INDEX_FILE} (found: {', '.join(found) or 'nothing'}); kenotron reads "
@@ -102,7 +102,7 @@ def write_hf_folder(
     for i, shard in enumerate(shards, start=1):
         name = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
         safetensors.torch.save_file(shard, str(out / name), metadata={"format": "pt"})
-        weight_map.update({key: name for key in shard})
+        weight_map.update(dict.fromkeys(shard, name))
     total = sum(t.numel() * t.element_size() for t in tensors.values())
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}
     (out / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")

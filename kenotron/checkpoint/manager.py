@@ -17,9 +17,9 @@ old checkpoints and uploads; the folder must be one filesystem that every rank s
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -148,10 +148,6 @@ class CheckpointManager:
             self.uploader = BackgroundUploader(
                 S3Store(config.remote_folder, config.remote_endpoint_url), config.remote_delete_local
             )
-        self.last_save_blocked_s = 0.0
-        """Seconds the last save() kept the caller waiting (the training stall, without staging)."""
-        self.last_staging_wait_s = 0.0
-        """Seconds the last wait_for_staging() waited."""
 
     # -- saving ---------------------------------------------------------------------------------
 
@@ -170,10 +166,9 @@ class CheckpointManager:
     def save(self, step: int) -> Path:
         """Save every part as step `step`; returns the step folder. In the async modes the write
         goes on in the background and the folder becomes loadable when its marker appears."""
-        started = time.perf_counter()
         self.wait()
         path = self._prepare_folder(step)
-        state = {name: part for name, part in self.parts.items()}
+        state = dict(self.parts)
         marker = self._marker(step, parts=list(state), model_only=False, dtype=None)
         if self._saver is None:
             self._saver = DcpSaver(self.config.async_mode, self.process_group)
@@ -182,7 +177,6 @@ class CheckpointManager:
         except Exception as exc:
             raise CheckpointSaveError(f"saving {path} failed: {exc}{self._previous_hint(step)}") from exc
         self._track(_PendingSave(step, inflight, marker))
-        self.last_save_blocked_s = time.perf_counter() - started
         return path
 
     def save_model_only(self, step: int, dtype: torch.dtype = torch.float32) -> Path:
@@ -203,7 +197,6 @@ class CheckpointManager:
         pending = self._pending
         if pending is None or pending.inflight.staged is None:
             return
-        started = time.perf_counter()
         try:
             pending.inflight.staged.result()
         except Exception as exc:
@@ -213,7 +206,6 @@ class CheckpointManager:
             ) from exc
         finally:
             pending.inflight.staged = None
-            self.last_staging_wait_s = time.perf_counter() - started
 
     def wait(self) -> None:
         """Block until the save in flight is written and marked complete; CheckpointSaveError if it failed."""
@@ -221,12 +213,10 @@ class CheckpointManager:
         if pending is None:
             return
         if pending.inflight.written is not None:
-            try:
+            # Whatever the save raised (any type) is already in pending.error (the done-callback
+            # recorded it); it is re-raised below as CheckpointSaveError, so nothing may escape here first.
+            with contextlib.suppress(Exception):
                 pending.inflight.written.result()
-            # Whatever the save raised (any type) is already in pending.error; it is re-raised
-            # below as CheckpointSaveError, so nothing may escape here first.
-            except Exception:  # noqa: BLE001, S110
-                pass  # the done-callback recorded it; reported below once it has run
         pending.finished.wait()
         if pending.error is not None:
             raise CheckpointSaveError(

@@ -138,9 +138,6 @@ class ReusingStager(AsyncStager):
         self._stream.synchronize()
         return staged
 
-    def synchronize_staging(self) -> None:
-        """Unused: callers wait on the future that `stage` returns."""
-
     def close(self) -> None:
         self._executor.shutdown(wait=True)
         self._copier.close()

@@ -8,6 +8,7 @@ from kenotron.config.loader import (
     config_to_toml,
     load_config,
     parse_overrides,
+    split_config_arg,
 )
 from kenotron.config.schema import FieldInfo, all_fields
 from kenotron.config.sections import (
@@ -27,6 +28,7 @@ from kenotron.config.sections import (
     Parallelism,
     Tokenizer,
     Training,
+    Tuning,
     Validation,
 )
 from kenotron.config.validate import validate_config
@@ -50,6 +52,7 @@ __all__ = [
     "Parallelism",
     "Tokenizer",
     "Training",
+    "Tuning",
     "Validation",
     "all_fields",
     "config_from_dict",
@@ -58,5 +61,6 @@ __all__ = [
     "config_to_toml",
     "load_config",
     "parse_overrides",
+    "split_config_arg",
     "validate_config",
 ]

@@ -17,10 +17,7 @@ from typing import Any
 
 from kenotron.config.schema import FieldInfo, all_fields, section_classes
 from kenotron.config.sections import JobConfig
-
-
-class ConfigError(ValueError):
-    """A bad configuration value; the message says which key and how to fix it."""
+from kenotron.errors import ConfigError
 
 
 def _suggest(word: str, candidates: Sequence[str]) -> str:
@@ -261,3 +258,20 @@ def config_reference_markdown() -> str:
         kind = info.type_name().replace("|", "\\|")
         out.append(f"| `{info.key}` | {kind} | `{_toml_value(info.default)}` | {doc} |")
     return "\n".join(out) + "\n"
+
+
+def split_config_arg(argv: list[str]) -> tuple[str | None, list[str]]:
+    """Take `--config PATH` / `--config=PATH` out of argv."""
+    path, rest, i = None, [], 0
+    while i < len(argv):
+        if argv[i] == "--config":
+            if i + 1 >= len(argv):
+                raise ConfigError("--config needs a TOML file path")
+            path, i = argv[i + 1], i + 2
+            continue
+        if argv[i].startswith("--config="):
+            path = argv[i].split("=", 1)[1]
+        else:
+            rest.append(argv[i])
+        i += 1
+    return path, rest

@@ -38,10 +38,8 @@ class Model:
     """Number of transformer blocks; 0 keeps the flavor's (a smaller count gives a narrow-and-short benchmark shape)."""
 
     attention_backend: Literal["auto", "cudnn", "flash", "efficient", "math", "flex", "flash_attn"] = "auto"
-    """SDPA kernel (cudnn, flash, efficient, math), flex (torch's FlexAttention; needed for data.document_masking) or flash_attn (the best FlashAttention installed: FlashAttention-3 on Hopper, else FlashAttention-4 (pip install flash-attn-4) on Hopper and later, else FlashAttention-2; CUDA and bfloat16 only; FA4 measured 1-3% faster than cuDNN on H200). auto: flex with data.document_masking; else FlashAttention-3/4 when installed on SM90+ for plain causal bf16 attention without context parallel or training.deterministic (measured 1-3% faster than cuDNN on H200); else SDPA preferring cuDNN, then flash, on CUDA (measured fastest of torch's kernels on H200); torch picks on CPU."""
+    """Attention kernel: auto (the fastest exact one for the run), an SDPA kernel (cudnn, flash, efficient, math), flex (FlexAttention, for data.document_masking) or flash_attn (the installed FlashAttention; CUDA, bf16)."""
 
-    eager_kernels: Literal["auto", "triton", "torch"] = "auto"
-    """RoPE and SwiGLU's silu(a) * b in uncompiled blocks: triton (one fused kernel each forward and backward; CUDA and the triton package), torch (plain PyTorch ops), auto (triton on CUDA when triton imports, else torch). Compiled blocks (compile.enable) always use torch's ops, which the compiler fuses itself."""
 
 
 @dataclass
@@ -90,7 +88,7 @@ class DataStage:
 @dataclass
 class Data:
     dataset: str = "builtin"
-    """`builtin` (Python's own documentation, no download), `tokenized` (a folder of token files in datatrove's format at data.path, see scripts/preprocess.py), `json`/`jsonl`/`parquet`/`text`/`auto` for local files at data.path, `synthetic` (random token ids, for speed benchmarks), or a hub dataset name (streamed)."""
+    """`builtin` (Python's documentation), `tokenized` (datatrove-format token files at data.path), `json`, `jsonl`, `parquet`, `text` or `auto` (local files at data.path), `synthetic` (random ids), or a hub dataset name."""
 
     path: str = ""
     """Local file or folder for tokenized and the local formats; for a hub dataset, its config name (may be empty)."""
@@ -105,7 +103,7 @@ class Data:
     """Start every document with the tokenizer's BOS token (EOS always ends it); raw-text sources only."""
 
     document_masking: bool = False
-    """Attend only within each token's own document of a packed window (block-causal; a document ends with its EOS token, which belongs to it). Runs through FlexAttention (model.attention_backend flex or auto); off, attention crosses document borders."""
+    """Attend only within each token's own document of a packed window (block-causal, through FlexAttention); off, attention crosses document borders."""
 
     sources: list[DataSource] = field(default_factory=list)
     """Several datasets blended by weight (TOML `[[data.sources]]` tables with name, dataset, path, weight, text_field, split); replaces data.dataset and data.path."""
@@ -146,8 +144,6 @@ class Training:
     param_dtype: Literal["float32", "bfloat16"] = "float32"
     """Compute dtype. bfloat16 keeps fp32 master weights, gradients and optimizer state and computes in bf16."""
 
-    mixed_precision: Literal["auto", "fsdp", "autocast", "master_weights"] = "auto"
-    """How bfloat16 compute is done on a single device: fsdp (FSDP2 on a 1-device mesh casts the weights once per step, activations stay bf16), autocast (per-op casts, fp32 residual stream), master_weights (bf16 parameters, gradients and activations; AdamW keeps fp32 masters and writes the bf16 weights in its update, so nothing is cast; one device, AdamW, no gradient accumulation); auto = master_weights on CUDA where it applies, else fsdp on CUDA without compile, else autocast (measured fastest, docs/performance.md). With data parallelism FSDP always does it."""
 
     max_norm: float = 1.0
     """Clip the global gradient norm to this value; 0 disables clipping (the norm is still reported)."""
@@ -155,23 +151,11 @@ class Training:
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Where to train; auto picks CUDA when available."""
 
-    expandable_segments: bool = True
-    """CUDA caching allocator grows segments in place instead of caching fixed blocks: less fragmentation, lower reserved memory."""
 
-    empty_cache_after_first_step: bool = True
-    """Hand the CUDA allocator's cached free memory back once, after the first step of a run: that step's compilation, autotuning and first allocations leave a layout the later steps fit around, and reserved memory stays above what they need (8B FSDP 4, offloading: 72.2 GiB kept; 70.4 after). One device synchronization; nothing on a CPU."""
 
-    loss: Literal["auto", "plain", "fused"] = "auto"
-    """plain: output layer then cross-entropy on full logits; fused: both in token chunks, no full-vocabulary logits kept (auto: fused unless tensor parallel's vocab-parallel loss applies)."""
 
-    loss_chunk_tokens: int = 16384
-    """Tokens per chunk of the fused loss (larger: fewer, bigger matmuls; smaller: less memory). 16384 measured fastest on H200 for b4 x 4096."""
 
-    loss_kernel: Literal["auto", "triton", "compiled", "torch"] = "auto"
-    """How the fused loss turns a chunk's logits into its loss and their gradient: triton (one Triton kernel that writes the gradient over the logits; CUDA), compiled (torch.compile's fusion of the same math), torch (PyTorch's softmax ops, a second logits-sized buffer); auto: triton on CUDA with triton installed, else compiled when compile.enable, else torch."""
 
-    grad_norm_kernel: Literal["auto", "triton", "torch"] = "auto"
-    """How the gradient norm sums the squares of the gradients: triton (one Triton kernel per gradient, blocks of 8192 elements, fp32 partial sums; CUDA), torch (torch's multi-tensor norm); auto: triton on CUDA with triton installed, else torch."""
 
 
 @dataclass
@@ -194,8 +178,6 @@ class Optimizer:
     eps: float = 1e-8
     """AdamW epsilon."""
 
-    implementation: Literal["auto", "triton", "fused", "foreach", "for-loop"] = "auto"
-    """AdamW kernel: triton (one Triton kernel per tensor, CUDA), or torch's fused, foreach or for-loop. auto: triton on CUDA when triton is installed (measured fastest on H200), else fused on CUDA and foreach on CPU."""
 
 
 @dataclass
@@ -204,7 +186,7 @@ class LRScheduler:
     """Steps of linear warmup from 0 to optimizer.lr."""
 
     decay: Literal["linear", "cosine", "wsd", "1-sqrt", "constant"] = "cosine"
-    """Shape after warmup: linear or cosine to min_lr; wsd/1-sqrt hold the peak, then decay over the last decay_ratio of steps (linearly / as 1-sqrt); constant holds the peak."""
+    """Shape after warmup: linear or cosine down to min_lr; wsd and 1-sqrt hold the peak, then decay over the last decay_ratio of steps; constant holds the peak."""
 
     decay_ratio: float = 0.2
     """For wsd and 1-sqrt: fraction of training steps spent decaying at the end."""
@@ -230,10 +212,10 @@ class Parallelism:
     pp_schedule: Literal[
         "GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"
     ] = "1F1B"
-    """torch.distributed.pipelining schedule. GPipe and 1F1B run one stage per rank; Interleaved1F1B, LoopedBFS and InterleavedZeroBubble loop over several (stage s on rank s mod pp); ZBVZeroBubble and DualPipeV fold exactly 2 per rank into a V (stages r and 2·pp−1−r on rank r)."""
+    """torch.distributed.pipelining schedule. GPipe and 1F1B run one stage per rank; the looped schedules several (stage s on rank s mod pp); ZBVZeroBubble and DualPipeV two per rank in a V."""
 
     pp_microbatches: int = 0
-    """Pipeline microbatches per micro-step: the local batch (training.local_batch_size) is split into this many; must divide it. 0 = local_batch_size (one sequence each). 1F1B needs >= pp, DualPipeV >= 2·pp."""
+    """Pipeline microbatches per micro-step (they split training.local_batch_size; must divide it); 0 = one sequence each. 1F1B needs >= pp, DualPipeV >= 2·pp."""
 
     pp_stages_per_rank: int = 0
     """Stages per pipeline rank for the automatic split: 0 = the schedule's own (1 for GPipe/1F1B, 2 for the looped and V schedules)."""
@@ -242,49 +224,31 @@ class Parallelism:
     """Explicit blocks per stage, in order (e.g. `3,5,5,3`); must add up to the model's layers. Empty = balanced automatically."""
 
     pp_stage_modules: list[str] = field(default_factory=list)
-    """Explicit modules per stage, one entry per stage with space-separated FQNs in forward order (e.g. `tok_embeddings layers.0 layers.1, layers.2 layers.3 norm output`); overrides pp_layers_per_stage."""
+    """Explicit modules of each stage in forward order, one entry per stage (e.g. `tok_embeddings layers.0 layers.1, layers.2 layers.3 norm output`); overrides pp_layers_per_stage."""
 
-    pp_first_stage_weight: float = 1.0
-    """Cost of the embedding in the automatic split, in transformer blocks: a larger weight gives the first stage fewer blocks."""
 
-    pp_last_stage_weight: float = 1.0
-    """Cost of the final norm and output projection (and the loss) in the automatic split, in transformer blocks."""
 
     cp: int = 1
-    """Context-parallel degree: each sequence is split over this many ranks (attention runs as a ring over them); training.seq_len must be a multiple of 2·cp·tp."""
+    """Context-parallel degree: each sequence is split over this many ranks; training.seq_len must be a multiple of 2·cp·tp."""
 
-    cp_load_balance: bool = True
-    """With cp > 1: cut the sequence into 2·cp chunks and give rank r chunks r and 2·cp−1−r, so causal attention costs every rank the same; false gives rank r the r-th contiguous piece."""
 
-    cp_rotate_method: Literal["allgather", "alltoall"] = "allgather"
-    """With cp > 1: how keys/values reach every rank: allgather (one collective per layer; cp× key/value memory during attention) or alltoall (a ring of sends to the next rank, each overlapped with compute)."""
 
-    cp_attention: Literal["auto", "torch", "ring"] = "auto"
-    """With cp > 1: auto (torch's context-parallel SDPA over the fused kernels on CUDA, kenotron's ring attention on CPU), torch (CUDA only), or ring (kenotron's exact fp32 ring attention on any device, slower: a fallback)."""
 
-    ep: int = 1
-    """Expert-parallel degree, for mixture-of-experts models."""
 
     dp_mode: Literal["fsdp", "zero1"] = "fsdp"
-    """fsdp: shard parameters, gradients and optimizer state over dp_shard (HSDP with dp_replicate, DDP when dp_shard is 1); zero1: replicate parameters and gradients, shard only the optimizer state."""
+    """fsdp: shard parameters, gradients and optimizer state (HSDP with dp_replicate, DDP when dp_shard is 1); zero1: replicate parameters and gradients, shard only the optimizer state."""
 
     fsdp_reshard_after_forward: Literal["default", "always", "never"] = "default"
-    """Free gathered parameters after each block's forward: default (all but the last block; none under pipeline parallel, whose microbatches would gather every block again), always, or never (faster, more memory)."""
+    """Free gathered parameters after each block's forward: default (all but the last block; none under pipeline parallel), always, or never (faster, more memory)."""
 
-    fsdp_early_all_gather: bool = True
-    """Under FSDP, update the root unit's and the first block's parameters first and start their all-gathers for the next step while the optimizer updates the rest (the same values; hides the all-gathers the forward would otherwise wait for)."""
 
-    fsdp_gradients_in_compute_pool: bool = True
-    """Under FSDP on CUDA (not HSDP), allocate the reduce-scatter outputs that become the sharded gradients from the compute stream's memory instead of the reduce-scatter stream's, so the next forward can reuse it once the gradients are freed (kenotron/parallel/fsdp_gradient_pool.py): reserved memory falls by up to the gradients' size, values unchanged."""
 
     fsdp_reduce_dtype: Literal["float32", "bfloat16"] = "float32"
-    """dtype of the data-parallel gradient reduction (reduce-scatter / all-reduce): float32 (exact sums of bf16 gradients), or bfloat16 (half the bytes on the wire, sums rounded to bf16; the sharded gradient is still accumulated in the parameters' dtype)."""
+    """Dtype of the data-parallel gradient reduction: float32 (exact sums), or bfloat16 (half the bytes on the wire, sums rounded to bf16)."""
 
     sequence_parallel: bool = True
     """With tp > 1, also split norms and the residual stream along the sequence."""
 
-    loss_parallel: bool = True
-    """With tp > 1, compute the cross-entropy on vocabulary shards instead of gathering full logits."""
 
     async_tp: bool = False
     """With tp > 1 on CUDA and compile on: overlap TP communication with the matmuls."""
@@ -311,7 +275,7 @@ class Checkpoint:
     """Parts not restored on resume, among model, optimizer, lr_scheduler, dataloader, train_state (e.g. `optimizer,lr_scheduler` to restart the schedule)."""
 
     async_mode: Literal["disabled", "async", "async_with_pinned_mem"] = "disabled"
-    """disabled: training waits for the write. async: copy to CPU memory, then write from a thread. async_with_pinned_mem: copy to (pinned, on CUDA) shared memory in the background and write from a separate process; needs a process group (torchrun)."""
+    """disabled: training waits for the write. async: copy to CPU memory, write from a thread. async_with_pinned_mem: copy to pinned shared memory in the background and write from another process (needs torchrun)."""
 
     initial_load_path: str = ""
     """A checkpoint step folder (local or s3://) to start from when checkpoint.folder holds none, e.g. one made by scripts/convert_hf.py."""
@@ -338,13 +302,11 @@ class Checkpoint:
 @dataclass
 class Float8:
     enable: bool = False
-    """Train the linear layers in float8 through torchao (needs the float8 extra and an H100-class GPU to be fast)."""
+    """Train the linear layers in float8 through torchao (needs the float8 extra and a GPU with float8 matrix units, SM89 or later)."""
 
     recipe: Literal["tensorwise", "rowwise"] = "tensorwise"
-    """Scaling granularity of the float8 casts. tensorwise measured faster on an H200 in every case tried (1B: 70.0k vs 59.9k tok/s; 8B width: 45.2k vs 40.9k; docs/performance.md)."""
+    """Scaling granularity of the float8 casts: tensorwise (one scale per tensor) or rowwise (one per row, more accurate)."""
 
-    fsdp_all_gather: bool = False
-    """With tensorwise and FSDP: all-gather weights in float8 (half the traffic). Off by default: on 4 H200s of one host the bf16 all-gather was faster (1B 66.2k vs 52.7k tok/s/GPU, 8B 12.8k vs 12.6k)."""
 
 
 @dataclass
@@ -370,11 +332,75 @@ class ActivationCheckpoint:
     every_n: int = 2
     """For every-n-layers: checkpoint one block in every this many."""
 
-    save_matmul_every: int = 1
-    """For selective-op: keep the output of one matmul in every this many, recompute the others (1 = keep all; 2 = every second one: less memory for some recompute)."""
 
     offload_blocks: int = 0
-    """Move what the first this many blocks (of each pipeline stage) save for backward to pinned host memory during the forward, and copy it back ahead of their backward, on copy streams beside the compute: memory for PCIe traffic instead of recompute (kenotron/parallel/activation_offload.py). The offloaded blocks are not checkpointed (nothing of theirs stays on the device to save by recomputing); `mode` applies to the others. The copies run at ~38 GB/s each way (1 × H200, measured in a step): N blocks' copies out should fit in the forward of about n_layers − 2 blocks, or the step waits for them. 0 = off."""
+    """Keep what the first this many blocks (of each pipeline stage) save for backward in pinned host memory instead of on the GPU, copied out and back beside the compute; those blocks are not checkpointed. 0 = off."""
+
+
+@dataclass
+class Tuning:
+    """Internal kernel and overlap choices whose measured best is the default (docs/performance.md).
+
+    Not part of the public interface: tests, benchmarks and experiments use them to run the
+    other code paths; a run should leave them alone.
+    """
+
+    mixed_precision: Literal["auto", "fsdp", "autocast", "master_weights"] = "auto"
+    """How bf16 runs on one device: fsdp (FSDP2 on a 1-device mesh casts the weights), autocast, or master_weights (bf16 parameters, fp32 masters in AdamW; one device, no accumulation); auto picks by device."""
+
+    eager_kernels: Literal["auto", "triton", "torch"] = "auto"
+    """RoPE and SwiGLU in uncompiled blocks: triton (fused kernels; CUDA) or torch (PyTorch ops); auto: triton on CUDA when it imports."""
+
+    loss: Literal["auto", "plain", "fused"] = "auto"
+    """plain: logits then cross-entropy; fused: both in token chunks without full logits; auto: fused unless tensor or pipeline parallel applies."""
+
+    loss_chunk_tokens: int = 16384
+    """Tokens per chunk of the fused loss."""
+
+    loss_kernel: Literal["auto", "triton", "compiled", "torch"] = "auto"
+    """The fused loss's chunk step: triton (CUDA), compiled, or torch; auto: triton on CUDA, else compiled with compile.enable, else torch."""
+
+    grad_norm_kernel: Literal["auto", "triton", "torch"] = "auto"
+    """The gradient norm's sum of squares: triton (CUDA) or torch; auto: triton on CUDA."""
+
+    adamw_implementation: Literal["auto", "triton", "fused", "foreach", "for-loop"] = "auto"
+    """AdamW kernel: triton (CUDA), or torch's fused, foreach or for-loop; auto: triton on CUDA, else foreach."""
+
+    expandable_segments: bool = True
+    """CUDA caching allocator grows segments in place (less fragmentation)."""
+
+    empty_cache_after_first_step: bool = True
+    """Release the CUDA allocator's cache once, after the first step (compilation and autotuning leave it laid out for themselves)."""
+
+    fsdp_early_all_gather: bool = True
+    """Under FSDP, start the next step's first all-gathers while the optimizer updates the rest."""
+
+    fsdp_gradients_in_compute_pool: bool = True
+    """Under FSDP on CUDA, allocate the sharded gradients from the compute stream's memory pool."""
+
+    float8_all_gather: bool = False
+    """With float8 tensorwise under FSDP, all-gather weights in float8."""
+
+    ac_save_matmul_every: int = 1
+    """For selective-op checkpointing: keep one matmul output in every this many (the rest are recomputed)."""
+
+    loss_parallel: bool = True
+    """With tp > 1, compute the cross-entropy on vocabulary shards instead of gathering full logits."""
+
+    cp_load_balance: bool = True
+    """Context parallel: rank r holds chunks r and 2·cp−1−r of 2·cp (even causal work); false: contiguous chunks."""
+
+    cp_rotate_method: Literal["allgather", "alltoall"] = "allgather"
+    """Context parallel: keys/values reach every rank by one all-gather or by a ring of sends."""
+
+    cp_attention: Literal["auto", "torch", "ring"] = "auto"
+    """Context-parallel attention: torch (its ring over fused SDPA; CUDA), ring (kenotron's exact ring), auto (torch on CUDA)."""
+
+    pp_first_stage_weight: float = 1.0
+    """Cost of the embedding in the automatic pipeline split, in blocks."""
+
+    pp_last_stage_weight: float = 1.0
+    """Cost of the final norm, output projection and loss in the automatic pipeline split, in blocks."""
 
 
 @dataclass
@@ -416,3 +442,4 @@ class JobConfig:
     metrics: Metrics = field(default_factory=Metrics)
     compile: Compile = field(default_factory=Compile)
     activation_checkpoint: ActivationCheckpoint = field(default_factory=ActivationCheckpoint)
+    tuning: Tuning = field(default_factory=Tuning)

@@ -26,12 +26,14 @@ def validate_config(cfg: JobConfig) -> None:
     if t.max_norm < 0:
         raise ConfigError(f"training.max_norm={t.max_norm} must be >= 0 (0 disables clipping)")
     o = cfg.optimizer
-    if t.mixed_precision == "master_weights" and (t.param_dtype != "bfloat16" or o.name != "adamw"):
+    if cfg.tuning.mixed_precision == "master_weights" and (t.param_dtype != "bfloat16" or o.name != "adamw"):
         raise ConfigError(
-            f"training.mixed_precision='master_weights' keeps bf16 parameters with fp32 masters in AdamW, but "
+            f"tuning.mixed_precision='master_weights' keeps bf16 parameters with fp32 masters in AdamW, but "
             f"training.param_dtype={t.param_dtype!r} and optimizer.name={o.name!r}; set param_dtype='bfloat16' "
             f"and optimizer.name='adamw', or use mixed_precision='auto'"
         )
+    if cfg.tuning.loss_chunk_tokens <= 0:
+        raise ConfigError(f"tuning.loss_chunk_tokens={cfg.tuning.loss_chunk_tokens} must be a positive integer")
     if o.lr <= 0:
         raise ConfigError(f"optimizer.lr={o.lr} must be positive")
     if not (0 <= o.beta1 < 1 and 0 <= o.beta2 < 1):
@@ -43,30 +45,11 @@ def validate_config(cfg: JobConfig) -> None:
         raise ConfigError(f"lr_scheduler.min_lr_ratio={s.min_lr_ratio} must lie in [0, 1]")
     if not 0 < s.decay_ratio <= 1:
         raise ConfigError(f"lr_scheduler.decay_ratio={s.decay_ratio} must lie in (0, 1]")
-    ac = cfg.activation_checkpoint
-    if ac.every_n < 1:
-        raise ConfigError(f"activation_checkpoint.every_n={ac.every_n} must be >= 1 (1 checkpoints every block)")
-    if ac.save_matmul_every < 1:
-        raise ConfigError(
-            f"activation_checkpoint.save_matmul_every={ac.save_matmul_every} must be >= 1 (1 keeps every matmul output)"
-        )
-    if ac.offload_blocks < 0:
-        raise ConfigError(f"activation_checkpoint.offload_blocks={ac.offload_blocks} must be >= 0 (0 offloads nothing)")
-    if ac.offload_blocks and 0 < cfg.model.n_layers < ac.offload_blocks:
-        raise ConfigError(
-            f"activation_checkpoint.offload_blocks={ac.offload_blocks} is more than model.n_layers="
-            f"{cfg.model.n_layers}; use at most {cfg.model.n_layers}"
-        )
     backend = cfg.model.attention_backend
     if cfg.data.document_masking and backend not in ("auto", "flex"):
         raise ConfigError(
             f"data.document_masking=true needs FlexAttention, but model.attention_backend={backend!r} runs plain "
             f"causal attention over the whole window; set model.attention_backend to 'flex' or 'auto'"
-        )
-    if cfg.model.eager_kernels == "triton" and cfg.compile.enable:
-        raise ConfigError(
-            "model.eager_kernels='triton' is for uncompiled blocks, but compile.enable=true (the compiler fuses "
-            "RoPE and SwiGLU itself); set model.eager_kernels to 'auto' or compile.enable=false"
         )
     if cfg.model.vocab_size < 0 or cfg.model.n_layers < 0:
         raise ConfigError("model.vocab_size and model.n_layers must be >= 0 (0 keeps the flavor's)")

@@ -34,7 +34,7 @@ Loss: fused chunked (C = min(chunk, T) tokens): keeps grad_h (T·d·c) and grad_
   loss' backward (V + T)·d·c (·4 under autocast: fp32 weights and hidden states) if larger; with a second chunk of C' tokens
   C·V·c + 2·C'·V·c (the previous chunk's gradient is alive while the next one's logits and
   log-softmax are computed). The Triton chunk kernel writes the gradient over the logits: one
-  C·V·c term less in each (training.loss_kernel = triton, auto's choice on CUDA). Plain: keeps logits (T·V·c/t) and
+  C·V·c term less in each (tuning.loss_kernel = triton, auto's choice on CUDA). Plain: keeps logits (T·V·c/t) and
   log-softmax (T·V·4/t); temporaries 2·T·V·4/t (fp32 copy and exp) -- the vocab-parallel
   loss adds one more T·V·4/t.
 Peak = max of these moments:
@@ -59,42 +59,39 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from kenotron.estimate.context import attention_output_copy
-from kenotron.estimate.fake_job import fused_gate, loss_kernel, target_device
+from kenotron.estimate.cp_ring_memory import attention_output_copy
 from kenotron.estimate.tracker import Breakdown, allocated_bytes
 from kenotron.models.common.norms import LayerNorm
 from kenotron.parallel.plan import matching_modules
 from kenotron.parallel.zero1 import partition_params
-from kenotron.train.precision import single_device_fsdp, uses_master_weights
-from kenotron.train.resolve import RunPlan
-from kenotron.train.trainer import uses_fused_loss
+from kenotron.train.resolve import ResolvedRun
 
 FP32 = 4
 STEP_COUNTER = 512
 """A fused AdamW step counter is a 0-d fp32 tensor on the GPU: one allocator block."""
 
 
-def data_parallel_kind(run: RunPlan) -> str:
+def data_parallel_kind(run: ResolvedRun) -> str:
     """fsdp, hsdp, ddp, zero1 or none, as kenotron.parallel.data decides it."""
     d = run.dims
-    if run.plan.dp_mode == "zero1":
+    if run.plan.settings.dp_mode == "zero1":
         return "zero1" if d.dp > 1 else "none"
     if d.dp_shard * d.cp > 1:
         return "hsdp" if d.dp_replicate > 1 else "fsdp"
     return "ddp" if d.dp_replicate > 1 else "none"
 
 
-def one_gpu_fsdp(run: RunPlan) -> bool:
+def one_gpu_fsdp(run: ResolvedRun) -> bool:
     """The trainer's choice of FSDP mixed precision on a single GPU."""
-    return single_device_fsdp(run, target_device(run))
+    return run.dims.world_size == 1 and run.choices.precision == "fsdp"
 
 
-def master_weights(run: RunPlan) -> bool:
-    """The trainer's choice of bf16 parameters with fp32 masters in AdamW (train/precision.py)."""
-    return uses_master_weights(run, target_device(run).type)
+def master_weights(run: ResolvedRun) -> bool:
+    """The trainer's choice of bf16 parameters with fp32 masters in AdamW (train/choices.py)."""
+    return run.choices.precision == "master_weights"
 
 
-def meta_model(run: RunPlan) -> nn.Module:
+def meta_model(run: ResolvedRun) -> nn.Module:
     with torch.device("meta"):
         return run.spec.build(run.model_args)
 
@@ -115,14 +112,14 @@ class ParameterBytes:
     """Buffers (RoPE tables)."""
 
 
-def parameter_bytes(run: RunPlan, model: nn.Module) -> ParameterBytes:
+def parameter_bytes(run: ResolvedRun, model: nn.Module) -> ParameterBytes:
     degrees = {k: v for k, v in run.dims.degrees().items() if k != "pp"}
     sharded = run.plan.describe(model, degrees)
     tp_only = run.plan.describe(model, {"tp": run.dims.tp})
     c_p = 2 if run.cfg.training.param_dtype == "bfloat16" else FP32
-    first_block = matching_modules(model, run.plan.blocks)[0][0] + "."
+    first_block = matching_modules(model, run.plan.layout.blocks)[0][0] + "."
     block = sum(math.prod(r["local_shape"]) * c_p for r in tp_only if r["name"].startswith(first_block))
-    root = sum(math.prod(r["local_shape"]) * c_p for r in tp_only if run.plan.block_of(r["name"]) is None)
+    root = sum(math.prod(r["local_shape"]) * c_p for r in tp_only if run.plan.layout.block_of(r["name"]) is None)
     return ParameterBytes(
         local=sum(allocated_bytes(r["bytes"]) for r in sharded),
         block_gathered=block, root_gathered=root, count=len(sharded),
@@ -130,7 +127,7 @@ def parameter_bytes(run: RunPlan, model: nn.Module) -> ParameterBytes:
     )
 
 
-def optimizer_state_bytes(run: RunPlan, model: nn.Module, params: ParameterBytes) -> int:
+def optimizer_state_bytes(run: ResolvedRun, model: nn.Module, params: ParameterBytes) -> int:
     """AdamW moments + step counters on the rank holding the most (ZeRO-1: the partition's largest)."""
     if run.cfg.optimizer.name != "adamw":
         return 0
@@ -171,16 +168,16 @@ class StepShape:
     qk_norm: bool
     fp32_norm: bool
     cp_output_copy: bool = False
-    """Context parallel: the output projection keeps a copy of the attention output (context.py)."""
+    """Context parallel: the output projection keeps a copy of the attention output (cp_ring_memory.py)."""
     fused_gate: bool = False
     """SwiGLU's gate is the fused Triton kernel (eager CUDA runs): silu(a) is not kept."""
 
     @classmethod
-    def of(cls, run: RunPlan, block_kind: dict[str, bool]) -> StepShape:
+    def of(cls, run: ResolvedRun, block_kind: dict[str, bool]) -> StepShape:
         a, t, tp = run.model_args, run.cfg.training, run.dims.tp
-        sp = tp > 1 and run.plan.sequence_parallel
+        sp = tp > 1 and run.plan.settings.sequence_parallel
         bf16 = t.param_dtype == "bfloat16"
-        autocast = bf16 and data_parallel_kind(run) == "none" and not one_gpu_fsdp(run) and not master_weights(run)
+        autocast = run.choices.precision == "autocast"
         seq = t.seq_len // run.dims.cp  # context parallel: this rank's share of every sequence
         tokens = t.local_batch_size * seq
         return cls(
@@ -188,7 +185,7 @@ class StepShape:
             tp=tp, dim=a.dim, ffn=a.ffn_dim, heads=a.n_heads, kv_heads=a.n_kv_heads, head_dim=a.head_dim,
             vocab=a.vocab_size, layers=a.n_layers, compute=2 if bf16 else FP32, residual=FP32 if autocast else (2 if bf16 else FP32),
             autocast=autocast, cp_output_copy=attention_output_copy(run),
-            fused_gate=block_kind["gated_mlp"] and fused_gate(run), **block_kind,
+            fused_gate=block_kind["gated_mlp"] and run.choices.eager_kernels == "triton", **block_kind,
         )
 
 
@@ -235,25 +232,25 @@ def block_activations(s: StepShape, mode: str, sp: bool, save_matmul_every: int 
     return residuals + matmul_inputs + attention + rope_tables + mlp
 
 
-def activations_per_block(run: RunPlan, s: StepShape) -> float:
+def activations_per_block(run: ResolvedRun, s: StepShape) -> float:
     """Mean bytes per block over the AC pattern."""
-    ac = run.plan.ac_mode
-    sp = s.tp > 1 and run.plan.sequence_parallel
+    ac = run.plan.settings.ac_mode
+    sp = s.tp > 1 and run.plan.settings.sequence_parallel
     if ac == "every-n-layers":
-        n = run.plan.ac_every_n
+        n = run.plan.settings.ac_every_n
         return (block_activations(s, "full", sp) + (n - 1) * block_activations(s, "none", sp)) / n
-    return block_activations(s, ac, sp, run.plan.ac_save_matmul_every)
+    return block_activations(s, ac, sp, run.plan.settings.ac_save_matmul_every)
 
 
-def loss_bytes(run: RunPlan, s: StepShape, fused: bool) -> tuple[int, int]:
+def loss_bytes(run: ResolvedRun, s: StepShape, fused: bool) -> tuple[int, int]:
     """(kept for backward, temporaries at the loss' peak) of the fused chunked or the plain loss."""
     V, d, c = s.vocab // s.tp, s.dim, s.compute
     if fused:
-        chunk = min(run.cfg.training.loss_chunk_tokens, s.tokens)
+        chunk = min(run.choices.loss_chunk_tokens, s.tokens)
         logits = allocated_bytes(chunk * V * c)
         # The Triton kernel writes a chunk's gradient over its logits; PyTorch's softmax and the
         # compiled step give it a second logits-sized buffer.
-        in_place = loss_kernel(run) == "triton"
+        in_place = run.choices.loss_kernel == "triton"
         gradient = 0 if in_place else logits
         if s.tokens <= chunk:
             # One chunk: the weight gradient is the chunk's product itself, kept in the matmul
@@ -278,41 +275,41 @@ def loss_bytes(run: RunPlan, s: StepShape, fused: bool) -> tuple[int, int]:
         return kept, max(temp, backward)
     logits = allocated_bytes(s.tokens * V * c)
     fp32 = allocated_bytes(s.tokens * V * FP32)
-    vocab_parallel = s.tp > 1 and run.plan.loss_parallel
+    vocab_parallel = s.tp > 1 and run.plan.settings.loss_parallel
     return logits + fp32, (3 if vocab_parallel else 2) * fp32
 
 
-def gathered_bytes(run: RunPlan, params: ParameterBytes, layers: int, moment: str) -> int:
+def gathered_bytes(run: ResolvedRun, params: ParameterBytes, layers: int, moment: str) -> int:
     """FSDP compute copies alive at the loss (`forward`) or during a block's backward (`backward`)."""
     kind = data_parallel_kind(run)
     if kind == "none" and not one_gpu_fsdp(run):
         return 0
-    keep_all = kind in ("ddp", "zero1") or one_gpu_fsdp(run) or run.plan.reshard_after_forward == "never"
+    keep_all = kind in ("ddp", "zero1") or one_gpu_fsdp(run) or run.plan.settings.reshard_after_forward == "never"
     if keep_all:
         return params.root_gathered + layers * params.block_gathered
-    blocks = 2 if moment == "backward" else (0 if run.plan.reshard_after_forward == "always" else 1)
+    blocks = 2 if moment == "backward" else (0 if run.plan.settings.reshard_after_forward == "always" else 1)
     return params.root_gathered + blocks * params.block_gathered
 
 
-def uncheckpointed_fraction(run: RunPlan) -> float:
+def uncheckpointed_fraction(run: ResolvedRun) -> float:
     """Share of blocks whose forward is not recomputed (their autocast weight copies stay saved)."""
-    mode = run.plan.ac_mode
+    mode = run.plan.settings.ac_mode
     if mode == "none":
         return 1.0
     if mode == "every-n-layers":
-        return (run.plan.ac_every_n - 1) / run.plan.ac_every_n
+        return (run.plan.settings.ac_every_n - 1) / run.plan.settings.ac_every_n
     return 0.0
 
 
-def replicated_embedding_gradient(run: RunPlan, s: StepShape) -> int:
+def replicated_embedding_gradient(run: ResolvedRun, s: StepShape) -> int:
     """Extra gradient bytes when TP runs without data parallel: DTensor's embedding backward
     returns the vocab-sharded table's gradient Replicate, i.e. whole on every TP rank."""
-    if s.tp == 1 or data_parallel_kind(run) != "none" or "embedding" not in run.plan.tp_styles.values():
+    if s.tp == 1 or data_parallel_kind(run) != "none" or "embedding" not in run.plan.layout.tp_styles.values():
         return 0
     return allocated_bytes(s.vocab * s.dim * FP32) - allocated_bytes(s.vocab // s.tp * s.dim * FP32)
 
 
-def peak_breakdown(run: RunPlan, params: ParameterBytes, O: int, kind: dict[str, bool], fused: bool) -> Breakdown:
+def peak_breakdown(run: ResolvedRun, params: ParameterBytes, O: int, kind: dict[str, bool], fused: bool) -> Breakdown:
     """The highest moment (see the module doc), given the parameter table, the optimizer bytes,
     the block variant and whether the loss is the fused chunked one."""
     s = StepShape.of(run, kind)
@@ -325,7 +322,7 @@ def peak_breakdown(run: RunPlan, params: ParameterBytes, O: int, kind: dict[str,
     sharded_grads = data_parallel_kind(run) in ("fsdp", "hsdp")
     accumulated = G if run.grad_accum_steps > 1 else 0
     # Offloaded blocks keep their saved tensors in host memory (only tensors under 1 MiB stay).
-    blocks = round((s.layers - min(run.plan.offload_blocks, s.layers)) * activations_per_block(run, s))
+    blocks = round((s.layers - min(run.plan.settings.offload_blocks, s.layers)) * activations_per_block(run, s))
     if s.autocast:  # autocast keeps the bf16 copy of each matmul weight until its backward
         blocks += round(s.layers * params.block_gathered * uncheckpointed_fraction(run))
     edges = 2 * allocated_bytes(s.residual_tokens * s.dim * s.residual)  # embedding output, final norm output
@@ -338,8 +335,8 @@ def peak_breakdown(run: RunPlan, params: ParameterBytes, O: int, kind: dict[str,
     # A block's weight gradients in the matmul dtype, and (autocast, FSDP) their fp32 conversions.
     block_grad = params.block_gathered * (1 + (FP32 // c if c != FP32 and not mw else 0))
     backward_temp = 2 * allocated_bytes(T * s.ffn // t * c) + 2 * allocated_bytes(T * s.dim * c) + block_grad
-    if run.plan.ac_mode != "none":
-        backward_temp += block_activations(s, "none", t > 1 and run.plan.sequence_parallel)
+    if run.plan.settings.ac_mode != "none":
+        backward_temp += block_activations(s, "none", t > 1 and run.plan.settings.sequence_parallel)
     backward_moment = Breakdown(
         parameters=P, unsharded_parameters=gathered_bytes(run, params, s.layers, "backward"),
         gradients=accumulated if sharded_grads or not accumulated else G, optimizer_state=O,
@@ -363,7 +360,7 @@ def peak_breakdown(run: RunPlan, params: ParameterBytes, O: int, kind: dict[str,
         # blocks' sharded gradients. Untied, the gathered root is already freed; tied, the
         # simulation of FSDP2's post-backward also holds it and the sharded result at that moment.
         shard = run.dims.dp_shard * run.dims.cp
-        reduce_size = FP32 if run.plan.reduce_dtype == "float32" else 2
+        reduce_size = FP32 if run.plan.settings.reduce_dtype == "float32" else 2
         reduced = params.root_gathered * reduce_size // c
         root_local = params.root_gathered * (FP32 // c) // shard
         moments.append(Breakdown(
@@ -371,7 +368,7 @@ def peak_breakdown(run: RunPlan, params: ParameterBytes, O: int, kind: dict[str,
             gradients=accumulated if accumulated else max(G - root_local, 0), optimizer_state=O,
             temporaries=params.root_gathered + reduced + (reduced // shard if tied else 0),
         ))
-    if s.tp > 1 and not extra_grad and "embedding" in run.plan.tp_styles.values():
+    if s.tp > 1 and not extra_grad and "embedding" in run.plan.layout.tp_styles.values():
         # Data parallel takes the embedding's whole (Replicate) gradient, keeps its TP shard, casts it
         # to fp32 and reduce-scatters it: briefly the largest temporaries of the step for a big vocabulary.
         V, d = s.vocab, s.dim
@@ -385,9 +382,9 @@ class AnalyticModel:
     """The closed-form model for one family and size: keeps the meta model and what does not
     depend on the layout, so that the planner can price hundreds of layouts quickly."""
 
-    def __init__(self, run: RunPlan) -> None:
+    def __init__(self, run: ResolvedRun) -> None:
         self.model = meta_model(run)
-        self.kind = block_kind(self.model, run.plan.blocks)
+        self.kind = block_kind(self.model, run.plan.layout.blocks)
         self._params: dict[tuple, ParameterBytes] = {}
         self._optimizer: dict[tuple, int] = {}
         self._stages: dict[tuple, tuple[ParameterBytes, int]] = {}
@@ -397,24 +394,24 @@ class AnalyticModel:
     def parameter_count(self) -> int:
         return sum(p.numel() for p in self.model.parameters())
 
-    def parameters(self, run: RunPlan) -> ParameterBytes:
-        key = (tuple(run.dims.degrees().items()), run.plan.dp_mode, run.cfg.training.param_dtype)
+    def parameters(self, run: ResolvedRun) -> ParameterBytes:
+        key = (tuple(run.dims.degrees().items()), run.plan.settings.dp_mode, run.cfg.training.param_dtype)
         if key not in self._params:
             self._params[key] = parameter_bytes(run, self.model)
         return self._params[key]
 
-    def optimizer_state(self, run: RunPlan) -> int:
+    def optimizer_state(self, run: ResolvedRun) -> int:
         params = self.parameters(run)
         key = (tuple(run.dims.degrees().items()), data_parallel_kind(run), run.cfg.optimizer.name, master_weights(run))
         if key not in self._optimizer:
             self._optimizer[key] = optimizer_state_bytes(run, self.model, params)
         return self._optimizer[key]
 
-    def fused_loss(self, run: RunPlan) -> bool:
+    def fused_loss(self, run: ResolvedRun) -> bool:
         """The trainer's choice of loss for this layout."""
-        return uses_fused_loss(run.cfg.training.loss, run.dims.tp > 1, self.model)
+        return run.choices.fused_loss
 
-    def peak(self, run: RunPlan) -> Breakdown:
+    def peak(self, run: ResolvedRun) -> Breakdown:
         """Peak breakdown of `run` (same family and size as the one this model was built for); under
         pipeline parallel (1F1B), that of the fullest pipeline rank (analytic_pipeline.py)."""
         if run.dims.pp > 1:
@@ -424,14 +421,14 @@ class AnalyticModel:
             return max(peaks, key=lambda b: b.total)
         return peak_breakdown(run, self.parameters(run), self.optimizer_state(run), self.kind, self.fused_loss(run))
 
-    def pipeline_peaks(self, run: RunPlan) -> list[Breakdown] | None:
+    def pipeline_peaks(self, run: ResolvedRun) -> list[Breakdown] | None:
         """One peak per pipeline rank (1F1B), or None where the closed form does not price the schedule."""
         # Imported here: analytic_pipeline builds on this module.
         from kenotron.estimate.analytic_pipeline import pipeline_peaks
 
         return pipeline_peaks(run, self.model, self.kind, self._stages)
 
-    def zero1_correction(self, run: RunPlan, simulated_optimizer_state: int) -> int:
+    def zero1_correction(self, run: ResolvedRun, simulated_optimizer_state: int) -> int:
         """ZeRO-1: bytes to add to a simulated rank's optimizer state to get the fullest rank's.
 
         The shallow simulated models partition fewer parameters than the real one, and rank 0

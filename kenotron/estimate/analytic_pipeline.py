@@ -1,5 +1,5 @@
 """Closed-form memory of one pipeline rank under 1F1B: the planner's
-first pass for pp layouts, checked against the fake-tensor simulation (pipeline.py).
+first pass for pp layouts, checked against the fake-tensor simulation (pipeline_memory.py).
 
 Notation as in analytic.py, per microbatch: b_m = local batch / microbatches, T = b_m·s tokens;
 stage s of p holds k_s blocks (the trainer's own split), the embedding on the first stage and the
@@ -51,7 +51,7 @@ from kenotron.estimate.analytic import (
 )
 from kenotron.estimate.tracker import Breakdown, allocated_bytes
 from kenotron.parallel.pipeline import stage_module
-from kenotron.train.resolve import RunPlan
+from kenotron.train.resolve import ResolvedRun
 
 
 def in_flight(microbatches: int, pp: int, stage: int) -> int:
@@ -59,34 +59,34 @@ def in_flight(microbatches: int, pp: int, stage: int) -> int:
     return min(microbatches, pp - stage)
 
 
-def stage_static(run: RunPlan, model: nn.Module, units: list[str], cache: dict) -> tuple[ParameterBytes, int]:
+def stage_static(run: ResolvedRun, model: nn.Module, units: list[str], cache: dict) -> tuple[ParameterBytes, int]:
     """(parameter bytes, optimizer bytes) of the stage holding `units`, cut as plan.apply cuts it
     (cached: the planner prices many layouts with the same stages)."""
-    key = (tuple(units), tuple(run.dims.degrees().items()), run.plan.dp_mode, run.cfg.training.param_dtype,
+    key = (tuple(units), tuple(run.dims.degrees().items()), run.plan.settings.dp_mode, run.cfg.training.param_dtype,
            run.cfg.optimizer.name)
     if key not in cache:
         if ("module", tuple(units)) not in cache:  # the copy depends on the units only: made once
-            cache[("module", tuple(units))] = stage_module(model, units, run.plan.blocks)
+            cache[("module", tuple(units))] = stage_module(model, units, run.plan.layout.blocks)
         part = cache[("module", tuple(units))]
         params = parameter_bytes(run, part)
         cache[key] = (params, optimizer_state_bytes(run, part, params))
     return cache[key]
 
 
-def stage_peak(run: RunPlan, model: nn.Module, kind: dict[str, bool], stage: int, cache: dict | None = None) -> Breakdown:
+def stage_peak(run: ResolvedRun, model: nn.Module, kind: dict[str, bool], stage: int, cache: dict | None = None) -> Breakdown:
     """The closed-form peak of the pipeline rank running `stage` (1F1B)."""
     split = run.plan.pipeline
     assert split is not None and split.schedule == "1F1B"
     params, O = stage_static(run, model, split.stages[stage], {} if cache is None else cache)
     P = params.local + params.buffers
     first, last = stage == 0, stage == split.n_stages - 1
-    blocks = sum(1 for u in split.stages[stage] if run.plan.block_of(u + ".x") is not None)
+    blocks = sum(1 for u in split.stages[stage] if run.plan.layout.block_of(u + ".x") is not None)
     m = split.microbatches
     s = StepShape.of(run, kind)
     batch = run.cfg.training.local_batch_size // m
     tokens = batch * s.seq
     tp = s.tp
-    sp = tp > 1 and run.plan.sequence_parallel
+    sp = tp > 1 and run.plan.settings.sequence_parallel
     s = dataclasses.replace(s, batch=batch, tokens=tokens, residual_tokens=tokens // tp if sp else tokens, layers=blocks)
     dp = data_parallel_kind(run)
     c = s.compute
@@ -133,7 +133,7 @@ def stage_peak(run: RunPlan, model: nn.Module, kind: dict[str, bool], stage: int
     # Gradients are accumulated into the (whole) .grad that exists since the first backward: no
     # per-block gradient temporaries beyond the MLP's and the residual's activation gradients.
     backward_temp = 2 * allocated_bytes(tokens * s.ffn // tp * c) + 2 * allocated_bytes(tokens * s.dim * c)
-    if run.plan.ac_mode != "none":
+    if run.plan.settings.ac_mode != "none":
         backward_temp += block_activations(s, "none", sp)
     moments.append(Breakdown(parameters=P, unsharded_parameters=U, gradients=G, optimizer_state=O,
                              activations=kept, temporaries=buffers + backward_temp))
@@ -149,7 +149,7 @@ def stage_peak(run: RunPlan, model: nn.Module, kind: dict[str, bool], stage: int
 
 
 def pipeline_peaks(
-    run: RunPlan, model: nn.Module, kind: dict[str, bool], cache: dict | None = None
+    run: ResolvedRun, model: nn.Module, kind: dict[str, bool], cache: dict | None = None
 ) -> list[Breakdown] | None:
     """One closed-form peak per pipeline rank, or None for the schedules other than 1F1B (GPipe keeps
     every microbatch's logits on the last stage, the multi-stage schedules hold several stages:

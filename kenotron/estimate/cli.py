@@ -7,13 +7,9 @@ import json
 import sys
 from pathlib import Path
 
-from kenotron.config import ConfigError, load_config
-from kenotron.models import UnknownModelError
-from kenotron.parallel.dims import ParallelConfigError
-from kenotron.parallel.plan import PlanError
-from kenotron.train.__main__ import split_config_arg
+from kenotron.config import ConfigError, load_config, split_config_arg
 
-CONFIG_ERRORS = (ConfigError, ParallelConfigError, UnknownModelError, PlanError, FileNotFoundError)
+CONFIG_ERRORS = (ConfigError, FileNotFoundError)  # PlanError, ParallelConfigError, UnknownModelError are ConfigErrors
 """What a bad config raises; reported as the trainer reports them (`kenotron: config error: ...`)."""
 
 

@@ -12,7 +12,7 @@ CUDA runs as one kernel, and the decomposition keeps different tensors for backw
   for accuracy that makes one gradient-sized temporary; on CUDA it runs one multi-tensor
   norm kernel (`torch._foreach_norm`) that makes none.
 
-- the fused Triton SwiGLU gate of eager CUDA runs (train/eager_kernels.py) keeps its two
+- the fused Triton SwiGLU gate of eager CUDA runs (kernels/rope_swiglu.py) keeps its two
   inputs for backward where the PyTorch ops also keep silu(a); `use_fused_gate_memory`
   gives each SwiGLU a stand-in with the kernel's allocations. (The fused RoPE keeps what the
   PyTorch ops keep, so RoPE stays as it is.)
@@ -33,12 +33,13 @@ import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.distributed.tensor import DTensor
 
+from kenotron.dtensor import local_tensor
 from kenotron.models.common.mlp import SwiGLU, silu_mul
 from kenotron.parallel import grad_norm
 
 
 def _is_fake(t: torch.Tensor) -> bool:
-    local = t.to_local() if isinstance(t, DTensor) else t
+    local = local_tensor(t)
     return isinstance(local, FakeTensor)
 
 
@@ -96,7 +97,7 @@ def use_fused_gate_memory(model: torch.nn.Module) -> None:
 
 def _sum_of_squares_cuda_path(tensors: list[torch.Tensor], kernel: str) -> torch.Tensor:
     """grad_norm._sum_of_squares as it runs on CUDA, no big temporaries: the Triton kernel's fp32
-    partial sum per 8192-element block (kenotron/parallel/sum_of_squares.py), or one multi-tensor norm."""
+    partial sum per 8192-element block (kenotron/kernels/sum_of_squares.py), or one multi-tensor norm."""
     if kernel == "triton":
         blocks = sum(-(-t.numel() // 8192) for t in tensors)
         return torch.empty(blocks, dtype=torch.float32, device=tensors[0].device).sum()

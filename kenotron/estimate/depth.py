@@ -53,7 +53,7 @@ class StepPlace:
 
 def block_period(plan: Plan) -> int:
     """Blocks per repeating unit: every_n under every-n-layers activation checkpointing, else 1."""
-    return plan.ac_every_n if plan.ac_mode == "every-n-layers" else 1
+    return plan.settings.ac_every_n if plan.settings.ac_mode == "every-n-layers" else 1
 
 
 def shallow_depths(n_layers: int, period: int) -> tuple[int, int] | None:
@@ -104,8 +104,8 @@ def extrapolate_line(a: dict[Any, Breakdown], b: dict[Any, Breakdown], scale: fl
 
 def module_pattern(plan: Plan, fqn: str) -> str:
     """`layers.7.attention.wq` -> `layers.*.attention.wq` (the plan's block pattern); others unchanged."""
-    block = plan.block_of(fqn) if fqn else None
-    return fqn if block is None else plan.blocks + fqn[len(block):]
+    block = plan.layout.block_of(fqn) if fqn else None
+    return fqn if block is None else plan.layout.blocks + fqn[len(block):]
 
 
 @dataclass(frozen=True)
@@ -128,7 +128,7 @@ def activations_by_module(step: TrackedStep, plan: Plan, n_blocks: int, n_layers
     """Per module pattern, scaled from a run with `n_blocks` blocks to `n_layers`, largest first."""
     totals: dict[tuple[str, bool], int] = {}
     for fqn, nbytes in step.activations_by_module.items():
-        in_block = bool(fqn) and plan.block_of(fqn) is not None
+        in_block = bool(fqn) and plan.layout.block_of(fqn) is not None
         key = (module_pattern(plan, fqn) if fqn else "(loss)", in_block)
         totals[key] = totals.get(key, 0) + nbytes
     rows = [

@@ -1,87 +1,37 @@
-"""The trainer's job on a fake process group and fake tensors, and its training step.
+"""The trainer's job and step on a fake process group and fake tensors.
 
-Built from the same pieces as `kenotron.train.trainer.Trainer`, in the same order: the
-RunPlan from `resolve_run`, `dims.build_meshes` (or the trainer's 1-device FSDP mesh for bf16
-on one GPU), the model on meta, `plan.apply`, `to_empty` (+ the buffers `init_weights` makes),
-the optimizer from `optimizer_factory` + `param_groups` (in `Zero1Optimizer` for ZeRO-1), and
-a step that mirrors `Trainer.forward_backward` + `clip_gradients` + `optimizer_step`.
-The Trainer itself is not driven: its constructor also builds the tokenizer, the data loader,
-the checkpoint manager and the metrics writer, and its step counts label tokens with
-`.item()`, which fake tensors cannot answer.
-
-Decisions that depend on the device are taken for the device the job would run on (CUDA,
-unless training.device = "cpu"), while the fake tensors themselves live on the CPU: fused
-AdamW, FSDP mixed precision on one GPU, and under context parallel torch's ring attention
-(context.py) where the plan would pick kenotron's CPU ring. Compile and float8 are left out
-(`ignored_features`).
+The job is built by the trainer's own builder (`kenotron.train.job.build_job`) from the
+`ResolvedRun` that `resolve_run` makes for the GPU machine the config is planned for (its
+choices: kernels, master weights, FSDP mixed precision on one GPU, torch's ring under context
+parallel), inside a FakeTensorMode and on a fake process group; the step is the trainer's
+`train_step` (kenotron/train/step.py) with the memory tracker as its observer. What differs
+is only where the fake tensors live (the CPU) and the CUDA kernels a CPU cannot run, whose
+allocations stand-ins reproduce (cuda_kernels.py). Compile and float8 are left out
+(`ignored_features`); the step runs at most two micro-steps (`simulated_micro_steps`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-from dataclasses import dataclass
-from typing import Any, Protocol
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch import nn
-from torch.distributed.tensor.parallel import loss_parallel
 
-from kenotron.estimate.context import use_torch_ring
+from kenotron.data import MicroBatch
+from kenotron.estimate.cp_ring_memory import use_torch_ring
 from kenotron.estimate.cuda_kernels import use_fused_gate_memory
-from kenotron.parallel.dims import Meshes
-from kenotron.parallel.grad_norm import (
-    clip_grads_,
-    reduce_partial_grads_,
-    total_grad_norm,
-)
-from kenotron.parallel.plan import AppliedPlan, matching_modules
-from kenotron.parallel.zero1 import Zero1Optimizer
-from kenotron.train.eager_kernels import resolve_eager_kernels
-from kenotron.train.fused_loss import (
-    chunk_fn_for,
-    linear_cross_entropy_sum,
-    resolve_loss_kernel,
-)
-from kenotron.train.loss import cross_entropy_sum
-from kenotron.train.optim import optimizer_factory, param_groups
-from kenotron.train.precision import single_device_fsdp, uses_master_weights
-from kenotron.train.resolve import RunPlan
-from kenotron.train.trainer import uses_fused_loss
+from kenotron.train.fused_loss import chunk_fn_for
+from kenotron.train.job import BuildHooks, Job, PipelineExecutor, build_job, build_meshes
+from kenotron.train.resolve import ResolvedRun
 
 FAKE_DEVICE = torch.device("cpu")
 """Where the fake tensors live; memory is counted as the target device's allocator would."""
 
 
-def target_device(run: RunPlan) -> torch.device:
-    """The device type the trainer would pick on a GPU machine."""
-    return torch.device("cpu") if run.cfg.training.device == "cpu" else torch.device("cuda")
-
-
-def fused_gate(run: RunPlan) -> bool:
-    """Whether the trainer would run SwiGLU's gate as the fused Triton kernel (eager CUDA runs)."""
-    kernels = resolve_eager_kernels(
-        run.cfg.model.eager_kernels, target_device(run).type, run.cfg.compile.enable, triton_present=True
-    )
-    return kernels == "triton"
-
-
-def loss_kernel(run: RunPlan) -> str:
-    """The fused loss's chunk kernel the trainer would pick on the planned device."""
-    return resolve_loss_kernel(
-        run.cfg.training.loss_kernel, target_device(run).type, run.cfg.compile.enable, triton_present=True
-    )
-
-
-def loss_chunk_fn(run: RunPlan):
-    """The fused loss's chunk step as the trainer would run it; the compiled one is simulated by
-    PyTorch's ops (both give the gradient a buffer of its own beside the logits)."""
-    kernel = loss_kernel(run)
-    return chunk_fn_for("torch" if kernel == "compiled" else kernel)
-
-
-def ignored_features(run: RunPlan) -> list[str]:
+def ignored_features(run: ResolvedRun) -> list[str]:
     """Config choices the fake step cannot reproduce, each with what is estimated instead."""
     notes = []
     if run.cfg.compile.enable:
@@ -139,192 +89,73 @@ def fake_process_group(world_size: int, rank: int = 0):
         forget_dtensor_caches()
 
 
-@dataclass
-class FakeJob:
-    """A job as the trainer builds it, on fake tensors."""
-
-    run: RunPlan
-    """The resolved config the job comes from (its model args may have fewer layers, see build_fake_job)."""
-    meshes: Meshes
-    """The job's meshes on the fake process group."""
-    model: nn.Module
-    """The parallelized model (FSDP/TP applied), with fake parameters."""
-    applied: AppliedPlan
-    """What plan.apply did (data-parallel kind and mesh, loss parallel)."""
-    optimizer: Any
-    """The torch optimizer, or a Zero1Optimizer."""
-    use_autocast: bool
-    """bf16 through autocast (no FSDP casting the parameters), as the trainer decides."""
-    compute_dtype: torch.dtype
-    """Matmul dtype of the fused loss."""
-    fused_loss: bool
-    """Whether the chunked linear + cross-entropy loss replaces the output layer."""
-
-    @property
-    def blocks(self) -> list[nn.Module]:
-        return [m for _, m in matching_modules(self.model, self.run.plan.blocks)]
-
-    def optimizer_state(self) -> list[torch.Tensor]:
-        inner = self.optimizer.inner if isinstance(self.optimizer, Zero1Optimizer) else self.optimizer
-        return [v for s in inner.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
+def estimated_run(run: ResolvedRun, n_layers: int | None = None) -> ResolvedRun:
+    """The run the fake step builds: compile and float8 off (`ignored_features`), attention by
+    SDPA, and `n_layers` blocks when given (for depth extrapolation)."""
+    plan = run.plan.copy()
+    plan.settings.compile, plan.settings.float8 = False, ""
+    choices = run.choices
+    if choices.attention_backend in ("flex", "flash_attn"):
+        choices = dataclasses.replace(choices, attention_backend="auto")
+    args = run.model_args
+    if n_layers is not None and n_layers != args.n_layers:
+        args = dataclasses.replace(args, n_layers=n_layers)
+    return dataclasses.replace(run, plan=plan, choices=choices, model_args=args)
 
 
-def _build_meshes(run: RunPlan, device: torch.device) -> Meshes:
-    """Trainer._build_meshes on the fake group: one device with FSDP mixed precision gets a 1-device mesh."""
-    if run.dims.world_size > 1:
-        return run.dims.build_meshes(FAKE_DEVICE.type)
-    if not single_device_fsdp(run, device):
-        return Meshes(run.dims, None)
-    from torch.distributed.device_mesh import init_device_mesh
+def build_fake_job(run: ResolvedRun, fake_mode: Any, pipeline: Any = None) -> Job:
+    """Build `run`'s job inside an active fake process group, its tensors under `fake_mode`
+    (`pipeline`: the estimator's replay of the schedule, under pipeline parallel)."""
+    gate = run.choices.eager_kernels == "triton"
 
-    return Meshes(run.dims, init_device_mesh(FAKE_DEVICE.type, (1,), mesh_dim_names=("dp_shard",)))
+    def meta_model(model: torch.nn.Module) -> None:
+        if gate:  # the fused Triton gate of eager CUDA runs, as its allocations
+            use_fused_gate_memory(model)
 
-
-def _hidden_states(h: torch.Tensor) -> torch.Tensor:
-    return h
-
-
-def build_fake_job(run: RunPlan, fake_mode: Any, n_layers: int | None = None) -> FakeJob:
-    """Build the job inside an active fake process group; tensors are made under `fake_mode`.
-
-    The meshes and the plan are built outside the FakeTensorMode (a mesh reads its rank
-    table's values). `n_layers` builds the same model with fewer blocks (for depth
-    extrapolation); None keeps the configured depth.
-    """
-    cfg = run.cfg
-    device = target_device(run)
-    if n_layers is not None and n_layers != run.model_args.n_layers:
-        run = dataclasses.replace(run, model_args=dataclasses.replace(run.model_args, n_layers=n_layers))
-    # Left out: compiling would trace the tracker's module hooks and take minutes on a CPU, and
-    # float8 needs torchao (an optional extra); the report says so (ignored_features).
-    plan = dataclasses.replace(run.plan.copy(), compile=False, float8="")
-    run = dataclasses.replace(run, plan=plan)
-    meshes = _build_meshes(run, device)
-    with torch.device("meta"):
-        model = run.spec.build(run.model_args)
-    if fused_gate(run):
-        use_fused_gate_memory(model)
-    applied = plan.apply(model, meshes)
-    # Context parallel: the plan chose kenotron's ring for the CPU mesh; a CUDA job runs torch's.
-    use_torch_ring(model, meshes, run, device)
-    master_weights = uses_master_weights(run, device.type)  # bf16 parameters: no autocast
-    with fake_mode:
-        model.to_empty(device=FAKE_DEVICE)
-        # Weight values do not change memory, and init_weights' truncated normal asks data-dependent
-        # questions fake tensors cannot answer; only the buffers (RoPE tables) are computed.
-        model.init_buffers(FAKE_DEVICE)
-        model.train()
-        factory = optimizer_factory(cfg.optimizer, device.type, master_weights=master_weights)
-        groups = param_groups(model, cfg.optimizer.weight_decay)
-        if applied.data_parallel.kind == "zero1":
-            optimizer: Any = Zero1Optimizer(groups, applied.data_parallel.mesh, factory)
-        else:
-            optimizer = factory(groups)
-    bf16 = cfg.training.param_dtype == "bfloat16"
-    fused = uses_fused_loss(cfg.training.loss, meshes.get("tp") is not None, model)
-    if fused:
-        model.output.forward = _hidden_states  # type: ignore[union-attr,method-assign]
-    return FakeJob(
-        run=run, meshes=meshes, model=model, applied=applied, optimizer=optimizer,
-        use_autocast=bf16 and not applied.data_parallel.casts_params and not master_weights,
-        compute_dtype=torch.bfloat16 if bf16 else torch.float32, fused_loss=fused,
-    )
+    hooks = BuildHooks(meta_model=meta_model, applied=lambda model, meshes: use_torch_ring(run, meshes))
+    meshes = build_meshes(run, FAKE_DEVICE.type)
+    job = build_job(run, FAKE_DEVICE, meshes, tensor_mode=fake_mode, init_values=False, hooks=hooks, pipeline=pipeline)
+    if job.fused_loss and run.choices.loss_kernel == "compiled":
+        # Compiling would trace on fake tensors; PyTorch's ops allocate what the compiled step does
+        # (the gradient in a buffer of its own beside the logits).
+        job.loss_chunk_fn = chunk_fn_for("torch")
+    return job
 
 
-class StepObserver(Protocol):
-    """What the step reports to a memory tracker (see tracker.StepMemoryTracker)."""
-
-    def set_phase(self, phase: str, micro_step: int = 0) -> None: ...
-
-    def end_forward(self) -> None: ...
-
-    def end_backward(self) -> None: ...
-
-    def mark_gradients(self, params: Any) -> None: ...
-
-
-class NoObserver:
-    """A StepObserver that ignores everything (the warm-up step)."""
-
-    def set_phase(self, phase: str, micro_step: int = 0) -> None:
-        pass
-
-    def end_forward(self) -> None:
-        pass
-
-    def end_backward(self) -> None:
-        pass
-
-    def mark_gradients(self, params: Any) -> None:
-        pass
-
-
-def simulated_micro_steps(run: RunPlan) -> int:
+def simulated_micro_steps(run: ResolvedRun) -> int:
     """Micro-steps to simulate: a second one sees the gradients the first left; more repeat it."""
     return min(run.grad_accum_steps, 2)
 
 
-def _device_batch(job: FakeJob) -> torch.Tensor:
-    """One micro-batch of token ids on the device, as the trainer's `.to(device)` makes it."""
-    t = job.run.cfg.training
-    return torch.randint(0, job.run.model_args.vocab_size, (t.local_batch_size, t.seq_len))
+class DeviceBatches:
+    """Micro-batches of random token ids, each made on the device when the step asks for it (as
+    the trainer copies the loader's CPU batches there), so a batch lives as long as it does there."""
+
+    def __init__(self, run: ResolvedRun, micro_steps: int) -> None:
+        self.run, self.micro_steps = run, micro_steps
+
+    def __len__(self) -> int:
+        return self.micro_steps
+
+    def __getitem__(self, index: int) -> MicroBatch:
+        if not 0 <= index < self.micro_steps:
+            raise IndexError(index)
+        t, vocab = self.run.cfg.training, self.run.model_args.vocab_size
+        shape = (t.local_batch_size, t.seq_len)
+        return MicroBatch(torch.randint(0, vocab, shape), torch.randint(0, vocab, shape))
+
+    def __iter__(self) -> Iterator[MicroBatch]:
+        return (self[i] for i in range(self.micro_steps))
 
 
-def forward_backward(job: FakeJob, micro_steps: int, observer: StepObserver) -> None:
-    """Trainer.forward_backward, with the observer told where the step is.
-
-    Variables live as long as they do there: the previous micro-step's output and loss stay
-    referenced while the next micro-step's forward runs. Batches are made on the device in
-    each micro-step, as the trainer copies them there (the loader's CPU tensors are not GPU memory).
-    """
-    cfg, model = job.run.cfg, job.model
-    label_tokens = job.run.global_batch_size * cfg.training.seq_len
-    autocast = torch.autocast(FAKE_DEVICE.type, dtype=torch.bfloat16, enabled=job.use_autocast)
-    loss_context = loss_parallel if job.applied.loss_parallel else contextlib.nullcontext
-    for i in range(micro_steps):
-        observer.set_phase("forward", i)
-        job.applied.data_parallel.set_microstep(model, is_last=i == micro_steps - 1)
-        inputs, labels = _device_batch(job), _device_batch(job)
-        positions = None
-        if job.applied.sequence_sharder is not None:
-            # Context parallel: this rank's seq_len / cp tokens and labels, and their global positions.
-            shard = job.applied.sequence_sharder.shard(inputs, labels)
-            inputs, labels, positions = shard.inputs, shard.labels, shard.positions
-        with loss_context():
-            with autocast:
-                out = model(inputs) if positions is None else model(inputs, positions)
-            if job.fused_loss:
-                loss_sum = linear_cross_entropy_sum(
-                    out, model.output.weight, labels, chunk_tokens=cfg.training.loss_chunk_tokens,
-                    compute_dtype=job.compute_dtype, chunk_fn=loss_chunk_fn(job.run),
-                )
-            else:
-                loss_sum = cross_entropy_sum(out, labels)
-            loss = loss_sum / label_tokens
-            observer.end_forward()
-            observer.set_phase("backward", i)
-            (loss * job.applied.data_parallel.averaging_size).backward()
-        observer.end_backward()
-        observer.mark_gradients(model.parameters())
-
-
-def clip_and_step(job: FakeJob, observer: StepObserver) -> None:
-    """Trainer.clip_gradients + optimizer_step (the LR schedule holds no tensors)."""
-    observer.set_phase("optimizer")
-    params = [p for p in job.model.parameters() if p.grad is not None]
-    reduce_partial_grads_(params)
-    grads = [p.grad for p in params]
-    norm = total_grad_norm(grads, pp_mesh=job.meshes.get("pp"))
-    if job.run.cfg.training.max_norm > 0:
-        clip_grads_(grads, job.run.cfg.training.max_norm, norm)
-    observer.mark_gradients(job.model.parameters())
-    job.optimizer.step()
-    job.optimizer.zero_grad(set_to_none=True)
-
-
-def train_step(job: FakeJob, observer: StepObserver | None = None) -> None:
-    """One optimizer step of the simulated micro-steps (inside the job's FakeTensorMode)."""
-    observer = observer or NoObserver()
-    forward_backward(job, simulated_micro_steps(job.run), observer)
-    clip_and_step(job, observer)
-
+__all__ = [
+    "FAKE_DEVICE",
+    "DeviceBatches",
+    "PipelineExecutor",
+    "build_fake_job",
+    "estimated_run",
+    "fake_process_group",
+    "forget_dtensor_caches",
+    "ignored_features",
+    "simulated_micro_steps",
+]

@@ -1,7 +1,7 @@
 """estimate_memory: a config and a GPU count in, per-rank peak memory out, without GPUs.
 
 For each group of ranks that hold the same things (all ranks; under pipeline parallel one
-per pipeline rank, simulated in its schedule's order by pipeline.py) one rank is simulated: a
+per pipeline rank, simulated in its schedule's order by pipeline_memory.py) one rank is simulated: a
 fake process group of the job's world size in which this process is that rank, the trainer's
 job built on fake tensors (fake_job.py), one warm-up step (which creates the optimizer state
 and FSDP's lazily allocated buffers, as a real first step does), then one tracked step
@@ -20,7 +20,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from kenotron.config import JobConfig
 from kenotron.estimate import analytic
-from kenotron.estimate.context import context_notes, torch_cp_state
+from kenotron.estimate.cp_ring_memory import context_notes, torch_cp_state
 from kenotron.estimate.cuda_kernels import cuda_kernel_memory
 from kenotron.estimate.depth import (
     activations_by_module,
@@ -30,15 +30,18 @@ from kenotron.estimate.depth import (
     shallow_depths,
 )
 from kenotron.estimate.fake_job import (
+    DeviceBatches,
     build_fake_job,
+    estimated_run,
     fake_process_group,
     ignored_features,
-    train_step,
+    simulated_micro_steps,
 )
 from kenotron.estimate.report import MemoryReport, RankEstimate, phase_peaks
 from kenotron.estimate.tracker import StepMemoryTracker, TrackedStep
 from kenotron.parallel.dims import ParallelDims
-from kenotron.train.resolve import RunPlan, resolve_run
+from kenotron.train.resolve import ResolvedRun, resolve_run
+from kenotron.train.step import train_step
 
 DEFAULT_GPU_MEMORY_GIB = 80.0
 """Budget when none is given and no GPU is visible (an 80 GB H100 / A100)."""
@@ -72,33 +75,35 @@ def default_gpu_memory_gib() -> float:
     return DEFAULT_GPU_MEMORY_GIB
 
 
-def track_step(run: RunPlan, n_layers: int | None, rank: int) -> TrackedStep:
+def track_step(run: ResolvedRun, n_layers: int | None, rank: int) -> TrackedStep:
     """Build the job on fake tensors as `rank`, run a warm-up step, then track one step."""
+    run = estimated_run(run, n_layers)
+    batches = DeviceBatches(run, simulated_micro_steps(run))
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     with fake_process_group(run.dims.world_size, rank), cuda_kernel_memory(), torch_cp_state():
-        job = build_fake_job(run, mode, n_layers)
+        job = build_fake_job(run, mode)
         with mode:
-            train_step(job)
-            tracker = StepMemoryTracker(job.model, job.blocks)
+            train_step(job, batches)
+            tracker = StepMemoryTracker(job.model, job.blocks())
             tracker.register_static([*job.model.parameters(), *job.model.buffers()], "parameters")
             tracker.register_static(job.optimizer_state(), "optimizer_state")
             tracker.register_other_live_tensors("parameters")
             for offloader in job.applied.offloaders:  # prefetch by the tracked memory, as on a GPU
                 offloader.memory_in_use = tracker.live_bytes
             with tracker:
-                train_step(job, tracker)
+                train_step(job, batches, tracker)
     return tracker.result()
 
 
 def estimate_rank(
-    run: RunPlan, rank_class: RankClass, model: analytic.AnalyticModel, full_depth: bool = False
+    run: ResolvedRun, rank_class: RankClass, model: analytic.AnalyticModel, full_depth: bool = False
 ) -> tuple[RankEstimate, str]:
     """One rank class's estimate (with `model`'s analytic figures beside it) and how it was obtained."""
     n_layers = run.model_args.n_layers
     period = block_period(run.plan)
     # Offloading makes the first blocks unlike the others: the line through two shallow models
     # would not hold, so every block runs.
-    depths = None if full_depth or run.plan.offload_blocks else shallow_depths(n_layers, period)
+    depths = None if full_depth or run.plan.settings.offload_blocks else shallow_depths(n_layers, period)
     if depths is None:
         step = track_step(run, None, rank_class.rank)
         peaks = peaks_by_place(step, n_layers, period)
@@ -121,11 +126,11 @@ def estimate_rank(
     return estimate, method
 
 
-def describe_model(run: RunPlan, model: analytic.AnalyticModel) -> str:
+def describe_model(run: ResolvedRun, model: analytic.AnalyticModel) -> str:
     return f"{run.spec.name} {run.cfg.model.flavor} ({model.parameter_count / 1e9:.2f} B parameters)"
 
 
-def describe_settings(run: RunPlan, model: analytic.AnalyticModel) -> dict[str, object]:
+def describe_settings(run: ResolvedRun, model: analytic.AnalyticModel) -> dict[str, object]:
     cfg = run.cfg
     dp = analytic.data_parallel_kind(run)
     return {
@@ -133,21 +138,21 @@ def describe_settings(run: RunPlan, model: analytic.AnalyticModel) -> dict[str, 
         "param_dtype": cfg.training.param_dtype,
         "AC": cfg.activation_checkpoint.mode
         + (f"/{cfg.activation_checkpoint.every_n}" if cfg.activation_checkpoint.mode == "every-n-layers" else "")
-        + (f", first {run.plan.offload_blocks} blocks offloaded" if run.plan.offload_blocks else ""),
+        + (f", first {run.plan.settings.offload_blocks} blocks offloaded" if run.plan.settings.offload_blocks else ""),
         "local batch": cfg.training.local_batch_size,
         "seq_len": cfg.training.seq_len,
         "micro-steps": run.grad_accum_steps,
         "loss": "fused chunked" if model.fused_loss(run) else "plain" + (
-            " (vocab-parallel)" if run.dims.tp > 1 and run.plan.loss_parallel else ""),
+            " (vocab-parallel)" if run.dims.tp > 1 and run.plan.settings.loss_parallel else ""),
     }
 
 
-def estimate_run(run: RunPlan, gpu_memory_gib: float | None = None, full_depth: bool = False) -> MemoryReport:
+def estimate_run(run: ResolvedRun, gpu_memory_gib: float | None = None, full_depth: bool = False) -> MemoryReport:
     """The report for a resolved run (see estimate_memory)."""
     start = time.perf_counter()
     if run.dims.pp > 1:
-        # Each pipeline rank runs its own stages in its own order: simulated one by one (pipeline.py).
-        from kenotron.estimate.pipeline import estimate_pipeline_run
+        # Each pipeline rank runs its own stages in its own order: simulated one by one (pipeline_memory.py).
+        from kenotron.estimate.pipeline_memory import estimate_pipeline_run
 
         budget = gpu_memory_gib if gpu_memory_gib is not None else default_gpu_memory_gib()
         return estimate_pipeline_run(run, budget, full_depth)
@@ -158,7 +163,7 @@ def estimate_run(run: RunPlan, gpu_memory_gib: float | None = None, full_depth: 
         ranks.append(estimate)
         methods.add(method)
     notes = ignored_features(run) + context_notes(run)
-    if run.plan.dp_mode == "zero1" and run.dims.dp > 1:
+    if run.plan.settings.dp_mode == "zero1" and run.dims.dp > 1:
         notes.append("zero1: optimizer state is that of the rank owning the most parameters (from the partition)")
     return MemoryReport(
         model=describe_model(run, model),

@@ -32,15 +32,9 @@ from kenotron.estimate.memory import describe_model, estimate_run
 from kenotron.estimate.report import RESERVED_FRACTION, gib
 from kenotron.estimate.throughput import Hardware, StepTime, step_time
 from kenotron.parallel.dims import ParallelConfigError, ParallelDims
-from kenotron.parallel.pipeline import check_compile
+from kenotron.train.choices import Target
 from kenotron.train.flops import matmul_params
-from kenotron.train.resolve import (
-    RunPlan,
-    build_pipeline_split_from_config,
-    build_plan,
-    check_context_parallel,
-    resolve_run,
-)
+from kenotron.train.resolve import ResolvedRun, resolve_layout, resolve_run
 
 AC_CHOICES = ("none", "selective-op", "full")
 MAX_LOCAL_BATCH = 16
@@ -160,42 +154,17 @@ def _with(cfg: JobConfig, **sections: dict[str, Any]) -> JobConfig:
     return cfg
 
 
-def _candidate_run(
-    base: RunPlan, cfg: JobConfig, dims: ParallelDims, global_batch: int, meta_model: Any
-) -> RunPlan | None:
-    """A RunPlan for one candidate, with the checks of resolve_run that depend on the layout."""
-    a, t = base.model_args, cfg.training
+def _candidate_run(base: ResolvedRun, cfg: JobConfig, meta_model: Any) -> ResolvedRun | None:
+    """The resolved run of one candidate (resolve_run's layout half), or None where it refuses it."""
     try:
-        dims.check_model(n_heads=a.n_heads, n_kv_heads=a.n_kv_heads, ffn_dim=a.ffn_dim, vocab_size=a.vocab_size,
-                         n_layers=a.n_layers)
-        dims.check_seq_len(t.seq_len, sequence_parallel=cfg.parallelism.sequence_parallel)
-        accum = dims.grad_accum_steps(global_batch, t.local_batch_size)
-    except ParallelConfigError:
-        return None
-    if dims.tp > 1 and not base.spec.tp_styles:
-        return None
-    try:  # what context parallel cannot run (a sliding window, ZeRO-1), as the trainer refuses it
-        check_context_parallel(cfg, dims, meta_model)
+        return resolve_layout(cfg, base.dims.world_size, base.spec, base.model_args, meta_model, base.tokenizer,
+                              Target.planned(cfg))
     except ConfigError:
         return None
-    plan = build_plan(cfg, base.spec)
-    if dims.pp > 1:
-        # resolve_run's pipeline checks, in its words: the loss, compile, the split and its microbatches.
-        p = cfg.parallelism
-        if t.loss == "fused":
-            return None
-        try:
-            check_compile(p.pp_schedule, cfg.compile.enable)
-            plan.pipeline = build_pipeline_split_from_config(meta_model, p, dims.pp, t.local_batch_size,
-                                                             base.spec.blocks)
-        except (ConfigError, ParallelConfigError):
-            return None
-    return dataclasses.replace(base, cfg=cfg, dims=dims, plan=plan, global_batch_size=global_batch,
-                               grad_accum_steps=accum)
 
 
 def enumerate_candidates(
-    base: RunPlan, model: AnalyticModel, ngpu: int, global_batch: int, hw: Hardware
+    base: ResolvedRun, model: AnalyticModel, ngpu: int, global_batch: int, hw: Hardware
 ) -> list[Candidate]:
     """Every valid candidate, priced (analytic memory, modelled step time)."""
     n_matmul = matmul_params(model.model)
@@ -222,10 +191,10 @@ def enumerate_candidates(
                         activation_checkpoint={"mode": ac},
                         training={"local_batch_size": local, "global_batch_size": global_batch},
                     )
-                    run = _candidate_run(base, cfg, dims, global_batch, model.model)
+                    run = _candidate_run(base, cfg, model.model)
                     if run is None:
                         continue
-                    degrees = {k: v for k, v in dims.degrees().items()}
+                    degrees = dims.degrees()
                     out.append(Candidate(
                         degrees, dp_mode, ac, local, run.grad_accum_steps, model.peak(run).total,
                         step_time(run, model.parameters(run), n_matmul, hw),
@@ -250,8 +219,8 @@ def search_layouts(
                      key=lambda c: (-c.step.tokens_per_s_per_gpu, c.analytic_peak))
     notes = [(f"pipeline parallel: searched with {PP_SCHEDULE}, one sequence per microbatch (pp_microbatches = local "
               f"batch) and the trainer's balanced split; other schedules are not searched (estimate them directly)")]
-    if cfg.training.loss == "fused":
-        notes.append("pipeline parallel is not searched: training.loss='fused' does not combine with it")
+    if cfg.tuning.loss == "fused":
+        notes.append("pipeline parallel is not searched: tuning.loss='fused' does not combine with it")
     if not candidates:
         notes.append(f"no layout of {ngpu} GPUs divides the global batch {global_batch} and the model's dimensions")
     confirmed, ranked = 0, []

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 
 from kenotron.estimate.analytic import ParameterBytes, data_parallel_kind
 from kenotron.train.flops import flops_per_token
-from kenotron.train.resolve import RunPlan
+from kenotron.train.resolve import ResolvedRun
 
 RECOMPUTE_FACTOR = {"none": 1.0, "selective-op": 1.05, "full": 4 / 3}
 """Extra compute of activation checkpointing: full AC reruns each block's forward (a third of
@@ -56,7 +56,7 @@ class Hardware:
     peak_flops: float = 989e12
     """Dense bf16 FLOP/s of one GPU (H100 / H200 SXM)."""
     matmul_efficiency: float = 0.55
-    """Share of the peak the model's step reaches (kenotron measured 55-61% MFU on one H200)."""
+    """Share of the peak the model's step reaches (docs/performance.md)."""
     gpus_per_node: int = 8
     """GPUs joined by NVLink."""
     nvlink_bytes_per_s: float = 360e9
@@ -101,18 +101,18 @@ def _bandwidth(group_size: int, inner: int, hw: Hardware) -> float:
     return hw.nvlink_bytes_per_s if group_size * inner <= hw.gpus_per_node else hw.network_bytes_per_s
 
 
-def recompute_factor(run: RunPlan) -> float:
-    mode = run.plan.ac_mode
+def recompute_factor(run: ResolvedRun) -> float:
+    mode = run.plan.settings.ac_mode
     if mode == "every-n-layers":
-        return 1 + (RECOMPUTE_FACTOR["full"] - 1) / run.plan.ac_every_n
-    if mode == "selective-op" and run.plan.ac_save_matmul_every > 1:
+        return 1 + (RECOMPUTE_FACTOR["full"] - 1) / run.plan.settings.ac_every_n
+    if mode == "selective-op" and run.plan.settings.ac_save_matmul_every > 1:
         # Recomputed matmuls: (k-1)/k of the forward's matmul FLOPs (a third of forward+backward).
-        k = run.plan.ac_save_matmul_every
+        k = run.plan.settings.ac_save_matmul_every
         return RECOMPUTE_FACTOR[mode] + (RECOMPUTE_FACTOR["full"] - 1) * (k - 1) / k
     return RECOMPUTE_FACTOR[mode]
 
 
-def step_time(run: RunPlan, params: ParameterBytes, matmul_params: int, hw: Hardware | None = None) -> StepTime:
+def step_time(run: ResolvedRun, params: ParameterBytes, matmul_params: int, hw: Hardware | None = None) -> StepTime:
     """The model above for one resolved run; `matmul_params` is N of the FLOP formula."""
     hw = hw or Hardware()
     a, t, d = run.model_args, run.cfg.training, run.dims
@@ -126,7 +126,7 @@ def step_time(run: RunPlan, params: ParameterBytes, matmul_params: int, hw: Hard
     micro_tokens = t.local_batch_size * t.seq_len
     tp_time = 0.0
     if d.tp > 1:
-        collectives = 12 if run.plan.ac_mode == "full" else 8
+        collectives = 12 if run.plan.settings.ac_mode == "full" else 8
         volume = run.grad_accum_steps * a.n_layers * collectives * 2 * (d.tp - 1) / d.tp * micro_tokens * a.dim * c
         tp_time = volume / _bandwidth(d.tp, 1, hw)
 
@@ -138,11 +138,11 @@ def step_time(run: RunPlan, params: ParameterBytes, matmul_params: int, hw: Hard
 
     kind = data_parallel_kind(run)
     dp_time = 0.0
-    reduce_scale = 0.5 if run.plan.reduce_dtype == "bfloat16" else 1.0  # params.local counts fp32 bytes
+    reduce_scale = 0.5 if run.plan.settings.reduce_dtype == "bfloat16" else 1.0  # params.local counts fp32 bytes
     shard = d.dp_shard * d.cp
     stage = 1 / d.pp  # under pipeline parallel a rank holds one stage: about 1/pp of the model's bytes
     if kind in ("fsdp", "hsdp") and shard > 1:
-        gathers = 1 if run.plan.reshard_after_forward == "never" or d.pp > 1 else 2
+        gathers = 1 if run.plan.settings.reshard_after_forward == "never" or d.pp > 1 else 2
         gathered = params.root_gathered + a.n_layers * params.block_gathered
         reduced = params.local * shard * reduce_scale
         per_micro = (shard - 1) / shard * (gathers * gathered + reduced) * stage
@@ -157,7 +157,7 @@ def step_time(run: RunPlan, params: ParameterBytes, matmul_params: int, hw: Hard
     return StepTime(compute, tp_time, dp_time, cp_time, tokens, d.world_size, bubble, p2p)
 
 
-def pipeline_time(run: RunPlan, compute: float, c: int, hw: Hardware) -> tuple[float, float]:
+def pipeline_time(run: ResolvedRun, compute: float, c: int, hw: Hardware) -> tuple[float, float]:
     """(bubble, point-to-point) seconds of a 1F1B pipeline per optimizer step (0, 0 without pp). Other
     schedules are priced as 1F1B (the planner searches 1F1B only)."""
     d, t, split = run.dims, run.cfg.training, run.plan.pipeline
@@ -167,7 +167,7 @@ def pipeline_time(run: RunPlan, compute: float, c: int, hw: Hardware) -> tuple[f
     bubble = compute * (d.pp - 1) / mu
     residual = 4 if c == 2 and data_parallel_kind(run) == "none" else c  # autocast keeps the residual in fp32
     message = t.local_batch_size // mu * t.seq_len * run.model_args.dim * residual
-    if d.tp > 1 and run.plan.sequence_parallel:
+    if d.tp > 1 and run.plan.settings.sequence_parallel:
         message //= d.tp
     # pp is the outermost mesh dimension: neighbouring stages are world/pp ranks apart.
     bandwidth = _bandwidth(d.pp, d.world_size // d.pp, hw)

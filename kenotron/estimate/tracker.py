@@ -45,6 +45,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.weak import WeakIdKeyDictionary
 
+from kenotron.dtensor import local_tensor
+
 ALLOCATION_GRANULE = 512
 """The CUDA caching allocator rounds every block up to a multiple of 512 bytes."""
 
@@ -205,7 +207,7 @@ class StepMemoryTracker(TorchDispatchMode):
         for p in params:
             if p.grad is None:
                 continue
-            local = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
+            local = local_tensor(p.grad)
             index = self._by_storage.get(local.untyped_storage())
             if index is not None:
                 self._gradients.add(index)
@@ -215,7 +217,7 @@ class StepMemoryTracker(TorchDispatchMode):
         if category not in CATEGORIES:
             raise ValueError(f"unknown memory category {category!r}; use one of {CATEGORIES}")
         for t in tensors:
-            local = t.to_local() if isinstance(t, DTensor) else t
+            local = local_tensor(t)
             self._add(local.untyped_storage(), f"static:{category}")
 
     def register_other_live_tensors(self, category: str) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -99,10 +99,6 @@ class HFAdapter:
     def is_ignored_hf_key(hf_key: str) -> bool:
         """Keys that carry no learned weight (e.g. old checkpoints' `rotary_emb.inv_freq`)."""
         return hf_key.endswith(_IGNORED_HF_SUFFIXES)
-
-    def hf_keys(self, kenotron_keys: Iterable[str], args: Any) -> list[str]:
-        """The HF names that a checkpoint of this model holds (the tied output projection has none)."""
-        return [self.to_hf_key(k) for k in kenotron_keys if not (_tied(args) and k == "output.weight")]
 
     # -- state dicts ----------------------------------------------------------------------------
 

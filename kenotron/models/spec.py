@@ -9,10 +9,11 @@ from typing import Any
 
 from torch import nn
 
+from kenotron.errors import ConfigError
 from kenotron.models.hf_adapter import HFAdapter
 
 
-class UnknownModelError(ValueError):
+class UnknownModelError(ConfigError):
     """A model name or flavor that the registry does not have."""
 
 

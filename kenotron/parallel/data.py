@@ -94,15 +94,14 @@ def _replicate(module: nn.Module, mesh: DeviceMesh, mp: MixedPrecisionPolicy) ->
 
 def apply_data_parallel(model: nn.Module, meshes: Meshes, plan: Plan) -> DataParallelState:
     """Wrap each unit, then the root, in FSDP (or its replicate-only variant)."""
-    mp = MixedPrecisionPolicy(param_dtype=DTYPES[plan.param_dtype], reduce_dtype=DTYPES[plan.reduce_dtype])
-    units = [m for pattern in plan.fsdp_units for _, m in matching_modules(model, pattern)]
+    st = plan.settings
+    mp = MixedPrecisionPolicy(param_dtype=DTYPES[st.param_dtype], reduce_dtype=DTYPES[st.reduce_dtype])
+    units = [m for pattern in plan.layout.fsdp_units for _, m in matching_modules(model, pattern)]
 
-    if plan.dp_mode == "zero1":
+    if st.dp_mode == "zero1":
         mesh = meshes.get("dp")
         if mesh is None:
             return DataParallelState(None, None)
-        if meshes.get("cp") is not None:
-            raise ValueError("parallelism.dp_mode='zero1' does not combine with cp > 1; use dp_mode='fsdp'")
         kind = "zero1"
     else:
         mesh = fsdp_mesh(meshes)
@@ -125,18 +124,18 @@ def apply_data_parallel(model: nn.Module, meshes: Meshes, plan: Plan) -> DataPar
         # costs little memory.
         pipelined = plan.pipeline is not None and meshes.get("pp") is not None
         for i, unit in enumerate(units):
-            if plan.reshard_after_forward == "default":
+            if st.reshard_after_forward == "default":
                 # The last unit's parameters are needed again right away by backward; on a
                 # 1-device mesh resharding saves only the bf16 copy, at the price of a second cast.
                 reshard = i < len(units) - 1 and mesh.size() > 1 and not pipelined
             else:
-                reshard = plan.reshard_after_forward == "always"
+                reshard = st.reshard_after_forward == "always"
             fully_shard(unit, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
         # Left unset, the root keeps its parameters gathered after forward (backward needs them at
         # once, and a loss that reads the output weight after forward relies on it).
-        root_kwargs = {"reshard_after_forward": False} if plan.reshard_after_forward == "never" else {}
+        root_kwargs = {"reshard_after_forward": False} if st.reshard_after_forward == "never" else {}
         fully_shard(model, mesh=mesh, mp_policy=mp, **root_kwargs)
-        if plan.fsdp_gradients_in_compute_pool and kind == "fsdp" and mesh.device_type == "cuda":
+        if st.gradients_in_compute_pool and kind == "fsdp" and mesh.device_type == "cuda":
             from kenotron.parallel.fsdp_gradient_pool import (
                 allocate_gradients_in_compute_pool,
             )
@@ -146,5 +145,5 @@ def apply_data_parallel(model: nn.Module, meshes: Meshes, plan: Plan) -> DataPar
                 warnings.warn(
                     f"torch {torch.__version__} has no FSDPModule.set_custom_reduce_scatter: the sharded "
                     "gradients stay in the reduce-scatter stream's memory pool; set "
-                    "parallelism.fsdp_gradients_in_compute_pool false to silence this", stacklevel=2)
+                    "tuning.fsdp_gradients_in_compute_pool false to silence this", stacklevel=2)
     return DataParallelState(kind, mesh)

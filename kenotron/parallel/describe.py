@@ -41,11 +41,11 @@ def describe_parameters(plan: Plan, model: nn.Module, mesh_shape: dict[str, int]
         module_fqn, _, pname = name.rpartition(".")
         placements = {d: "R" for d in MESH_DIMS if deg[d] > 1}
         local = list(param.shape)
-        tp_dim = _tp_shard_dim(plan.style_of(module_fqn), pname) if deg["tp"] > 1 else None
+        tp_dim = _tp_shard_dim(plan.layout.style_of(module_fqn), pname) if deg["tp"] > 1 else None
         if tp_dim is not None:
             placements["tp"] = f"S({tp_dim})"
             local[tp_dim] = math.ceil(local[tp_dim] / deg["tp"])
-        if plan.dp_mode == "fsdp" and shard_degree > 1:
+        if plan.settings.dp_mode == "fsdp" and shard_degree > 1:
             for d in ("dp_shard", "cp"):
                 if deg[d] > 1:
                     placements[d] = "S(0)"
@@ -61,13 +61,6 @@ def describe_parameters(plan: Plan, model: nn.Module, mesh_shape: dict[str, int]
             }
         )
     return rows
-
-
-def optimizer_state_fraction(plan: Plan, mesh_shape: dict[str, int]) -> float:
-    """Share of the (per-rank) parameter bytes AdamW keeps per state tensor on one rank."""
-    if plan.dp_mode == "zero1":
-        return 1.0 / max(int(mesh_shape.get("dp_replicate", 1)) * int(mesh_shape.get("dp_shard", 1)), 1)
-    return 1.0
 
 
 def format_description(rows: list[dict[str, Any]], mesh_shape: dict[str, int]) -> str:

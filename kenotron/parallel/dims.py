@@ -13,11 +13,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from kenotron.errors import ConfigError
+
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
 
-class ParallelConfigError(ValueError):
+class ParallelConfigError(ConfigError):
     """Degrees that cannot be laid out on the world size or the model; the message says how to fix them."""
 
 
@@ -90,10 +92,6 @@ class ParallelDims:
     def dp(self) -> int:
         """Data-parallel degree: how many different slices of the global batch are in flight."""
         return self.dp_replicate * self.dp_shard
-
-    @property
-    def fsdp_enabled(self) -> bool:
-        return self.dp_shard > 1 or self.cp > 1
 
     def degrees(self) -> dict[str, int]:
         return {name: getattr(self, name) for name in MESH_DIM_ORDER}

@@ -1,4 +1,4 @@
-"""FSDP's sharded gradients allocated from the compute stream's memory (`parallelism.fsdp_gradients_in_compute_pool`).
+"""FSDP's sharded gradients allocated from the compute stream's memory (`tuning.fsdp_gradients_in_compute_pool`).
 
 FSDP allocates each reduce-scatter's output, which then becomes the sharded gradients, on its
 reduce-scatter stream. The caching allocator keeps one pool per stream, so when the gradients

@@ -18,9 +18,7 @@ from torch._subclasses.fake_tensor import is_fake
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if isinstance(t, DTensor) else t
+from kenotron.dtensor import local_tensor
 
 
 @torch.no_grad()
@@ -41,8 +39,8 @@ def _sum_of_squares(tensors: list[torch.Tensor], kernel: str) -> torch.Tensor:
     if tensors[0].device.type == "cuda":
         if kernel == "triton" and all(t.is_contiguous() for t in tensors) and not is_fake(tensors[0]):
             # Importing it imports triton: only when chosen. 1.6x the bandwidth of _foreach_norm
-            # on an H200 (docs/performance.md, session 10).
-            from kenotron.parallel.sum_of_squares import sum_of_squares
+            # (docs/performance.md).
+            from kenotron.kernels.sum_of_squares import sum_of_squares
 
             return sum_of_squares(tensors)
         # One multi-tensor kernel for all norms instead of three kernels per tensor; fp32 results
@@ -56,7 +54,7 @@ def _sum_of_squares(tensors: list[torch.Tensor], kernel: str) -> torch.Tensor:
 @torch.no_grad()
 def total_grad_norm(grads: list[torch.Tensor], pp_mesh: DeviceMesh | None = None, kernel: str = "torch") -> torch.Tensor:
     """L2 norm of all gradients as one vector, identical on every rank (fp32, plain tensor).
-    `kernel`: a resolved `training.grad_norm_kernel` (triton on CUDA, else torch's ops)."""
+    `kernel`: a resolved `tuning.grad_norm_kernel` (triton on CUDA, else torch's ops)."""
     groups: dict[tuple, list[torch.Tensor]] = defaultdict(list)
     for g in grads:
         key = (g.device_mesh, tuple(g.placements)) if isinstance(g, DTensor) else (None, ())
@@ -64,7 +62,7 @@ def total_grad_norm(grads: list[torch.Tensor], pp_mesh: DeviceMesh | None = None
     device = grads[0].device if grads else torch.device("cpu")
     total = torch.zeros((), dtype=torch.float32, device=device)
     for (mesh, placements), group in groups.items():
-        sq = _sum_of_squares([_local(g) for g in group], kernel)
+        sq = _sum_of_squares([local_tensor(g) for g in group], kernel)
         for dim, placement in enumerate(placements):
             if isinstance(placement, Partial):
                 # A state error, not a type error: the gradient is a valid DTensor whose
@@ -82,7 +80,7 @@ def total_grad_norm(grads: list[torch.Tensor], pp_mesh: DeviceMesh | None = None
 def clip_grads_(grads: list[torch.Tensor], max_norm: float, total_norm: torch.Tensor) -> None:
     """Scale gradients in place so their global norm is at most max_norm."""
     coef = torch.clamp(max_norm / (total_norm + 1e-6), max=1.0)
-    locals_ = [_local(g) for g in grads]
+    locals_ = [local_tensor(g) for g in grads]
     by_device: dict[torch.device, list[torch.Tensor]] = defaultdict(list)
     for t in locals_:
         by_device[t.device].append(t)

@@ -18,14 +18,10 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.tensor import DTensor
 
+from kenotron.dtensor import local_tensor
 from kenotron.parallel.dims import Meshes
 from kenotron.parallel.pipeline import PipelineSplit
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if isinstance(t, DTensor) else t
 
 
 @dataclass
@@ -82,17 +78,17 @@ class TiedAcrossStages:
     def sync_weights_(self) -> None:
         """Make every copy equal to the first name's (call once after init or loading)."""
         for tied in self.groups:
-            first = _local(tied.local[0])
+            first = local_tensor(tied.local[0])
             if tied.group is not None:
                 dist.broadcast(first, src=tied.source, group=tied.group)
             for other in tied.local[1:]:
-                _local(other).copy_(first)
+                local_tensor(other).copy_(first)
 
     @torch.no_grad()
     def sum_gradients_(self) -> None:
         """Give every copy the sum of the copies' gradients: the gradient of the shared tensor."""
         for tied in self.groups:
-            grads = [_local(p.grad) for p in tied.local if p.grad is not None]
+            grads = [local_tensor(p.grad) for p in tied.local if p.grad is not None]
             if len(grads) != len(tied.local):
                 raise RuntimeError(f"tied parameters {tied.names}: a local copy has no gradient after backward")
             total = grads[0]

@@ -150,15 +150,15 @@ def style_object(style: str, module: nn.Module, *, sp: bool, loss_parallel: bool
 
 def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, plan: Plan) -> None:
     styles: dict[str, ParallelStyle] = {}
-    for name, module, style in plan.iter_tp_modules(model):
-        obj = style_object(style, module, sp=plan.sp_for(name), loss_parallel=plan.loss_parallel)
+    for name, module, style in plan.layout.iter_tp_modules(model):
+        obj = style_object(style, module, sp=plan.sp_for(name), loss_parallel=plan.settings.loss_parallel)
         if obj is not None:
             styles[name] = obj
     parallelize_module(model, tp_mesh, styles)
 
     # Blocks whose SP differs from the residual stream's: convert at the block boundary.
-    for name, block in matching_modules(model, plan.blocks):
-        inside, outside = plan.sp_for(name), plan.sequence_parallel
+    for name, block in matching_modules(model, plan.layout.blocks):
+        inside, outside = plan.sp_for(name), plan.settings.sequence_parallel
         if inside == outside:
             continue
         out_layout, in_layout = (SEQ, Replicate()) if outside else (Replicate(), SEQ)
@@ -176,7 +176,7 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, plan: Plan) -> 
             PrepareModuleOutput(output_layouts=in_layout, desired_output_layouts=out_layout, use_local_output=True),
         )
 
-    if plan.async_tp:
+    if plan.settings.async_tp:
         _enable_async_tp(tp_mesh)
 
 

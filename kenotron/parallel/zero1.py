@@ -15,11 +15,8 @@ import torch
 import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor
 
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if isinstance(t, DTensor) else t
+from kenotron.dtensor import local_tensor
 
 
 def partition_params(params: list[torch.nn.Parameter], world: int) -> list[int]:
@@ -77,7 +74,7 @@ class Zero1Optimizer:
     def step(self) -> None:
         self.inner.step()
         for rank in range(self.dp_size):
-            mine = [_local(p) for p in self.all_params if self.owner[id(p)] == rank]
+            mine = [local_tensor(p) for p in self.all_params if self.owner[id(p)] == rank]
             if not mine:
                 continue
             src = dist.get_global_rank(self.dp_group, rank)
@@ -94,12 +91,3 @@ class Zero1Optimizer:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.inner.load_state_dict(state)
-
-    def state_bytes(self) -> int:
-        """Bytes of optimizer state tensors held by this rank."""
-        return sum(
-            _local(v).numel() * _local(v).element_size()
-            for s in self.inner.state.values()
-            for v in s.values()
-            if isinstance(v, torch.Tensor)
-        )

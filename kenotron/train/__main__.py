@@ -4,26 +4,8 @@ from __future__ import annotations
 
 import sys
 
-from kenotron.config import ConfigError, config_help, load_config
-from kenotron.models import MODEL_SPECS, UnknownModelError
-from kenotron.parallel.dims import ParallelConfigError
-
-
-def split_config_arg(argv: list[str]) -> tuple[str | None, list[str]]:
-    """Take `--config PATH` / `--config=PATH` out of argv."""
-    path, rest, i = None, [], 0
-    while i < len(argv):
-        if argv[i] == "--config":
-            if i + 1 >= len(argv):
-                raise ConfigError("--config needs a TOML file path")
-            path, i = argv[i + 1], i + 2
-            continue
-        if argv[i].startswith("--config="):
-            path = argv[i].split("=", 1)[1]
-        else:
-            rest.append(argv[i])
-        i += 1
-    return path, rest
+from kenotron.config import ConfigError, config_help, load_config, split_config_arg
+from kenotron.models import MODEL_SPECS
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,12 +22,12 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load_config(path, overrides)
         # Imported here so --help stays fast and config errors come before torch's start-up.
         from kenotron.train.trainer import NonFiniteLossError, run_training
-    except (ConfigError, ParallelConfigError, UnknownModelError, FileNotFoundError) as e:
+    except (ConfigError, FileNotFoundError) as e:
         print(f"kenotron: config error: {e}", file=sys.stderr)
         return 2
     try:
         run_training(cfg)
-    except (ConfigError, ParallelConfigError, UnknownModelError, FileNotFoundError) as e:
+    except (ConfigError, FileNotFoundError) as e:
         print(f"kenotron: config error: {e}", file=sys.stderr)
         return 2
     except NonFiniteLossError as e:

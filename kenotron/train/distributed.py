@@ -9,6 +9,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from kenotron.errors import ConfigError
+
 
 @dataclass(frozen=True)
 class WorldInfo:
@@ -43,7 +45,7 @@ def pick_device(requested: str, world: WorldInfo, expandable_segments: bool = Tr
     allocation to map memory into growing segments (less fragmentation than fixed blocks).
     """
     if requested == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("training.device='cuda' but no CUDA device is visible; use 'cpu' or 'auto'")
+        raise ConfigError("training.device='cuda' but no CUDA device is visible; use 'cpu' or 'auto'")
     if requested == "cuda" or (requested == "auto" and torch.cuda.is_available()):
         if expandable_segments:
             torch.cuda.memory._set_allocator_settings("expandable_segments:True")

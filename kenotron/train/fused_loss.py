@@ -25,7 +25,7 @@ from collections.abc import Callable
 import torch
 from torch.distributed.tensor import DTensor
 
-from kenotron.train.eager_kernels import resolve_triton_choice, triton_importable
+from kenotron.kernels.select import triton_importable
 from kenotron.train.loss import IGNORE_INDEX
 
 
@@ -92,12 +92,12 @@ class _LinearCrossEntropy(torch.autograd.Function):
 
 def _scaled(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """x · scale in fp32, rounded once to `dtype` (a new tensor: the saved one is never
-    overwritten). On CUDA one Triton pass (kenotron/train/loss_kernels.py), else through fp32."""
+    overwritten). On CUDA one Triton pass (kenotron/kernels/loss.py), else through fp32."""
     if torch._subclasses.fake_tensor.is_fake(x) and not isinstance(x, DTensor):
         return torch.empty_like(x, dtype=dtype)  # the estimator plans a CUDA job: the kernel's one allocation
     if x.is_cuda and not isinstance(x, DTensor) and x.is_contiguous() and triton_importable():
         # Importing it imports triton: only on CUDA.
-        from kenotron.train.loss_kernels import scale_to
+        from kenotron.kernels.loss import scale_to
 
         return scale_to(x, scale, dtype)
     return (x.to(torch.promote_types(x.dtype, torch.float32)) * scale).to(dtype)
@@ -156,31 +156,21 @@ def _triton_chunk_loss_and_grad(
     h: torch.Tensor, w: torch.Tensor, labels: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The same values as `_chunk_loss_and_grad_for_compile`, by one Triton kernel that reads each
-    row of logits twice and writes its gradient over it (kenotron/train/loss_kernels.py)."""
+    row of logits twice and writes its gradient over it (kenotron/kernels/loss.py)."""
     logits = h @ w.t()
     if isinstance(logits, DTensor):  # a kernel over local memory; DTensors take PyTorch's ops
         return _chunk_loss_and_grad(h, w, labels)
     if torch._subclasses.fake_tensor.is_fake(logits):  # the estimator: the kernel's allocations
         return torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device).sum(), logits
     # Importing it imports triton: only on CUDA.
-    from kenotron.train.loss_kernels import cross_entropy_grad_
+    from kenotron.kernels.loss import cross_entropy_grad_
 
     return cross_entropy_grad_(logits, labels, IGNORE_INDEX), logits
 
 
-LOSS_KERNELS = ("auto", "triton", "compiled", "torch")
-
-
-def resolve_loss_kernel(choice: str, device_type: str, compiled: bool, triton_present: bool | None = None) -> str:
-    """"triton", "compiled" or "torch" for `training.loss_kernel`; ConfigError when "triton" cannot run.
-    `triton_present` None looks for the package (the estimator passes True: it plans GPU jobs)."""
-    present = triton_importable() if triton_present is None else triton_present
-    return resolve_triton_choice("training.loss_kernel", choice, LOSS_KERNELS, device_type, present,
-                                 fallback="compiled" if compiled else "torch")
-
-
 def chunk_fn_for(kernel: str) -> Callable | None:
-    """The chunk step of a resolved `training.loss_kernel` (None: the PyTorch-ops default)."""
+    """The chunk step of a `tuning.loss_kernel` resolved by kenotron.kernels.select.resolve_loss_kernel
+    (None: the PyTorch-ops default)."""
     if kernel == "triton":
         return _triton_chunk_loss_and_grad
     return compiled_chunk_fn() if kernel == "compiled" else None

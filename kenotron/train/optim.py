@@ -10,7 +10,6 @@ from torch import nn
 
 from kenotron.config import ConfigError
 from kenotron.config import Optimizer as OptimizerConfig
-from kenotron.train.eager_kernels import resolve_triton_choice, triton_importable
 
 
 def closure_loss(closure: Callable[[], Any] | None) -> Any:
@@ -20,6 +19,42 @@ def closure_loss(closure: Callable[[], Any] | None) -> Any:
         return None
     with torch.enable_grad():
         return closure()
+
+
+class TritonAdamW(torch.optim.AdamW):
+    """torch.optim.AdamW (same hyper-parameters and state) with the update in one Triton kernel
+    per tensor (kenotron/kernels/adamw.py)."""
+
+    # The trainer's clipping hands the divisor over as `grad_scale` when the optimizer divides
+    # inside its kernel (kenotron.parallel.grad_norm.optimizer_unscales_gradients).
+    _step_supports_amp_scaling = True
+    divides_by_grad_scale = True
+
+    def __init__(self, params, lr: float, betas: tuple[float, float], eps: float, weight_decay: float = 0.01) -> None:
+        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, foreach=False, fused=False)
+        self.grad_scale: torch.Tensor | None = None
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        from kenotron.kernels.adamw import adamw_step_group  # imports triton: only when this optimizer runs
+
+        loss = closure_loss(closure)
+        for group in self.param_groups:
+            params = [p for p in group["params"] if p.grad is not None]
+            if params:
+                adamw_step_group(group, params, [self._state(p) for p in params], self.grad_scale)
+        return loss
+
+    def _state(self, p: torch.Tensor) -> dict[str, torch.Tensor]:
+        state = self.state[p]
+        if not state:
+            # torch's AdamW layout: a CPU step counter (no device sync to read it) and moments like p.
+            state["step"] = torch.tensor(0.0, dtype=torch.float32)
+            state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        if state["step"].device.type != "cpu":  # loaded from torch's fused AdamW: read it once
+            state["step"] = state["step"].cpu()
+        return state
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
@@ -37,33 +72,6 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     return groups
 
 
-def resolve_adamw_implementation(implementation: str, device_type: str, triton_present: bool | None = None) -> str:
-    """The AdamW kernel that runs: "triton" (one Triton kernel per tensor, kenotron/train/triton_adamw.py)
-    on CUDA when triton is installed, measured fastest on H200; else "fused" on CUDA and "foreach"
-    on CPU, where fused is slower. A named implementation is kept (ConfigError if it cannot run)."""
-    present = triton_importable() if triton_present is None else triton_present
-    if implementation == "auto":
-        if device_type != "cuda":
-            return "foreach"
-        return "triton" if present else "fused"
-    if implementation == "triton" and (device_type != "cuda" or not present):
-        missing = "a CUDA device" if device_type != "cuda" else "the triton package (pip install triton)"
-        raise ConfigError(f"optimizer.implementation='triton' needs {missing}; use optimizer.implementation='auto' "
-                          f"or 'fused'")
-    return implementation
-
-
-GRAD_NORM_KERNELS = ("auto", "triton", "torch")
-
-
-def resolve_grad_norm_kernel(choice: str, device_type: str, triton_present: bool | None = None) -> str:
-    """"triton" or "torch" for `training.grad_norm_kernel` (the gradient norm's sum of squares,
-    kenotron/parallel/sum_of_squares.py); ConfigError when "triton" cannot run."""
-    present = triton_importable() if triton_present is None else triton_present
-    return resolve_triton_choice("training.grad_norm_kernel", choice, GRAD_NORM_KERNELS, device_type, present,
-                                 fallback="torch")
-
-
 def adamw_kernel_kwargs(implementation: str) -> dict[str, bool]:
     """torch.optim.AdamW's flags for one of its own implementations."""
     return {
@@ -73,32 +81,25 @@ def adamw_kernel_kwargs(implementation: str) -> dict[str, bool]:
     }[implementation]
 
 
-def optimizer_factory(cfg: OptimizerConfig, device_type: str, triton_present: bool | None = None,
-                      master_weights: bool = False) -> Callable[[list[dict]], torch.optim.Optimizer]:
-    """A function from parameter groups to the configured optimizer (`triton_present`: None looks
-    for the package, see resolve_adamw_implementation). `master_weights`: AdamW keeps fp32 masters
+def optimizer_factory(cfg: OptimizerConfig, implementation: str, master_weights: bool = False,
+                      ) -> Callable[[list[dict]], torch.optim.Optimizer]:
+    """A function from parameter groups to the configured optimizer. `implementation`: AdamW's
+    kernel as resolve_run chose it (Choices.adamw). `master_weights`: AdamW keeps fp32 masters
     and turns the parameters bf16 when built (kenotron/train/master_weights.py)."""
     if master_weights and cfg.name != "adamw":
-        raise ConfigError(f"training.mixed_precision='master_weights' keeps its fp32 masters in AdamW's state, but "
+        raise ConfigError(f"tuning.mixed_precision='master_weights' keeps its fp32 masters in AdamW's state, but "
                           f"optimizer.name={cfg.name!r}; use optimizer.name='adamw' or another mixed_precision")
     if cfg.name == "sgd":
         return lambda groups: torch.optim.SGD(groups, lr=cfg.lr)
     if cfg.name != "adamw":
-        raise ValueError(f"optimizer.name={cfg.name!r} is not supported; use 'adamw' or 'sgd'")
-    implementation = resolve_adamw_implementation(cfg.implementation, device_type, triton_present)
+        raise ConfigError(f"optimizer.name={cfg.name!r} is not supported; use 'adamw' or 'sgd'")
     betas = (cfg.beta1, cfg.beta2)
     if master_weights:
         from kenotron.train.master_weights import MasterWeightAdamW
 
         return lambda groups: MasterWeightAdamW(groups, lr=cfg.lr, betas=betas, eps=cfg.eps, kernel=implementation)
     if implementation == "triton":
-        # Importing it imports triton: only when chosen.
-        from kenotron.train.triton_adamw import TritonAdamW
-
         return lambda groups: TritonAdamW(groups, lr=cfg.lr, betas=betas, eps=cfg.eps)
     kernel = adamw_kernel_kwargs(implementation)
     return lambda groups: torch.optim.AdamW(groups, lr=cfg.lr, betas=betas, eps=cfg.eps, **kernel)
 
-
-def build_optimizer(model: nn.Module, cfg: OptimizerConfig, device_type: str) -> torch.optim.Optimizer:
-    return optimizer_factory(cfg, device_type)(param_groups(model, cfg.weight_decay))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -39,10 +40,8 @@ def test_killing_the_writer_process_midway_keeps_the_previous_checkpoint_loadabl
             run.kill()
             run.wait()
         if flag.is_file() and flag.read_text():
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(int(flag.read_text()), signal.SIGKILL)
-            except ProcessLookupError:
-                pass
     assert stalled == [(2, True), (3, False)]
     assert "SAVE FAILED: saving" in output and "the latest complete checkpoint is still step-000002" in output, output
     *_, state, manager, _, _ = make_run("single", folder)

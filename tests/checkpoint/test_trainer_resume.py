@@ -13,8 +13,6 @@ from pathlib import Path
 import pytest
 
 from kenotron.config import load_config
-from kenotron.train.distributed import WorldInfo
-from kenotron.train.resolve import resolve_run
 from kenotron.train.trainer import Trainer
 from tests.distributed.pool import run_on_ranks
 
@@ -35,7 +33,7 @@ def train(folder: str, overrides: list[str], stop_after: int = 0) -> None:
     """Run the trainer (on every rank of the pool, or in this process); optionally stop after
     step `stop_after`, at the moment it would fetch the next batch."""
     cfg = load_config(None, COMMON + ["--job.dump_folder", folder] + overrides)
-    trainer = Trainer(resolve_run(cfg, WorldInfo.from_env().world_size))
+    trainer = Trainer(cfg)
     if stop_after:
         next_step = trainer.loader.next_step
 

@@ -23,7 +23,7 @@ PUBLIC_KEYS = [
     "training.seed", "training.param_dtype", "training.max_norm", "optimizer.name", "optimizer.lr",
     "optimizer.weight_decay", "lr_scheduler.warmup_steps", "lr_scheduler.decay", "lr_scheduler.min_lr_ratio",
     "parallelism.dp_replicate", "parallelism.dp_shard", "parallelism.tp", "parallelism.pp", "parallelism.cp",
-    "parallelism.ep", "checkpoint.enable", "checkpoint.folder", "checkpoint.interval", "metrics.log_freq",
+    "checkpoint.enable", "checkpoint.folder", "checkpoint.interval", "metrics.log_freq",
     "metrics.tensorboard", "compile.enable", "activation_checkpoint.mode",
 ]
 
@@ -34,6 +34,24 @@ def test_every_public_key_exists_and_has_a_doc():
         assert key in fields, key
     for key, info in fields.items():
         assert info.doc, f"{key} has no docstring"
+
+
+# Fields of features added after the config was cut to 70 public fields (issue 21): each feature
+# brings its own. Issue 24: blends, data stages, shuffling, custom loaders, validation.
+LATER_FEATURES = {"data.sources", "data.stages", "data.shuffle", "data.seed", "data.loader"}
+LATER_SECTIONS = ("validation.",)
+
+
+def test_the_public_config_stays_small_with_short_plain_docs():
+    """At most 70 public fields outside [tuning] and later features; each doc a sentence or two, no benchmark diary."""
+    fields = all_fields(JobConfig)
+    public = [k for k in fields if not k.startswith(("tuning.", *LATER_SECTIONS)) and k not in LATER_FEATURES]
+    assert len(public) <= 70, len(public)
+    for key, info in fields.items():
+        assert len(info.doc) <= 240, f"{key}: {len(info.doc)} characters"
+        assert info.doc.count(". ") <= 2, f"{key}: more than two sentences"
+        for diary in ("measured", "H200", "tok/s", "session "):
+            assert diary not in info.doc, f"{key} doc mentions {diary!r}: benchmark history goes in docs/performance.md"
 
 
 def test_toml_file_then_overrides_take_precedence(tmp_path):
@@ -135,16 +153,37 @@ def test_help_lists_every_field_with_doc_and_default():
         (["--optimizer.lr", "-1"], r"optimizer.lr=-1.0 must be positive"),
         (["--lr_scheduler.min_lr_ratio", "2"], r"min_lr_ratio=2.0 must lie in \[0, 1\]"),
         (["--training.max_norm", "-1"], r"max_norm=-1.0 must be >= 0"),
-        (["--activation_checkpoint.every_n", "0"], r"activation_checkpoint.every_n=0 must be >= 1"),
-        (["--activation_checkpoint.save_matmul_every", "0"], r"save_matmul_every=0 must be >= 1"),
-        (["--activation_checkpoint.offload_blocks", "-1"], r"offload_blocks=-1 must be >= 0"),
-        (["--activation_checkpoint.offload_blocks", "9", "--model.n_layers", "8"],
-         r"offload_blocks=9 is more than model.n_layers=8; use at most 8"),
+        (["--tuning.loss_chunk_tokens", "0"], r"tuning.loss_chunk_tokens=0 must be a positive integer"),
     ],
 )
 def test_validation_errors_name_the_value(args, message):
     with pytest.raises(ConfigError, match=message):
         validate_config(load_config(None, args))
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--activation_checkpoint.every_n", "0"], r"activation_checkpoint.every_n=0 must be >= 1"),
+        (["--tuning.ac_save_matmul_every", "0"], r"tuning.ac_save_matmul_every=0 must be >= 1"),
+        (["--activation_checkpoint.offload_blocks", "-1"], r"activation_checkpoint.offload_blocks=-1 must lie in"),
+        (["--activation_checkpoint.offload_blocks", "9", "--model.n_layers", "8"],
+         r"activation_checkpoint.offload_blocks=9 must lie in \[0, 8\] \(the model's blocks\)"),
+    ],
+)
+def test_plan_setting_errors_name_the_config_key_the_user_wrote(args, message):
+    from kenotron.train.resolve import resolve_run
+
+    with pytest.raises(ConfigError, match=message):
+        resolve_run(load_config(None, args), world_size=1)
+
+
+def test_a_plan_error_from_the_command_line_is_one_line_with_exit_code_2(capsys):
+    from kenotron.train.__main__ import main
+
+    assert main(["--activation_checkpoint.offload_blocks", "100", "--training.device", "cpu"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("kenotron: config error: activation_checkpoint.offload_blocks=100")
 
 
 def test_shipped_configs_load_and_validate():

@@ -10,7 +10,6 @@ import pytest
 
 from kenotron.config import load_config
 from kenotron.data.sample_data import write_sample_data
-from kenotron.train.resolve import resolve_run
 from kenotron.train.trainer import Trainer
 
 G, SEQ, STEPS = 4, 32, 4
@@ -28,8 +27,8 @@ class _Stopped(Exception):
 def train(folder, sample, stop_after=0, checkpoint=False):
     jsonl, tokenized = sample
     cfg = load_config(None, [
-        "--data.sources", f'[{{name = "web", path = "{tokenized}", weight = 3}}, '
-                          f'{{name = "raw", dataset = "jsonl", path = "{jsonl}"}}]',
+        "--data.sources", (f'[{{name = "web", path = "{tokenized}", weight = 3}}, '
+                           f'{{name = "raw", dataset = "jsonl", path = "{jsonl}"}}]'),
         "--data.stages", '[{start_step = 0}, {start_step = 2, weights = {raw = 1}, seq_len = 16}]',
         "--model.n_layers", "1", "--training.seq_len", str(SEQ), "--training.local_batch_size", "2",
         "--training.global_batch_size", str(G), "--training.steps", str(STEPS), "--metrics.log_freq", "1",
@@ -37,7 +36,7 @@ def train(folder, sample, stop_after=0, checkpoint=False):
         "--checkpoint.interval", "2", "--checkpoint.async_mode", "disabled", "--job.dump_folder", str(folder),
         "--training.device", "cpu",
     ])
-    trainer = Trainer(resolve_run(cfg, 1))
+    trainer = Trainer(cfg)
     if stop_after:
         next_step = trainer.loader.next_step
 

@@ -30,7 +30,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any
 
 import torch.distributed as dist
@@ -107,7 +107,7 @@ def _worker_start_env():
     import multiprocessing.spawn as mp_spawn
 
     saved = {k: os.environ.get(k) for k in _THREAD_ENV}
-    os.environ.update({k: "1" for k in _THREAD_ENV})
+    os.environ.update(dict.fromkeys(_THREAD_ENV, "1"))
     get_data = mp_spawn.get_preparation_data
 
     def get_data_without_main(name):
@@ -329,10 +329,8 @@ class WorkerPool:
         __tracebackhide__ = True
         if pending:
             for r in pending:
-                try:
+                with suppress(ProcessLookupError):
                     os.kill(self._procs[r].pid, signal.SIGUSR1)
-                except ProcessLookupError:
-                    pass
             time.sleep(0.3)
         texts: dict[int, str] = {}
         tails = self._forward_output()

@@ -68,7 +68,7 @@ def test_activation_checkpointing_lowers_activation_memory():
         for mode in ("none", "selective-op", "full")
     }
     by_mode["selective-op/2"] = estimate(
-        4, "--activation_checkpoint.mode", "selective-op", "--activation_checkpoint.save_matmul_every", "2"
+        4, "--activation_checkpoint.mode", "selective-op", "--tuning.ac_save_matmul_every", "2"
     ).ranks[0]
     saved = {mode: r.phase_peaks["forward"].activations for mode, r in by_mode.items()}
     assert saved["none"] > saved["selective-op"] > saved["selective-op/2"] > saved["full"] > 0
@@ -137,8 +137,8 @@ def test_bad_configs_raise_the_trainers_own_errors(ngpu, overrides, error):
 
 def test_pipeline_and_context_parallel_are_no_longer_refused():
     report = estimate_memory(load_config(DEBUG, ["--parallelism.pp", "2"]), 2)
-    assert len(report.ranks) == 2  # one rank class per pipeline rank (tests/estimate/test_pipeline.py)
-    # Context parallel is simulated (tests/estimate/test_context.py).
+    assert len(report.ranks) == 2  # one rank class per pipeline rank (tests/estimate/test_pipeline_memory.py)
+    # Context parallel is simulated (tests/estimate/test_cp_ring_memory.py).
 
 
 def test_estimates_of_different_layouts_follow_each_other_in_one_process():
@@ -152,8 +152,8 @@ def test_estimates_of_different_layouts_follow_each_other_in_one_process():
 
 
 def test_fused_swiglu_gate_of_eager_cuda_runs_keeps_one_ffn_activation_less_per_block():
-    """Eager CUDA runs use the fused Triton gate (model.eager_kernels auto), which keeps no silu(a)."""
-    fused, plain = (estimate(4, "--model.eager_kernels", k).ranks[0] for k in ("auto", "torch"))
+    """Eager CUDA runs use the fused Triton gate (tuning.eager_kernels auto), which keeps no silu(a)."""
+    fused, plain = (estimate(4, "--tuning.eager_kernels", k).ranks[0] for k in ("auto", "torch"))
     cfg = load_config(DEBUG, [])
     run = resolve_run(cfg, 4)
     a, t = run.model_args, cfg.training
@@ -161,5 +161,5 @@ def test_fused_swiglu_gate_of_eager_cuda_runs_keeps_one_ffn_activation_less_per_
     saved = plain.phase_peaks["forward"].activations - fused.phase_peaks["forward"].activations
     assert saved == silu_bytes
     assert plain.analytic.total - fused.analytic.total == pytest.approx(silu_bytes, rel=0.02)
-    compiled = [estimate(4, "--model.eager_kernels", k, "--compile.enable", "true").ranks[0] for k in ("auto", "torch")]
+    compiled = [estimate(4, "--tuning.eager_kernels", k, "--compile.enable", "true").ranks[0] for k in ("auto", "torch")]
     assert compiled[0].peak.total == compiled[1].peak.total  # compiled blocks keep PyTorch's ops

@@ -40,7 +40,7 @@ def write_hf_folder(folder: Path, model: torch.nn.Module, args, shards: int = 1)
         name = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
         part = keys[i::shards]
         save_file({k: hf_state[k] for k in part}, str(folder / name))
-        weight_map.update({k: name for k in part})
+        weight_map.update(dict.fromkeys(part, name))
     (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
 
 

@@ -2,7 +2,7 @@
 
 The same function runs in the test process (the 1-rank reference, no process group) and on
 the ranks of the harness (the layout under test), so both go through exactly the trainer's
-code path: config -> resolve_run -> Trainer (plan.apply, init, loader) -> steps.
+code path: config -> Trainer (resolve_run, build_job, loader) -> the step's functions.
 """
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from kenotron.config import load_config
+from kenotron.dtensor import full_tensor, local_tensor
 from kenotron.parallel.plan import Plan
-from kenotron.train.resolve import resolve_run
+from kenotron.train.step import clip_gradients, forward_backward, optimizer_step
 from kenotron.train.trainer import Trainer
 
 BASE = [
@@ -27,12 +28,12 @@ BASE = [
 
 
 def full(t: torch.Tensor) -> torch.Tensor:
-    return (t.full_tensor() if isinstance(t, DTensor) else t).detach().float().cpu().clone()
+    return full_tensor(t).detach().float().cpu().clone()
 
 
 def named_parameters(trainer: Trainer) -> Iterator[tuple[str, torch.nn.Parameter]]:
     """Every parameter of this rank's model parts (pipeline stages keep the whole model's names)."""
-    for part in trainer.model_parts:
+    for part in trainer.job.model_parts:
         yield from part.named_parameters()
 
 
@@ -49,34 +50,33 @@ def run_steps(
     """
     world = dist.get_world_size() if dist.is_initialized() else 1
     cfg = load_config(None, BASE + ["--job.dump_folder", dump_folder, "--training.steps", str(steps)] + overrides)
-    run = resolve_run(cfg, world)
-    if edit_plan is not None:
-        edit_plan(run.plan)
-    trainer = Trainer(run)
+    trainer = Trainer(cfg, edit_plan)
+    assert trainer.run.dims.world_size == world
+    job = trainer.job
     losses, norms, grads, grad_local_shapes = [], [], {}, {}
-    duplicates = trainer.pipeline.tied.norm_duplicates() if trainer.pipeline is not None else set()
+    duplicates = job.pipeline.norm_duplicates() if job.pipeline is not None else set()
     for step in range(steps):
-        loss = trainer.forward_backward(trainer.loader.next_step())
+        loss = forward_backward(job, trainer.loader.next_step())
         if step == 0:
             grads = {name: full(p.grad) for name, p in named_parameters(trainer) if id(p) not in duplicates}
             grad_local_shapes = {
-                name: tuple((p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad).shape)
+                name: tuple(local_tensor(p.grad).shape)
                 for name, p in named_parameters(trainer)
             }
-        norms.append(trainer.clip_gradients().item())
-        trainer.optimizer_step()
+        norms.append(clip_gradients(job).item())
+        optimizer_step(job)
         losses.append(trainer.global_losses([loss])[0].item())
     trainer.close()
-    reports = all(trainer.meshes.coordinate(d) == 0 for d in ("dp_replicate", "dp_shard", "cp", "tp"))
+    reports = all(job.meshes.coordinate(d) == 0 for d in ("dp_replicate", "dp_shard", "cp", "tp"))
     # What this rank actually holds, so a test can tell a sharded layout from a replicated one.
     local_shapes = {
-        name: tuple((p.to_local() if isinstance(p, DTensor) else p).shape) for name, p in named_parameters(trainer)
+        name: tuple(local_tensor(p).shape) for name, p in named_parameters(trainer)
     }
     dtensors = sorted(name for name, p in named_parameters(trainer) if isinstance(p, DTensor))
     return {
         "losses": losses, "norms": norms, "grads": grads if reports else None, "local_shapes": local_shapes,
         "dtensor_params": dtensors,
-        "grad_local_shapes": grad_local_shapes, "stage_ids": list(trainer.applied.stage_ids),
+        "grad_local_shapes": grad_local_shapes, "stage_ids": list(job.applied.stage_ids),
     }
 
 

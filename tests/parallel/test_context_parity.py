@@ -23,14 +23,14 @@ from tests.parallel.parity import assert_parity, run_steps
 # One micro-step per optimizer step (dp is 1), except cp2_fsdp2, which accumulates over 4.
 CP2 = ["--parallelism.cp", "2", "--training.local_batch_size", "8"]
 CP4 = ["--parallelism.cp", "4", "--training.local_batch_size", "8"]
-CONTIGUOUS = ["--parallelism.cp_load_balance", "false"]
+CONTIGUOUS = ["--tuning.cp_load_balance", "false"]
 LAYOUTS = {
     "cp2": (2, CP2),
     "cp2_contiguous": (2, CP2 + CONTIGUOUS),
-    "cp2_alltoall": (2, CP2 + ["--parallelism.cp_rotate_method", "alltoall"]),
+    "cp2_alltoall": (2, CP2 + ["--tuning.cp_rotate_method", "alltoall"]),
     "cp4": (4, CP4),
     "cp4_contiguous": (4, CP4 + CONTIGUOUS),
-    "cp4_alltoall_contiguous": (4, CP4 + CONTIGUOUS + ["--parallelism.cp_rotate_method", "alltoall"]),
+    "cp4_alltoall_contiguous": (4, CP4 + CONTIGUOUS + ["--tuning.cp_rotate_method", "alltoall"]),
     "cp2_full_ac": (2, CP2 + ["--activation_checkpoint.mode", "full"]),
     "cp2_fsdp2": (4, CP2 + ["--parallelism.dp_shard", "2", "--training.local_batch_size", "1"]),
     "cp2_tp2": (4, CP2 + ["--parallelism.tp", "2"]),
@@ -96,9 +96,9 @@ def test_trainer_metrics_under_context_parallel_match_one_rank(tmp_path):
         (2, CP2 + ["--model.name", "starcoder2", "--training.seq_len", "256"], r"sliding window"),
         (4, CP2 + ["--parallelism.pp", "2"], r"cp=2 does not combine with pipeline parallel"),
         (2, CP2 + ["--parallelism.dp_mode", "zero1"], r"dp_mode='zero1' does not combine with cp=2"),
-        (2, CP2 + ["--parallelism.cp_attention", "torch", "--training.device", "cpu"],
+        (2, CP2 + ["--tuning.cp_attention", "torch", "--training.device", "cpu"],
          r"cp_attention='torch' needs CUDA"),
-        (2, CP2 + ["--parallelism.cp_rotate_method", "ring"], r"cp_rotate_method"),
+        (2, CP2 + ["--tuning.cp_rotate_method", "ring"], r"cp_rotate_method"),
     ],
 )
 def test_bad_context_parallel_configs_are_refused_before_any_process_group(world, args, message):
@@ -115,8 +115,10 @@ def test_a_window_as_long_as_the_sequence_is_plain_causal_attention_and_allowed(
     from kenotron.train.resolve import resolve_run
 
     run = resolve_run(load_config(None, CP2 + ["--model.name", "mistral", "--training.seq_len", "128"]), world_size=2)
-    assert (run.plan.cp_load_balance, run.plan.cp_rotate_method, run.plan.cp_attention) == (True, "allgather", "auto")
-    assert "context parallel (when cp > 1): attention auto in layers.*.attention" in str(run.plan)
+    st = run.plan.settings
+    # resolve_run plans for a CUDA machine, which runs torch's ring.
+    assert (st.cp_load_balance, st.cp_rotate_method, st.cp_attention) == (True, "allgather", "torch")
+    assert "context parallel (when cp > 1): attention torch" in str(run.plan)
 
 
 # -- the plan's CP step on a model ----------------------------------------------------------------

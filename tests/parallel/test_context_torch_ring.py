@@ -16,6 +16,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Shard
 
+from kenotron.dtensor import local_tensor
 from kenotron.parallel.context import SequenceLayout
 from kenotron.parallel.context.torch_ring import (
     TorchRingAttention,
@@ -36,17 +37,13 @@ CPU_FLASH = aten._scaled_dot_product_flash_attention_for_cpu.default
 CPU_FLASH_BACKWARD = aten._scaled_dot_product_flash_attention_for_cpu_backward.default
 
 
-def _local(x):
-    return x.to_local() if isinstance(x, DTensor) else x
-
-
 def _cpu_forward(op_call, args, kwargs):
     q, k, v, *rest = args
     dropout_p, is_causal = (list(rest) + [0.0, False])[:2]
     mesh = q.device_mesh
     out, lse = torch_cp_api()._templated_ring_attention(
-        mesh.get_group(), 2, CPU_FLASH, _local(q), _local(k), _local(v), is_causal=is_causal, dropout_p=dropout_p,
-        scale=kwargs.get("scale"),
+        mesh.get_group(), 2, CPU_FLASH, local_tensor(q), local_tensor(k), local_tensor(v), is_causal=is_causal,
+        dropout_p=dropout_p, scale=kwargs.get("scale"),
     )
     return tuple(DTensor.from_local(t, mesh, [Shard(2)], run_check=False) for t in (out, lse))
 
@@ -55,8 +52,8 @@ def _cpu_backward(op_call, args, kwargs):
     grad_out, q, k, v, out, lse, dropout_p, is_causal = args
     mesh = q.device_mesh
     grads = torch_cp_api()._templated_ring_attention_backward(
-        mesh.get_group(), 2, CPU_FLASH_BACKWARD, _local(grad_out), "grad_out", _local(q), _local(k), _local(v),
-        _local(out), _local(lse), is_causal, dropout_p=dropout_p, scale=kwargs.get("scale"),
+        mesh.get_group(), 2, CPU_FLASH_BACKWARD, local_tensor(grad_out), "grad_out", local_tensor(q), local_tensor(k),
+        local_tensor(v), local_tensor(out), local_tensor(lse), is_causal, dropout_p=dropout_p, scale=kwargs.get("scale"),
     )
     return tuple(DTensor.from_local(t, mesh, [Shard(2)], run_check=False) for t in grads[:3])
 

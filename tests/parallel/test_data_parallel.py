@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 
 from kenotron.config import load_config
 from kenotron.parallel.zero1 import partition_params
-from kenotron.train.resolve import resolve_run
+from kenotron.train.step import forward_backward
 from kenotron.train.trainer import Trainer
 from tests.distributed.pool import run_on_ranks
 
@@ -25,9 +24,9 @@ def _optimizer_state_bytes(mode: str, folder: str) -> int:
         "--model.n_layers", "2", "--training.seq_len", "32", "--training.local_batch_size", "2",
         "--parallelism.dp_mode", mode, "--job.dump_folder", folder, "--metrics.tensorboard", "false",
     ] + (["--parallelism.dp_replicate", "4", "--parallelism.dp_shard", "1"] if mode == "fsdp" else []))
-    trainer = Trainer(resolve_run(cfg, dist.get_world_size()))
+    trainer = Trainer(cfg)
     trainer.train_step(trainer.loader.next_step())
-    opt = trainer.optimizer
+    opt = trainer.job.optimizers[0]
     state = opt.inner.state if mode == "zero1" else opt.state
     total = 0
     for s in state.values():
@@ -56,9 +55,9 @@ def _all_reduce_flags_during_accumulation(folder: str) -> list[list[bool]]:
         "--training.global_batch_size", "8", "--parallelism.dp_replicate", "2", "--parallelism.dp_shard", "2",
         "--job.dump_folder", folder, "--metrics.tensorboard", "false",
     ])
-    trainer = Trainer(resolve_run(cfg, dist.get_world_size()))
+    trainer = Trainer(cfg)
     seen: list[list[bool]] = []
-    original = trainer.applied.data_parallel.set_microstep
+    original = trainer.job.applied.data_parallel.set_microstep
 
     def spy(model, is_last):
         original(model, is_last)
@@ -67,8 +66,8 @@ def _all_reduce_flags_during_accumulation(folder: str) -> list[list[bool]]:
             for g in m._get_fsdp_state()._fsdp_param_groups
         ])
 
-    trainer.applied.data_parallel.set_microstep = spy
-    trainer.forward_backward(trainer.loader.next_step())
+    trainer.job.applied.data_parallel.set_microstep = spy
+    forward_backward(trainer.job, trainer.loader.next_step())
     trainer.close()
     return seen
 
@@ -87,12 +86,12 @@ def _fsdp_grads(reduce_dtype: str, folder: str) -> dict[str, torch.Tensor]:
         "--parallelism.dp_shard", "2", "--parallelism.fsdp_reduce_dtype", reduce_dtype,
         "--job.dump_folder", folder, "--metrics.tensorboard", "false",
     ])
-    trainer = Trainer(resolve_run(cfg, dist.get_world_size()))
-    policies = {g.mp_policy.reduce_dtype for m in trainer.model.modules() if isinstance(m, FSDPModule)
+    trainer = Trainer(cfg)
+    policies = {g.mp_policy.reduce_dtype for m in trainer.job.model.modules() if isinstance(m, FSDPModule)
                 for g in m._get_fsdp_state()._fsdp_param_groups}
     assert policies == {getattr(torch, reduce_dtype)}, policies
-    trainer.forward_backward(trainer.loader.next_step())
-    grads = {n: p.grad.to_local().clone() for n, p in trainer.model.named_parameters()}
+    forward_backward(trainer.job, trainer.loader.next_step())
+    grads = {n: p.grad.to_local().clone() for n, p in trainer.job.model.named_parameters()}
     trainer.close()
     return grads
 
@@ -114,19 +113,19 @@ def test_fsdp_bf16_reduce_keeps_fp32_sharded_grads_within_bf16_rounding_of_fp32_
 def _train_with_early_gather(early: bool, folder: str) -> tuple[list[float], dict[str, torch.Tensor], bool]:
     cfg = load_config(None, [
         "--model.n_layers", "2", "--training.seq_len", "32", "--training.local_batch_size", "2",
-        "--parallelism.dp_shard", "2", "--parallelism.fsdp_early_all_gather", str(early).lower(),
+        "--parallelism.dp_shard", "2", "--tuning.fsdp_early_all_gather", str(early).lower(),
         "--training.param_dtype", "float32", "--job.dump_folder", folder, "--metrics.tensorboard", "false",
     ])
-    trainer = Trainer(resolve_run(cfg, dist.get_world_size()))
-    assert (trainer.early_gather is not None) == early
+    trainer = Trainer(cfg)
+    assert (trainer.job.early_gather is not None) == early
     losses, issued = [], False
     for _ in range(3):
         loss, _norm = trainer.train_step(trainer.loader.next_step())
         losses.append(float(loss))
         if early:  # the next step's first all-gathers are in flight before its forward
-            groups = [u._get_fsdp_state()._fsdp_param_group for u in trainer.early_gather.units]
+            groups = [u._get_fsdp_state()._fsdp_param_group for u in trainer.job.early_gather.units]
             issued = all(g._all_gather_result is not None for g in groups)
-    params = {n: p.detach().to_local().clone() for n, p in trainer.model.named_parameters()}
+    params = {n: p.detach().to_local().clone() for n, p in trainer.job.model.named_parameters()}
     trainer.close()
     return losses, params, issued
 

@@ -63,7 +63,6 @@ def test_global_batch_must_divide_into_local_batch_times_dp():
         (8, ["--parallelism.tp", "8"], r"tp=8 does not divide n_kv_heads=4"),
         (4, ["--parallelism.dp_shard", "3"], r"multiply to 3"),
         (4, ["--training.global_batch_size", "6"], r"global_batch_size=6 is not divisible"),
-        (2, ["--parallelism.ep", "2"], r"not supported yet"),
         (4, ["--parallelism.pp", "4", "--model.n_layers", "2"], r"pp=4 stages but the model has only 2 layers"),
     ],
 )

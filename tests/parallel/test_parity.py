@@ -67,7 +67,7 @@ def test_tp_layout_without_sequence_parallel_matches_one_rank(layout, reference_
 
 def test_tp_without_loss_parallel_matches_one_rank(reference_fp32, tmp_path):
     world, overrides = LAYOUTS["tp2"]
-    results = run_on_ranks(world, run_steps, overrides + ["--parallelism.loss_parallel", "false"], str(tmp_path))
+    results = run_on_ranks(world, run_steps, overrides + ["--tuning.loss_parallel", "false"], str(tmp_path))
     # The first step's loss and gradients are as tight as every layout's; the later losses follow
     # AdamW updates of those gradients, which turn their ~1e-8 differences into a few fp32 ulps of
     # a loss near 8.6 (ulp 9.5e-7): 2 ulps after step 2 on an AVX-512/AMX CPU, whose matmul

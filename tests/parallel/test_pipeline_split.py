@@ -106,7 +106,7 @@ BAD = {
     "stage_modules_unknown": (
         2, ["--parallelism.pp", "2", "--parallelism.pp_stage_modules", "embed layers.0 layers.1, layers.2 layers.3 norm output"],
         "'embed' is not a unit of the model"),
-    "fused_loss": (2, ["--parallelism.pp", "2", "--training.loss", "fused"], "training.loss='fused' does not combine"),
+    "fused_loss": (2, ["--parallelism.pp", "2", "--tuning.loss", "fused"], "tuning.loss='fused' does not combine"),
     "zero_bubble_with_compile": (
         2, ["--parallelism.pp", "2", "--parallelism.pp_schedule", "ZBVZeroBubble", "--compile.enable", "true"],
         "compiled blocks do not support"),

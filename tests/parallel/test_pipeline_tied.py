@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from kenotron.config import load_config
-from kenotron.train.resolve import resolve_run
 from kenotron.train.trainer import Trainer
 from tests.distributed.pool import run_on_ranks
 from tests.parallel.parity import BASE, assert_parity, full, run_steps
@@ -42,17 +41,16 @@ def test_tied_model_matches_one_rank(layout, reference, tmp_path):
 def _tied_copies_after_steps(overrides: list[str], folder: str, steps: int) -> dict[str, torch.Tensor]:
     """Run `steps` optimizer steps (AdamW: it amplifies any gradient difference); return the full
     values of this rank's embedding and output weights."""
-    import torch.distributed as dist
 
     adamw = ["--optimizer.name", "adamw", "--optimizer.lr", "1e-3"]
     cfg = load_config(
         None, BASE + QWEN + overrides + adamw + ["--job.dump_folder", folder, "--training.steps", str(steps)]
     )
-    trainer = Trainer(resolve_run(cfg, dist.get_world_size()))
+    trainer = Trainer(cfg)
     for _ in range(steps):
         trainer.train_step(trainer.loader.next_step())
     weights = {}
-    for part in trainer.model_parts:
+    for part in trainer.job.model_parts:
         for name in ("tok_embeddings", "output"):
             module = getattr(part, name)
             if module is not None:

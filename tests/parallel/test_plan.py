@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor
 
+from kenotron.dtensor import local_tensor
 from kenotron.models import get_model_spec
 from kenotron.parallel.dims import ParallelDims
 from kenotron.parallel.plan import PlanError, plan_for
@@ -26,6 +26,7 @@ def test_plan_prints_a_table_with_every_style():
     for pattern, style in SPEC.tp_styles.items():
         assert pattern in text and style in text
     assert "data parallel: fsdp" in text and "loss_parallel: True" in text
+    assert "layout (the model's structure)" in text and "settings (the run's)" in text
 
 
 def test_describe_gives_analytic_bytes_per_rank_for_fsdp_and_tp():
@@ -49,37 +50,38 @@ def test_two_plans_compare_field_by_field():
     a = plan_for(SPEC)
     b = a.copy()
     assert a.diff(b) == [] and a == b
-    b.sequence_parallel_off.append("layers.1")
-    b.tp_styles["output"] = "colwise"
-    b.ac_mode = "full"
+    b.layout.sequence_parallel_off.append("layers.1")
+    b.layout.tp_styles["output"] = "colwise"
+    b.settings.ac_mode = "full"
     assert a.diff(b) == [
-        "tp_styles['output']: output -> colwise",
-        "sequence_parallel_off: [] -> ['layers.1']",
-        "ac_mode: 'none' -> 'full'",
+        "layout.tp_styles['output']: output -> colwise",
+        "layout.sequence_parallel_off: [] -> ['layers.1']",
+        "settings.ac_mode: 'none' -> 'full'",
     ]
 
 
 def test_a_plan_naming_a_missing_module_is_rejected_with_a_suggestion():
     plan = plan_for(SPEC)
-    plan.tp_styles["layers.*.attention.w_q"] = "colwise"
+    plan.layout.tp_styles["layers.*.attention.w_q"] = "colwise"
     with pytest.raises(PlanError, match=r"names module 'layers.\*.attention.w_q'.*did you mean 'layers.\*.attention.wq'"):
         plan.check(meta_model())
-    plan = plan_for(SPEC, fsdp_units=["blocks.*"])
-    with pytest.raises(PlanError, match=r"plan.fsdp_units names module 'blocks.\*'"):
+    plan = plan_for(SPEC)
+    plan.layout.fsdp_units = ["blocks.*"]
+    with pytest.raises(PlanError, match=r"plan.layout.fsdp_units names module 'blocks.\*'"):
         plan.check(meta_model())
 
 
 def test_a_plan_with_a_bad_style_or_mode_is_rejected():
     plan = plan_for(SPEC)
-    plan.tp_styles["output"] = "diagonal"
+    plan.layout.tp_styles["output"] = "diagonal"
     with pytest.raises(PlanError, match=r"tp_styles\['output'\]='diagonal' is not one of"):
         plan.check(meta_model())
-    with pytest.raises(PlanError, match=r"plan.dp_mode='zero3' is not one of fsdp, zero1"):
+    with pytest.raises(PlanError, match=r"parallelism.dp_mode='zero3' is not one of 'fsdp', 'zero1'"):
         plan_for(SPEC, dp_mode="zero3").check(meta_model())
-    with pytest.raises(PlanError, match=r"plan.ac_save_matmul_every=0 must be >= 1"):
+    with pytest.raises(PlanError, match=r"tuning.ac_save_matmul_every=0 must be >= 1"):
         plan_for(SPEC, ac_mode="selective-op", ac_save_matmul_every=0).check(meta_model())
     n_blocks = meta_model().args.n_layers
-    with pytest.raises(PlanError, match=rf"plan.offload_blocks={n_blocks + 1} must lie in \[0, {n_blocks}\]"):
+    with pytest.raises(PlanError, match=rf"activation_checkpoint.offload_blocks={n_blocks + 1} must lie in \[0, {n_blocks}\]"):
         plan_for(SPEC, offload_blocks=n_blocks + 1).check(meta_model())
     assert "offload: first 2 blocks" in str(plan_for(SPEC, offload_blocks=2))
 
@@ -89,7 +91,7 @@ def _applied_local_shapes(mesh_shape: dict[str, int]) -> dict[str, tuple]:
     meshes = dims.build_meshes("cpu")
     model = meta_model()
     plan_for(SPEC).apply(model, meshes)
-    return {n: tuple((p.to_local() if isinstance(p, DTensor) else p).shape) for n, p in model.named_parameters()}
+    return {n: tuple(local_tensor(p).shape) for n, p in model.named_parameters()}
 
 
 def test_describe_matches_the_shapes_apply_produces_on_rank0():
@@ -100,7 +102,7 @@ def test_describe_matches_the_shapes_apply_produces_on_rank0():
 
 
 def _sp_off_in_block_1(plan) -> None:
-    plan.sequence_parallel_off.append("layers.1")
+    plan.layout.sequence_parallel_off.append("layers.1")
 
 
 def test_edited_plan_without_sequence_parallel_in_one_block_still_matches_one_rank(tmp_path):

@@ -118,8 +118,8 @@ def test_flash_attn_without_the_package_says_how_to_install_it(monkeypatch):
 def test_flash_attn_needs_cuda_bf16_no_short_window_and_a_compilable_version(monkeypatch):
     monkeypatch.setitem(sys.modules, "flash_attn", fake_flash_attn("2.6.3"))
     flash = ["--model.attention_backend", "flash_attn"]
-    assert "needs CUDA" in refused(flash)
-    # The remaining checks, as on a GPU machine:
+    assert "needs CUDA" in refused(flash + ["--training.device", "cpu"])
+    # The remaining checks, as on a GPU machine (resolve_run plans for the GPU machine the config names):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *device: (8, 0))  # an A100
     assert "set training.param_dtype='bfloat16'" in refused(flash)

@@ -1,4 +1,4 @@
-"""`training.empty_cache_after_first_step`: the CUDA allocator's cache is handed back once, after
+"""`tuning.empty_cache_after_first_step`: the CUDA allocator's cache is handed back once, after
 the first step, and never with the option off; on a CPU the option does nothing."""
 
 from __future__ import annotations
@@ -13,13 +13,12 @@ ARGS = ["--model.n_layers", "2", "--training.seq_len", "16", "--training.local_b
 
 
 def _empty_cache_calls(monkeypatch, *extra: str) -> list[int]:
-    from kenotron.train.resolve import resolve_run
     from kenotron.train.trainer import Trainer
 
     calls: list[int] = []
     real = torch.cuda.empty_cache
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: (calls.append(1), real()))
-    trainer = Trainer(resolve_run(load_config(None, [*ARGS, *extra]), world_size=1))
+    trainer = Trainer(load_config(None, [*ARGS, *extra]))
     try:
         per_step = []
         for _ in range(3):
@@ -42,4 +41,4 @@ def test_cuda_cache_is_emptied_once_after_the_first_step(monkeypatch):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_cache_is_never_emptied_with_the_option_off(monkeypatch):
     assert _empty_cache_calls(monkeypatch, "--training.device", "cuda",
-                              "--training.empty_cache_after_first_step", "false") == [0, 0, 0]
+                              "--tuning.empty_cache_after_first_step", "false") == [0, 0, 0]

@@ -1,4 +1,4 @@
-"""training.mixed_precision = "master_weights": bf16 parameters with fp32 masters in AdamW. The
+"""tuning.mixed_precision = "master_weights": bf16 parameters with fp32 masters in AdamW. The
 optimizer against fp32 AdamW (torch's kernels here, the Triton kernel through Triton's
 interpreter), its state dict, the config checks, and training runs (loss, resume)."""
 
@@ -18,7 +18,7 @@ from tests.train.master_weights_checks import (
 )
 from tests.triton_interpreter import run_in_triton_interpreter
 
-MW = ["--training.param_dtype", "bfloat16", "--training.mixed_precision", "master_weights"]
+MW = ["--training.param_dtype", "bfloat16", "--tuning.mixed_precision", "master_weights"]
 
 
 @pytest.mark.parametrize("kernel", ["foreach", "for-loop", "fused"])
@@ -53,7 +53,7 @@ def test_config_checks_name_the_bad_fields():
     from kenotron.train.resolve import resolve_run
 
     with pytest.raises(ConfigError, match=r"param_dtype='float32' and optimizer.name='adamw'; set param_dtype='bfloat16'"):
-        resolve_run(load_config(None, ["--training.mixed_precision", "master_weights"]), world_size=1)
+        resolve_run(load_config(None, ["--tuning.mixed_precision", "master_weights"]), world_size=1)
     with pytest.raises(ConfigError, match="optimizer.name='sgd'"):
         resolve_run(load_config(None, [*MW, "--optimizer.name", "sgd"]), world_size=1)
     accumulating = load_config(None, [*MW, "--training.local_batch_size", "2", "--training.global_batch_size", "4"])
@@ -70,7 +70,7 @@ def test_training_with_master_weights_follows_autocast_and_resumes_exactly(tmp_p
     from tests.checkpoint.test_trainer_resume import STOP_AFTER, losses_by_step, train
 
     one_batch = ["--training.local_batch_size", "4", "--training.param_dtype", "bfloat16"]
-    train(str(tmp_path / "autocast"), [*one_batch, "--training.mixed_precision", "autocast"])
+    train(str(tmp_path / "autocast"), [*one_batch, "--tuning.mixed_precision", "autocast"])
     train(str(tmp_path / "mw"), [*one_batch, *MW])
     saving = [*one_batch, *MW, "--checkpoint.enable", "true"]
     train(str(tmp_path / "mw_resumed"), saving, stop_after=STOP_AFTER)
@@ -113,12 +113,13 @@ def test_auto_picks_master_weights_on_one_cuda_device_where_they_apply():
     """auto: master weights on one CUDA device with AdamW and no accumulation; else FSDP's casts
     for eager CUDA runs and autocast otherwise; never on CPU (planned GPU jobs are resolved as
     estimation.py resolves them, on this CPU machine)."""
-    from kenotron.train.precision import single_device_fsdp, uses_master_weights
+    from kenotron.train.choices import Target
     from kenotron.train.resolve import resolve_run
 
     def decide(*overrides: str, world_size: int = 1, device: str = "cuda") -> tuple[bool, bool]:
-        run = resolve_run(load_config(None, ["--training.param_dtype", "bfloat16", *overrides]), world_size)
-        return uses_master_weights(run, device), single_device_fsdp(run, torch.device(device))
+        cfg = load_config(None, ["--training.param_dtype", "bfloat16", *overrides])
+        precision = resolve_run(cfg, world_size, Target(device, 9, True)).choices.precision
+        return precision == "master_weights", precision == "fsdp" and world_size == 1
 
     assert decide("--compile.enable", "false") == (True, False)
     assert decide("--compile.enable", "true") == (True, False)
@@ -127,8 +128,8 @@ def test_auto_picks_master_weights_on_one_cuda_device_where_they_apply():
     assert decide("--compile.enable", "false", *accumulating) == (False, True)
     assert decide("--compile.enable", "true", *accumulating) == (False, False)
     assert decide("--optimizer.name", "sgd", "--compile.enable", "false") == (False, True)
-    assert decide("--training.mixed_precision", "autocast") == (False, False)
-    assert decide("--training.mixed_precision", "fsdp") == (False, True)
+    assert decide("--tuning.mixed_precision", "autocast") == (False, False)
+    assert decide("--tuning.mixed_precision", "fsdp") == (False, True)
     assert decide(world_size=2) == (False, False)
     assert decide("--training.param_dtype", "float32") == (False, False)
 
@@ -141,18 +142,17 @@ def _masters_and_weights(folder: Path, *extra: str, resumed_at: int, steps: int 
     """A trainer on `folder` (resuming whatever checkpoint is there, which must bring it to step
     `resumed_at`), after `steps` more steps: its optimizer's fp32 masters and its parameters
     widened to fp32."""
-    from kenotron.train.resolve import resolve_run
     from kenotron.train.trainer import Trainer
     from tests.checkpoint.test_trainer_resume import COMMON
 
     cfg = load_config(None, [*COMMON, *RESUME_ARGS, "--job.dump_folder", str(folder), *extra])
-    trainer = Trainer(resolve_run(cfg, world_size=1))
+    trainer = Trainer(cfg)
     try:
         assert trainer.step == resumed_at
         for _ in range(steps):
             trainer.train_step(trainer.loader.next_step())
-        params = list(trainer.model.parameters())
-        return [trainer.optimizer.state[p]["master"].clone() for p in params], [p.detach().float() for p in params]
+        params = list(trainer.job.model.parameters())
+        return [trainer.job.optimizers[0].state[p]["master"].clone() for p in params], [p.detach().float() for p in params]
     finally:
         trainer.close()
 
@@ -189,7 +189,7 @@ def test_resuming_a_checkpoint_saved_without_master_weights_says_so(tmp_path):
     from tests.checkpoint.test_trainer_resume import STOP_AFTER, train
 
     saving = ["--training.local_batch_size", "4", "--checkpoint.enable", "true", "--training.param_dtype", "bfloat16"]
-    train(str(tmp_path / "run"), [*saving, "--training.mixed_precision", "autocast"], stop_after=STOP_AFTER)
+    train(str(tmp_path / "run"), [*saving, "--tuning.mixed_precision", "autocast"], stop_after=STOP_AFTER)
     with pytest.raises(CheckpointMismatchError, match=r"has no optimizer entry 'state\..*\.master'.*saved without master "
                        r"weights.*checkpoint.exclude_from_loading = optimizer"):
         train(str(tmp_path / "run"), [*saving, *MW])

@@ -91,7 +91,7 @@ def test_clipping_inside_fused_adamw_equals_clipping_the_gradients(tmp_path):
                      "--training.max_norm", "0.05"]
     runs = {}
     for kernel in ("fused", "foreach"):
-        cfg = load_config(None, common + ["--optimizer.implementation", kernel,
+        cfg = load_config(None, common + ["--tuning.adamw_implementation", kernel,
                                           "--job.dump_folder", str(tmp_path / kernel)])
         runs[kernel] = run_training(cfg)
     assert runs["fused"][0]["grad_norm"] > 10 * 0.05  # clipping is active from the first step

@@ -116,7 +116,7 @@ class GQAttention(nn.Module):
             self.k_norm = RMSNorm(head_dim, qk_norm_eps)
         # Causal attention (q, k, v) -> out of the training path (no mask, no cache).
         self.attention_fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] = causal_attention
-        # RoPE on (batch, seq, heads, head_dim); a fused kernel may replace it (train/eager_kernels.py).
+        # RoPE on (batch, seq, heads, head_dim); a fused kernel may replace it (models/common/eager_kernels.py).
         self.rope_fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] = apply_rope
 
     def forward(

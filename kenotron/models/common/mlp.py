@@ -20,7 +20,7 @@ class SwiGLU(nn.Module):
     """w2(silu(w1 x) * w3 x): the gated MLP of Llama, Qwen and Mistral.
 
     The gate runs through `silu_mul`, which a fused kernel may replace
-    (train/eager_kernels.py); the model never does.
+    (models/common/eager_kernels.py); the model never does.
     """
 
     def __init__(self, dim: int, hidden_dim: int) -> None:

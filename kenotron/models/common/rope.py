@@ -55,11 +55,6 @@ def rope_cos_sin(
     return angles.cos(), angles.sin()
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat([-x2, x1], dim=-1)
-
-
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate x (batch, seq, heads, head_dim) by cos/sin (seq, head_dim), in x's dtype.
 

@@ -2,10 +2,10 @@
 
 Models know nothing about parallelism: an attention module computes causal attention through
 its `attention_fn` attribute (local SDPA by default). Under context parallel the plan replaces
-it, in every module `plan.attention_modules` names, with a parameterless module that attends
+it, in every module `plan.layout.attention_modules` names, with a parameterless module that attends
 over the whole sequence sharded across the cp ranks:
 
-- on CUDA (`plan.cp_attention = "auto"` or `"torch"`): torch's own ring over the fused SDPA
+- on CUDA (`plan.settings.cp_attention = "auto"` or `"torch"`): torch's own ring over the fused SDPA
   kernels (torch_ring.py);
 - elsewhere, or with `"ring"`: kenotron's ring attention (ring.py), which also runs on CUDA.
 
@@ -23,12 +23,10 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from kenotron.parallel.context.layout import ContextShard, SequenceLayout, shard_batch
-from kenotron.parallel.context.ring import ROTATE_METHODS, RingAttention
+from kenotron.parallel.context.ring import RingAttention
 
 if TYPE_CHECKING:
     from kenotron.parallel.plan import Plan
-
-CP_ATTENTION_CHOICES = ("auto", "torch", "ring")
 
 
 @dataclass(frozen=True)
@@ -50,43 +48,37 @@ class SequenceSharder:
         return shard_batch(inputs, labels, self.layout(inputs.shape[1]), self.rank)
 
 
-def resolve_cp_attention(choice: str, device_type: str) -> str:
-    """"torch" or "ring" for a plan's cp_attention on this device type."""
-    if choice not in CP_ATTENTION_CHOICES:
-        raise ValueError(f"plan.cp_attention={choice!r} is not one of {', '.join(CP_ATTENTION_CHOICES)}")
+def cp_attention_kind(choice: str, device_type: str) -> str:
+    """"torch" or "ring" for a settings' cp_attention: auto picks torch's ring on CUDA and
+    kenotron's elsewhere; a named one is kept (resolve_run refuses torch for a CPU job; the
+    memory estimator builds a CUDA job's torch ring on its fake CPU mesh)."""
     if choice == "auto":
         return "torch" if device_type == "cuda" else "ring"
-    if choice == "torch" and device_type != "cuda":
-        raise ValueError(
-            f"plan.cp_attention='torch' needs CUDA (torch has no context-parallel kernel for {device_type}); "
-            f"use 'auto' or 'ring'"
-        )
     return choice
 
 
 def context_parallel_attention(cp_mesh: DeviceMesh, plan: Plan) -> nn.Module:
-    """A new CP attention module for one attention layer, as the plan chooses it."""
-    if plan.cp_rotate_method not in ROTATE_METHODS:
-        raise ValueError(f"plan.cp_rotate_method={plan.cp_rotate_method!r} is not one of {', '.join(ROTATE_METHODS)}")
-    if resolve_cp_attention(plan.cp_attention, cp_mesh.device_type) == "torch":
+    """A new CP attention module for one attention layer, as the plan's settings choose it."""
+    st = plan.settings
+    if cp_attention_kind(st.cp_attention, cp_mesh.device_type) == "torch":
         from kenotron.parallel.context.torch_ring import TorchRingAttention
 
-        return TorchRingAttention(cp_mesh, plan.cp_load_balance, plan.cp_rotate_method)
-    return RingAttention(cp_mesh.get_group(), plan.cp_load_balance, plan.cp_rotate_method)
+        return TorchRingAttention(cp_mesh, st.cp_load_balance, st.cp_rotate_method)
+    return RingAttention(cp_mesh.get_group(), st.cp_load_balance, st.cp_rotate_method)
 
 
 def apply_context_parallel(model: nn.Module, cp_mesh: DeviceMesh, plan: Plan) -> SequenceSharder:
     """Replace `attention_fn` of every attention module; return how to slice the batches."""
-    from kenotron.parallel.plan import PlanError, matching_modules
+    from kenotron.parallel.model_layout import PlanError, matching_modules
 
-    modules = matching_modules(model, plan.attention_modules)
+    modules = matching_modules(model, plan.layout.attention_modules)
     if not modules:
-        raise PlanError(f"plan.attention_modules={plan.attention_modules!r} matches no module of the model")
+        raise PlanError(f"plan.layout.attention_modules={plan.layout.attention_modules!r} matches no module of the model")
     for name, module in modules:
         if not hasattr(module, "attention_fn"):
             raise PlanError(
                 f"{name} ({type(module).__name__}) has no attention_fn to replace under context parallel; "
-                f"point plan.attention_modules at the attention modules"
+                f"point plan.layout.attention_modules at the attention modules"
             )
         module.attention_fn = context_parallel_attention(cp_mesh, plan)
-    return SequenceSharder(cp_mesh.size(), cp_mesh.get_local_rank(), plan.cp_load_balance)
+    return SequenceSharder(cp_mesh.size(), cp_mesh.get_local_rank(), plan.settings.cp_load_balance)

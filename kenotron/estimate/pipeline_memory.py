@@ -2,10 +2,10 @@
 
 Ranks at the same pipeline position hold the same stages and run the same actions, so one
 rank per pp coordinate is simulated (memory.rank_classes). For each: the rank's stages are
-built as the trainer builds them (pipeline_step.py), a warm-up step (one microbatch through
+built as the trainer builds them (pipeline_replay.py), a warm-up step (one microbatch through
 every local stage, then the optimizer step) creates the optimizer state and FSDP's lazily
 allocated buffers, then one schedule step is tracked: every microbatch's forward and
-backward in the order torch's schedule runs them on that rank (pipeline_schedule.py), so the
+backward in the order torch's schedule runs them on that rank (pipeline_order.py), so the
 activations of the microbatches the schedule keeps in flight at once are counted, then
 clipping and the optimizer step.
 
@@ -36,17 +36,19 @@ import time
 from dataclasses import dataclass
 
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.distributed.tensor import DTensor
 
+from kenotron.dtensor import local_tensor
 from kenotron.estimate.cuda_kernels import cuda_kernel_memory
 from kenotron.estimate.depth import activations_by_module, extrapolate_line
 from kenotron.estimate.fake_job import (
-    NoObserver,
+    DeviceBatches,
+    build_fake_job,
+    estimated_run,
     fake_process_group,
     ignored_features,
     simulated_micro_steps,
 )
-from kenotron.estimate.pipeline_schedule import (
+from kenotron.estimate.pipeline_order import (
     REDUCED_MICROBATCHES,
     Action,
     counts_before,
@@ -54,13 +56,10 @@ from kenotron.estimate.pipeline_schedule import (
     microbatch_roles,
     rank_actions,
 )
-from kenotron.estimate.pipeline_step import (
+from kenotron.estimate.pipeline_replay import (
     Numbering,
-    PipelineJob,
+    SimulatedPipeline,
     StagesTracker,
-    build_pipeline_job,
-    clip_and_step,
-    forward_backward,
     resized_split,
     run_actions,
     stage_block_counts,
@@ -73,7 +72,9 @@ from kenotron.estimate.tracker import (
     allocated_bytes,
 )
 from kenotron.parallel.pipeline import SINGLE_STAGE_SCHEDULES
-from kenotron.train.resolve import RunPlan
+from kenotron.train.job import Job
+from kenotron.train.resolve import ResolvedRun
+from kenotron.train.step import NO_OBSERVER, clip_gradients, optimizer_step, train_step
 
 MIN_UNITS = 3
 """Blocks of the smallest stage in the shallower copy: its first and last blocks and one plain
@@ -112,15 +113,16 @@ class RankStep:
     """The global rank whose fake job ran."""
 
 
-def _warmup(job: PipelineJob) -> None:
+def _warmup(job: Job, pipe: SimulatedPipeline) -> None:
     """One microbatch forward through every local stage and back, the reduction, the optimizer step."""
-    local = sorted(job.stages)
+    local = sorted(pipe.stages)
     actions = ([Action("F", s, 0) for s in local] + [Action("B", s, 0) for s in reversed(local)]
                + [Action("REDUCE_GRAD", s) for s in local])
-    run_actions(job, actions, Numbering(tuple(local), job.split.microbatches, len(actions)), 0, NoObserver())
-    job.tied.sum_gradients_()
-    clip_and_step(job, NoObserver())
-    for stage in job.stages.values():  # torch clears these when the next schedule step starts
+    run_actions(pipe, actions, Numbering(tuple(local), pipe.split.microbatches, len(actions)), 0, NO_OBSERVER)
+    pipe.tied.sum_gradients_()
+    clip_gradients(job)
+    optimizer_step(job)
+    for stage in pipe.stages.values():  # torch clears these when the next schedule step starts
         stage.clear_runtime_states()
 
 
@@ -131,34 +133,38 @@ def _kept_by_forward(tracker: StagesTracker, number: int) -> int:
                and (s.freed_at is None or s.freed_at > end))
 
 
-def track_pipeline_step(run: RunPlan, rank: int, reduced: bool = False) -> RankStep:
+def track_pipeline_step(run: ResolvedRun, rank: int, reduced: bool = False) -> RankStep:
     """Build rank `rank`'s stages on fake tensors, warm up, then track one step in the schedule's
     order (`reduced`: the shortened single-stage order, see expand_microbatches)."""
+    run = estimated_run(run)
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     with fake_process_group(run.dims.world_size, rank), cuda_kernel_memory():
-        job = build_pipeline_job(run, mode)
-        pp_mesh = job.applied.meshes.get("pp")
+        job = build_fake_job(run, mode, pipeline=lambda j: SimulatedPipeline(j, mode))
+        pipe = job.pipeline
+        assert isinstance(pipe, SimulatedPipeline)
+        pp_mesh = job.meshes.get("pp")
         assert pp_mesh is not None
-        actions = rank_actions(job.split, pp_mesh.get_local_rank(), reduced)
-        local = sorted(job.stages)
-        numbering = Numbering(tuple(local), job.split.microbatches, len(actions))
+        actions = rank_actions(pipe.split, pp_mesh.get_local_rank(), reduced)
+        local = sorted(pipe.stages)
+        numbering = Numbering(tuple(local), pipe.split.microbatches, len(actions))
         with mode:
-            _warmup(job)
-            tracker = StagesTracker(job.parts, [job.stages[s].blocks for s in local])
-            tracker.register_static([t for p in job.parts for t in [*p.parameters(), *p.buffers()]], "parameters")
+            _warmup(job, pipe)
+            pipe.actions, pipe.numbering = actions, numbering
+            tracker = StagesTracker(job.model_parts, [pipe.stages[s].blocks for s in local])
+            tracker.register_static([t for p in job.model_parts for t in [*p.parameters(), *p.buffers()]],
+                                    "parameters")
             tracker.register_static(job.optimizer_state(), "optimizer_state")
             # Communication buffers, allocated once by torch's stages (one per microbatch).
-            tracker.register_static(job.receive_buffers(), "temporaries")
+            tracker.register_static(pipe.receive_buffers(), "temporaries")
             tracker.register_other_live_tensors("parameters")
             with tracker:
-                forward_backward(job, actions, numbering, tracker)
-                clip_and_step(job, tracker)
-        counts = {s: len(job.stages[s].blocks) for s in local}
+                train_step(job, DeviceBatches(run, simulated_micro_steps(run)), tracker)
+        counts = {s: len(pipe.stages[s].blocks) for s in local}
         kept = chunk = buffers = 0
         if reduced:  # what one more microbatch adds (see expand_microbatches)
-            stage = job.stages[local[0]]
+            stage = pipe.stages[local[0]]
             output = stage.output_chunks[0] if stage.is_last and stage.output_chunks else None
-            output = output.to_local() if isinstance(output, DTensor) else output  # vocab-parallel logits
+            output = local_tensor(output)  # vocab-parallel logits
             chunk = allocated_bytes(output.untyped_storage().nbytes()) if output is not None else 0
             kept = _kept_by_forward(tracker, numbering.of(0, Action("F", local[0], 1), 0)) - chunk
             buffers = sum(allocated_bytes(b[0].untyped_storage().nbytes())
@@ -281,17 +287,17 @@ class Simulation:
     """Run the shortened single-stage order of REDUCED_MICROBATCHES microbatches (expand_microbatches)."""
 
 
-def simulations(run: RunPlan, pp_rank: int, rank: int, full_depth: bool) -> list[Simulation]:
+def simulations(run: ResolvedRun, pp_rank: int, rank: int, full_depth: bool) -> list[Simulation]:
     """The runs that estimate pipeline rank `pp_rank`: one, or two shallow ones (see the module doc)."""
     split = run.plan.pipeline
     assert split is not None
     reduced = not full_depth and split.schedule in SINGLE_STAGE_SCHEDULES and split.microbatches > REDUCED_MICROBATCHES
-    counts = stage_block_counts(split, run.plan.blocks)
+    counts = stage_block_counts(split, run.plan.layout.blocks)
     local = split.local_stages(pp_rank)
     steps = min(counts[s] for s in local) - MIN_UNITS
     # Two shallow runs cost 2·Σ(k - steps) + stages blocks: worth it only when fewer than Σ k.
     # ZeRO-1's greedy partition of a stage's parameters is not linear in its blocks: full depth.
-    zero1 = run.plan.dp_mode == "zero1" and run.dims.dp > 1
+    zero1 = run.plan.settings.dp_mode == "zero1" and run.dims.dp > 1
     shallow_blocks = 2 * sum(counts[s] - steps for s in local) + len(local)
     if full_depth or zero1 or steps < 2 or shallow_blocks >= sum(counts[s] for s in local):
         return [Simulation(rank, None, reduced)]
@@ -300,7 +306,7 @@ def simulations(run: RunPlan, pp_rank: int, rank: int, full_depth: bool) -> list
             for extra in (0, 1)]
 
 
-def _variant(run: RunPlan, sim: Simulation) -> RunPlan:
+def _variant(run: ResolvedRun, sim: Simulation) -> ResolvedRun:
     if sim.counts is not None:
         run = resized_split(run, sim.counts)[0]
     if sim.reduced:  # the same microbatches, fewer of them
@@ -308,17 +314,17 @@ def _variant(run: RunPlan, sim: Simulation) -> RunPlan:
     return run
 
 
-def simulate(run: RunPlan, sim: Simulation) -> RankStep:
+def simulate(run: ResolvedRun, sim: Simulation) -> RankStep:
     return track_pipeline_step(_variant(run, sim), sim.rank, sim.reduced)
 
 
-def _same_run_key(run: RunPlan, pp_rank: int, sim: Simulation) -> tuple:
+def _same_run_key(run: ResolvedRun, pp_rank: int, sim: Simulation) -> tuple:
     """What a rank's simulation depends on besides its stage indices: ranks with equal keys
     (the middle stages of a shortened 1F1B order, of equal depth) have the same memory."""
     variant = _variant(run, sim)
     split = variant.plan.pipeline
     assert split is not None
-    counts = stage_block_counts(split, run.plan.blocks)
+    counts = stage_block_counts(split, run.plan.layout.blocks)
     local = split.local_stages(pp_rank)
     index = {stage: i for i, stage in enumerate(local)}
     actions = rank_actions(split, pp_rank, sim.reduced)
@@ -337,7 +343,7 @@ def _relabel(step: RankStep, stages: tuple[int, ...]) -> RankStep:
     )
 
 
-def simulate_all(run: RunPlan, plans: list[list[Simulation]]) -> list[list[RankStep]]:
+def simulate_all(run: ResolvedRun, plans: list[list[Simulation]]) -> list[list[RankStep]]:
     """Every rank's simulations, each distinct one run once."""
     split = run.plan.pipeline
     assert split is not None
@@ -354,7 +360,7 @@ def simulate_all(run: RunPlan, plans: list[list[Simulation]]) -> list[list[RankS
     return out
 
 
-def rank_places(run: RunPlan, pp_rank: int, step: RankStep) -> tuple[dict[Place, Breakdown], RankStep]:
+def rank_places(run: ResolvedRun, pp_rank: int, step: RankStep) -> tuple[dict[Place, Breakdown], RankStep]:
     """A run's places under the configured microbatches, and the run described with the full order."""
     split = run.plan.pipeline
     assert split is not None
@@ -366,11 +372,11 @@ def rank_places(run: RunPlan, pp_rank: int, step: RankStep) -> tuple[dict[Place,
     return expanded, dataclasses.replace(step, actions=full, numbering=numbering)
 
 
-def rank_estimate(run: RunPlan, pp_rank: int, rank: int, runs: list[RankStep]) -> tuple[RankEstimate, str, RankStep]:
+def rank_estimate(run: ResolvedRun, pp_rank: int, rank: int, runs: list[RankStep]) -> tuple[RankEstimate, str, RankStep]:
     """The estimate for the ranks at pipeline coordinate `pp_rank` from its one or two simulations."""
     split = run.plan.pipeline
     assert split is not None
-    counts = stage_block_counts(split, run.plan.blocks)
+    counts = stage_block_counts(split, run.plan.layout.blocks)
     local = split.local_stages(pp_rank)
     read = [rank_places(run, pp_rank, step) for step in runs]
     reference = read[-1][1]
@@ -397,7 +403,7 @@ def rank_estimate(run: RunPlan, pp_rank: int, rank: int, runs: list[RankStep]) -
     return estimate, method, reference
 
 
-def pipeline_notes(run: RunPlan, steps: list[RankStep]) -> list[str]:
+def pipeline_notes(run: ResolvedRun, steps: list[RankStep]) -> list[str]:
     split = run.plan.pipeline
     assert split is not None
     t = run.cfg.training
@@ -412,12 +418,12 @@ def pipeline_notes(run: RunPlan, steps: list[RankStep]) -> list[str]:
          if split.schedule == "1F1B" else
          f"analytic column: the closed form prices 1F1B pipelines only, not {split.schedule}"),
     ]
-    if run.plan.dp_mode == "zero1" and run.dims.dp > 1:
+    if run.plan.settings.dp_mode == "zero1" and run.dims.dp > 1:
         notes.append("zero1: optimizer state is that of data-parallel rank 0's partition of each stage")
     return notes
 
 
-def estimate_pipeline_run(run: RunPlan, gpu_memory_gib: float, full_depth: bool = False) -> MemoryReport:
+def estimate_pipeline_run(run: ResolvedRun, gpu_memory_gib: float, full_depth: bool = False) -> MemoryReport:
     """The report of a pipeline-parallel run: one rank class per pipeline rank (see estimate_run)."""
     from kenotron.estimate import analytic
     from kenotron.estimate.memory import describe_model, describe_settings, rank_classes

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reas
 
 
 def test_fused_rope_gate_and_a_whole_model_match_pytorch_ops_in_value_and_gradient():
-    run_in_triton_interpreter(Path(__file__).with_name("triton_parity_child.py"))
+    run_in_triton_interpreter(Path(__file__).with_name("rope_swiglu_child.py"))
 
 
 @pytest.mark.gpu
@@ -23,8 +23,8 @@ def test_fused_kernels_on_cuda_in_bf16_stay_within_bf16_rounding_of_fp32_pytorch
     import torch
     import torch.nn.functional as F
 
+    from kenotron.kernels.rope_swiglu import triton_rope, triton_silu_mul
     from kenotron.models.common.rope import apply_rope, rope_cos_sin
-    from kenotron.models.common.triton_kernels import triton_rope, triton_silu_mul
 
     torch.manual_seed(0)
     dev = torch.device("cuda")

@@ -1,4 +1,5 @@
-"""model.eager_kernels: which RoPE / SwiGLU gate kernels a run uses, and the refusals."""
+"""tuning.eager_kernels: the fused RoPE and SwiGLU gate installed on a model (kenotron/models/common/eager_kernels.py),
+the config's refusal under compile, and training with them on CUDA."""
 
 from __future__ import annotations
 
@@ -9,44 +10,15 @@ import torch
 
 from kenotron.config import ConfigError, load_config
 from kenotron.models.common.attention import GQAttention
+from kenotron.models.common.eager_kernels import use_eager_kernels
 from kenotron.models.common.mlp import SwiGLU, silu_mul
 from kenotron.models.common.rope import apply_rope
-from kenotron.train.eager_kernels import resolve_eager_kernels, use_eager_kernels
 from kenotron.train.resolve import resolve_run
 
 
-@pytest.mark.parametrize(
-    ("choice", "device", "compiled", "present", "expected"),
-    [
-        ("auto", "cuda", False, True, "triton"),
-        ("auto", "cuda", False, False, "torch"),
-        ("auto", "cuda", True, True, "torch"),
-        ("auto", "cpu", False, True, "torch"),
-        ("torch", "cuda", False, True, "torch"),
-        ("triton", "cuda", False, True, "triton"),
-    ],
-)
-def test_auto_picks_triton_only_for_uncompiled_cuda_blocks_with_triton_installed(choice, device, compiled, present,
-                                                                                  expected):
-    assert resolve_eager_kernels(choice, device, compiled, triton_present=present) == expected
-
-
-@pytest.mark.parametrize(
-    ("device", "compiled", "present", "message"),
-    [
-        ("cuda", True, True, "compile.enable=true"),
-        ("cpu", False, True, "needs a CUDA device"),
-        ("cuda", False, False, "needs the triton package"),
-    ],
-)
-def test_triton_where_it_cannot_run_is_refused_with_the_fix(device, compiled, present, message):
-    with pytest.raises(ConfigError, match=message):
-        resolve_eager_kernels("triton", device, compiled, triton_present=present)
-
-
 def test_triton_with_compile_is_refused_by_the_config_check():
-    cfg = load_config(None, ["--model.eager_kernels", "triton", "--compile.enable", "true"])
-    with pytest.raises(ConfigError, match="model.eager_kernels='triton' is for uncompiled blocks"):
+    cfg = load_config(None, ["--tuning.eager_kernels", "triton", "--compile.enable", "true"])
+    with pytest.raises(ConfigError, match="tuning.eager_kernels='triton' is for uncompiled blocks"):
         resolve_run(cfg, 1)
 
 
@@ -85,7 +57,7 @@ def test_training_with_triton_kernels_follows_pytorch_ops_under_every_ac_mode(tm
               "--activation_checkpoint.mode", ac, "--training.device", "cuda"]
     losses = {}
     for kernels in ("triton", "torch"):
-        cfg = load_config(None, common + ["--model.eager_kernels", kernels, "--job.dump_folder", str(tmp_path / kernels)])
+        cfg = load_config(None, common + ["--tuning.eager_kernels", kernels, "--job.dump_folder", str(tmp_path / kernels)])
         losses[kernels] = [r["loss"] for r in run_training(cfg)]
     for a, b in zip(losses["triton"], losses["torch"]):
         assert a == pytest.approx(b, rel=2e-2)

@@ -1,16 +1,16 @@
-"""Run by test_fused_loss.py in a child process with TRITON_INTERPRET=1 (Triton's CPU
+"""Run by test_loss.py in a child process with TRITON_INTERPRET=1 (Triton's CPU
 interpreter): the loss's scale kernel against PyTorch's fp32 product. Prints "ok" last."""
 
 from __future__ import annotations
 
 import torch
 
+from kenotron.kernels.loss import BLOCK, scale_to
 from kenotron.train.fused_loss import (
     _chunk_loss_and_grad_for_compile,
     _triton_chunk_loss_and_grad,
 )
 from kenotron.train.loss import IGNORE_INDEX
-from kenotron.train.loss_kernels import BLOCK, scale_to
 
 
 def check_scale_to() -> None:

@@ -1,5 +1,5 @@
 """The estimator under context parallel: a CP rank is simulated with torch's own ring on fake
-tensors (kenotron/estimate/context.py), FSDP shards over dp_shard x cp, activations follow the
+tensors (kenotron/estimate/cp_ring_memory.py), FSDP shards over dp_shard x cp, activations follow the
 local sequence, and bad CP configs fail as the trainer fails."""
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ def test_the_simulated_attention_is_torchs_ring_and_torchs_state_is_restored(mon
 
     monkeypatch.setattr(api, "_templated_ring_attention", count("forward", forward))
     monkeypatch.setattr(api, "_templated_ring_attention_backward", count("backward", backward))
-    estimate(2, "--parallelism.cp", "2", "--parallelism.cp_rotate_method", "alltoall", full_depth=True)
+    estimate(2, "--parallelism.cp", "2", "--tuning.cp_rotate_method", "alltoall", full_depth=True)
     # 4 blocks, a warm-up and a tracked step.
     assert calls == {"forward": 8, "backward": 8}
     assert DTensor._op_dispatcher._custom_op_handlers == handlers

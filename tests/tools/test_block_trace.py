@@ -8,8 +8,8 @@ import time
 import torch
 
 from kenotron.models.llama3.model import Llama3, Llama3Args
-from kenotron.train.bench import run_case
-from kenotron.train.block_trace import BlockTimer, format_trace, stream_pools
+from kenotron.tools.bench import run_case
+from kenotron.tools.block_trace import BlockTimer, format_trace, stream_pools
 
 ARGS = Llama3Args(dim=32, n_layers=5, n_heads=4, n_kv_heads=2, ffn_dim=64, vocab_size=64)
 

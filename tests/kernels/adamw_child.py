@@ -1,4 +1,4 @@
-"""Run by test_triton_adamw.py in a child process with TRITON_INTERPRET=1 (Triton's CPU interpreter):
+"""Run by test_adamw.py in a child process with TRITON_INTERPRET=1 (Triton's CPU interpreter):
 TritonAdamW against torch.optim.AdamW. Exits non-zero on a mismatch, prints "ok" last."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Shard, distribute_tensor
 
-from kenotron.train.triton_adamw import TritonAdamW
+from kenotron.train.optim import TritonAdamW
 from tests.train.optimizer_steps import step_alongside
 
 HYPER = {"lr": 1e-2, "betas": (0.9, 0.95), "eps": 1e-8}
@@ -94,7 +94,7 @@ def check_dtensor_parameters_update_through_their_shards() -> None:
 
 
 def check_strided_programs_update_bit_for_bit_like_one_program_per_block() -> None:
-    from kenotron.train.triton_adamw import adamw_update_
+    from kenotron.kernels.adamw import adamw_update_
 
     g = torch.Generator().manual_seed(3)
     # 5000 elements: five blocks of 1024, the last one partial; 2 programs stride over them.

@@ -1,4 +1,4 @@
-"""Run by test_triton_kernels.py in a child process with TRITON_INTERPRET=1 (Triton's CPU
+"""Run by test_rope_swiglu.py in a child process with TRITON_INTERPRET=1 (Triton's CPU
 interpreter): the fused kernels against the PyTorch ops they replace. Exits non-zero on a mismatch."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ import sys
 import torch
 import torch.nn.functional as F
 
+from kenotron.kernels.rope_swiglu import triton_rope, triton_silu_mul
 from kenotron.models.common.attention import GQAttention
 from kenotron.models.common.mlp import SwiGLU
 from kenotron.models.common.rope import apply_rope, rope_cos_sin
-from kenotron.models.common.triton_kernels import triton_rope, triton_silu_mul
 from tests.models.tiny import tiny_model
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from kenotron.parallel.sum_of_squares import BLOCK, sum_of_squares
+from kenotron.kernels.sum_of_squares import BLOCK, sum_of_squares
 
 
 def check_sum_of_squares_matches_float64() -> None:

@@ -1,6 +1,6 @@
-"""optimizer.implementation = "triton": the kernel equals torch's AdamW (run on the CPU through
-Triton's interpreter, in a child process), which implementation "auto" picks where, the clipping
-divisor handed to the kernel, and a dry run on fake tensors that only creates the state."""
+"""tuning.adamw_implementation = "triton" (kenotron/kernels/adamw.py): the kernel equals torch's AdamW
+(run on the CPU through Triton's interpreter, in a child process), the refusal off CUDA, the
+clipping divisor handed to the kernel, and a dry run on fake tensors that only creates the state."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from kenotron.config import ConfigError, load_config
-from kenotron.train.optim import optimizer_factory, resolve_adamw_implementation
+from kenotron.train.optim import optimizer_factory
 from tests.triton_interpreter import run_in_triton_interpreter
 
 needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs the triton package")
@@ -19,25 +19,14 @@ needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, re
 
 @needs_triton
 def test_triton_adamw_equals_torch_adamw_through_clipping_lr_changes_checkpoints_and_dtensors():
-    run_in_triton_interpreter(Path(__file__).with_name("triton_adamw_child.py"))
-
-
-def test_auto_picks_triton_on_cuda_with_triton_else_fused_or_foreach():
-    assert resolve_adamw_implementation("auto", "cuda", triton_present=True) == "triton"
-    assert resolve_adamw_implementation("auto", "cuda", triton_present=False) == "fused"
-    assert resolve_adamw_implementation("auto", "cpu", triton_present=True) == "foreach"
-    assert resolve_adamw_implementation("fused", "cuda", triton_present=True) == "fused"
-    with pytest.raises(ConfigError, match="optimizer.implementation='triton' needs a CUDA device"):
-        resolve_adamw_implementation("triton", "cpu", triton_present=True)
-    with pytest.raises(ConfigError, match=r"needs the triton package \(pip install triton\)"):
-        resolve_adamw_implementation("triton", "cuda", triton_present=False)
+    run_in_triton_interpreter(Path(__file__).with_name("adamw_child.py"))
 
 
 def test_triton_on_cpu_is_refused_before_training():
     from kenotron.train.resolve import resolve_run
 
-    cfg = load_config(None, ["--training.device", "cpu", "--optimizer.implementation", "triton"])
-    with pytest.raises(ConfigError, match="optimizer.implementation='triton' needs a CUDA device"):
+    cfg = load_config(None, ["--training.device", "cpu", "--tuning.adamw_implementation", "triton"])
+    with pytest.raises(ConfigError, match="tuning.adamw_implementation='triton' needs a CUDA device"):
         resolve_run(cfg, world_size=1)
 
 
@@ -46,10 +35,10 @@ def test_triton_adamw_takes_the_clipping_divisor_and_a_dry_run_only_creates_stat
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from kenotron.parallel.grad_norm import optimizer_unscales_gradients
-    from kenotron.train.triton_adamw import TritonAdamW
+    from kenotron.train.optim import TritonAdamW
 
-    cfg = load_config(None, ["--optimizer.implementation", "triton"]).optimizer
-    factory = optimizer_factory(cfg, "cuda", triton_present=True)
+    cfg = load_config(None, ["--tuning.adamw_implementation", "triton"]).optimizer
+    factory = optimizer_factory(cfg, "triton")
     with FakeTensorMode():
         p = torch.nn.Parameter(torch.empty(64, 32))
         opt = factory([{"params": [p], "weight_decay": 0.1}])
@@ -64,7 +53,7 @@ def test_triton_adamw_takes_the_clipping_divisor_and_a_dry_run_only_creates_stat
 @pytest.mark.skipif(not torch.cuda.is_available() or importlib.util.find_spec("triton") is None,
                     reason="needs a CUDA device and triton")
 def test_triton_adamw_on_cuda_equals_torch_fused_adamw():
-    from kenotron.train.triton_adamw import TritonAdamW
+    from kenotron.train.optim import TritonAdamW
 
     g = torch.Generator(device="cuda").manual_seed(0)
     ours = [torch.randn(s, generator=g, device="cuda").requires_grad_() for s in ((4096, 1000), (3,))]
@@ -90,6 +79,7 @@ def test_a_gpu_job_with_triton_is_planned_on_a_cpu_machine_and_refused_by_its_tr
 
     if torch.cuda.is_available():
         pytest.skip("checks the CPU-only machine's behaviour")
-    run = resolve_run(load_config(None, ["--optimizer.implementation", "triton"]), world_size=1)  # estimation.py's view
-    with pytest.raises(ConfigError, match="optimizer.implementation='triton' needs a CUDA device"):
-        Trainer(run)
+    cfg = load_config(None, ["--tuning.adamw_implementation", "triton"])
+    resolve_run(cfg, world_size=1)  # estimation.py's view: planned for a GPU machine
+    with pytest.raises(ConfigError, match="tuning.adamw_implementation='triton' needs a CUDA device"):
+        Trainer(cfg)

@@ -9,7 +9,7 @@ import torch
 
 from kenotron.config import ConfigError, load_config
 from kenotron.estimate import estimate_memory
-from kenotron.estimate.pipeline_schedule import max_in_flight, rank_actions
+from kenotron.estimate.pipeline_order import max_in_flight, rank_actions
 from kenotron.estimate.tracker import allocated_bytes
 from kenotron.parallel.dims import ParallelConfigError
 from kenotron.parallel.pipeline import stage_module
@@ -34,7 +34,7 @@ def stage_static_bytes(ngpu: int, pp_rank: int, overrides: list[str], config: st
     mesh_shape = {k: v for k, v in run.dims.degrees().items() if k != "pp"}
     total = 0
     for s in split.local_stages(pp_rank):
-        part = stage_module(model, split.stages[s], run.plan.blocks)
+        part = stage_module(model, split.stages[s], run.plan.layout.blocks)
         total += sum(allocated_bytes(r["bytes"]) for r in run.plan.describe(part, mesh_shape))
         total += sum(allocated_bytes(b.numel() * b.element_size()) for b in part.buffers())
     return total
@@ -125,7 +125,7 @@ def test_multi_stage_schedules_run_each_ranks_stages(schedule):
         (("--parallelism.pp", "8"), ParallelConfigError),  # 8 stages, 4 layers
         (("--parallelism.pp", "2", "--parallelism.pp_microbatches", "3"), ParallelConfigError),
         (("--parallelism.pp", "4", "--training.local_batch_size", "2"), ParallelConfigError),  # 1F1B: >= pp
-        (("--parallelism.pp", "2", "--training.loss", "fused"), ConfigError),
+        (("--parallelism.pp", "2", "--tuning.loss", "fused"), ConfigError),
     ],
     ids=["too-few-layers", "microbatches-divide", "1f1b-microbatches", "fused-loss"],
 )
@@ -145,7 +145,7 @@ def test_last_stage_keeps_every_microbatchs_logits_only_when_step_returns_output
     args = ("--parallelism.pp", "4", "--training.local_batch_size", "8", "--parallelism.pp_layers_per_stage",
             "[1, 1, 1, 1]")
     without = estimate(4, *args).ranks[3].peak
-    monkeypatch.setattr("kenotron.estimate.pipeline_step.RETURN_OUTPUTS", True)
+    monkeypatch.setattr("kenotron.estimate.pipeline_replay.RETURN_OUTPUTS", True)
     kept = estimate(4, *args).ranks[3].peak
     logits = 8 * allocated_bytes(256 * 4096 * 4)
     assert kept.total - without.total >= logits

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from kenotron.train.bench import format_row, run_case
+from kenotron.tools.bench import format_row, run_case
 from tests.models.fake_flash_attn4 import fake_flash_attn4
 
 TINY = ["--training.device", "cpu", "--training.seq_len", "32", "--training.local_batch_size", "2"]
@@ -35,7 +35,7 @@ def test_a_failing_case_reports_the_cause_on_its_last_line():
 
 
 def test_profile_summary_groups_kernels_by_kind_and_reports_idle_time():
-    from kenotron.train.kernel_profile import summarize_kernels
+    from kenotron.tools.kernel_profile import summarize_kernels
 
     kernels = [
         ("nvjet_tst_256x128_64x4_1x2_h_bz_coopA_NTN", 300.0),
@@ -58,9 +58,8 @@ def test_every_gpu_preset_is_a_valid_config_for_its_gpu_count(monkeypatch):
 
     import torch
 
-    from kenotron.config import load_config
-    from kenotron.train.__main__ import split_config_arg
-    from kenotron.train.bench import PRESETS, SYNTHETIC
+    from kenotron.config import load_config, split_config_arg
+    from kenotron.tools.bench import PRESETS, SYNTHETIC
     from kenotron.train.resolve import resolve_run
 
     # The flash_attn presets are checked as on an H200 with flash-attn-4 installed.

@@ -3,10 +3,10 @@
 Under `parallelism.cp > 1` the plan puts a parameterless CP attention module in every attention
 layer (kenotron/parallel/context/apply.py) and the trainer feeds each rank its local shard of
 the sequence, seq_len / cp tokens in the head-tail layout, with their global RoPE positions. The
-estimator builds the job on a CPU mesh, for which the plan chooses kenotron's own ring; a CUDA
-job with `cp_attention = "auto"` (or "torch") runs torch's context-parallel SDPA instead, so the
-fake job swaps in the trainer's `TorchRingAttention` (torch's `_ContextParallel` style, DTensor
-inputs, torch's dispatcher) and makes torch's own ring run on fake tensors:
+estimator builds the job on a CPU mesh; a CUDA job runs torch's context-parallel SDPA
+(resolve_run settles `cp_attention` for the planned CUDA machine), so the plan builds the
+trainer's `TorchRingAttention` there too (torch's `_ContextParallel` style, DTensor inputs,
+torch's dispatcher) and this module makes torch's own ring run on fake tensors:
 
 - torch's dispatcher routes only the CUDA SDPA ops (flash, efficient, cuDNN) into its ring
   (`_templated_ring_attention` and its backward). Fake CPU tensors pick
@@ -38,29 +38,23 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-from torch import nn
 from torch.distributed.tensor import DTensor, Shard
 
-from kenotron.parallel.context.apply import resolve_cp_attention
-from kenotron.parallel.context.ring import RingAttention
-from kenotron.parallel.context.torch_ring import TorchRingAttention, torch_cp_api
+from kenotron.dtensor import local_tensor
+from kenotron.parallel.context.torch_ring import torch_cp_api
 from kenotron.parallel.dims import Meshes
-from kenotron.train.resolve import RunPlan
+from kenotron.train.resolve import ResolvedRun
 
 aten = torch.ops.aten
 CPU_FLASH = aten._scaled_dot_product_flash_attention_for_cpu.default
 CPU_FLASH_BACKWARD = aten._scaled_dot_product_flash_attention_for_cpu_backward.default
 
 
-def cp_attention_kind(run: RunPlan, device: torch.device) -> str | None:
-    """"torch" or "ring": the CP attention the job runs on `device`; None without CP."""
+def cp_attention_kind(run: ResolvedRun) -> str | None:
+    """"torch" or "ring": the CP attention the job runs (resolve_run settled it); None without CP."""
     if run.dims.cp == 1:
         return None
-    return resolve_cp_attention(run.plan.cp_attention, device.type)
-
-
-def _local(x: Any) -> Any:
-    return x.to_local() if isinstance(x, DTensor) else x
+    return run.plan.settings.cp_attention
 
 
 def _sharded(tensors: Any, mesh: Any) -> tuple[DTensor, ...]:
@@ -78,7 +72,7 @@ def _ring_forward(op_call: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -
         raise NotImplementedError("torch's context-parallel SDPA takes no attention mask")
     mesh = q.device_mesh
     out, lse = torch_cp_api()._templated_ring_attention(
-        mesh.get_group(), 2, CPU_FLASH, _local(q), _local(k), _local(v), is_causal=is_causal,
+        mesh.get_group(), 2, CPU_FLASH, local_tensor(q), local_tensor(k), local_tensor(v), is_causal=is_causal,
         dropout_p=dropout_p, scale=kwargs.get("scale"),
     )
     return _sharded((out, lse), mesh)
@@ -88,8 +82,8 @@ def _ring_backward(op_call: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) 
     grad_out, q, k, v, out, lse, dropout_p, is_causal = args
     mesh = q.device_mesh
     grads = torch_cp_api()._templated_ring_attention_backward(
-        mesh.get_group(), 2, CPU_FLASH_BACKWARD, _local(grad_out), "grad_out", _local(q), _local(k), _local(v),
-        _local(out), _local(lse), is_causal, dropout_p=dropout_p, scale=kwargs.get("scale"),
+        mesh.get_group(), 2, CPU_FLASH_BACKWARD, local_tensor(grad_out), "grad_out", local_tensor(q), local_tensor(k),
+        local_tensor(v), local_tensor(out), local_tensor(lse), is_causal, dropout_p=dropout_p, scale=kwargs.get("scale"),
     )
     return _sharded(grads[:3], mesh)
 
@@ -117,28 +111,18 @@ def torch_cp_state() -> Iterator[None]:
             setattr(api._cp_options, f.name, getattr(options, f.name))
 
 
-def use_torch_ring(model: nn.Module, meshes: Meshes, run: RunPlan, device: torch.device) -> int:
-    """Where the job runs torch's ring on `device`, replace the plan's CPU choice (kenotron's
-    `RingAttention`) by the trainer's `TorchRingAttention`, and route the fake tensors' SDPA op
-    into torch's ring. Call inside `torch_cp_state`. Returns how many attentions were replaced."""
-    if cp_attention_kind(run, device) != "torch":
-        return 0
-    cp_mesh = meshes.get("cp")
-    assert cp_mesh is not None
-    replaced = 0
-    for module in model.modules():
-        if isinstance(getattr(module, "attention_fn", None), RingAttention):
-            # The same module the plan builds on CUDA (it configures torch's options and dispatcher).
-            module.attention_fn = TorchRingAttention(cp_mesh, run.plan.cp_load_balance, run.plan.cp_rotate_method)
-            replaced += 1
+def use_torch_ring(run: ResolvedRun, meshes: Meshes) -> None:
+    """Where the job runs torch's ring (the plan built its `TorchRingAttention` on the fake CPU
+    mesh), route the fake tensors' SDPA op into torch's ring. Call inside `torch_cp_state`."""
+    if cp_attention_kind(run) != "torch":
+        return
     dispatcher = DTensor._op_dispatcher
     dispatcher._custom_op_handlers = {
         **dispatcher._custom_op_handlers, CPU_FLASH: _ring_forward, CPU_FLASH_BACKWARD: _ring_backward,
     }
-    return replaced
 
 
-def attention_output_copy(run: RunPlan) -> bool:
+def attention_output_copy(run: ResolvedRun) -> bool:
     """Whether the simulated rank's output projection keeps its own copy of the attention output.
 
     SDPA's fused kernels return the output in the queries' (batch, seq, heads, dim) layout, so
@@ -150,25 +134,21 @@ def attention_output_copy(run: RunPlan) -> bool:
     measured on 4 x H200 (docs/estimation.md). kenotron's ring returns it contiguous on every
     rank. torch's ring without load balancing merges element-wise and keeps the layout.
     """
-    from kenotron.estimate.fake_job import target_device  # fake_job imports this module
-
-    kind = cp_attention_kind(run, target_device(run))
-    return kind == "ring" or (kind == "torch" and run.plan.cp_load_balance)
+    kind = cp_attention_kind(run)
+    return kind == "ring" or (kind == "torch" and run.plan.settings.cp_load_balance)
 
 
-def context_notes(run: RunPlan) -> list[str]:
+def context_notes(run: ResolvedRun) -> list[str]:
     """What the report should say about a context-parallel estimate."""
-    from kenotron.estimate.fake_job import target_device
-
-    kind = cp_attention_kind(run, target_device(run))
+    kind = cp_attention_kind(run)
     if kind is None:
         return []
     attention = (
-        f"torch's ring over the fused SDPA kernels, {run.plan.cp_rotate_method} rotation"
-        if kind == "torch" else f"kenotron's ring attention, {run.plan.cp_rotate_method} rotation"
+        f"torch's ring over the fused SDPA kernels, {run.plan.settings.cp_rotate_method} rotation"
+        if kind == "torch" else f"kenotron's ring attention, {run.plan.settings.cp_rotate_method} rotation"
     )
-    layout = "load balanced" if run.plan.cp_load_balance else "contiguous"
+    layout = "load balanced" if run.plan.settings.cp_load_balance else "contiguous"
     note = f"context parallel: {attention}, {layout}, {run.cfg.training.seq_len // run.dims.cp} tokens per rank"
-    if kind == "torch" and run.plan.cp_load_balance:
+    if kind == "torch" and run.plan.settings.cp_load_balance:
         note += "; the last cp rank keeps one attention output per block less than rank 0 (simulated)"
     return [note]

@@ -46,7 +46,7 @@ _8B_FSDP = [
     "--config", "train_configs/llama3_8b.toml", "--training.local_batch_size", "2", "--training.seq_len", "8192",
     "--compile.enable", "true", "--activation_checkpoint.mode", "selective-op",
 ]
-_MASTER_WEIGHTS = ["--training.mixed_precision", "master_weights"]
+_MASTER_WEIGHTS = ["--tuning.mixed_precision", "master_weights"]
 
 # Named sets of cases: the shapes of the reference figures (see docs/performance.md).
 PRESETS: dict[str, dict[str, list[str]]] = {
@@ -58,8 +58,8 @@ PRESETS: dict[str, dict[str, list[str]]] = {
     "h200-4gpu": {
         "1B b4x4096 FSDP4 compiled": _1B + ["--compile.enable", "true"],
         "8B b2x8192 FSDP4 compiled selective-AC": _8B_FSDP,
-        "8B b2x8192 FSDP4 compiled selective-AC mm-every-2": _8B_FSDP + ["--activation_checkpoint.save_matmul_every", "2"],
-        # Under the reference's 70.7 GiB, allocated and reserved (docs/performance.md, session 9).
+        "8B b2x8192 FSDP4 compiled selective-AC mm-every-2": _8B_FSDP + ["--tuning.ac_save_matmul_every", "2"],
+        # Under the reference's 70.7 GiB, allocated and reserved (docs/performance.md).
         "8B b2x8192 FSDP4 compiled selective-AC offload-6": _8B_FSDP + ["--activation_checkpoint.offload_blocks", "6"],
     },
     # FlashAttention-4 (needs the flash-attn-4 package): the bf16 rows with the fastest attention kernel.
@@ -79,7 +79,7 @@ PRESETS: dict[str, dict[str, list[str]]] = {
         "8B-width 8L b2x8192 compiled FA4": _8B_WIDTH + ["--compile.enable", "true", "--model.attention_backend",
                                                          "flash_attn"],
     },
-    # bf16 parameters with fp32 masters in AdamW (training.mixed_precision = "master_weights").
+    # bf16 parameters with fp32 masters in AdamW (tuning.mixed_precision = "master_weights").
     "h200-1gpu-master-weights": {
         "1B b4x4096 compiled MW": _1B + ["--compile.enable", "true", *_MASTER_WEIGHTS],
         "1B b4x4096 eager MW": _1B + ["--compile.enable", "false", *_MASTER_WEIGHTS],
@@ -93,7 +93,7 @@ PRESETS: dict[str, dict[str, list[str]]] = {
     "h200-4gpu-float8": {
         "1B b4x4096 FSDP4 compiled float8": _1B + ["--compile.enable", "true", "--float8.enable", "true"],
         "8B b2x8192 FSDP4 compiled selective-AC mm-every-2 float8": _8B_FSDP + [
-            "--activation_checkpoint.save_matmul_every", "2", "--float8.enable", "true",
+            "--tuning.ac_save_matmul_every", "2", "--float8.enable", "true",
         ],
     },
     # The same 1B step fed from synthetic ids, a tokenized folder and raw JSON Lines (both written
@@ -107,7 +107,7 @@ PRESETS: dict[str, dict[str, list[str]]] = {
     },
     "cpu-smoke": {
         "debug fp32": ["--training.local_batch_size", "2", "--training.seq_len", "64"],
-        "debug fp32 plain loss": ["--training.local_batch_size", "2", "--training.seq_len", "64", "--training.loss", "plain"],
+        "debug fp32 plain loss": ["--training.local_batch_size", "2", "--training.seq_len", "64", "--tuning.loss", "plain"],
     },
 }
 
@@ -117,7 +117,7 @@ def _profile(trainer, steps: int = 3, rows: int = 30) -> tuple[str, list[dict]]:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from kenotron.train.kernel_profile import (
+    from kenotron.tools.kernel_profile import (
         device_kernels,
         summarize_kernels,
         top_kernels,
@@ -144,9 +144,9 @@ def _profile(trainer, steps: int = 3, rows: int = 30) -> tuple[str, list[dict]]:
 def _trace(trainer) -> str:
     """Per-block times of one more step and the allocator's pools by stream (block_trace.py)."""
     from kenotron.parallel.plan import matching_modules
-    from kenotron.train.block_trace import BlockTimer, format_trace, stream_pools
+    from kenotron.tools.block_trace import BlockTimer, format_trace, stream_pools
 
-    blocks = [m for _, m in matching_modules(trainer.model_parts[0], trainer.run.plan.blocks)]
+    blocks = [m for _, m in matching_modules(trainer.job.model_parts[0], trainer.run.plan.layout.blocks)]
     timer = BlockTimer(blocks, trainer.device)
     try:
         trainer.train_step(trainer.loader.next_step())
@@ -194,17 +194,15 @@ def run_worker(out_path: str, warmup: int, steps: int, overrides: list[str], pro
     import torch
     import torch.distributed as dist
 
-    from kenotron.config import load_config
-    from kenotron.train.__main__ import split_config_arg
+    from kenotron.config import load_config, split_config_arg
     from kenotron.train.distributed import WorldInfo
-    from kenotron.train.resolve import resolve_run
     from kenotron.train.trainer import Trainer, setup_logging
 
     world = WorldInfo.from_env()
     setup_logging(world.rank)
     path, rest = split_config_arg(overrides)
     cfg = load_config(path, SYNTHETIC + rest + ["--training.steps", str(warmup + steps)])
-    trainer = Trainer(resolve_run(cfg, world.world_size))
+    trainer = Trainer(cfg)
     device = trainer.device
     tokens = trainer.run.global_batch_size * cfg.training.seq_len
     times, loss_tensors = time_steps(trainer, warmup, steps, timing)
@@ -247,7 +245,7 @@ def run_case(
 ) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "result.json")
-        worker = ["-m", "kenotron.train.bench", "--worker", out, "--warmup", str(warmup), "--steps", str(steps),
+        worker = ["-m", "kenotron.tools.bench", "--worker", out, "--warmup", str(warmup), "--steps", str(steps),
                   "--timing", timing]
         worker += ["--profile"] if profile else []
         worker += ["--trace"] if trace else []

@@ -1,10 +1,11 @@
-"""One pipeline rank's job on fake tensors, and its training step in the schedule's order.
+"""The pipeline schedule of one rank replayed on fake tensors, in the schedule's order.
 
-The job is built as `Trainer` builds it under pipeline parallel (`plan.apply` cuts this
-rank's stages out of a meta model and applies TP/SP, AC and FSDP to each; one optimizer per
-stage; tied weights through `TiedAcrossStages`). The step replays the rank's actions
-(pipeline_schedule.py) with the bookkeeping of torch's `PipelineStage`, which is what holds
-memory between actions:
+The job is the trainer's (`build_job`: `plan.apply` cuts this rank's stages out of a meta
+model and applies TP/SP, AC and FSDP to each; one optimizer per stage; tied weights through
+`TiedAcrossStages`); `SimulatedPipeline` is its PipelineExecutor in place of torch's schedule
+(kenotron/train/pipeline_step.py), so the shared step (kenotron/train/step.py) clips and
+steps it as the trainer does. It replays the rank's actions (pipeline_order.py) with the
+bookkeeping of torch's `PipelineStage`, which is what holds memory between actions:
 
 - a forward keeps the stage's output and inputs (`fwd_cache`) until the microbatch's
   backward, and the last stage its loss graph until the backward; with `return_outputs`
@@ -26,9 +27,9 @@ once the action ends (torch may hold it until the send completes).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -40,31 +41,16 @@ from torch.distributed.fsdp import FSDPModule
 # Imported here, not under a FakeTensorMode: microbatch.py makes a tensor when it is first imported.
 from torch.distributed.pipelining.microbatch import merge_chunks
 from torch.distributed.pipelining.stage import _PipelineStageBase
-from torch.distributed.tensor.parallel import loss_parallel
 
-from kenotron.estimate.cuda_kernels import use_fused_gate_memory
-from kenotron.estimate.fake_job import (
-    FAKE_DEVICE,
-    StepObserver,
-    fused_gate,
-    simulated_micro_steps,
-    target_device,
-)
-from kenotron.estimate.pipeline_schedule import Action
+from kenotron.estimate.pipeline_order import Action
 from kenotron.estimate.tracker import Position, StepMemoryTracker
-from kenotron.parallel.grad_norm import (
-    clip_grads_,
-    reduce_partial_grads_,
-    total_grad_norm,
-)
 from kenotron.parallel.pipeline import PipelineSplit, pipeline_units, tied_groups
 from kenotron.parallel.pipeline_tied import TiedAcrossStages
 from kenotron.parallel.plan import AppliedPlan, matching_modules
-from kenotron.parallel.zero1 import Zero1Optimizer
-from kenotron.train.loss import cross_entropy_sum
-from kenotron.train.optim import optimizer_factory, param_groups
+from kenotron.train.job import Job
 from kenotron.train.pipeline_step import RETURN_OUTPUTS
-from kenotron.train.resolve import RunPlan
+from kenotron.train.resolve import ResolvedRun
+from kenotron.train.step import microbatch_loss, step_context
 
 
 def stage_block_counts(split: PipelineSplit, blocks: str = "layers.*") -> list[int]:
@@ -72,10 +58,10 @@ def stage_block_counts(split: PipelineSplit, blocks: str = "layers.*") -> list[i
     return [sum(u.startswith(container + ".") for u in units) for units in split.stages]
 
 
-def resized_split(run: RunPlan, counts: list[int]) -> tuple[RunPlan, PipelineSplit]:
+def resized_split(run: ResolvedRun, counts: list[int]) -> tuple[ResolvedRun, PipelineSplit]:
     """The run with a model of sum(counts) blocks cut into stages of `counts` blocks; every
     stage keeps the edge modules (embedding, norm, output) the configured split gives it."""
-    split, blocks = run.plan.pipeline, run.plan.blocks
+    split, blocks = run.plan.pipeline, run.plan.layout.blocks
     assert split is not None
     args = dataclasses.replace(run.model_args, n_layers=sum(counts))
     with torch.device("meta"):
@@ -94,7 +80,7 @@ def resized_split(run: RunPlan, counts: list[int]) -> tuple[RunPlan, PipelineSpl
     return dataclasses.replace(run, model_args=args, plan=plan), new
 
 
-def with_microbatches(run: RunPlan, microbatches: int) -> RunPlan:
+def with_microbatches(run: ResolvedRun, microbatches: int) -> ResolvedRun:
     """The run with `microbatches` microbatches of the same size per schedule step."""
     split = run.plan.pipeline
     assert split is not None
@@ -129,48 +115,7 @@ class SimStage:
         self.output_chunks.clear()
 
 
-@dataclass
-class PipelineJob:
-    """One pipeline rank's stages, optimizers and step settings on fake tensors."""
-
-    run: RunPlan
-    applied: AppliedPlan
-    stages: dict[int, SimStage]
-    """Local stages by global index."""
-    optimizers: list[Any]
-    tied: TiedAcrossStages
-    use_autocast: bool
-    label_tokens: int
-
-    @property
-    def parts(self) -> list[nn.Module]:
-        return self.applied.model_parts
-
-    @property
-    def split(self) -> PipelineSplit:
-        assert self.applied.plan.pipeline is not None
-        return self.applied.plan.pipeline
-
-    def optimizer_state(self) -> list[torch.Tensor]:
-        inners = [o.inner if isinstance(o, Zero1Optimizer) else o for o in self.optimizers]
-        return [v for o in inners for s in o.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
-
-    def receive_buffers(self) -> list[torch.Tensor]:
-        return [t for s in self.stages.values() for t in s.act_buffers + s.grad_buffers]
-
-    @contextlib.contextmanager
-    def step_context(self):
-        """Trainer._step_context: loss parallel and autocast around the whole schedule step."""
-        lp = loss_parallel() if self.applied.loss_parallel else contextlib.nullcontext()
-        with lp, torch.autocast(FAKE_DEVICE.type, dtype=torch.bfloat16, enabled=self.use_autocast):
-            yield
-
-    def loss_fn(self, output: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """PipelineRunner.loss_fn."""
-        return cross_entropy_sum(output, labels) / self.label_tokens * self.applied.data_parallel.averaging_size
-
-
-def residual_meta(run: RunPlan, applied: AppliedPlan) -> tuple[tuple[int, ...], torch.dtype]:
+def residual_meta(run: ResolvedRun, applied: AppliedPlan) -> tuple[tuple[int, ...], torch.dtype]:
     """Shape and dtype of the hidden state passed between stages (a plain local tensor: the
     blocks' TP styles hand back local outputs): bf16 when data parallel casts the parameters,
     fp32 under autocast (the fp32 embedding output keeps the residual stream fp32) or fp32 training."""
@@ -181,50 +126,51 @@ def residual_meta(run: RunPlan, applied: AppliedPlan) -> tuple[tuple[int, ...], 
     return (t.local_batch_size // split.microbatches, seq, run.model_args.dim), torch.bfloat16 if bf16 else torch.float32
 
 
-def build_pipeline_job(run: RunPlan, fake_mode: Any) -> PipelineJob:
-    """Build this rank's stages inside an active fake process group (see fake_job.build_fake_job)."""
-    cfg = run.cfg
-    plan = dataclasses.replace(run.plan.copy(), compile=False, float8="")
-    run = dataclasses.replace(run, plan=plan)
-    meshes = run.dims.build_meshes(FAKE_DEVICE.type)
-    with torch.device("meta"):
-        model = run.spec.build(run.model_args)
-    if fused_gate(run):
-        use_fused_gate_memory(model)
-    applied = plan.apply(model, meshes)
-    split = plan.pipeline
-    assert split is not None
-    shape, dtype = residual_meta(run, applied)
-    n = split.microbatches
-    stages: dict[int, SimStage] = {}
-    with fake_mode:
-        factory = optimizer_factory(cfg.optimizer, target_device(run).type)
-        optimizers: list[Any] = []
-        for index, part in zip(applied.stage_ids, applied.model_parts):
-            part.to_empty(device=FAKE_DEVICE)
-            part.init_buffers(FAKE_DEVICE)  # weight values do not change memory (see fake_job)
-            part.train()
-            groups = param_groups(part, cfg.optimizer.weight_decay)
-            if applied.data_parallel.kind == "zero1":
-                optimizers.append(Zero1Optimizer(groups, applied.data_parallel.mesh, factory))
-            else:
-                optimizers.append(factory(groups))
-            stage = SimStage(index, part, index == 0, index == split.n_stages - 1,
-                             [m for _, m in matching_modules(part, plan.blocks)])
-            # Allocated once when torch sets the stage up, one per microbatch, kept across steps.
-            if not stage.is_first:
-                stage.act_buffers = [torch.empty(shape, dtype=dtype, device=FAKE_DEVICE) for _ in range(n)]
-            if not stage.is_last:
-                stage.grad_buffers = [torch.empty(shape, dtype=dtype, device=FAKE_DEVICE) for _ in range(n)]
-            stages[index] = stage
-    # After to_empty (it replaces the parameters) and outside the fake mode (it creates process groups).
-    tied = TiedAcrossStages(split, applied.model_parts, meshes)
-    bf16 = cfg.training.param_dtype == "bfloat16"
-    return PipelineJob(
-        run=run, applied=applied, stages=stages, optimizers=optimizers, tied=tied,
-        use_autocast=bf16 and not applied.data_parallel.casts_params,
-        label_tokens=run.global_batch_size * cfg.training.seq_len,
-    )
+class SimulatedPipeline:
+    """The estimator's PipelineExecutor: this rank's schedule replayed on fake tensors.
+
+    `actions` and `numbering` are the order one schedule step runs (set by the caller: the
+    warm-up's or the schedule's); `forward_backward` runs them once per micro-step."""
+
+    def __init__(self, job: Job, fake_mode: Any) -> None:
+        self.job = job
+        applied = job.applied
+        split = applied.plan.pipeline
+        assert split is not None
+        self.split = split
+        # Outside the fake mode: it creates process groups.
+        self.tied = TiedAcrossStages(split, applied.model_parts, applied.meshes)
+        shape, dtype = residual_meta(job.run, applied)
+        n = split.microbatches
+        self.stages: dict[int, SimStage] = {}
+        with fake_mode:
+            for index, part in zip(applied.stage_ids, applied.model_parts):
+                stage = SimStage(index, part, index == 0, index == split.n_stages - 1,
+                                 [m for _, m in matching_modules(part, applied.plan.layout.blocks)])
+                # Allocated once when torch sets the stage up, one per microbatch, kept across steps.
+                if not stage.is_first:
+                    stage.act_buffers = [torch.empty(shape, dtype=dtype, device=job.device) for _ in range(n)]
+                if not stage.is_last:
+                    stage.grad_buffers = [torch.empty(shape, dtype=dtype, device=job.device) for _ in range(n)]
+                self.stages[index] = stage
+        self.actions: list[Action] = []
+        self.numbering = Numbering((), n, 0)
+
+    def receive_buffers(self) -> list[torch.Tensor]:
+        return [t for s in self.stages.values() for t in s.act_buffers + s.grad_buffers]
+
+    def forward_backward(self, microbatches: Sequence[Any], observer: Any) -> torch.Tensor:
+        """PipelineRunner.forward_backward: one schedule step per micro-step, then tied gradients."""
+        steps = len(microbatches)
+        for i in range(steps):
+            for part in self.job.model_parts:
+                self.job.applied.data_parallel.set_microstep(part, is_last=i == steps - 1)
+            run_actions(self, self.actions, self.numbering, i, observer)
+        self.tied.sum_gradients_()
+        return torch.zeros((), device=self.job.device)
+
+    def norm_duplicates(self) -> set[int]:
+        return self.tied.norm_duplicates()
 
 
 @dataclass(frozen=True)
@@ -292,25 +238,26 @@ def _for_fsdp(module: nn.Module, fn) -> None:
             fn(sub)
 
 
-def run_actions(job: PipelineJob, actions: list[Action], numbering: Numbering, micro_step: int,
-                observer: StepObserver, return_outputs: bool | None = None) -> None:
+def run_actions(pipe: SimulatedPipeline, actions: list[Action], numbering: Numbering, micro_step: int,
+                observer: Any, return_outputs: bool | None = None) -> None:
     """One schedule step (torch's `schedule.step`) of this rank's actions; `return_outputs` as
     the trainer passes it to `step()` (True: the last stage keeps and merges its outputs;
     None: the trainer's RETURN_OUTPUTS, read at each call)."""
     return_outputs = RETURN_OUTPUTS if return_outputs is None else return_outputs
-    stages, n = job.stages, job.split.microbatches
+    job = pipe.job
+    stages, n = pipe.stages, pipe.split.microbatches
     for stage in stages.values():
         stage.clear_runtime_states()
     t = job.run.cfg.training
     vocab = job.run.model_args.vocab_size
-    params = [p for part in job.parts for p in part.parameters()]
+    params = [p for part in job.model_parts for p in part.parameters()]
     first = any(s.is_first for s in stages.values())
     last = any(s.is_last for s in stages.values())
     # The loader's batch copied to the device, split into microbatches (views), as step() splits it.
     tokens = torch.randint(0, vocab, (t.local_batch_size, t.seq_len)).tensor_split(n) if first else None
     labels = torch.randint(0, vocab, (t.local_batch_size, t.seq_len)).tensor_split(n) if last else None
     backward_count: Counter[int] = Counter()
-    with job.step_context():
+    with step_context(job):
         for index, a in enumerate(actions):
             stage, m = stages[a.stage], a.microbatch
             number = numbering.of(micro_step, a, index)
@@ -322,7 +269,7 @@ def run_actions(job: PipelineJob, actions: list[Action], numbering: Numbering, m
                 if stage.is_last:
                     if return_outputs:
                         stage.output_chunks.append(out)
-                    stage.losses[m] = job.loss_fn(out, labels[m])  # type: ignore[index]
+                    stage.losses[m] = microbatch_loss(job, out, labels[m])  # type: ignore[index]
                 stage.fwd_cache[m] = ((out,), [x])
                 if a.stage + 1 in stages:  # V schedules: the next stage is on this rank
                     stages[a.stage + 1].act_buffers[m] = out.detach()
@@ -380,33 +327,6 @@ def run_actions(job: PipelineJob, actions: list[Action], numbering: Numbering, m
                 merged = merge_chunks(stage.output_chunks, None)
                 del merged
                 observer.end_backward()
-
-
-def forward_backward(job: PipelineJob, actions: list[Action], numbering: Numbering, observer: StepObserver) -> None:
-    """PipelineRunner.forward_backward: one schedule step per simulated micro-step, then tied gradients."""
-    steps = simulated_micro_steps(job.run)
-    for i in range(steps):
-        for part in job.parts:
-            job.applied.data_parallel.set_microstep(part, is_last=i == steps - 1)
-        run_actions(job, actions, numbering, i, observer)
-    job.tied.sum_gradients_()
-
-
-def clip_and_step(job: PipelineJob, observer: StepObserver) -> None:
-    """Trainer.clip_gradients (one copy of a tied weight counted) + optimizer_step for every stage."""
-    observer.set_phase("optimizer")
-    params = [p for part in job.parts for p in part.parameters() if p.grad is not None]
-    reduce_partial_grads_(params)
-    grads = [p.grad for p in params]
-    duplicates = job.tied.norm_duplicates()
-    norm = total_grad_norm([p.grad for p in params if id(p) not in duplicates],
-                           pp_mesh=job.applied.meshes.get("pp"))
-    if job.run.cfg.training.max_norm > 0:
-        clip_grads_(grads, job.run.cfg.training.max_norm, norm)
-    observer.mark_gradients(params)
-    for optimizer in job.optimizers:
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
 
 
 class StagesTracker(StepMemoryTracker):

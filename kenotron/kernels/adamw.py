@@ -1,10 +1,10 @@
-"""AdamW whose update is one Triton kernel per parameter tensor (`optimizer.implementation = "triton"`).
+"""The AdamW update as one Triton kernel per parameter tensor (`tuning.adamw_implementation = "triton"`;
+the optimizer around it is kenotron.train.optim.TritonAdamW).
 
 The update is memory-bound: per parameter it reads the weight, gradient and both moments and
-writes the weight and moments (28 bytes in fp32). torch's fused AdamW (a multi-tensor-apply
-kernel) moved them at ~2.9 TB/s on an H200; one plain Triton kernel per tensor, 1024 elements
-per program, at ~4.0 TB/s (docs/performance.md): 12.1 -> 8.7 ms per step for the 1B shape's
-1.24 B parameters, 26.8 -> 18.7 ms for the 8B width's 2.8 B.
+writes the weight and moments (28 bytes in fp32). One plain Triton kernel per tensor, 1024
+elements per program, moves them faster than torch's fused multi-tensor-apply kernel
+(docs/performance.md has the figures).
 
 The math is torch's AdamW (decoupled weight decay, bias-corrected moments, eps outside the
 square root) computed in fp32, and the state is torch's (`step`, `exp_avg`, `exp_avg_sq`), so
@@ -26,11 +26,10 @@ from typing import Any
 import torch
 import triton
 import triton.language as tl
-from torch.distributed.tensor import DTensor
 
-from kenotron.train.optim import closure_loss
+from kenotron.dtensor import local_tensor
 
-BLOCK = 1024  # measured fastest of 1024-8192 on an H200 (scripts/bench_optimizer.py)
+BLOCK = 1024  # the fastest of 1024-8192 (scripts/bench_optimizer.py; docs/performance.md)
 
 
 @triton.jit
@@ -83,10 +82,6 @@ def _adamw_kernel(
                      decay, beta1, beta2, eps, step_size, bias_correction2_sqrt, HAS_SCALE, HAS_MASTER)
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if isinstance(t, DTensor) else t
-
-
 def adamw_update_(
     param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor, *,
     lr: float, beta1: float, beta2: float, eps: float, weight_decay: float, step: int,
@@ -97,11 +92,11 @@ def adamw_update_(
     `master`: an fp32 copy of a lower-precision `param` (kenotron/train/master_weights.py); the
     step updates it and writes `param` as its rounding, in the same pass. `programs`: launch at
     most that many programs, each striding over the tensor (None: one per BLOCK elements)."""
-    tensors = [_local(t) for t in (param, grad, exp_avg, exp_avg_sq)]
-    tensors.append(_local(master) if master is not None else tensors[0])  # unused pointer without a master
+    tensors = [local_tensor(t) for t in (param, grad, exp_avg, exp_avg_sq)]
+    tensors.append(local_tensor(master) if master is not None else tensors[0])  # unused pointer without a master
     if not all(t.is_contiguous() for t in tensors):
-        raise ValueError("optimizer.implementation='triton' needs contiguous parameters, gradients and moments; "
-                         "use optimizer.implementation='fused' for this model")
+        raise ValueError("tuning.adamw_implementation='triton' needs contiguous parameters, gradients and moments; "
+                         "use tuning.adamw_implementation='fused' for this model")
     n = tensors[0].numel()
     if n == 0:
         return
@@ -114,39 +109,6 @@ def adamw_update_(
         HAS_SCALE=grad_scale is not None, HAS_MASTER=master is not None, BLOCK=BLOCK, STRIDED=strided,
         num_warps=4,
     )
-
-
-class TritonAdamW(torch.optim.AdamW):
-    """torch.optim.AdamW (same hyper-parameters and state) with the update in `adamw_update_`."""
-
-    # The trainer's clipping hands the divisor over as `grad_scale` when the optimizer divides
-    # inside its kernel (kenotron.parallel.grad_norm.optimizer_unscales_gradients).
-    _step_supports_amp_scaling = True
-    divides_by_grad_scale = True
-
-    def __init__(self, params, lr: float, betas: tuple[float, float], eps: float, weight_decay: float = 0.01) -> None:
-        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, foreach=False, fused=False)
-        self.grad_scale: torch.Tensor | None = None
-
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = closure_loss(closure)
-        for group in self.param_groups:
-            params = [p for p in group["params"] if p.grad is not None]
-            if params:
-                adamw_step_group(group, params, [self._state(p) for p in params], self.grad_scale)
-        return loss
-
-    def _state(self, p: torch.Tensor) -> dict[str, torch.Tensor]:
-        state = self.state[p]
-        if not state:
-            # torch's AdamW layout: a CPU step counter (no device sync to read it) and moments like p.
-            state["step"] = torch.tensor(0.0, dtype=torch.float32)
-            state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-            state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-        if state["step"].device.type != "cpu":  # loaded from torch's fused AdamW: read it once
-            state["step"] = state["step"].cpu()
-        return state
 
 
 def adamw_step_group(group: dict[str, Any], params: list[torch.Tensor], states: list[dict],

@@ -1,0 +1,96 @@
+"""Which kernel runs, for each config field that offers a Triton kernel: settled once, before any
+process group, from the device type and whether the `triton` package is installed.
+
+Every function here takes `triton_present`: None looks for the package on this machine; the
+estimator passes True, planning for a GPU machine (whose torch brings triton) from one that may
+lack it. A choice that cannot run is a ConfigError naming the field and the fix.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+from kenotron.errors import ConfigError
+
+
+def triton_importable() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+def _present(triton_present: bool | None) -> bool:
+    return triton_importable() if triton_present is None else triton_present
+
+
+def resolve_triton_choice(field: str, choice: str, choices: tuple[str, ...], device_type: str, present: bool,
+                          fallback: str) -> str:
+    """The value that runs for a config `field` whose `choices` are "auto", "triton" and others:
+    auto is "triton" on CUDA with the package `present`, else `fallback`; "triton" where it
+    cannot run, or a value not in `choices`, is a ConfigError naming the fix."""
+    if choice not in choices:
+        raise ConfigError(f"{field}={choice!r} is not one of {', '.join(choices)}")
+    if choice == "auto":
+        return "triton" if device_type == "cuda" and present else fallback
+    if choice == "triton" and (device_type != "cuda" or not present):
+        missing = "a CUDA device" if device_type != "cuda" else "the triton package (pip install triton)"
+        others = [repr(c) for c in choices if c != "triton"]
+        raise ConfigError(f"{field}='triton' needs {missing}; use {field}={', '.join(others[:-1])} or {others[-1]}")
+    return choice
+
+
+def resolve_eager_kernels(choice: str, device_type: str, compiled: bool, triton_present: bool | None = None) -> str:
+    """"triton" or "torch" for `tuning.eager_kernels` (the fused RoPE and SwiGLU gate of
+    kenotron/kernels/rope_swiglu.py, for uncompiled blocks); ConfigError when "triton" cannot run."""
+    present = _present(triton_present)
+    if choice not in ("auto", "triton", "torch"):
+        raise ConfigError(f"tuning.eager_kernels={choice!r} is not one of auto, triton, torch")
+    if choice == "torch":
+        return "torch"
+    if compiled:
+        if choice == "triton":
+            raise ConfigError(
+                "tuning.eager_kernels='triton' is for uncompiled blocks, but compile.enable=true (the compiler fuses "
+                "RoPE and SwiGLU itself); set tuning.eager_kernels to 'auto' or compile.enable=false"
+            )
+        return "torch"
+    if device_type != "cuda" or not present:
+        if choice == "triton":
+            missing = "a CUDA device" if device_type != "cuda" else "the triton package (pip install triton)"
+            raise ConfigError(f"tuning.eager_kernels='triton' needs {missing}; use tuning.eager_kernels='auto' or 'torch'")
+        return "torch"
+    return "triton"
+
+
+LOSS_KERNELS = ("auto", "triton", "compiled", "torch")
+
+
+def resolve_loss_kernel(choice: str, device_type: str, compiled: bool, triton_present: bool | None = None) -> str:
+    """"triton", "compiled" or "torch" for `tuning.loss_kernel` (the fused loss's chunk step;
+    the Triton one is kenotron/kernels/loss.py); ConfigError when "triton" cannot run."""
+    return resolve_triton_choice("tuning.loss_kernel", choice, LOSS_KERNELS, device_type, _present(triton_present),
+                                 fallback="compiled" if compiled else "torch")
+
+
+GRAD_NORM_KERNELS = ("auto", "triton", "torch")
+
+
+def resolve_grad_norm_kernel(choice: str, device_type: str, triton_present: bool | None = None) -> str:
+    """"triton" or "torch" for `tuning.grad_norm_kernel` (the gradient norm's sum of squares,
+    kenotron/kernels/sum_of_squares.py); ConfigError when "triton" cannot run."""
+    return resolve_triton_choice("tuning.grad_norm_kernel", choice, GRAD_NORM_KERNELS, device_type,
+                                 _present(triton_present), fallback="torch")
+
+
+def resolve_adamw_implementation(implementation: str, device_type: str, triton_present: bool | None = None) -> str:
+    """The AdamW kernel that runs: "triton" (one Triton kernel per tensor, kenotron/kernels/adamw.py)
+    on CUDA when triton is installed (the fastest, docs/performance.md); else "fused" on CUDA and "foreach"
+    on CPU, where fused is slower. A named implementation is kept (ConfigError if it cannot run)."""
+    present = _present(triton_present)
+    if implementation == "auto":
+        if device_type != "cuda":
+            return "foreach"
+        return "triton" if present else "fused"
+    if implementation == "triton" and (device_type != "cuda" or not present):
+        missing = "a CUDA device" if device_type != "cuda" else "the triton package (pip install triton)"
+        raise ConfigError(f"tuning.adamw_implementation='triton' needs {missing}; use tuning.adamw_implementation='auto' "
+                          f"or 'fused'")
+    return implementation

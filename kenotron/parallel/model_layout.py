@@ -1,0 +1,109 @@
+"""The model's structure as plans see it: which modules get which tensor-parallel style, which
+modules are the blocks (units of FSDP, activation checkpointing and compile), where attention is.
+
+A family states it once as data (its `parallel_hints.py`, through its ModelSpec); a run never
+changes it. FQN patterns use `*` for exactly one name component: `layers.*.attention.wq`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from torch import nn
+
+from kenotron.errors import ConfigError
+
+TP_STYLES = ("embedding", "colwise", "rowwise", "norm", "block_input", "output", "head_norm")
+
+
+class PlanError(ConfigError):
+    """A plan that does not fit its model or its run (unknown module, bad value); raised before training."""
+
+
+def fqn_matches(pattern: str, fqn: str) -> bool:
+    """`*` matches exactly one dotted component."""
+    p, f = pattern.split("."), fqn.split(".")
+    return len(p) == len(f) and all(a == "*" or a == b for a, b in zip(p, f))
+
+
+def matching_modules(model: nn.Module, pattern: str) -> list[tuple[str, nn.Module]]:
+    return [(name, m) for name, m in model.named_modules() if name and fqn_matches(pattern, name)]
+
+
+def _generalize(fqn: str) -> str:
+    return re.sub(r"(?<=\.)\d+(?=\.|$)", "*", fqn)
+
+
+@dataclass
+class ModelLayout:
+    """Module patterns of one model family; edit freely in a notebook, then apply the plan."""
+
+    tp_styles: dict[str, str] = field(default_factory=dict)
+    """Tensor-parallel style per module FQN pattern (one of TP_STYLES)."""
+    blocks: str = "layers.*"
+    """FQN pattern of the transformer blocks: the units of FSDP, activation checkpointing and compile."""
+    fsdp_units: list[str] = field(default_factory=lambda: ["layers.*"])
+    """Module FQN patterns that each become one FSDP unit (the root module is always the last unit)."""
+    attention_modules: str = "layers.*.attention"
+    """FQN pattern of the attention modules whose `attention_fn` context parallel replaces."""
+    sequence_parallel_off: list[str] = field(default_factory=list)
+    """Block FQN patterns that run without sequence parallel although it is on (or with it, if off)."""
+
+    def check(self, model: nn.Module) -> None:
+        """Every pattern names existing modules and every style is valid; raises PlanError."""
+        known = sorted({_generalize(n) for n, _ in model.named_modules() if n})
+        for label, patterns in (
+            ("tp_styles", list(self.tp_styles)),
+            ("fsdp_units", self.fsdp_units),
+            ("sequence_parallel_off", self.sequence_parallel_off),
+            ("blocks", [self.blocks]),
+            ("attention_modules", [self.attention_modules]),
+        ):
+            for pattern in patterns:
+                if not matching_modules(model, pattern):
+                    close = difflib.get_close_matches(pattern, known, n=1, cutoff=0.5)
+                    hint = f"; did you mean {close[0]!r}?" if close else ""
+                    raise PlanError(f"plan.layout.{label} names module {pattern!r}, which the model does not have{hint}")
+        for pattern, style in self.tp_styles.items():
+            if style not in TP_STYLES:
+                raise PlanError(f"plan.layout.tp_styles[{pattern!r}]={style!r} is not one of {', '.join(TP_STYLES)}")
+        for name, _ in model.named_modules():
+            styles = [p for p in self.tp_styles if name and fqn_matches(p, name)]
+            if len(styles) > 1:
+                raise PlanError(f"module {name!r} matches several plan.layout.tp_styles patterns: {styles}; keep one")
+
+    def style_of(self, fqn: str) -> str | None:
+        for pattern, style in self.tp_styles.items():
+            if fqn_matches(pattern, fqn):
+                return style
+        return None
+
+    def block_of(self, fqn: str) -> str | None:
+        """The block FQN containing `fqn` (itself included), or None for edge modules."""
+        parts = fqn.split(".")
+        depth = len(self.blocks.split("."))
+        if len(parts) >= depth and fqn_matches(self.blocks, ".".join(parts[:depth])):
+            return ".".join(parts[:depth])
+        return None
+
+    def iter_tp_modules(self, model: nn.Module) -> Iterator[tuple[str, nn.Module, str]]:
+        for name, module in model.named_modules():
+            style = self.style_of(name) if name else None
+            if style is not None:
+                yield name, module, style
+
+    def __str__(self) -> str:
+        rows = [("module pattern", "TP style")] + list(self.tp_styles.items())
+        width = [max(len(r[i]) for r in rows) for i in range(2)]
+        lines = ["ModelLayout"]
+        lines += ["  " + "  ".join(cell.ljust(w) for cell, w in zip(rows[0], width))]
+        lines += ["  " + "  ".join("-" * w for w in width)]
+        lines += ["  " + "  ".join(cell.ljust(w) for cell, w in zip(r, width)) for r in rows[1:]]
+        lines.append(f"  blocks: {self.blocks}   FSDP units: {self.fsdp_units} + root   attention: "
+                     f"{self.attention_modules}"
+                     + (f"   sequence parallel flipped in: {self.sequence_parallel_off}" if self.sequence_parallel_off
+                        else ""))
+        return "\n".join(lines)

@@ -1,0 +1,6 @@
+"""Benchmark and profiling harness over the real trainer; scripts/ holds the command-line entry points.
+
+- `bench`: one table row per training configuration (tokens/s, MFU, memory), presets included.
+- `block_trace`: per-block times and memory of one step (`bench.py --trace`).
+- `kernel_profile`: the top CUDA kernels of a few steps (`bench.py --profile`), and a CUDA-event timer.
+"""

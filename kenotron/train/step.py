@@ -1,0 +1,205 @@
+"""One training step of a built Job: forward/backward (or the pipeline schedule), loss scaling,
+gradient clipping, optimizer step. The trainer runs it on real batches; the memory estimator
+runs the same functions on fake tensors, with a `StepObserver` told where the step is.
+
+    loss = forward_backward(job, microbatches)     # this rank's share of the step's mean loss
+    grad_norm = clip_gradients(job)                # global L2 norm, before clipping
+    optimizer_step(job)                            # every part's optimizer and LR schedule
+
+The loss: every micro-batch's summed token cross-entropy is divided by the label tokens of
+the whole global batch, so each token weighs the same whatever the layout; data parallel
+averages gradients over its ranks, so the back-propagated loss is multiplied by that averaging
+size (the backends' native averaging collectives stay; gloo has no pre-multiplied sum).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Protocol
+
+import torch
+from torch.distributed.tensor.parallel import loss_parallel
+
+from kenotron.data import MicroBatch
+from kenotron.dtensor import full_tensor
+from kenotron.parallel.grad_norm import (
+    clip_divisor,
+    clip_grads_,
+    optimizer_unscales_gradients,
+    reduce_partial_grads_,
+    total_grad_norm,
+)
+from kenotron.train.attention_backend import attention_context
+from kenotron.train.fused_loss import linear_cross_entropy_sum
+from kenotron.train.job import Job
+from kenotron.train.loss import IGNORE_INDEX, cross_entropy_sum
+
+
+class StepObserver(Protocol):
+    """What the step reports as it runs (the estimator's memory tracker implements it)."""
+
+    def set_phase(self, phase: str, micro_step: int = 0) -> None: ...
+
+    def end_forward(self) -> None: ...
+
+    def end_backward(self) -> None: ...
+
+    def mark_gradients(self, params: Any) -> None: ...
+
+
+class NoObserver:
+    """A StepObserver that ignores everything (the trainer's)."""
+
+    def set_phase(self, phase: str, micro_step: int = 0) -> None:
+        pass
+
+    def end_forward(self) -> None:
+        pass
+
+    def end_backward(self) -> None:
+        pass
+
+    def mark_gradients(self, params: Any) -> None:
+        pass
+
+
+NO_OBSERVER = NoObserver()
+
+
+@contextlib.contextmanager
+def step_context(job: Job) -> Iterator[None]:
+    """Around forward and backward: vocab-parallel loss, the attention kernel, bf16 autocast."""
+    lp = loss_parallel() if job.applied.loss_parallel else contextlib.nullcontext()
+    autocast = torch.autocast(job.device.type, dtype=torch.bfloat16, enabled=job.use_autocast)
+    with lp, attention_context(job.run.choices.attention_backend, job.device), autocast:
+        yield
+
+
+def label_tokens(job: Job, seq_len: int | None = None) -> int:
+    """The loss's denominator: label tokens of the whole global batch (of `seq_len`-token
+    sequences: a data stage may set a shorter one than training.seq_len)."""
+    return job.run.global_batch_size * (seq_len or job.run.cfg.training.seq_len)
+
+
+def microbatch_loss(job: Job, output: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """What a model part that ends in logits back-propagates for one micro-batch (or pipeline
+    microbatch): its summed token loss over the global label count, times the data-parallel
+    averaging size. `labels` are whole sequences (pipeline microbatches split the batch only)."""
+    denominator = label_tokens(job, labels.shape[-1])
+    return cross_entropy_sum(output, labels) / denominator * job.applied.data_parallel.averaging_size
+
+
+def check_label_tokens(job: Job, microbatches: Sequence[MicroBatch]) -> None:
+    """Packed windows never hold ignored labels: each rank has its exact share of the global
+    count that the loss divides by. Anything else would need a global count: refuse it.
+    (Pipeline stages without the loss get no labels: nothing to check.)"""
+    if microbatches[0].labels is None:
+        return
+    expected = label_tokens(job, microbatches[0].labels.shape[-1]) // job.run.dims.dp
+    local = sum(int((mb.labels != IGNORE_INDEX).sum()) for mb in microbatches)
+    if local != expected:
+        raise RuntimeError(f"expected {expected} label tokens per rank, got {local}")
+
+
+def forward_backward(job: Job, microbatches: Sequence[MicroBatch], observer: StepObserver = NO_OBSERVER) -> torch.Tensor:
+    """Accumulate this rank's gradients over its micro-batches.
+
+    Returns this rank's share of the step loss (sum of token losses / global token count),
+    detached; summed over the data- and context-parallel ranks (each cp rank holds part of
+    every sequence) it is the step's mean loss. Under pipeline parallel the job's pipeline
+    runs the schedule instead (0 on ranks without the last stage).
+    """
+    if job.pipeline is not None:
+        return job.pipeline.forward_backward(microbatches, observer)
+    model, applied = job.model, job.applied
+    total = torch.zeros((), device=job.device)
+    n = len(microbatches)
+    denominator = label_tokens(job, microbatches[0].labels.shape[-1])
+    for i in range(n):
+        observer.set_phase("forward", i)
+        applied.data_parallel.set_microstep(model, is_last=i == n - 1)
+        mb = microbatches[i]
+        inputs = mb.inputs.to(job.device, non_blocking=True)
+        labels = mb.labels.to(job.device, non_blocking=True)
+        positions = None
+        if applied.sequence_sharder is not None:
+            # Context parallel: this rank's tokens and labels, and their global RoPE positions.
+            shard = applied.sequence_sharder.shard(inputs, labels)
+            inputs, labels, positions = shard.inputs, shard.labels, shard.positions
+        kwargs: dict[str, Any] = {}
+        if job.block_masks is not None:
+            kwargs["block_mask"] = job.block_masks(inputs)
+        elif positions is not None:
+            kwargs["positions"] = positions
+        with step_context(job):
+            out = model(inputs, **kwargs)
+            if job.fused_loss:
+                loss_sum = linear_cross_entropy_sum(
+                    out, model.output.weight, labels, chunk_tokens=job.run.choices.loss_chunk_tokens,
+                    compute_dtype=job.compute_dtype, chunk_fn=job.loss_chunk_fn,
+                )
+                loss = loss_sum / denominator
+            else:
+                loss = cross_entropy_sum(out, labels) / denominator
+            observer.end_forward()
+            observer.set_phase("backward", i)
+            # Data parallel averages gradients over ranks; the loss wants their sum.
+            (loss * applied.data_parallel.averaging_size).backward()
+        observer.end_backward()
+        observer.mark_gradients(model.parameters())
+        total += full_tensor(loss.detach())
+    return total
+
+
+def clip_gradients(job: Job, observer: StepObserver = NO_OBSERVER) -> torch.Tensor:
+    """Global L2 norm of all gradients; scaled down to training.max_norm when above it (by the
+    optimizers' own kernels when they divide by `grad_scale`, see optimizer_step)."""
+    observer.set_phase("optimizer")
+    params = [p for part in job.model_parts for p in part.parameters() if p.grad is not None]
+    reduce_partial_grads_(params)
+    grads = [p.grad for p in params]
+    # A weight tied across pipeline stages has one copy per stage: its norm counts once.
+    duplicates = job.pipeline.norm_duplicates() if job.pipeline is not None else set()
+    norm = total_grad_norm([p.grad for p in params if id(p) not in duplicates], pp_mesh=job.meshes.get("pp"),
+                           kernel=job.run.choices.grad_norm_kernel)
+    max_norm = job.run.cfg.training.max_norm
+    job.grad_divisor = None
+    if max_norm > 0:
+        if all(optimizer_unscales_gradients(o) for o in job.optimizers):
+            job.grad_divisor = clip_divisor(max_norm, norm)
+        else:
+            clip_grads_(grads, max_norm, norm)
+    observer.mark_gradients(params)
+    return norm
+
+
+def optimizer_step(job: Job, before_update: Callable[[], None] | None = None) -> None:
+    """Every part's optimizer step (clipping inside the kernel when clip_gradients left a
+    divisor), its LR schedule step, and zeroed gradients. `before_update` runs first (the
+    trainer waits there for a background checkpoint copy of the weights)."""
+    if before_update is not None:
+        before_update()
+    divisor, job.grad_divisor = job.grad_divisor, None
+    for optimizer, lr_scheduler in zip(job.optimizers, job.lr_schedulers):
+        optimizer.grad_scale = divisor  # None: nothing to clip (torch's GradScaler protocol)
+        if job.early_gather is not None:
+            job.early_gather.step(optimizer)
+        else:
+            optimizer.step()
+        optimizer.grad_scale = None
+        lr_scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+
+
+def train_step(
+    job: Job,
+    microbatches: Sequence[MicroBatch],
+    observer: StepObserver = NO_OBSERVER,
+    before_update: Callable[[], None] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """forward_backward + clip_gradients + optimizer_step; returns (loss share, grad norm)."""
+    loss = forward_backward(job, microbatches, observer)
+    grad_norm = clip_gradients(job, observer)
+    optimizer_step(job, before_update)
+    return loss, grad_norm
