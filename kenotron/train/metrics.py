@@ -3,13 +3,17 @@
 Records go to `<dump_folder>/metrics.jsonl`, one JSON object per line, with at least:
 step, loss (this step's), loss_avg (mean over the steps since the previous record), grad_norm, lr, tokens_per_sec (per device), tflops (per device), mfu (percent, or
 null on a device with no known peak), memory_gib (peak: CUDA max allocated, or the process's
-peak RSS on CPU), elapsed_s (since training started), plus tokens_seen and step_time_s.
+peak RSS on CPU), elapsed_s (since training started), plus tokens_seen, step_time_s,
+data_wait_s (seconds per step the loop waited for its batch) and tokens_seen/<dataset>.
+Validation records (`record_validation`) are lines of their own: step, val_loss, val_ppl,
+val_tokens and val_time_s; TensorBoard gets them as val/loss and val/ppl.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import resource
 import sys
 import time
@@ -129,6 +133,21 @@ class MetricsLogger:
                     if rec[key] is not None:
                         self._tb.add_scalar(f"train/{key}", rec[key], step)
             logger.info(format_record(rec))
+        return rec
+
+    def record_validation(self, *, step: int, loss: float, tokens: int, seconds: float) -> dict[str, Any]:
+        """Write one validation record (mean token loss over the validation batches, its
+        perplexity). Its time is left out of the training throughput."""
+        self._window_start += seconds
+        rec = {"step": step, "val_loss": loss, "val_ppl": math.exp(min(loss, 700.0)), "val_tokens": tokens,
+               "val_time_s": seconds}
+        if self.write:
+            self._jsonl.write(json.dumps(rec) + "\n")
+            if self._tb is not None:
+                self._tb.add_scalar("val/loss", loss, step)
+                self._tb.add_scalar("val/ppl", rec["val_ppl"], step)
+            logger.info("step %6d | validation loss %.4f | perplexity %.2f | %s tokens | %.1fs", step, loss,
+                        rec["val_ppl"], _si(tokens), seconds)
         return rec
 
     def close(self) -> None:

@@ -5,6 +5,7 @@ runs the same functions on fake tensors, with a `StepObserver` told where the st
     loss = forward_backward(job, microbatches)     # this rank's share of the step's mean loss
     grad_norm = clip_gradients(job)                # global L2 norm, before clipping
     optimizer_step(job)                            # every part's optimizer and LR schedule
+    val = eval_loss(job, microbatches)             # validation: forward and loss only
 
 The loss: every micro-batch's summed token cross-entropy is divided by the label tokens of
 the whole global batch, so each token weighs the same whatever the layout; data parallel
@@ -102,6 +103,32 @@ def check_label_tokens(job: Job, microbatches: Sequence[MicroBatch]) -> None:
         raise RuntimeError(f"expected {expected} label tokens per rank, got {local}")
 
 
+def microbatch_forward(job: Job, mb: MicroBatch, denominator: int) -> torch.Tensor:
+    """One micro-batch through the (unpipelined) model and the loss, inside step_context: its
+    summed token loss over `denominator`, this rank's share (context parallel included)."""
+    model, applied = job.model, job.applied
+    inputs = mb.inputs.to(job.device, non_blocking=True)
+    labels = mb.labels.to(job.device, non_blocking=True)
+    positions = None
+    if applied.sequence_sharder is not None:
+        # Context parallel: this rank's tokens and labels, and their global RoPE positions.
+        shard = applied.sequence_sharder.shard(inputs, labels)
+        inputs, labels, positions = shard.inputs, shard.labels, shard.positions
+    kwargs: dict[str, Any] = {}
+    if job.block_masks is not None:
+        kwargs["block_mask"] = job.block_masks(inputs)
+    elif positions is not None:
+        kwargs["positions"] = positions
+    out = model(inputs, **kwargs)
+    if job.fused_loss:
+        loss_sum = linear_cross_entropy_sum(
+            out, model.output.weight, labels, chunk_tokens=job.run.choices.loss_chunk_tokens,
+            compute_dtype=job.compute_dtype, chunk_fn=job.loss_chunk_fn,
+        )
+        return loss_sum / denominator
+    return cross_entropy_sum(out, labels) / denominator
+
+
 def forward_backward(job: Job, microbatches: Sequence[MicroBatch], observer: StepObserver = NO_OBSERVER) -> torch.Tensor:
     """Accumulate this rank's gradients over its micro-batches.
 
@@ -119,29 +146,8 @@ def forward_backward(job: Job, microbatches: Sequence[MicroBatch], observer: Ste
     for i in range(n):
         observer.set_phase("forward", i)
         applied.data_parallel.set_microstep(model, is_last=i == n - 1)
-        mb = microbatches[i]
-        inputs = mb.inputs.to(job.device, non_blocking=True)
-        labels = mb.labels.to(job.device, non_blocking=True)
-        positions = None
-        if applied.sequence_sharder is not None:
-            # Context parallel: this rank's tokens and labels, and their global RoPE positions.
-            shard = applied.sequence_sharder.shard(inputs, labels)
-            inputs, labels, positions = shard.inputs, shard.labels, shard.positions
-        kwargs: dict[str, Any] = {}
-        if job.block_masks is not None:
-            kwargs["block_mask"] = job.block_masks(inputs)
-        elif positions is not None:
-            kwargs["positions"] = positions
         with step_context(job):
-            out = model(inputs, **kwargs)
-            if job.fused_loss:
-                loss_sum = linear_cross_entropy_sum(
-                    out, model.output.weight, labels, chunk_tokens=job.run.choices.loss_chunk_tokens,
-                    compute_dtype=job.compute_dtype, chunk_fn=job.loss_chunk_fn,
-                )
-                loss = loss_sum / denominator
-            else:
-                loss = cross_entropy_sum(out, labels) / denominator
+            loss = microbatch_forward(job, microbatches[i], denominator)
             observer.end_forward()
             observer.set_phase("backward", i)
             # Data parallel averages gradients over ranks; the loss wants their sum.
@@ -149,6 +155,22 @@ def forward_backward(job: Job, microbatches: Sequence[MicroBatch], observer: Ste
         observer.end_backward()
         observer.mark_gradients(model.parameters())
         total += full_tensor(loss.detach())
+    return total
+
+
+@torch.no_grad()
+def eval_loss(job: Job, microbatches: Sequence[MicroBatch]) -> torch.Tensor:
+    """The step's forward and loss without backward, for validation: this rank's share of the
+    batch's mean token loss, as forward_backward returns it (summed over the data-, context- and
+    pipeline-parallel ranks it is the batch's mean loss). No gradient is touched. Under pipeline
+    parallel the schedule runs forward only (0 on ranks without the last stage)."""
+    if job.pipeline is not None:
+        return job.pipeline.eval_loss(microbatches)
+    total = torch.zeros((), device=job.device)
+    denominator = label_tokens(job, microbatches[0].labels.shape[-1])
+    for mb in microbatches:
+        with step_context(job):
+            total += full_tensor(microbatch_forward(job, mb, denominator))
     return total
 
 

@@ -3,7 +3,7 @@
     Trainer(cfg): resolve (every check and choice, before any process group)
                   -> process group -> build the job (train/job.py)
                   -> loader, metrics, checkpoint manager (maybe resume)
-    trainer.train(): batches -> train_step (train/step.py) -> log -> save
+    trainer.train(): batches -> train_step (train/step.py) -> log -> validate (eval_loss) -> save
 
 A notebook follows the same recipe by hand with the same functions: resolve_run, build_meshes,
 build_job, train_step.
@@ -12,6 +12,7 @@ build_job, train_step.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ import torch.distributed as dist
 from kenotron.checkpoint import CheckpointManager, TrainState
 from kenotron.checkpoint.model_info import describe_model
 from kenotron.config import JobConfig, config_to_toml
-from kenotron.data import MicroBatch, build_data_loader
+from kenotron.data import MicroBatch, ValidationSet, build_data_loader
 from kenotron.parallel.plan import Plan
 from kenotron.train.choices import Target
 from kenotron.train.distributed import WorldInfo, destroy_distributed, init_distributed, pick_device
@@ -30,7 +31,7 @@ from kenotron.train.flops import flops_per_token
 from kenotron.train.job import Job, build_job, build_meshes
 from kenotron.train.metrics import MetricsLogger
 from kenotron.train.resolve import ResolvedRun, resolve_run
-from kenotron.train.step import check_label_tokens, train_step
+from kenotron.train.step import check_label_tokens, eval_loss, train_step
 
 logger = logging.getLogger("kenotron")
 
@@ -72,6 +73,11 @@ class Trainer:
         # -- loader, metrics, checkpoints --
         self.loader = build_data_loader(cfg, self.run.tokenizer, vocab_size=args.vocab_size,
                                         global_batch_size=self.run.global_batch_size, **self._data_layout())
+        self.validation = (
+            ValidationSet(cfg, self.run.tokenizer, vocab_size=args.vocab_size,
+                          global_batch_size=self.run.global_batch_size, **self._data_layout())
+            if cfg.validation.every else None
+        )
         self.metrics = MetricsLogger(self.dump_folder, self.flops_per_token, self.world.world_size, self.device,
                                      write=self.is_rank0, tensorboard=cfg.metrics.tensorboard)
         self.train_state = TrainState()  # step and tokens_seen live here so checkpoints hold them
@@ -179,10 +185,24 @@ class Trainer:
                 )
                 records.append(rec)
                 window, window_start = [], self.step + 1
+            if self.validation is not None and (
+                self.step % cfg.validation.every == 0 or self.step == cfg.training.steps
+            ):
+                records.append(self.validate())
             self.checkpointer.maybe_save(self.step, last=self.step == cfg.training.steps)
         self.checkpointer.close()  # the last save and uploads are complete when train() returns
         self.metrics.close()
         return records
+
+    def validate(self) -> dict[str, Any]:
+        """The mean token loss over the validation batches (forward only, every rank), recorded."""
+        assert self.validation is not None
+        start = time.perf_counter()
+        losses = [eval_loss(self.job, microbatches) for microbatches in self.validation]
+        loss = self.global_losses(losses).mean().item()
+        tokens = len(losses) * self.run.global_batch_size * self.cfg.training.seq_len
+        return self.metrics.record_validation(step=self.step, loss=loss, tokens=tokens,
+                                              seconds=time.perf_counter() - start)
 
     def _data_metrics(self, steps: int) -> dict[str, float]:
         """data_wait_s (seconds per step the loop waited for its batch) and the tokens each dataset gave."""
