@@ -12,6 +12,7 @@ shorthand), `data.stages` switches mixtures and sequence lengths at given steps,
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,8 @@ from kenotron.data.sources import SyntheticWindows, TokenizedWindows, is_random_
 from kenotron.data.text_source import LOCAL_FORMATS, open_documents
 from kenotron.data.token_files import TokenFileError, TokenizedFolder
 from kenotron.data.tokenizer import Tokenizer
+
+logger = logging.getLogger("kenotron")
 
 
 @dataclass(frozen=True)
@@ -109,12 +112,23 @@ def open_source(spec: SourceSpec, cfg: JobConfig, tokenizer: Tokenizer, vocab_si
             folder = TokenizedFolder(spec.path)
         except TokenFileError as err:
             raise ConfigError(str(err)) from None
+        _warn_on_other_tokenizer(folder, tokenizer)
         return TokenizedWindows(folder, shuffle=cfg.data.shuffle, seed=cfg.data.seed, name=spec.name)
     try:
         documents = open_documents(spec.dataset, spec.path, spec.text_field, spec.split)
     except ValueError as err:
         raise ConfigError(str(err)) from None
     return PackedWindows(documents, tokenizer, cfg.training.seq_len, add_bos=cfg.data.add_bos)
+
+
+def _warn_on_other_tokenizer(folder: TokenizedFolder, tokenizer: Tokenizer) -> None:
+    """Token files name the tokenizer that wrote them (datatrove writes its path): say so when it
+    does not look like tokenizer.path's, since ids of another vocabulary train silently wrong."""
+    names = [n for n in folder.tokenizer_names if n]
+    mine = tokenizer.name.lower()
+    if names and not any(mine in n.lower() or Path(n).parent.name.lower() == mine for n in names):
+        logger.warning("%s was tokenized with %s, but tokenizer.path gives %r: check they are the same vocabulary",
+                       folder.folder, " / ".join(repr(n) for n in names), tokenizer.name)
 
 
 def check_data_config(cfg: JobConfig, tokenizer: Tokenizer, vocab_size: int, global_batch_size: int) -> None:
