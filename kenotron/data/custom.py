@@ -36,6 +36,7 @@ import torch
 from kenotron.config import ConfigError, JobConfig
 from kenotron.data.loader import MicroBatch
 from kenotron.data.tokenizer import Tokenizer
+from kenotron.errors import DataError
 
 
 @dataclass(frozen=True)
@@ -117,12 +118,12 @@ class CheckedLoader:
         if (not isinstance(value, torch.Tensor) or value.dtype != torch.int64 or tuple(value.shape) != shape
                 or value.device.type != "cpu"):
             got = f"{tuple(value.shape)} {value.dtype} on {value.device}" if isinstance(value, torch.Tensor) else value
-            raise ValueError(
+            raise DataError(
                 f"data.loader={self.spec!r} gave {name} {got}; expected an int64 CPU tensor of shape "
                 f"[local_batch_size, seq_len] = {list(shape)}"
             )
         if int(value.max()) >= self.ctx.vocab_size or int(value.min()) < 0:
-            raise ValueError(
+            raise DataError(
                 f"data.loader={self.spec!r} gave token id {int(value.max())} in {name}, outside the model's vocabulary "
                 f"of {self.ctx.vocab_size}"
             )
@@ -132,7 +133,7 @@ class CheckedLoader:
         count = self.ctx.micro_batches_per_step
         if not isinstance(batches, list) or len(batches) != count:
             got = f"{len(batches)} items" if isinstance(batches, list) else type(batches).__name__
-            raise ValueError(
+            raise DataError(
                 f"data.loader={self.spec!r}: next_step() gave {got}; expected a list of {count} MicroBatch "
                 f"(global batch {self.ctx.global_batch_size} / (dp {self.ctx.dp_size} x local batch "
                 f"{self.ctx.local_batch_size}))"

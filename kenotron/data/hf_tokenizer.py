@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from kenotron.data.tokenizer import Tokenizer
+from kenotron.errors import DataError
 
 _EOS_NAMES = ("</s>", "<|endoftext|>", "<|end_of_text|>")
 
@@ -44,7 +45,7 @@ class HFTokenizer(Tokenizer):
         try:
             self._tokenizer = _Tokenizer.from_file(str(path))
         except Exception as err:
-            raise ValueError(
+            raise DataError(
                 f"tokenizer.path: {str(path)!r} is not a Hugging Face tokenizer.json the `tokenizers` library can read "
                 f"({err}); give the tokenizer.json of a hub model folder, or a tiktoken rank file"
             ) from err
@@ -59,7 +60,7 @@ class HFTokenizer(Tokenizer):
             try:
                 config = json.loads(config_path.read_text(encoding="utf-8"))
             except ValueError as err:
-                raise ValueError(f"{str(config_path)!r} is not valid JSON ({err})") from err
+                raise DataError(f"{str(config_path)!r} is not valid JSON ({err})") from err
         self.bos_id = self._special_id("bos_token", _token_text(config.get("bos_token")), config_path)
         eos_text = _token_text(config.get("eos_token"))
         if eos_text is None and not config:
@@ -67,7 +68,7 @@ class HFTokenizer(Tokenizer):
             eos_text = found[0] if len(found) == 1 else None
         eos_id = self._special_id("eos_token", eos_text, config_path)
         if eos_id is None:
-            raise ValueError(
+            raise DataError(
                 f"the tokenizer at {str(path.parent)!r} names no EOS token: every document ends with one; put "
                 f"tokenizer_config.json (with \"eos_token\") beside {path.name}, as in the model's hub folder"
             )
@@ -78,7 +79,7 @@ class HFTokenizer(Tokenizer):
             return None
         token_id = self._tokenizer.token_to_id(text)
         if token_id is None:
-            raise ValueError(
+            raise DataError(
                 f"{str(config_path)!r}: {key}={text!r} is not a token of {self.path.name}; "
                 "the two files come from different tokenizers"
             )

@@ -25,6 +25,7 @@ It is O(number of datasets), identical on every rank, and resuming reads nothing
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -35,6 +36,9 @@ import torch
 
 from kenotron.data.blend import Interleaver, Stage, check_stages, stage_index
 from kenotron.data.sources import is_random_access
+from kenotron.errors import DataError
+
+logger = logging.getLogger("kenotron")
 
 
 @dataclass
@@ -169,7 +173,7 @@ class GlobalBatchLoader:
         if top >= self.vocab_size or int(windows.min()) < 0:
             folder = getattr(getattr(named.source, "folder", None), "folder", None)
             where = f" ({folder})" if folder is not None else ""
-            raise ValueError(
+            raise DataError(
                 f"dataset {named.name!r}{where} holds token id {top}, beyond the model's vocabulary of "
                 f"{self.vocab_size}: it was tokenized with another tokenizer; re-tokenize it with tokenizer.path's "
                 f"tokenizer (scripts/preprocess.py), or set model.vocab_size above {top}"
@@ -241,6 +245,7 @@ class GlobalBatchLoader:
         """Where the run stands in its data (equal on every rank)."""
         return {
             "step": self.step,
+            "global_batch_size": self.global_batch_size,
             "stage_start": self.stages[self._stage].start_step if self._stage >= 0 else None,
             "interleaver": self._interleaver.state_dict(),
             "window_len": self._window_len,
@@ -256,11 +261,20 @@ class GlobalBatchLoader:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         names = [named.name for named in self.sources]
         if sorted(state["tokens_seen"]) != sorted(names):
-            raise ValueError(
+            raise DataError(
                 f"the checkpoint's data comes from datasets {sorted(state['tokens_seen'])}, this run's from "
                 f"{sorted(names)}; resume with the same data sources (or exclude 'dataloader' from loading)"
             )
         self.step = int(state["step"])
+        saved = state.get("global_batch_size")
+        if saved is not None and int(saved) != self.global_batch_size:
+            logger.warning(
+                "the checkpoint was trained with global batches of %d sequences, this run uses %d (local_batch_size "
+                "%d x data-parallel %d x %d micro-step(s)): the data goes on where it stopped, but every step now "
+                "sees another amount of it. Set training.global_batch_size=%d to keep the run as it was",
+                int(saved), self.global_batch_size, self.local_batch_size, self.dp_size, self.micro_batches_per_step,
+                int(saved),
+            )
         self.windows_drawn = [int(n) for n in state["windows_drawn"]]
         self.tokens_seen = [int(state["tokens_seen"][name]) for name in names]
         self._window_len = int(state["window_len"])

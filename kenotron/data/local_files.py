@@ -19,6 +19,7 @@ import json
 from pathlib import Path
 from typing import IO, Any
 
+from kenotron.data.file_checks import check_not_empty, json_line_error
 from kenotron.data.text_source import (
     LOCAL_FORMATS,
     SUFFIX_FORMATS,
@@ -27,6 +28,7 @@ from kenotron.data.text_source import (
     check_text_field,
     text_of,
 )
+from kenotron.errors import DataError
 
 _READ_CHUNK = 1 << 20
 
@@ -34,7 +36,7 @@ _READ_CHUNK = 1 << 20
 def resolve_local_files(dataset: str, path: str) -> tuple[str, list[Path]]:
     """The format and sorted file list for `data.dataset` / `data.path`."""
     if not path:
-        raise ValueError(
+        raise DataError(
             f"data.dataset={dataset!r} reads local files but data.path is empty; "
             "give a local json/jsonl/parquet/txt file or folder"
         )
@@ -69,7 +71,7 @@ def resolve_local_files(dataset: str, path: str) -> tuple[str, list[Path]]:
     formats = {"jsonl" if f == "json" else f for f in formats}
     if None in formats or len(formats) != 1:
         suffixes = sorted({f.suffix or "(none)" for f in files})
-        raise ValueError(
+        raise DataError(
             f"data.dataset='auto' cannot tell the format of data.path={path!r} (file endings "
             f"{suffixes}); use one of .json/.jsonl/.parquet/.txt, or set data.dataset to "
             f"one of {', '.join(LOCAL_FORMATS)}"
@@ -87,8 +89,9 @@ def is_json_array(path: Path) -> bool:
 class LocalDocuments(DocumentSource):
     """Documents of local files, in file order; position = (file, offset) plus epoch and index."""
 
-    def __init__(self, name: str, files: list[Path], fmt: str, text_field: str) -> None:
+    def __init__(self, name: str, files: list[Path], fmt: str, text_field: str, data_path: str = "") -> None:
         super().__init__(name)
+        self.data_path = data_path or name
         self.files = files
         self.format = fmt
         self.text_field = text_field
@@ -107,7 +110,7 @@ class LocalDocuments(DocumentSource):
     def _seek(self, state: dict[str, Any]) -> None:
         self.file, self.offset = int(state.get("file", 0)), int(state.get("offset", 0))
         if not 0 <= self.file < len(self.files):
-            raise ValueError(
+            raise DataError(
                 f"the saved position names file {self.file} of {self.name}, which has {len(self.files)} files; the "
                 "checkpoint was made with other data"
             )
@@ -123,7 +126,7 @@ class LocalDocuments(DocumentSource):
         self.file, self.offset = self.file + 1, 0
         if self.file == len(self.files):
             if self.index == 0:
-                raise ValueError(f"{self.name} holds no documents; give a non-empty dataset")
+                raise DataError(f"{self.name} holds no documents; give a non-empty dataset")
             self.file, self.epoch, self.index = 0, self.epoch + 1, 0
 
     def next_document(self) -> Document:
@@ -164,13 +167,9 @@ class LocalDocuments(DocumentSource):
             try:
                 record = json.loads(line)
             except ValueError as err:
-                raise ValueError(
-                    f"could not read {path} at byte {self.offset - len(line)}: not a JSON object ({err}); fix the "
-                    "line, or set data.dataset to the files' real format"
-                ) from err
+                raise json_line_error(self.data_path, path, self.offset - len(line), line, err) from None
             if not isinstance(record, dict):
-                raise ValueError(  # noqa: TRY004 - bad data, not a bad argumentf"{path} at byte {self.offset - len(line)} holds {type(record).__name__}, not a "
-                                 "JSON object with a text field")
+                raise json_line_error(self.data_path, path, self.offset - len(line), line, None)
             return self._text(record)
 
     def _read_paragraph(self) -> str | None:
@@ -215,7 +214,7 @@ class LocalDocuments(DocumentSource):
         try:
             records = json.loads(path.read_bytes())
         except ValueError as err:
-            raise ValueError(f"could not read {path} as JSON ({err}); fix the file or give JSON Lines") from err
+            raise DataError(f"could not read {path} as JSON ({err}); fix the file or give JSON Lines") from err
         self._rows_start = 0
         return records
 
@@ -226,7 +225,7 @@ class LocalDocuments(DocumentSource):
         try:
             parquet = pq.ParquetFile(path)
         except Exception as err:
-            raise ValueError(f"could not read {path} as Parquet ({type(err).__name__}: {err})") from err
+            raise DataError(f"could not read {path} as Parquet ({type(err).__name__}: {err})") from err
         if self._first_check:
             check_text_field(self.name, parquet.schema_arrow.names, self.text_field)
             self._first_check = False
@@ -248,7 +247,8 @@ class LocalDocuments(DocumentSource):
 def open_local_documents(dataset: str, path: str, text_field: str = "text") -> LocalDocuments:
     """The documents of local files named by `data.dataset` and `data.path`."""
     fmt, files = resolve_local_files(dataset, path)
-    source = LocalDocuments(f"{fmt} files at {path!r}", files, fmt, text_field)
+    check_not_empty([str(f) for f in files], path)
+    source = LocalDocuments(f"{fmt} files at {path!r}", files, fmt, text_field, path)
     if fmt == "parquet":
         try:
             import pyarrow.parquet  # noqa: F401

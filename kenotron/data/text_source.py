@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kenotron.errors import DataError
+
 LOCAL_FORMATS = ("json", "jsonl", "parquet", "text")
 SUFFIX_FORMATS = {".json": "json", ".jsonl": "jsonl", ".parquet": "parquet", ".txt": "text"}
 
@@ -93,7 +95,7 @@ class IndexedDocuments(DocumentSource):
     def __init__(self, name: str, length: int, get_text: Callable[[int], str]) -> None:
         super().__init__(name)
         if length == 0:
-            raise ValueError(f"{name} holds no documents; give a non-empty dataset")
+            raise DataError(f"{name} holds no documents; give a non-empty dataset")
         self._length = length
         self._get_text = get_text
 
@@ -139,7 +141,7 @@ class StreamedDocuments(DocumentSource):
         item = next(self._stream, None)
         if item is None:
             if self.index == 0:
-                raise ValueError(f"{self.name} holds no documents; give a non-empty dataset")
+                raise DataError(f"{self.name} holds no documents; give a non-empty dataset")
             self.epoch, self.index, self._stream_state = self.epoch + 1, 0, None
             self._stream = self._open_stream(None, 0)
             return self.next_document()
@@ -156,7 +158,7 @@ def list_documents(name: str, texts: Sequence[str]) -> IndexedDocuments:
 
 def check_text_field(name: str, column_names: Sequence[str] | None, text_field: str) -> None:
     if column_names is not None and text_field not in column_names:
-        raise ValueError(
+        raise DataError(
             f"data.text_field={text_field!r} is not a column of {name} (columns: "
             f"{list(column_names)}); set data.text_field to the column that holds the text"
         )
@@ -172,9 +174,7 @@ def text_of(record: dict[str, Any], text_field: str, name: str) -> str:
     if text is None:
         return ""
     if not isinstance(text, str):
-        # ValueError like the other data.text_field errors: a bad column in the data set,
-        # not a bad argument type.
-        raise ValueError(  # noqa: TRY004
+        raise DataError(
             f"data.text_field={text_field!r} of {name} holds {type(text).__name__} values, not "
             "text; set data.text_field to a string column"
         )
@@ -202,7 +202,7 @@ def _looks_like_a_path(dataset: str) -> bool:
 
 def _open_hub(dataset: str, config_name: str, text_field: str, split: str) -> DocumentSource:
     if _looks_like_a_path(dataset):
-        raise ValueError(
+        raise DataError(
             f"data.dataset={dataset!r} looks like a local path, not a format or hub dataset "
             f"name; set data.dataset='auto' (or one of {', '.join(LOCAL_FORMATS)}, or 'tokenized') and "
             f"data.path={dataset!r}"
@@ -216,7 +216,7 @@ def _open_hub(dataset: str, config_name: str, text_field: str, split: str) -> Do
     try:
         first = load()
     except Exception as err:
-        raise ValueError(
+        raise DataError(
             f"could not open {name}, split {split!r} ({type(err).__name__}: {err}); check "
             "data.dataset (a hub name such as 'HuggingFaceFW/fineweb-edu'), data.path (its "
             "config name, or '') and data.split, and that the hub is reachable"
@@ -256,7 +256,7 @@ def open_documents(dataset: str, path: str = "", text_field: str = "text", split
 
         return open_local_documents(dataset, path, text_field)
     if not dataset:
-        raise ValueError(
+        raise DataError(
             "data.dataset is empty; use 'builtin', 'tokenized', a local format (json, jsonl, parquet, text, "
             "auto) with data.path, or a hub dataset name"
         )

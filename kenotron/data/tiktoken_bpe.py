@@ -32,6 +32,7 @@ from pathlib import Path
 import tiktoken
 
 from kenotron.data.tokenizer import LLAMA3_SPLIT_PATTERN, Tokenizer, cpu_count
+from kenotron.errors import DataError
 
 LLAMA3_NUM_RANKS = 128_000
 LLAMA3_NUM_SPECIAL_TOKENS = 256
@@ -72,7 +73,7 @@ def llama3_special_tokens(count: int = LLAMA3_NUM_SPECIAL_TOKENS) -> list[str]:
         f"<|reserved_special_token_{2 + i}|>" for i in range(LLAMA3_NUM_SPECIAL_TOKENS - len(named))
     ]
     if not 2 <= count <= LLAMA3_NUM_SPECIAL_TOKENS:
-        raise ValueError(
+        raise DataError(
             f"special token count={count} is out of range; use 2..{LLAMA3_NUM_SPECIAL_TOKENS}"
         )
     return (named + reserved)[:count]
@@ -97,24 +98,24 @@ def read_rank_file(path: str | Path) -> dict[bytes, int]:
                 token = base64.b64decode(token_b64, validate=True)
                 rank = int(rank_text)
             except ValueError as err:
-                raise ValueError(
+                raise DataError(
                     f"tokenizer file {str(path)!r} line {line_number} is {line[:80]!r}, not "
                     "'<base64 token> <rank>'; give a tiktoken BPE rank file such as Llama 3's "
                     "original/tokenizer.model, or a Hugging Face tokenizer.json"
                 ) from err
             if token in ranks:
-                raise ValueError(
+                raise DataError(
                     f"tokenizer file {str(path)!r} line {line_number} repeats token {token!r}"
                 )
             ranks[token] = rank
     if sorted(ranks.values()) != list(range(len(ranks))):
-        raise ValueError(
+        raise DataError(
             f"tokenizer file {str(path)!r}: ranks are not exactly 0..{len(ranks) - 1}; "
             "a tiktoken rank file numbers its tokens without gaps or repeats"
         )
     missing = [b for b in range(256) if bytes([b]) not in ranks]
     if missing:
-        raise ValueError(
+        raise DataError(
             f"tokenizer file {str(path)!r} lacks {len(missing)} single-byte tokens "
             f"(first: {missing[0]}); a byte-level BPE needs all 256 so any text can be encoded"
         )
@@ -156,12 +157,12 @@ def split_pattern_for(rank_file: Path, num_ranks: int) -> str:
         try:
             pattern = json.loads(sidecar.read_text(encoding="utf-8"))["pattern"]
         except (ValueError, KeyError, TypeError) as err:
-            raise ValueError(
+            raise DataError(
                 f"{str(sidecar)!r} is not a JSON object with a 'pattern' string; write "
                 '{"pattern": "<the split regex>"} there'
             ) from err
         if not isinstance(pattern, str) or not pattern:
-            raise ValueError(f"{str(sidecar)!r}: 'pattern' must be a non-empty string")
+            raise DataError(f"{str(sidecar)!r}: 'pattern' must be a non-empty string")
         return pattern
     for folder in (rank_file.parent, rank_file.parent.parent):
         if (folder / "tokenizer.json").is_file():
@@ -170,7 +171,7 @@ def split_pattern_for(rank_file: Path, num_ranks: int) -> str:
                 return pattern
     if num_ranks == LLAMA3_NUM_RANKS:
         return LLAMA3_SPLIT_PATTERN
-    raise ValueError(
+    raise DataError(
         f"tokenizer file {str(rank_file)!r} ({num_ranks} ranks) does not say which split pattern it was built "
         f"with; write it to {str(sidecar)!r} as {{\"pattern\": \"...\"}} (kenotron's own vocabularies use "
         "Llama 3's pattern: kenotron.data.tiktoken_bpe.write_sidecar(file, LLAMA3_SPLIT_PATTERN))"

@@ -24,13 +24,15 @@ from pathlib import Path
 
 import numpy as np
 
+from kenotron.errors import DataError
+
 TOKEN_SUFFIX = ".ds"
 INDEX_SUFFIX = ".ds.index"
 METADATA_SUFFIX = ".ds.metadata"
 TOKEN_DTYPES = {2: np.dtype("<u2"), 4: np.dtype("<u4")}
 
 
-class TokenFileError(ValueError):
+class TokenFileError(DataError):
     """A token file, its index or its metadata is missing, truncated or inconsistent."""
 
 

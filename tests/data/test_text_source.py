@@ -186,14 +186,26 @@ def test_invalid_file_contents(tmp_path):
     path.write_text('{"text": "ok"}\n{not json\n')
     source = open_documents("jsonl", str(path))
     assert source.next_document().text == "ok"
-    with pytest.raises(ValueError, match=r"could not read .*broken.jsonl at byte 15: not a JSON object"):
+    with pytest.raises(ValueError, match=r"broken.jsonl' line 2 is not valid JSON \(Expecting property name.*; fix or "
+                                         r"remove that line"):
+        source.next_document()
+    path.write_text("just text, not json\n")
+    with pytest.raises(ValueError, match=r"line 1 is not valid JSON"):
+        open_documents("jsonl", str(path))  # the first document is read when the source opens
+    path.write_text('{"text": "ok"}\n[1, 2]\n')
+    source = open_documents("jsonl", str(path))
+    source.next_document()
+    with pytest.raises(ValueError, match=r"line 2 holds a JSON list, not an object with a text field"):
         source.next_document()
 
 
 def test_empty_local_data(tmp_path):
     (tmp_path / "empty.jsonl").write_text("\n\n")
-    with pytest.raises(ValueError, match="holds no documents"):
-        open_documents("jsonl", str(tmp_path / "empty.jsonl")).next_document()
+    with pytest.raises(ValueError, match=r"the file '.*empty.jsonl' is empty; give data holding at least one document"):
+        open_documents("jsonl", str(tmp_path / "empty.jsonl"))
+    (tmp_path / "blank.txt").write_text("\n\n\n\n ")
+    with pytest.raises(ValueError, match=r"blank.txt' is empty"):
+        open_documents("text", str(tmp_path / "blank.txt"))
 
 
 def test_a_path_given_as_dataset_name(tmp_path):

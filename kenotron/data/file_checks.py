@@ -1,0 +1,45 @@
+"""Plain-words errors for local data files: an empty file, a line that is not JSON.
+
+Both name the file and the fix; the JSON one also the line number, counted from the file's start
+only when the error happens (the reader keeps byte offsets, not line numbers).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from kenotron.errors import DataError
+
+_PEEK_BYTES = 1 << 16
+
+
+def check_not_empty(files: list[str], path: str) -> None:
+    """DataError when every one of `files` is empty (or holds only whitespace)."""
+    if any(_has_content(Path(f)) for f in files):
+        return
+    what = f"the file {files[0]!r} is" if len(files) == 1 else f"all {len(files)} data files under it are"
+    raise DataError(f"data.path={path!r}: {what} empty; give data holding at least one document")
+
+
+def _has_content(file: Path) -> bool:
+    with open(file, "rb") as f:
+        while chunk := f.read(_PEEK_BYTES):
+            if chunk.strip():
+                return True
+    return False
+
+
+def json_line_error(path: str, file: Path, offset: int, line: bytes, err: ValueError | None) -> DataError:
+    """The one-line error for a JSON Lines record at byte `offset` of `file` that is not a JSON
+    object (`err`: the decoder's error, None when it decoded to something else)."""
+    with open(file, "rb") as f:
+        number = f.read(offset).count(b"\n") + 1
+    text = line.decode("utf-8", errors="replace").rstrip("\n")
+    if isinstance(err, json.JSONDecodeError):
+        what = f"is not valid JSON ({err.msg}, column {err.colno}): {text[:60]!r}"
+    elif err is not None:
+        what = f"is not valid JSON ({err}): {text[:60]!r}"
+    else:
+        what = f"holds a JSON {type(json.loads(line)).__name__}, not an object with a text field"
+    return DataError(f"data.path={path!r}: file {str(file)!r} line {number} {what}; fix or remove that line")
