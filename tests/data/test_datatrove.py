@@ -58,6 +58,6 @@ def test_training_reads_the_datatrove_folder(datatrove_folder, tmp_path):
         "--metrics.log_freq", "2", "--job.dump_folder", str(tmp_path), "--lr_scheduler.warmup_steps", "1",
     ])
     records = run_training(cfg)
-    assert [r["step"] for r in records] == [2, 4]
+    assert records[-1]["step"] == 4
     assert records[-1]["tokens_seen"] == records[-1]["tokens_seen/tokenized"] == 4 * 2 * 64
     assert records[-1]["data_wait_s"] >= 0
