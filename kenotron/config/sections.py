@@ -11,7 +11,7 @@ overrides (`--training.steps 20`) and later features all rely on them.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 
 @dataclass
@@ -31,11 +31,11 @@ class Model:
     flavor: str = "debug"
     """Named size of the family, e.g. debug, 1B, 3B, 8B, 70B, 405B for llama3."""
 
-    vocab_size: int = 0
-    """Vocabulary rows of the embedding; 0 keeps the flavor's. Must be >= the tokenizer's vocabulary."""
+    args: dict[str, Any] = field(default_factory=dict, metadata={"open": True})
+    """Any field of the family's model args on top of the flavor, e.g. `--model.dim 512` or `n_layers = 8` under [model]; `--list-models` names them."""
 
-    n_layers: int = 0
-    """Number of transformer blocks; 0 keeps the flavor's (a smaller count gives a narrow-and-short benchmark shape)."""
+    parametrization: Literal["standard", "spectral_mup"] = "standard"
+    """standard, or spectral_mup (spectral µP: init and per-matrix AdamW learning rates scaled by fan-in and fan-out, so optimizer.lr transfers across widths; docs/mup.md)."""
 
     attention_backend: Literal["auto", "cudnn", "flash", "efficient", "math", "flex", "flash_attn"] = "auto"
     """Attention kernel: auto (the fastest exact one for the run), an SDPA kernel (cudnn, flash, efficient, math), flex (FlexAttention, for data.document_masking) or flash_attn (the installed FlashAttention; CUDA, bf16)."""

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 from kenotron.config import ConfigError, config_help, load_config, split_config_arg
 from kenotron.models import MODEL_SPECS
+from kenotron.models.args import SET_BY_THE_TRAINER
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -15,7 +17,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if "--list-models" in argv:
         for name, spec in MODEL_SPECS.items():
-            print(f"{name}: {', '.join(spec.flavors)}")
+            fields = [f.name for f in dataclasses.fields(next(iter(spec.flavors.values())))
+                      if f.name not in SET_BY_THE_TRAINER]
+            print(f"{name}: {', '.join(spec.flavors)}\n  model.<field>: {', '.join(fields)}")
         return 0
     try:
         path, overrides = split_config_arg(argv)

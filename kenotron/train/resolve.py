@@ -88,8 +88,7 @@ def resolve_run(cfg: JobConfig, world_size: int, target: Target | None = None) -
     """
     validate_config(cfg)
     spec = get_model_spec(cfg.model.name)
-    args = spec.model_args(cfg.model.flavor, vocab_size=cfg.model.vocab_size, n_layers=cfg.model.n_layers,
-                           max_seq_len=cfg.training.seq_len)
+    args = spec.model_args(cfg.model.flavor, cfg.model.args, max_seq_len=cfg.training.seq_len)
     tokenizer = build_tokenizer(cfg.tokenizer.path)
     if tokenizer.vocab_size > args.vocab_size:
         raise ConfigError(
