@@ -101,3 +101,19 @@ def test_resolve_run_builds_the_configured_shape_and_checks_it_before_any_proces
         resolve_run(load_config(None, ["--model.n_kv_heads", "2", "--parallelism.tp", "4"]), 4)
     with pytest.raises(ConfigError, match=r"unknown config key 'model.hidden_size'"):
         resolve_run(load_config(None, ["--model.hidden_size", "128"]), 1)
+
+
+def test_the_estimator_and_the_planner_take_the_configured_shape():
+    from kenotron.estimate import estimate_memory, search_layouts
+
+    shape = ["--model.dim", "512", "--model.n_heads", "16", "--model.ffn_dim", "1536", "--model.n_layers", "2"]
+    cfg = load_config("train_configs/debug.toml", shape)
+    report = estimate_memory(cfg, 2)
+    assert "llama3 debug dim=512 n_heads=16 ffn_dim=1536 n_layers=2" in report.model
+    narrow = estimate_memory(load_config("train_configs/debug.toml", shape[6:]), 2)
+    assert report.ranks[0].peak.total > narrow.ranks[0].peak.total
+    result = search_layouts(load_config("train_configs/debug.toml", shape + ["--training.global_batch_size", "4"]),
+                            2, 1.0, top=4, confirm=1)
+    assert result.ranked and "dim=512" in result.model
+    with pytest.raises(ConfigError, match=r"model.n_kv_heads=3 does not divide"):
+        search_layouts(load_config("train_configs/debug.toml", ["--model.n_kv_heads", "3"]), 2, 1.0)
