@@ -26,6 +26,7 @@ from torch import nn
 
 from kenotron.data import MicroBatch
 from kenotron.models.common.eager_kernels import use_eager_kernels
+from kenotron.models.common.parametrization import spectral_lr_scales
 from kenotron.parallel.dims import Meshes
 from kenotron.parallel.early_gather import EarlyGather
 from kenotron.parallel.plan import AppliedPlan, matching_modules
@@ -172,7 +173,8 @@ def build_job(
         for part in applied.model_parts:
             part.to_empty(device=device)
             if init_values:
-                part.init_weights(buffer_device=device, seed=cfg.training.seed)
+                part.init_weights(buffer_device=device, seed=cfg.training.seed,
+                                  parametrization=cfg.model.parametrization)
             else:
                 # Fake tensors: init_weights' truncated normal asks data-dependent questions.
                 part.init_buffers(device)
@@ -181,7 +183,8 @@ def build_job(
         factory = optimizer_factory(cfg.optimizer, choices.adamw, master_weights=choices.precision == "master_weights")
         optimizers: list[Any] = []
         for part in applied.model_parts:
-            groups = param_groups(part, cfg.optimizer.weight_decay)
+            scales = spectral_lr_scales(part) if cfg.model.parametrization == "spectral_mup" else None
+            groups = param_groups(part, cfg.optimizer.weight_decay, cfg.optimizer.lr, scales)
             if applied.data_parallel.kind == "zero1":
                 optimizers.append(Zero1Optimizer(groups, applied.data_parallel.mesh, factory))
             else:
