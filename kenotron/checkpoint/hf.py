@@ -36,6 +36,7 @@ from kenotron.checkpoint.hf_files import (
     write_hf_folder,
 )
 from kenotron.checkpoint.model_info import describe_model, model_from_info
+from kenotron.checkpoint.trust import load_state
 from kenotron.models import MODEL_SPECS, ModelSpec
 
 
@@ -180,5 +181,5 @@ def checkpoint_to_hf(checkpoint_dir: str | Path, out_dir: str | Path, *, dtype: 
     for key, item in metadata.state_dict_metadata.items():
         if key.startswith("model.") and hasattr(item, "size"):
             state[key.removeprefix("model.")] = torch.empty(item.size, dtype=item.properties.dtype)
-    dcp.load({"model": state}, checkpoint_id=str(checkpoint_dir), no_dist=True)
+    load_state({"model": state}, checkpoint_dir, no_dist=True)
     return _write(state, spec, args, out_dir, dtype, max_shard_bytes)

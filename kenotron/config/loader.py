@@ -28,8 +28,10 @@ def _unknown_key(key: str) -> ConfigError:
     fields = all_fields(JobConfig)
     section = key.split(".", 1)[0]
     if "." not in key or section not in section_classes(JobConfig):
-        hint = _suggest(key, list(fields)) or _suggest(section, list(section_classes(JobConfig)))
-        return ConfigError(f"unknown config key '{key}'{hint} (see --help for every key)")
+        # A bare name is a section ([trainig] in a TOML file) more often than a key: sections first.
+        hint = _suggest(section, list(section_classes(JobConfig))) or _suggest(key, list(fields))
+        what = "section" if "." not in key else "key"
+        return ConfigError(f"unknown config {what} '{key}'{hint} (see --help for every key)")
     return ConfigError(f"unknown config key '{key}'{_suggest(key, list(fields))} (see --help for every key)")
 
 

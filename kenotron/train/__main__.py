@@ -25,10 +25,14 @@ def main(argv: list[str] | None = None) -> int:
         path, overrides = split_config_arg(argv)
         cfg = load_config(path, overrides)
         # Imported here so --help stays fast and config errors come before torch's start-up.
-        from kenotron.train.trainer import NonFiniteLossError, run_training
+        from kenotron.train.guards import NonFiniteLossError
+        from kenotron.train.trainer import run_training
     except (ConfigError, FileNotFoundError) as e:
         print(f"kenotron: config error: {e}", file=sys.stderr)
         return 2
+    from kenotron.checkpoint import CheckpointError
+    from kenotron.checkpoint.diagnose import explain_os_error
+
     try:
         run_training(cfg)
     except (ConfigError, FileNotFoundError) as e:
@@ -36,6 +40,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except NonFiniteLossError as e:
         print(f"kenotron: stopped: {e}", file=sys.stderr)
+        return 1
+    except CheckpointError as e:  # a damaged, foreign or mismatching checkpoint, a failed save
+        print(f"kenotron: checkpoint error: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:  # a folder that cannot be created or written, a file that cannot be read
+        print(f"kenotron: error: {explain_os_error(e)}", file=sys.stderr)
         return 1
     return 0
 
