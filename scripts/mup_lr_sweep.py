@@ -67,7 +67,10 @@ def main(argv: list[str] | None = None) -> int:
     common = ["--model.n_layers", "2", "--training.seq_len", "128", "--training.local_batch_size", "8",
               "--lr_scheduler.warmup_steps", str(max(1, args.steps // 10)), "--lr_scheduler.decay", "cosine",
               *args.overrides]
-    sweeps = {p: lr_sweep(widths, lrs, p, args.steps, args.tail, common) for p in PARAMETRIZATIONS}
+    def progress(sweep: LRSweep, width: int, lr: float) -> None:
+        print(f"{sweep.parametrization} width {width} lr {lr:.0e}: {sweep.final(width, lr):.3f}", flush=True)
+
+    sweeps = {p: lr_sweep(widths, lrs, p, args.steps, args.tail, common, progress) for p in PARAMETRIZATIONS}
     for p, sweep in sweeps.items():
         print(f"{p}: final loss (mean of the last {args.tail} of {args.steps} steps)")
         print("  width " + "".join(f"{lr:>10.0e}" for lr in lrs) + "   best lr")

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A local S3 server (moto, from the dev extra), a run of 20 steps that uploads its checkpoints and
 # deletes the local copies, then a restart that resumes from the bucket and finishes the 40 steps.
-# Extra arguments (--section.key value) go to both runs.
+# OUT is the run folder (default outputs/example-s3); extra arguments (--section.key value) go
+# to both runs.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 # moto accepts any credentials; against a real store, boto3 reads them from the usual places.
@@ -24,8 +25,10 @@ else:
 PY
 
 export CONFIG_FILE=examples/s3/config.toml NPROC=${NPROC:-1}
-./run_train.sh --checkpoint.remote_endpoint_url "$ENDPOINT" --training.steps 20 "$@"  # uploads step 20
-./run_train.sh --checkpoint.remote_endpoint_url "$ENDPOINT" "$@"  # downloads step 20, trains to 40
+OUT=${OUT:-outputs/example-s3}
+RUN=(--job.dump_folder "$OUT" --checkpoint.remote_endpoint_url "$ENDPOINT")
+./run_train.sh "${RUN[@]}" --training.steps 20 "$@"  # uploads step 20, then deletes the local copy
+./run_train.sh "${RUN[@]}" "$@"                      # downloads step 20 and trains to step 40
 python - "$ENDPOINT" <<'PY'
 import sys, boto3
 listing = boto3.client("s3", endpoint_url=sys.argv[1]).list_objects_v2(Bucket="kenotron-example")

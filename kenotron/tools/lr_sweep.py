@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kenotron.config import load_config
@@ -62,9 +63,14 @@ def run_one(width: int, lr: float, parametrization: str, steps: int, overrides: 
 
 
 def lr_sweep(widths: list[int], lrs: list[float], parametrization: str, steps: int, tail: int = 10,
-             overrides: list[str] = ()) -> LRSweep:
-    """Train every (width, lr) pair for `steps` steps (see module doc)."""
+             overrides: list[str] = (), on_run: Callable[[LRSweep, int, float], None] | None = None) -> LRSweep:
+    """Train every (width, lr) pair for `steps` steps (see module doc); `on_run(sweep, width, lr)`
+    hears each run as it ends."""
     sweep = LRSweep(parametrization, list(widths), list(lrs), steps, tail)
     for width in widths:
-        sweep.losses[width] = {lr: run_one(width, lr, parametrization, steps, list(overrides)) for lr in lrs}
+        sweep.losses[width] = {}
+        for lr in lrs:
+            sweep.losses[width][lr] = run_one(width, lr, parametrization, steps, list(overrides))
+            if on_run is not None:
+                on_run(sweep, width, lr)
     return sweep

@@ -35,7 +35,7 @@ def test_spectral_mup_activations_are_flat_in_width(checks):
 
 def test_standard_parametrization_activations_grow_with_width(checks):
     check = checks["standard"]
-    previous = {name: 0.0 for name in BLOCK_OUTPUTS}
+    previous = dict.fromkeys(BLOCK_OUTPUTS, 0.0)
     for step in range(STEPS + 1):
         exps = width_exponents(WIDTHS, check.at_step(step))
         for name in BLOCK_OUTPUTS:
