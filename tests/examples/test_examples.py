@@ -61,3 +61,13 @@ def test_s3_example_uploads_and_resumes_from_the_bucket(tmp_path):
     assert metric_steps(tmp_path)[-1] == 40
     # The restart found no local copy of step 20 (deleted after its upload): it came from the bucket.
     assert not (tmp_path / "checkpoints" / "step-000040").exists()
+
+
+def test_mup_example_runs_a_flat_coordinate_check_and_trains_wide(tmp_path):
+    pytest.importorskip("matplotlib")
+    output = run_example("mup", tmp_path, *SMALL, "--training.steps", "4", "--metrics.log_freq", "2")
+    assert (tmp_path / "coord_check.png").stat().st_size > 10_000
+    exponents = json.loads((tmp_path / "coord_check.json").read_text())["spectral_mup"]["exponents"]
+    assert all(abs(v) < 0.15 for name, v in exponents["3"].items() if name != "logits"), exponents
+    assert "spectral_mup step 3" in output
+    assert metric_steps(tmp_path / "wide") == [2, 4]
