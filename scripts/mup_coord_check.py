@@ -6,7 +6,7 @@
 Trains each width for a few steps under both parametrizations (kenotron/tools/coord_check.py),
 prints the width exponent of every probed activation (the slope of log2 RMS against log2 width:
 0 is flat, 1 doubles with the width) and plots RMS against width per activation (needs
-matplotlib: `pip install -e .[plots]`).
+matplotlib: `pip install -e .[report]`).
 """
 
 from __future__ import annotations

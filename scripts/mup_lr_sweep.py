@@ -5,7 +5,7 @@
 
 Trains every (width, learning rate) pair on the built-in corpus (kenotron/tools/lr_sweep.py),
 prints the final loss table and each width's best learning rate, and plots final loss against
-learning rate per width, one panel per parametrization (needs matplotlib: `pip install -e .[plots]`).
+learning rate per width, one panel per parametrization (needs matplotlib: `pip install -e .[report]`).
 Under µP the minimum stays at the same learning rate; under the standard parametrization it
 moves as the width grows.
 """

@@ -1,15 +1,16 @@
 """Job configuration: dataclasses per section, TOML loading, CLI overrides, validation."""
 
+from kenotron.config.help import config_help
 from kenotron.config.loader import (
     ConfigError,
     config_from_dict,
-    config_help,
     config_reference_markdown,
     config_to_toml,
     convert_value,
     load_config,
     parse_overrides,
     split_config_arg,
+    toml_value,
 )
 from kenotron.config.schema import FieldInfo, all_fields
 from kenotron.config.sections import (
@@ -17,6 +18,8 @@ from kenotron.config.sections import (
     Checkpoint,
     Compile,
     Data,
+    DataSource,
+    DataStage,
     Float8,
     Job,
     JobConfig,
@@ -28,6 +31,7 @@ from kenotron.config.sections import (
     Tokenizer,
     Training,
     Tuning,
+    Validation,
 )
 from kenotron.config.validate import validate_config
 
@@ -37,6 +41,8 @@ __all__ = [
     "Compile",
     "ConfigError",
     "Data",
+    "DataSource",
+    "DataStage",
     "FieldInfo",
     "Float8",
     "Job",
@@ -49,6 +55,7 @@ __all__ = [
     "Tokenizer",
     "Training",
     "Tuning",
+    "Validation",
     "all_fields",
     "config_from_dict",
     "config_help",
@@ -58,5 +65,6 @@ __all__ = [
     "load_config",
     "parse_overrides",
     "split_config_arg",
+    "toml_value",
     "validate_config",
 ]

@@ -6,6 +6,7 @@ one message that names the key, the bad value and the fix.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import tomllib
 import typing
@@ -45,11 +46,24 @@ def _convert(info: FieldInfo, value: Any, *, from_cli: bool) -> Any:
             raise ConfigError(f"{info.key}={value!r} is not one of {valid}{_suggest(str(value), [str(c) for c in choices])}")
         return value
     origin = typing.get_origin(typ)
+    if origin is list and dataclasses.is_dataclass(typing.get_args(typ)[0]):
+        (inner,) = typing.get_args(typ)
+        items = _inline_toml(info, value) if from_cli and isinstance(value, str) else value
+        if not isinstance(items, list):
+            raise ConfigError(f"{info.key} expects a list of tables ([[{info.key}]] in TOML), got {value!r}")
+        return [_table(info, inner, i, item) for i, item in enumerate(items)]
+    if origin is dict:
+        _, inner = typing.get_args(typ)
+        table = _inline_toml(info, value) if from_cli and isinstance(value, str) else value
+        if not isinstance(table, dict):
+            raise ConfigError(f"{info.key} expects a table such as {{a = 1.0, b = 2.0}}, got {value!r}")
+        sub = FieldInfo(info.section, info.name, inner, None, "")
+        return {str(k): _convert(replace(sub, name=f"{info.name}.{k}"), v, from_cli=False) for k, v in table.items()}
     if origin is list:
         (inner,) = typing.get_args(typ)
         if from_cli and isinstance(value, str):
             text = value.strip().removeprefix("[").removesuffix("]")
-            items: list[Any] = [v.strip().strip("'\"") for v in text.split(",") if v.strip()]
+            items = [v.strip().strip("'\"") for v in text.split(",") if v.strip()]
         elif isinstance(value, list):
             items = value
         else:
@@ -122,6 +136,47 @@ def _open_key(key: str) -> FieldInfo | None:
     """The catch-all field that takes `key` ("model.dim"), or None when no section collects it."""
     section = key.split(".", 1)[0]
     return open_field(JobConfig, section) if "." in key else None
+
+
+def _inline_toml(info: FieldInfo, text: str) -> Any:
+    """A command-line value written as a TOML inline value: `[{a = 1}, {a = 2}]`, `{x = 0.5}`."""
+    try:
+        return tomllib.loads(f"value = {text}")["value"]
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"--{info.key} expects a TOML inline value such as [{{name = \"a\"}}], got {text!r} ({e})") from None
+
+
+def _table(info: FieldInfo, cls: type, index: int, item: Any) -> Any:
+    """One `[[section.key]]` table as its dataclass, each value checked like a top-level field."""
+    where = f"{info.key}[{index}]"
+    if not isinstance(item, dict):
+        raise ConfigError(f"{where} must be a table of key = value pairs, got {item!r}")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    values = {}
+    for key, value in item.items():
+        if key not in names:
+            raise ConfigError(f"unknown key '{key}' in {where}{_suggest(key, names)} (keys: {', '.join(names)})")
+        sub = FieldInfo(info.section, f"{info.name}[{index}].{key}", hints[key], None, "")
+        values[key] = _convert(sub, value, from_cli=False)
+    return cls(**values)
+
+
+def split_config_arg(argv: Sequence[str]) -> tuple[str | None, list[str]]:
+    """Take `--config PATH` / `--config=PATH` out of argv: (path or None, the other arguments)."""
+    path, rest, i = None, [], 0
+    while i < len(argv):
+        if argv[i] == "--config":
+            if i + 1 >= len(argv):
+                raise ConfigError("--config needs a TOML file path")
+            path, i = argv[i + 1], i + 2
+            continue
+        if argv[i].startswith("--config="):
+            path = argv[i].split("=", 1)[1]
+        else:
+            rest.append(argv[i])
+        i += 1
+    return path, rest
 
 
 def parse_overrides(args: Sequence[str]) -> dict[str, str]:
@@ -201,7 +256,7 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
     return cfg
 
 
-def _toml_value(value: Any) -> str:
+def toml_value(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (int, float)):
@@ -210,14 +265,16 @@ def _toml_value(value: Any) -> str:
         escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
         return f'"{escaped}"'
     if isinstance(value, list):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
     if isinstance(value, dict):
-        return "{" + ", ".join(f"{_toml_key(str(k))} = {_toml_value(v)}" for k, v in value.items()) + "}"
+        return "{" + ", ".join(f"{_toml_key(str(k))} = {toml_value(v)}" for k, v in value.items()) + "}"
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return toml_value({f.name: getattr(value, f.name) for f in dataclasses.fields(value)})
     raise TypeError(f"cannot write {value!r} as TOML")
 
 
 def _toml_key(key: str) -> str:
-    return key if key.replace("_", "").replace("-", "").isalnum() else _toml_value(key)
+    return key if key.replace("_", "").replace("-", "").isalnum() else toml_value(key)
 
 
 def config_to_toml(cfg: JobConfig) -> str:
@@ -228,28 +285,11 @@ def config_to_toml(cfg: JobConfig) -> str:
         obj = getattr(cfg, section)
         for info in all_fields(JobConfig).values():
             if info.section == section and info.open:
-                lines += [f"{_toml_key(k)} = {_toml_value(v)}" for k, v in getattr(obj, info.name).items()]
+                lines += [f"{_toml_key(k)} = {toml_value(v)}" for k, v in getattr(obj, info.name).items()]
             elif info.section == section:
-                lines.append(f"{info.name} = {_toml_value(getattr(obj, info.name))}")
+                lines.append(f"{info.name} = {toml_value(getattr(obj, info.name))}")
         lines.append("")
     return "\n".join(lines)
-
-
-def config_help() -> str:
-    """Every section and field with its type, default and doc, for --help."""
-    out = [
-        "usage: python -m kenotron.train [--config FILE.toml] [--section.key value ...]",
-        "",
-        "Values come from the defaults, then the TOML file, then the command line.",
-    ]
-    section = None
-    for info in all_fields(JobConfig).values():
-        if info.section != section:
-            section = info.section
-            out += ["", f"[{section}]"]
-        out.append(f"  --{info.key} ({info.type_name()}, default {_toml_value(info.default)})")
-        out.append(f"      {info.doc}")
-    return "\n".join(out)
 
 
 def config_reference_markdown() -> str:
@@ -269,22 +309,6 @@ def config_reference_markdown() -> str:
             out += ["", f"## [{section}]", "", "| key | type | default | meaning |", "|---|---|---|---|"]
         doc = info.doc.replace("|", "\\|")
         kind = info.type_name().replace("|", "\\|")
-        out.append(f"| `{info.key}` | {kind} | `{_toml_value(info.default)}` | {doc} |")
+        out.append(f"| `{info.key}` | {kind} | `{toml_value(info.default)}` | {doc} |")
     return "\n".join(out) + "\n"
 
-
-def split_config_arg(argv: list[str]) -> tuple[str | None, list[str]]:
-    """Take `--config PATH` / `--config=PATH` out of argv."""
-    path, rest, i = None, [], 0
-    while i < len(argv):
-        if argv[i] == "--config":
-            if i + 1 >= len(argv):
-                raise ConfigError("--config needs a TOML file path")
-            path, i = argv[i + 1], i + 2
-            continue
-        if argv[i].startswith("--config="):
-            path = argv[i].split("=", 1)[1]
-        else:
-            rest.append(argv[i])
-        i += 1
-    return path, rest

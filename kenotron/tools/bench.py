@@ -24,9 +24,11 @@ time each step on the host clock.
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -93,6 +95,15 @@ PRESETS: dict[str, dict[str, list[str]]] = {
         "8B b2x8192 FSDP4 compiled selective-AC mm-every-2 float8": _8B_FSDP + [
             "--tuning.ac_save_matmul_every", "2", "--float8.enable", "true",
         ],
+    },
+    # The same 1B step fed from synthetic ids, a tokenized folder and raw JSON Lines (both written
+    # from the built-in corpus before the cases run): the data path must cost nothing.
+    "h200-1gpu-data": {
+        "1B b4x4096 compiled synthetic": _1B + ["--compile.enable", "true"],
+        "1B b4x4096 compiled tokenized": _1B + ["--compile.enable", "true", "--data.dataset", "tokenized",
+                                                "--data.path", "{sample_data}/tokenized"],
+        "1B b4x4096 compiled raw jsonl": _1B + ["--compile.enable", "true", "--data.dataset", "jsonl",
+                                                "--data.path", "{sample_data}/corpus.jsonl"],
     },
     "cpu-smoke": {
         "debug fp32": ["--training.local_batch_size", "2", "--training.seq_len", "64"],
@@ -238,7 +249,9 @@ def run_case(
                   "--timing", timing]
         worker += ["--profile"] if profile else []
         worker += ["--trace"] if trace else []
-        worker += ["--"]
+        # A benchmark keeps no run: its config, records and checkpoints go to the temporary folder
+        # (the case's own overrides come after, so a case may still name a folder).
+        worker += ["--", "--job.dump_folder", os.path.join(tmp, "run")]
         if ngpu > 1:
             cmd = ["torchrun", "--standalone", "--nproc-per-node", str(ngpu), *worker, *overrides]
         else:
@@ -267,6 +280,16 @@ def format_row(r: dict) -> str:
         f"| {r['name']} | {r['tokens_per_sec']:,.0f} | {r['tflops']:.1f} | {mfu} | "
         f"{r['memory_allocated_gib']:.1f} / {r['memory_reserved_gib']:.1f} | {r['loss_last']:.3f} |"
     )
+
+
+CPU_PRESETS = ("cpu-smoke",)
+"""The presets that run on a CPU; the others need CUDA devices."""
+
+
+def _cuda_visible() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 HEADER = "| case | tokens/s/device | TFLOP/s/device | MFU | peak GiB alloc / reserved | last loss |\n|---|---|---|---|---|---|"
@@ -301,7 +324,20 @@ def main(argv: list[str] | None = None) -> int:
         cases[name.strip()] = shlex.split(spec)
     if not cases:
         parser.error("give --preset or --case")
+    gpu_presets = [p for p in args.preset if p not in CPU_PRESETS]
+    if gpu_presets and not _cuda_visible():
+        print(f"bench: --preset {gpu_presets[0]} measures GPU shapes and no CUDA device is visible here; run it on a "
+              f"GPU machine, or use --preset {' / '.join(CPU_PRESETS)} on a CPU", file=sys.stderr)
+        return 2
     extra = shlex.split(args.extra)
+    if any("{sample_data}" in arg for overrides in cases.values() for arg in overrides):
+        from kenotron.data.sample_data import write_sample_data
+
+        folder = Path(tempfile.mkdtemp(prefix="kenotron-bench-data-"))
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
+        write_sample_data(folder)
+        cases = {name: [arg.replace("{sample_data}", str(folder)) for arg in overrides]
+                 for name, overrides in cases.items()}
     print(HEADER, flush=True)
     rows = []
     for name, overrides in cases.items():

@@ -3,7 +3,7 @@
     Trainer(cfg): resolve (every check and choice, before any process group)
                   -> process group -> build the job (train/job.py)
                   -> loader, metrics, checkpoint manager (maybe resume)
-    trainer.train(): batches -> train_step (train/step.py) -> log -> save
+    trainer.train(): batches -> train_step (train/step.py) -> log -> validate (eval_loss) -> save
 
 A notebook follows the same recipe by hand with the same functions: resolve_run, build_meshes,
 build_job, train_step.
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import faulthandler
 import logging
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,19 +23,23 @@ import torch.distributed as dist
 
 from kenotron.checkpoint import CheckpointManager, TrainState
 from kenotron.checkpoint.model_info import describe_model
-from kenotron.checkpoint.remote import redact_url
-from kenotron.config import JobConfig, config_to_toml
-from kenotron.data import MicroBatch, build_text_loader
+from kenotron.config import JobConfig
+from kenotron.data import MicroBatch, ValidationSet, build_data_loader
+from kenotron.parallel.float8 import check_float8_available, use_fast_cpu_float8
 from kenotron.parallel.plan import Plan
 from kenotron.train.choices import Target
+from kenotron.train.console import ensure_console_logging
 from kenotron.train.distributed import WorldInfo, destroy_distributed, init_distributed, pick_device
 from kenotron.train.flops import flops_per_token
 from kenotron.train.guards import DivergenceGuard, NonFiniteLossError, divergence_advice, warn_if_nothing_to_train
+from kenotron.train.interrupt import stop_training
 from kenotron.train.job import Job, build_job, build_meshes
 from kenotron.train.metrics import MetricsLogger
 from kenotron.train.resolve import ResolvedRun, resolve_run
+from kenotron.train.run_folder import check_run_folder, start_run_folder
 from kenotron.train.run_lock import lock_run_folders
-from kenotron.train.step import check_label_tokens, train_step
+from kenotron.train.step import check_label_tokens, eval_loss, train_step
+from kenotron.train.wandb_logger import wandb_sink
 from kenotron.train.watchdog import start_watchdog
 
 logger = logging.getLogger("kenotron")
@@ -50,6 +55,9 @@ class Trainer:
         self.is_rank0 = self.world.rank == 0
         # -- resolve: every check and choice, on every rank, before any process group --
         self.device = pick_device(cfg.training.device, self.world, cfg.tuning.expandable_segments)
+        if cfg.float8.enable:
+            check_float8_available()  # this machine's torchao (the estimator plans float8 jobs without it)
+            use_fast_cpu_float8(self.device.type)
         self.run: ResolvedRun = resolve_run(cfg, self.world.world_size, Target.of(self.device))
         if edit_plan is not None:
             edit_plan(self.run.plan)
@@ -63,10 +71,8 @@ class Trainer:
                                        lambda: self.train_state.step)
         if cfg.training.deterministic:
             torch.use_deterministic_algorithms(True)
-        self.dump_folder = Path(cfg.job.dump_folder)
+        self.dump_folder = Path(cfg.job.dump_folder)  # config.toml and records: train/run_folder.py
         if self.is_rank0:
-            self.dump_folder.mkdir(parents=True, exist_ok=True)
-            (self.dump_folder / "config.toml").write_text(redact_url(config_to_toml(cfg)))
             logger.info("attention: %s (model.attention_backend=%s)", self.run.choices.attention_backend,
                         cfg.model.attention_backend)
         # -- build: meshes, model, plan.apply, init, optimizers and schedules --
@@ -77,15 +83,17 @@ class Trainer:
         self.flops_per_token = flops_per_token(self.job.matmul_params, args.n_layers, args.n_heads, args.head_dim,
                                                cfg.training.seq_len)
         # -- loader, metrics, checkpoints --
-        d = cfg.data
-        self.loader = build_text_loader(
-            self.run.tokenizer, d.dataset, d.path, seq_len=cfg.training.seq_len,
-            global_batch_size=self.run.global_batch_size, local_batch_size=cfg.training.local_batch_size,
-            dp_rank=self.job.meshes.coordinate("dp"), dp_size=self.run.dims.dp, text_field=d.text_field,
-            split=d.split, add_bos=d.add_bos, synthetic_vocab_size=args.vocab_size,
+        self.loader = build_data_loader(cfg, self.run.tokenizer, vocab_size=args.vocab_size,
+                                        global_batch_size=self.run.global_batch_size, **self._data_layout())
+        self.validation = (
+            ValidationSet(cfg, self.run.tokenizer, vocab_size=args.vocab_size,
+                          global_batch_size=self.run.global_batch_size, **self._data_layout())
+            if cfg.validation.every else None
         )
         self.metrics = MetricsLogger(self.dump_folder, self.flops_per_token, self.world.world_size, self.device,
-                                     write=self.is_rank0, tensorboard=cfg.metrics.tensorboard)
+                                     write=self.is_rank0, tensorboard=cfg.metrics.tensorboard,
+                                     total_steps=cfg.training.steps, log_freq=cfg.metrics.log_freq,
+                                     wandb=wandb_sink(cfg, self.world.rank))
         self.train_state = TrainState()  # step and tokens_seen live here so checkpoints hold them
         self.checkpointer = CheckpointManager(
             cfg.checkpoint, self.dump_folder / cfg.checkpoint.folder, model_parts=self.job.model_parts,
@@ -93,12 +101,24 @@ class Trainer:
             train_state=self.train_state, model_info=describe_model(self.run.spec, args, cfg.model.flavor),
         )
         self.checkpointer.load()
-        if self.is_rank0:
+        if self.is_rank0:  # records after the resumed step dropped, config.toml written: train/run_folder.py
+            self.metrics.open(start_run_folder(cfg, self.step))
             warn_if_nothing_to_train(self.step, cfg.training.steps)
         self.guard = DivergenceGuard(divergence_advice(cfg.optimizer.lr, cfg.lr_scheduler.warmup_steps,
                                                        cfg.training.max_norm))
         # The first step (compilation, autotuning) leaves the allocator's cache laid out for itself.
         self._empty_cache_pending = self.run.choices.empty_cache_after_first_step
+
+    def _data_layout(self) -> dict[str, Any]:
+        """This rank's place in the data: its dp rank and size, and what its pipeline stages use
+        (token ids on the first stage, and wherever document masks are built; labels on the last)."""
+        stage_ids = self.job.applied.stage_ids
+        n_stages = self.run.plan.pipeline.n_stages if stage_ids else 1
+        return {
+            "dp_rank": self.job.meshes.coordinate("dp"), "dp_size": self.run.dims.dp,
+            "feed_inputs": not stage_ids or 0 in stage_ids or self.cfg.data.document_masking,
+            "feed_labels": not stage_ids or n_stages - 1 in stage_ids,
+        }
 
     def _init_process_group(self) -> bool:
         """Join the job's process group (one more for FSDP's mixed precision on one device);
@@ -155,25 +175,31 @@ class Trainer:
         records: list[dict[str, Any]] = []
         window: list[torch.Tensor] = []
         window_start = self.step + 1
-        tokens_per_step = run.global_batch_size * cfg.training.seq_len
         self.metrics.reset_clock()
         while self.step < cfg.training.steps:
             loss, grad_norm = self.train_step(self.loader.next_step())
+            # A data stage may set its own sequence length.
+            tokens_per_step = run.global_batch_size * (self.loader.last_seq_len or cfg.training.seq_len)
             self.train_state.step += 1
             self.train_state.tokens_seen += tokens_per_step
             self.metrics.count(tokens_per_step)
             window.append(loss)
             self.guard.observe(self.step, grad_norm)  # no synchronization (train/guards.py)
-            if self.step % cfg.metrics.log_freq == 0 or self.step == cfg.training.steps:
+            if self.metrics.should_log(self.step):
                 self.guard.check()
                 losses = self.global_losses(window)
                 self.guard.check_losses(losses, window_start)
                 rec = self.metrics.record(
                     step=self.step, loss=losses[-1].item(), loss_avg=losses.mean().item(),
                     grad_norm=grad_norm.item(), lr=self._lr_of_step(self.step), tokens_seen=self.tokens_seen,
+                    extra=self._data_metrics(len(window)),
                 )
                 records.append(rec)
                 window, window_start = [], self.step + 1
+            if self.validation is not None and (
+                self.step % cfg.validation.every == 0 or self.step == cfg.training.steps
+            ):
+                records.append(self.validate())
             if self.checkpointer.should_save(self.step, last=self.step == cfg.training.steps):
                 self.guard.check()  # a diverged state is never saved
             self.checkpointer.maybe_save(self.step, last=self.step == cfg.training.steps)
@@ -184,11 +210,28 @@ class Trainer:
         self._finished = True
         return records
 
+    def validate(self) -> dict[str, Any]:
+        """The mean token loss over the validation batches (forward only, every rank), recorded."""
+        assert self.validation is not None
+        start = time.perf_counter()
+        losses = [eval_loss(self.job, microbatches) for microbatches in self.validation]
+        loss = self.global_losses(losses).mean().item()
+        tokens = len(losses) * self.run.global_batch_size * self.cfg.training.seq_len
+        return self.metrics.record_validation(step=self.step, loss=loss, tokens=tokens,
+                                              seconds=time.perf_counter() - start)
+
+    def _data_metrics(self, steps: int) -> dict[str, float]:
+        """data_wait_s (seconds per step the loop waited for its batch) and the tokens each dataset gave."""
+        out = {"data_wait_s": self.loader.take_wait_seconds() / max(steps, 1)}
+        out.update({f"tokens_seen/{name}": n for name, n in self.loader.tokens_by_dataset().items()})
+        return out
+
     def _lr_of_step(self, step: int) -> float:
         """The LR that optimizer step `step` used."""
         return self.cfg.optimizer.lr * self.job.schedule.lr_factor(step)
 
     def close(self) -> None:
+        self.loader.close()
         if self.watchdog is not None:
             self.watchdog.stop()
         if self._finished and self.job.early_gather is not None:
@@ -201,8 +244,7 @@ class Trainer:
 
 
 def setup_logging(rank: int) -> None:
-    level = logging.INFO if rank == 0 else logging.WARNING
-    logging.basicConfig(level=level, format="[kenotron %(asctime)s] %(message)s", datefmt="%H:%M:%S", force=True)
+    ensure_console_logging(rank)
 
 
 def run_training(cfg: JobConfig) -> list[dict[str, Any]]:
@@ -211,12 +253,15 @@ def run_training(cfg: JobConfig) -> list[dict[str, Any]]:
     setup_logging(rank)
     if not faulthandler.is_enabled():
         faulthandler.enable(all_threads=True)  # a rank killed by a signal (SIGABRT, SIGSEGV) prints its stacks
+    check_run_folder(cfg)
     trainer = Trainer(cfg)
     try:
         return trainer.train()
     except NonFiniteLossError:
         trainer._finished = True  # every rank stops at the same step (global norm and losses): end as one
         raise
+    except KeyboardInterrupt as stop:
+        raise stop_training(trainer, stop) from None
     except BaseException:
         if trainer.watchdog is not None and trainer.watchdog.diagnosis:
             logger.error("rank %d stopped; before that the watchdog found: %s", rank, trainer.watchdog.diagnosis)
