@@ -120,6 +120,9 @@ class Data:
     loader: str = ""
     """A custom data loader: `module:function` building it (see examples/custom-dataloader); empty uses kenotron's."""
 
+    weights_from: str = ""
+    """A JSON file of domain weights by source name (a DoReMi proxy run's doremi_weights.json) that replaces the data.sources weights."""
+
 
 @dataclass
 class Training:
@@ -437,6 +440,18 @@ class Validation:
 
 
 @dataclass
+class DoReMi:
+    reference: str = ""
+    """Checkpoint step folder of a reference model of the same shape, trained on data.sources; set, this run trains a DoReMi proxy that learns domain weights (docs/doremi.md)."""
+
+    step_size: float = 1.0
+    """η, the step size of the domain weights' exponentiated-gradient update (Xie et al. use 1)."""
+
+    smoothing: float = 1e-3
+    """c, the share of the uniform weights mixed into the domain weights at every step (Xie et al. use 1e-3)."""
+
+
+@dataclass
 class JobConfig:
     """All sections of a kenotron job. Section names are the TOML tables and CLI prefixes."""
 
@@ -455,3 +470,4 @@ class JobConfig:
     compile: Compile = field(default_factory=Compile)
     activation_checkpoint: ActivationCheckpoint = field(default_factory=ActivationCheckpoint)
     tuning: Tuning = field(default_factory=Tuning)
+    doremi: DoReMi = field(default_factory=DoReMi)

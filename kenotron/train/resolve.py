@@ -121,7 +121,17 @@ def resolve_run(cfg: JobConfig, world_size: int, target: Target | None = None, c
         meta_model = spec.build(args)
     layout_for(spec).check(meta_model)  # the family's layout fits its model whatever the parallel layout
     check_parametrization(cfg, args, meta_model)
+    if cfg.doremi.reference:
+        from kenotron.train.doremi import check_doremi
+
+        check_doremi(cfg, spec, args)
     run = resolve_layout(cfg, world_size, spec, args, meta_model, tokenizer, target or Target.planned(cfg))
+    if cfg.doremi.reference and run.global_batch_size < len(cfg.data.sources):
+        raise ConfigError(
+            f"the global batch of {run.global_batch_size} sequences is smaller than the {len(cfg.data.sources)} "
+            f"DoReMi domains: every step must see every domain; raise training.global_batch_size to at least "
+            f"{len(cfg.data.sources)}"
+        )
     if check_data:
         check_data_config(cfg, tokenizer, args.vocab_size, run.global_batch_size)
     return run

@@ -58,12 +58,12 @@ def _shape_keys(*configs: dict[str, Any]) -> list[str]:
 
 
 def _differences(before: dict[str, Any], now: dict[str, Any], keys: Any = None) -> list[str]:
-    keys = [k for k in (keys if keys is not None else now) if k in before and k in now and k not in PER_LAUNCH_KEYS]
-    out = [f"{k} {toml_value(before[k])} -> {toml_value(now[k])}" for k in keys if before[k] != now[k]]
-    # A model.<field> set in one launch only changes the shape too (unset = the flavor's value).
-    return out + [f"{k} {toml_value(before[k]) if k in before else '(flavor)'} -> "
-                  f"{toml_value(now[k]) if k in now else '(flavor)'}"
-                  for k in _shape_keys(before, now) if (k in before) != (k in now)]
+    shape = _shape_keys(before, now)
+    keys = dict.fromkeys([*(keys if keys is not None else now), *shape])
+    # A model.<field> set in one launch only changes the shape too (unset: the flavor's value).
+    return [f"{k} {toml_value(before[k]) if k in before else '(flavor)'} -> {toml_value(now[k]) if k in now else '(flavor)'}"
+            for k in keys if k not in PER_LAUNCH_KEYS and (k in before and k in now and before[k] != now[k]
+                                                           or k in shape and (k in before) != (k in now))]
 
 
 def checkpoint_folder(cfg: JobConfig) -> Path:
