@@ -3,6 +3,7 @@ run.sh, about a minute on CPU) runs here, on a smaller model, and does what the 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -71,3 +72,18 @@ def test_mup_example_runs_a_flat_coordinate_check_and_trains_wide(tmp_path):
     assert all(abs(v) < 0.15 for name, v in exponents["3"].items() if name != "logits"), exponents
     assert "spectral_mup step 3" in output
     assert metric_steps(tmp_path / "wide") == [2, 4]
+
+
+def test_doremi_example_learns_domain_weights_and_trains_on_them(tmp_path):
+    output = run_example("doremi", tmp_path, *SMALL, "--training.local_batch_size", "3", "--training.steps", "4",
+                         "--metrics.log_freq", "2")
+    weights = json.loads((tmp_path / "proxy" / "doremi_weights.json").read_text())["weights"]
+    assert sorted(weights) == ["noise", "reference", "stdlib"] and sum(weights.values()) == pytest.approx(1.0)
+    assert f"--doremi.reference {tmp_path}/reference/checkpoints/step-000004" in output or \
+        "loaded step-000004 (model)" in output  # the proxy read the reference's last step
+    assert "DoReMi domain weights (average over 4 steps)" in output
+    main = [json.loads(line) for line in (tmp_path / "main" / "metrics.jsonl").read_text().splitlines()]
+    seen = {name: main[-1][f"tokens_seen/{name}"] for name in weights}
+    assert max(seen, key=seen.get) == max(weights, key=weights.get)  # the main run's blend follows them
+    if importlib.util.find_spec("matplotlib") is not None:
+        assert (tmp_path / "plots" / "domain_weights.png").stat().st_size > 10_000

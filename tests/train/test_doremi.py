@@ -149,7 +149,7 @@ def _resolve(*overrides: str) -> None:
 
 
 def test_doremi_settings_are_checked_before_training(reference, tmp_path):
-    root, data, checkpoint = reference
+    _, data, checkpoint = reference
     uniform, ref = ["--data.sources", _sources(data)], ["--doremi.reference", str(checkpoint)]
     with pytest.raises(ConfigError, match="samples every domain equally"):
         _resolve("--data.sources", _sources(data, {"noise": 3.0}), *ref)
