@@ -267,6 +267,11 @@ class GlobalBatchLoader:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        if "windows_drawn" not in state:
+            raise DataError(
+                "the checkpoint's data position was saved by an older kenotron (before blends and tokenized data); "
+                "resume with --checkpoint.exclude_from_loading dataloader (the data restarts from its beginning)"
+            )
         names = [named.name for named in self.sources]
         if sorted(state["tokens_seen"]) != sorted(names):
             raise DataError(

@@ -193,3 +193,9 @@ def test_a_checkpoint_of_other_datasets_is_refused(folders):
     other = GlobalBatchLoader([sources(folders)[0]], SEQ, G, G)
     with pytest.raises(ValueError, match=r"from datasets \['a', 'b'\], this run's from \['a'\]"):
         other.load_state_dict(state)
+
+
+def test_a_data_position_from_an_older_kenotron_is_refused_with_the_fix(folders):
+    (loader,) = loaders(folders, G, 1)
+    with pytest.raises(ValueError, match="saved by an older kenotron.*exclude_from_loading dataloader"):
+        loader.load_state_dict({"step": 3, "global_batch_size": G, "windows": {"epoch": 0, "document_index": 5}})
