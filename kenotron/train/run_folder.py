@@ -134,7 +134,8 @@ def check_run_folder(cfg: JobConfig) -> FolderState:
         return state
     now = _flat(config_to_toml(cfg))
     ck = cfg.checkpoint
-    resumes = ck.enable and ck.load_step != 0 and bool(state.complete_steps)
+    # A bucket (checkpoint.remote_folder) may hold the checkpoint that local rotation deleted after its upload.
+    resumes = ck.enable and ck.load_step != 0 and (bool(state.complete_steps) or bool(ck.remote_folder))
     fix = f"use a new folder (--job.dump_folder {free_folder(folder)})"
     if resumes:
         changed = _differences(state.previous_config or {}, now, IDENTITY_KEYS)
