@@ -59,7 +59,7 @@ def build(args: argparse.Namespace, device: torch.device):
     from kenotron.models import get_model_spec
 
     spec = get_model_spec(args.model)
-    margs = spec.model_args(args.flavor, n_layers=args.n_layers, max_seq_len=args.seq_len)
+    margs = spec.model_args(args.flavor, max_seq_len=args.seq_len, **({"n_layers": args.n_layers} if args.n_layers else {}))
     with torch.device("meta"):
         model = spec.build(margs)
     if dist.get_world_size() > 1:

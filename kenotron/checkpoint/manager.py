@@ -101,9 +101,12 @@ class CheckpointManager:
         train_state: TrainState | None = None,
         model_info: dict[str, Any] | None = None,
         process_group: dist.ProcessGroup | None = None,
+        json_states: dict[str, HasState] | None = None,
     ) -> None:
         """`model_info` (e.g. family and args) goes into every completion marker, for tools that
-        read a checkpoint without the config (HF export). `process_group` defaults to the world."""
+        read a checkpoint without the config (HF export). `process_group` defaults to the world.
+        `json_states`: more small states, equal on every rank, saved as JSON under their names
+        (a DoReMi proxy's domain weights)."""
         check_checkpoint_config(config)
         if isinstance(model_parts, nn.Module):
             model_parts = [model_parts]
@@ -131,6 +134,8 @@ class CheckpointManager:
             self.parts["dataloader"] = JsonState([dataloader])
         if train_state is not None:
             self.parts["train_state"] = train_state
+        for name, target in (json_states or {}).items():
+            self.parts[name] = JsonState([target])
         self.model_parts = list(model_parts)
         self._optimizer_states = optimizer_states_per_param(list(optimizers or ()))
         self._saver: DcpSaver | None = None  # made on the first save: its gloo group is collective

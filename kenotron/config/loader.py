@@ -15,7 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from kenotron.config.schema import FieldInfo, all_fields, section_classes
+from kenotron.config.schema import FieldInfo, all_fields, open_field, section_classes
 from kenotron.config.sections import JobConfig
 from kenotron.errors import ConfigError
 
@@ -101,6 +101,43 @@ def _convert(info: FieldInfo, value: Any, *, from_cli: bool) -> Any:
     raise TypeError(f"config field {info.key} has an unsupported type {typ!r}")
 
 
+def convert_value(key: str, typ: Any, value: Any) -> Any:
+    """Check a TOML-typed `value` against `typ` (bool, int, float, str, a Literal or a list of
+    them) as the config's own fields are checked; errors name `key` ("model.dim")."""
+    section, _, name = key.partition(".")
+    return _convert(FieldInfo(section, name, typ, None, ""), value, from_cli=False)
+
+
+def _cli_value(text: str) -> Any:
+    """A command-line value for a catch-all key, read as a TOML value (512, 1e-5, true,
+    {factor = 8.0}); anything else stays a string (none, debug)."""
+    try:
+        return tomllib.loads(f"value = {text}")["value"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def _merged(table: dict[str, Any], path: list[str], value: Any) -> dict[str, Any]:
+    """`table` with `value` set at the dotted `path`, nested tables merged rather than replaced."""
+    out = dict(table)
+    head, rest = path[0], path[1:]
+    if rest:
+        inner = out.get(head)
+        out[head] = _merged(inner if isinstance(inner, dict) else {}, rest, value)
+    elif isinstance(value, dict) and isinstance(out.get(head), dict):
+        for k, v in value.items():
+            out[head] = _merged(out[head], [k], v)
+    else:
+        out[head] = value
+    return out
+
+
+def _open_key(key: str) -> FieldInfo | None:
+    """The catch-all field that takes `key` ("model.dim"), or None when no section collects it."""
+    section = key.split(".", 1)[0]
+    return open_field(JobConfig, section) if "." in key else None
+
+
 def _inline_toml(info: FieldInfo, text: str) -> Any:
     """A command-line value written as a TOML inline value: `[{a = 1}, {a = 2}]`, `{x = 0.5}`."""
     try:
@@ -155,11 +192,11 @@ def parse_overrides(args: Sequence[str]) -> dict[str, str]:
         if not arg.startswith("--"):
             raise ConfigError(f"unexpected argument {arg!r}; overrides look like --section.key value")
         key, eq, value = arg[2:].partition("=")
-        if key not in fields:
+        if key not in fields and _open_key(key) is None:
             raise _unknown_key(key)
         if not eq:
             nxt = args[i + 1] if i + 1 < len(args) else None
-            if fields[key].type is bool and (nxt is None or nxt.startswith("--")):
+            if key in fields and fields[key].type is bool and (nxt is None or nxt.startswith("--")):
                 value = "true"
             elif nxt is None:
                 raise ConfigError(f"--{key} needs a value")
@@ -174,7 +211,15 @@ def parse_overrides(args: Sequence[str]) -> dict[str, str]:
 def _apply(cfg: JobConfig, key: str, value: Any, *, from_cli: bool) -> JobConfig:
     fields = all_fields(JobConfig)
     if key not in fields:
-        raise _unknown_key(key)
+        catch_all = _open_key(key)
+        if catch_all is None:
+            raise _unknown_key(key)
+        # Kept as written (TOML types); whoever owns the catch-all checks the names and types.
+        table = getattr(getattr(cfg, catch_all.section), catch_all.name)
+        raw = _cli_value(value) if from_cli and isinstance(value, str) else value
+        section = replace(getattr(cfg, catch_all.section),
+                          **{catch_all.name: _merged(table, key.split(".")[1:], raw)})
+        return replace(cfg, **{catch_all.section: section})
     info = fields[key]
     converted = _convert(info, value, from_cli=from_cli)
     section = replace(getattr(cfg, info.section), **{info.name: converted})
@@ -222,10 +267,14 @@ def toml_value(value: Any) -> str:
     if isinstance(value, list):
         return "[" + ", ".join(toml_value(v) for v in value) + "]"
     if isinstance(value, dict):
-        return "{" + ", ".join(f"{toml_value(str(k))} = {toml_value(v)}" for k, v in value.items()) + "}"
+        return "{" + ", ".join(f"{_toml_key(str(k))} = {toml_value(v)}" for k, v in value.items()) + "}"
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return toml_value({f.name: getattr(value, f.name) for f in dataclasses.fields(value)})
     raise TypeError(f"cannot write {value!r} as TOML")
+
+
+def _toml_key(key: str) -> str:
+    return key if key.replace("_", "").replace("-", "").isalnum() else toml_value(key)
 
 
 def config_to_toml(cfg: JobConfig) -> str:
@@ -235,7 +284,9 @@ def config_to_toml(cfg: JobConfig) -> str:
         lines.append(f"[{section}]")
         obj = getattr(cfg, section)
         for info in all_fields(JobConfig).values():
-            if info.section == section:
+            if info.section == section and info.open:
+                lines += [f"{_toml_key(k)} = {toml_value(v)}" for k, v in getattr(obj, info.name).items()]
+            elif info.section == section:
                 lines.append(f"{info.name} = {toml_value(getattr(obj, info.name))}")
         lines.append("")
     return "\n".join(lines)

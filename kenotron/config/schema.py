@@ -26,10 +26,12 @@ class FieldInfo:
     type: Any
     default: Any
     doc: str
+    open: bool = False
+    """The section's catch-all: it collects `section.<any other name>` (model.<field>: the family's args)."""
 
     @property
     def key(self) -> str:
-        return f"{self.section}.{self.name}"
+        return f"{self.section}.<field>" if self.open else f"{self.section}.{self.name}"
 
     @property
     def choices(self) -> tuple[Any, ...] | None:
@@ -41,6 +43,8 @@ class FieldInfo:
         choices = self.choices
         if choices is not None:
             return " | ".join(repr(c) for c in choices)
+        if self.open:
+            return "any"
         origin = typing.get_origin(self.type)
         if origin is list:
             (inner,) = typing.get_args(self.type)
@@ -69,6 +73,11 @@ def field_docs(cls: type) -> dict[str, str]:
     return docs
 
 
+def open_field(root: type, section: str) -> FieldInfo | None:
+    """The catch-all field of a section, if it has one."""
+    return all_fields(root).get(f"{section}.<field>")
+
+
 def section_classes(root: type) -> dict[str, type]:
     """{section name: dataclass} for the root config class."""
     hints = typing.get_type_hints(root)
@@ -77,13 +86,15 @@ def section_classes(root: type) -> dict[str, type]:
 
 @cache
 def all_fields(root: type) -> dict[str, FieldInfo]:
-    """{"section.name": FieldInfo} for every configurable value, in declaration order."""
+    """{"section.name": FieldInfo} for every configurable value, in declaration order; a section's
+    catch-all field (metadata `open`) is keyed "section.<field>"."""
     out: dict[str, FieldInfo] = {}
     for section, cls in section_classes(root).items():
         hints = typing.get_type_hints(cls, include_extras=False)
         docs = field_docs(cls)
         defaults = cls()
         for f in dataclasses.fields(cls):
-            info = FieldInfo(section, f.name, hints[f.name], getattr(defaults, f.name), docs.get(f.name, ""))
+            info = FieldInfo(section, f.name, hints[f.name], getattr(defaults, f.name), docs.get(f.name, ""),
+                             open=bool(f.metadata.get("open")))
             out[info.key] = info
     return out

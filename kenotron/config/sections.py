@@ -11,7 +11,7 @@ overrides (`--training.steps 20`) and later features all rely on them.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 
 @dataclass
@@ -31,11 +31,11 @@ class Model:
     flavor: str = "debug"
     """Named size of the family, e.g. debug, 1B, 3B, 8B, 70B, 405B for llama3."""
 
-    vocab_size: int = 0
-    """Vocabulary rows of the embedding; 0 keeps the flavor's. Must be >= the tokenizer's vocabulary."""
+    args: dict[str, Any] = field(default_factory=dict, metadata={"open": True})
+    """Any field of the family's model args on top of the flavor, e.g. `--model.dim 512` or `n_layers = 8` under [model]; `--list-models` names them."""
 
-    n_layers: int = 0
-    """Number of transformer blocks; 0 keeps the flavor's (a smaller count gives a narrow-and-short benchmark shape)."""
+    parametrization: Literal["standard", "spectral_mup"] = "standard"
+    """standard, or spectral_mup (spectral µP: init and per-matrix AdamW learning rates scaled by fan-in and fan-out, so optimizer.lr transfers across widths; docs/mup.md)."""
 
     attention_backend: Literal["auto", "cudnn", "flash", "efficient", "math", "flex", "flash_attn"] = "auto"
     """Attention kernel: auto (the fastest exact one for the run), an SDPA kernel (cudnn, flash, efficient, math), flex (FlexAttention, for data.document_masking) or flash_attn (the installed FlashAttention; CUDA, bf16)."""
@@ -119,6 +119,9 @@ class Data:
 
     loader: str = ""
     """A custom data loader: `module:function` building it (see examples/custom-dataloader); empty uses kenotron's."""
+
+    weights_from: str = ""
+    """A JSON file of domain weights by source name (a DoReMi proxy run's doremi_weights.json) that replaces the data.sources weights."""
 
 
 @dataclass
@@ -437,6 +440,18 @@ class Validation:
 
 
 @dataclass
+class DoReMi:
+    reference: str = ""
+    """Checkpoint step folder of a reference model of the same shape, trained on data.sources; set, this run trains a DoReMi proxy that learns domain weights (docs/doremi.md)."""
+
+    step_size: float = 1.0
+    """η, the step size of the domain weights' exponentiated-gradient update (Xie et al. use 1)."""
+
+    smoothing: float = 1e-3
+    """c, the share of the uniform weights mixed into the domain weights at every step (Xie et al. use 1e-3)."""
+
+
+@dataclass
 class JobConfig:
     """All sections of a kenotron job. Section names are the TOML tables and CLI prefixes."""
 
@@ -455,3 +470,4 @@ class JobConfig:
     compile: Compile = field(default_factory=Compile)
     activation_checkpoint: ActivationCheckpoint = field(default_factory=ActivationCheckpoint)
     tuning: Tuning = field(default_factory=Tuning)
+    doremi: DoReMi = field(default_factory=DoReMi)

@@ -54,5 +54,3 @@ def validate_config(cfg: JobConfig) -> None:
             f"data.document_masking=true needs FlexAttention, but model.attention_backend={backend!r} runs plain "
             f"causal attention over the whole window; set model.attention_backend to 'flex' or 'auto'"
         )
-    if cfg.model.vocab_size < 0 or cfg.model.n_layers < 0:
-        raise ConfigError("model.vocab_size and model.n_layers must be >= 0 (0 keeps the flavor's)")

@@ -12,6 +12,8 @@ shorthand), `data.stages` switches mixtures and sequence lengths at given steps,
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,6 +60,9 @@ def source_specs(cfg: JobConfig) -> list[SourceSpec]:
     """data.sources, or the one source of data.dataset / data.path."""
     d = cfg.data
     if not d.sources:
+        if d.weights_from:
+            raise ConfigError("data.weights_from gives the weights of a blend, but data.sources is empty; list the "
+                              "sources ([[data.sources]] tables) the weights are for")
         return [SourceSpec(_default_name(d.dataset, d.path), d.dataset, d.path, 1.0, d.text_field, d.split)]
     specs = [
         SourceSpec(s.name or _default_name(s.dataset, s.path), s.dataset, s.path, s.weight, s.text_field, s.split,
@@ -68,7 +73,31 @@ def source_specs(cfg: JobConfig) -> list[SourceSpec]:
     repeated = sorted({n for n in names if names.count(n) > 1})
     if repeated:
         raise ConfigError(f"data.sources has several sources named {repeated[0]!r}; give each its own name")
+    if d.weights_from:
+        learned = read_weights_file(d.weights_from, names)
+        specs = [dataclasses.replace(s, weight=learned[s.name]) for s in specs]
     return specs
+
+
+def read_weights_file(path: str, names: list[str]) -> dict[str, float]:
+    """The weight of each of `names` in a JSON file `{"weights": {name: weight, ...}}` (what a
+    DoReMi proxy run writes, doremi_weights.json); ConfigError when it is missing or does not
+    name exactly these sources."""
+    where = f"data.weights_from={path!r}"
+    try:
+        weights = json.loads(Path(path).read_text())["weights"]
+    except FileNotFoundError:
+        raise ConfigError(f"{where} does not exist; give the doremi_weights.json of a DoReMi proxy run") from None
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise ConfigError(f"{where} is not a JSON file with a 'weights' table of weights by source name ({err})") from None
+    if not isinstance(weights, dict) or sorted(weights) != sorted(names):
+        got = sorted(weights) if isinstance(weights, dict) else weights
+        raise ConfigError(f"{where} gives weights for {got} but data.sources are {sorted(names)}; the sources must "
+                          "have the names of the run that learned the weights")
+    bad = {k: v for k, v in weights.items() if isinstance(v, bool) or not isinstance(v, (int, float))}
+    if bad:
+        raise ConfigError(f"{where}: the weight of {next(iter(bad))!r} is {next(iter(bad.values()))!r}, not a number")
+    return {k: float(v) for k, v in weights.items()}
 
 
 def data_stages(cfg: JobConfig, specs: list[SourceSpec]) -> list[Stage]:
@@ -139,6 +168,9 @@ def check_data_config(cfg: JobConfig, tokenizer: Tokenizer, vocab_size: int, glo
     the tokenized folders (opened and checked), local text (its first document read), and the
     validation set's settings and size (for tokenized data)."""
     if cfg.data.loader:
+        if cfg.data.weights_from:
+            raise ConfigError("data.weights_from sets the weights of kenotron's blend, but data.loader replaces it with "
+                              "a custom loader; drop one of them")
         load_loader_factory(cfg.data.loader)
     else:
         specs = source_specs(cfg)

@@ -145,3 +145,9 @@ def _builtin_documents() -> tuple[str, ...]:
 def builtin_documents() -> list[str]:
     """The built-in corpus as a list of documents, in a fixed order (see the module docstring)."""
     return list(_builtin_documents())
+
+
+def builtin_domains() -> dict[str, list[str]]:
+    """The built-in corpus as two domains, each in a fixed order: `reference` (the language
+    reference's help topics: prose) and `stdlib` (the modules' signatures and docstrings: API text)."""
+    return {"reference": _help_topic_documents(), "stdlib": _stdlib_documents()}

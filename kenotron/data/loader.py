@@ -50,6 +50,8 @@ class MicroBatch:
 
     inputs: torch.Tensor | None
     labels: torch.Tensor | None
+    domains: torch.Tensor | None = None
+    """The blend's dataset index of each sequence, int64 [b] (kenotron's loader; None from custom loaders)."""
 
 
 @dataclass
@@ -218,22 +220,28 @@ class GlobalBatchLoader:
             self.tokens_seen[d] += len(positions) * (window_len - 1)
         self.step += 1
         self.last_seq_len = window_len - 1
-        return self._micro_batches(batch)
+        return self._micro_batches(batch, torch.from_numpy(choice[lo:hi].copy()))
 
-    def _micro_batches(self, batch: np.ndarray | None) -> list[MicroBatch]:
+    def _micro_batches(self, batch: np.ndarray | None, domains: torch.Tensor) -> list[MicroBatch]:
+        parts = domains.split(self.local_batch_size)
         if batch is None:
-            return [MicroBatch(None, None) for _ in range(self.micro_batches_per_step)]
+            return [MicroBatch(None, None, d) for d in parts]
         mine = torch.from_numpy(batch)
         out = []
-        for chunk in mine.split(self.local_batch_size):
+        for chunk, d in zip(mine.split(self.local_batch_size), parts, strict=True):
             inputs = chunk[:, :-1].contiguous() if self.feed_inputs else None
             labels = chunk[:, 1:].contiguous() if self.feed_labels else None
-            out.append(MicroBatch(inputs=inputs, labels=labels))
+            out.append(MicroBatch(inputs=inputs, labels=labels, domains=d))
         return out
 
     def __iter__(self) -> Iterator[list[MicroBatch]]:
         while True:
             yield self.next_step()
+
+    @property
+    def domain_names(self) -> list[str]:
+        """The blend's datasets, in the order of MicroBatch.domains' indices."""
+        return [named.name for named in self.sources]
 
     def tokens_by_dataset(self) -> dict[str, int]:
         """Label tokens each dataset has given so far, over all ranks."""

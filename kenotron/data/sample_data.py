@@ -3,6 +3,7 @@
 For benchmarks and examples that need real files but no download:
 
     jsonl, tokenized = write_sample_data("bench-data/", repeats=4)
+    files = write_domain_data("doremi-data/")    # {"reference": .../reference.jsonl, "stdlib": ...}
 
 `repeats` copies of the built-in corpus (about 400k tokens each with the built-in tokenizer)
 go into `corpus.jsonl`, which `tokenized/` holds tokenized (kenotron.data.preprocess).
@@ -14,7 +15,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from kenotron.data.corpus import builtin_documents
+from kenotron.data.corpus import builtin_documents, builtin_domains
 from kenotron.data.preprocess import preprocess
 
 
@@ -33,3 +34,20 @@ def write_sample_data(folder: str | Path, repeats: int = 1, tokenizer_path: str 
     tokenized = folder / "tokenized"
     preprocess("jsonl", str(jsonl), tokenized, tokenizer_path, workers=workers, chunk_bytes=32 << 20, progress=False)
     return jsonl, tokenized
+
+
+def write_domain_data(folder: str | Path) -> dict[str, Path]:
+    """The built-in corpus split into its domains (corpus.builtin_domains), one JSON Lines file
+    each under `folder`, for blends and DoReMi; reused when they already exist."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    out = {}
+    for name, documents in builtin_domains().items():
+        path = folder / f"{name}.jsonl"
+        if not path.is_file():
+            part = path.with_name(path.name + ".part")
+            with open(part, "w", encoding="utf-8") as f:
+                f.writelines(json.dumps({"id": f"{name}-{i}", "text": text}) + "\n" for i, text in enumerate(documents))
+            part.replace(path)
+        out[name] = path
+    return out

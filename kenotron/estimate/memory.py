@@ -127,7 +127,8 @@ def estimate_rank(
 
 
 def describe_model(run: ResolvedRun, model: analytic.AnalyticModel) -> str:
-    return f"{run.spec.name} {run.cfg.model.flavor} ({model.parameter_count / 1e9:.2f} B parameters)"
+    shape = "".join(f" {k}={v}" for k, v in run.cfg.model.args.items())
+    return f"{run.spec.name} {run.cfg.model.flavor}{shape} ({model.parameter_count / 1e9:.2f} B parameters)"
 
 
 def describe_settings(run: ResolvedRun, model: analytic.AnalyticModel) -> dict[str, object]:

@@ -36,7 +36,7 @@ def build_kenotron_model(
 ) -> nn.Module:
     """A freshly initialized kenotron model of a registered family and flavor."""
     spec = get_model_spec(name)
-    args = spec.model_args(flavor, max_seq_len=max_seq_len, vocab_size=vocab_size)
+    args = spec.model_args(flavor, max_seq_len=max_seq_len, **({"vocab_size": vocab_size} if vocab_size else {}))
     with torch.device("meta"):
         model = spec.build(args)
     model.to_empty(device=device)

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from torch import nn
 
 from kenotron.errors import ConfigError
+from kenotron.models.args import args_with_overrides, check_decoder_args
 from kenotron.models.hf_adapter import HFAdapter
 
 
@@ -35,21 +36,22 @@ class ModelSpec:
     """FQN pattern of the repeated transformer blocks (FSDP units, AC and compile units)."""
     hf_adapter: HFAdapter | None = None
     """Key and config translation to/from the family's transformers class; None when there is none."""
+    check_args: Callable[[Any], None] = check_decoder_args
+    """Raises ConfigError (naming `model.<field>` keys) for args that do not make a valid model."""
 
-    def model_args(self, flavor: str, *, vocab_size: int = 0, n_layers: int = 0, max_seq_len: int = 0) -> Any:
-        """The flavor's args with the trainer's overrides applied (0 keeps the flavor's value)."""
+    def model_args(self, flavor: str, overrides: Mapping[str, Any] | None = None, *, max_seq_len: int = 0,
+                   **fields: Any) -> Any:
+        """The flavor's args with `overrides` (the config's `model.<field>` values, as TOML
+        types) and `fields` (the same from Python) applied and checked; `max_seq_len` sizes
+        the RoPE tables (0 keeps the flavor's)."""
         if flavor not in self.flavors:
             valid = ", ".join(self.flavors)
             raise UnknownModelError(f"model.flavor={flavor!r} is not a {self.name} flavor; use one of {valid}")
-        args = self.flavors[flavor]
-        changes: dict[str, int] = {}
-        if vocab_size:
-            changes["vocab_size"] = vocab_size
-        if n_layers:
-            changes["n_layers"] = n_layers
+        args = args_with_overrides(self.flavors[flavor], {**(overrides or {}), **fields}, self.name)
         if max_seq_len:
-            changes["max_seq_len"] = max_seq_len
-        return dataclasses.replace(args, **changes)
+            args = dataclasses.replace(args, max_seq_len=max_seq_len)
+        self.check_args(args)
+        return args
 
     def build(self, args: Any) -> nn.Module:
         """Construct the model on the current default device (use `torch.device("meta")`)."""

@@ -1,5 +1,6 @@
 """PNG plots of one or more runs (`kenotron report`): loss, learning rate, gradient norm,
-tokens/s, MFU and memory against the step, the runs overlaid, one file per metric plus one
+tokens/s, MFU and memory against the step (and a DoReMi proxy's domain weights and per-domain
+losses, one line per domain), the runs overlaid, one file per metric plus one
 overview. Needs matplotlib (the `report` extra); drawn off-screen, no display needed.
 """
 
@@ -19,6 +20,11 @@ PLOTS = {
     "memory": ("memory_gib", "peak memory (GiB)", False),
 }
 """file name -> (record key, axis title, log scale)."""
+GROUPS = {
+    "domain_weights": ("domain_weight/", "DoReMi domain weights α_t"),
+    "domain_loss": ("domain_loss/", "loss per domain"),
+}
+"""file name -> (record key prefix, axis title): one line per key (per domain, per run)."""
 
 
 def _pyplot():
@@ -41,6 +47,9 @@ def plot_runs(runs: Sequence[str | Path], out_dir: str | Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     shown = {name: spec for name, spec in PLOTS.items()
              if any(r.get(spec[0]) is not None for _, records in series for r in records)}
+    group_keys = {name: sorted({k for _, records in series for r in records for k in r if k.startswith(prefix)})
+                  for name, (prefix, _) in GROUPS.items()}
+    shown.update({name: (name, GROUPS[name][1], False) for name, keys in group_keys.items() if keys})
     written = []
     grid_cols = 3
     grid_rows = max(1, -(-len(shown) // grid_cols))
@@ -51,16 +60,19 @@ def plot_runs(runs: Sequence[str | Path], out_dir: str | Path) -> list[Path]:
         fig, ax = plt.subplots(figsize=(7, 4.2))
         for target in (ax, grid_ax):
             for label, records in series:
-                points = [(r["step"], r[key]) for r in records if r.get(key) is not None]
-                if points:
-                    steps, values = zip(*points)
-                    target.plot(steps, values, marker="." if len(points) < 40 else None, label=label)
+                lines = ([(k, f"{k.split('/', 1)[1]} ({label})" if len(series) > 1 else k.split("/", 1)[1])
+                          for k in group_keys[name]] if name in GROUPS else [(key, label)])
+                for line_key, line_label in lines:
+                    points = [(r["step"], r[line_key]) for r in records if r.get(line_key) is not None]
+                    if points:
+                        steps, values = zip(*points)
+                        target.plot(steps, values, marker="." if len(points) < 40 else None, label=line_label)
             target.set_title(title)
             target.set_xlabel("step")
             target.grid(alpha=0.3)
             if log:
                 target.set_yscale("log")
-            if len(series) > 1:
+            if len(series) > 1 or name in GROUPS:
                 target.legend(fontsize="small")
         fig.tight_layout()
         path = out / f"{name}.png"

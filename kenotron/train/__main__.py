@@ -11,12 +11,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import traceback
 
 from kenotron.config import ConfigError, load_config, split_config_arg
 from kenotron.models import MODEL_SPECS
+from kenotron.models.args import SET_BY_THE_TRAINER
 from kenotron.train.worker_guard import WorkerGuard, exit_code_of, report_failure
 
 CONFIG_ERRORS = (ConfigError, FileNotFoundError)
@@ -33,7 +35,9 @@ def answer_info_flags(argv: list[str], prog: str = "python -m kenotron.train") -
         return True
     if "--list-models" in argv:
         for name, spec in MODEL_SPECS.items():
-            print(f"{name}: {', '.join(spec.flavors)}")
+            fields = [f.name for f in dataclasses.fields(next(iter(spec.flavors.values())))
+                      if f.name not in SET_BY_THE_TRAINER]
+            print(f"{name}: {', '.join(spec.flavors)}\n  model.<field>: {', '.join(fields)}")
         return True
     return False
 

@@ -133,7 +133,8 @@ def resolve_choices(cfg: JobConfig, dims: ParallelDims, target: Target, meta_mod
         device_type=device_type,
         attention_backend=attention,
         eager_kernels=resolve_eager_kernels(u.eager_kernels, device_type, cfg.compile.enable, target.triton),
-        fused_loss=uses_fused_loss(u.loss, dims.tp > 1, dims.pp > 1, meta_model),
+        # DoReMi's proxy needs per-token losses (train/doremi.py), which the fused loss never forms.
+        fused_loss=uses_fused_loss(u.loss, dims.tp > 1, dims.pp > 1, meta_model) and not cfg.doremi.reference,
         loss_kernel=resolve_loss_kernel(u.loss_kernel, device_type, cfg.compile.enable, target.triton),
         loss_chunk_tokens=u.loss_chunk_tokens,
         grad_norm_kernel=resolve_grad_norm_kernel(u.grad_norm_kernel, device_type, target.triton),

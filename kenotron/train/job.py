@@ -26,11 +26,13 @@ from torch import nn
 
 from kenotron.data import MicroBatch
 from kenotron.models.common.eager_kernels import use_eager_kernels
+from kenotron.models.common.parametrization import spectral_lr_scales
 from kenotron.parallel.dims import Meshes
 from kenotron.parallel.early_gather import EarlyGather
 from kenotron.parallel.plan import AppliedPlan, matching_modules
 from kenotron.parallel.zero1 import Zero1Optimizer
 from kenotron.train.attention_backend import BlockMasks, use_attention_kernel
+from kenotron.train.doremi import DoReMi, build_doremi, load_reference
 from kenotron.train.flops import matmul_params
 from kenotron.train.fused_loss import chunk_fn_for
 from kenotron.train.lr_schedule import LRSchedule, build_lr_scheduler
@@ -87,6 +89,8 @@ class Job:
     """Parameters of the whole model (all stages)."""
     matmul_params: int = 0
     """Parameters that enter matrix products (what the FLOP count uses, train/flops.py)."""
+    doremi: DoReMi | None = None
+    """A DoReMi proxy run's reference model and domain weights (doremi.reference; train/doremi.py)."""
 
     @property
     def model_parts(self) -> list[nn.Module]:
@@ -172,7 +176,8 @@ def build_job(
         for part in applied.model_parts:
             part.to_empty(device=device)
             if init_values:
-                part.init_weights(buffer_device=device, seed=cfg.training.seed)
+                part.init_weights(buffer_device=device, seed=cfg.training.seed,
+                                  parametrization=cfg.model.parametrization)
             else:
                 # Fake tensors: init_weights' truncated normal asks data-dependent questions.
                 part.init_buffers(device)
@@ -181,7 +186,8 @@ def build_job(
         factory = optimizer_factory(cfg.optimizer, choices.adamw, master_weights=choices.precision == "master_weights")
         optimizers: list[Any] = []
         for part in applied.model_parts:
-            groups = param_groups(part, cfg.optimizer.weight_decay)
+            scales = spectral_lr_scales(part) if cfg.model.parametrization == "spectral_mup" else None
+            groups = param_groups(part, cfg.optimizer.weight_decay, cfg.optimizer.lr, scales)
             if applied.data_parallel.kind == "zero1":
                 optimizers.append(Zero1Optimizer(groups, applied.data_parallel.mesh, factory))
             else:
@@ -210,7 +216,27 @@ def build_job(
             pipeline = PipelineRunner
         job.pipeline = pipeline(job)
     job.early_gather = _early_gather(job)
+    if cfg.doremi.reference:
+        job.doremi = build_doremi(job, _reference_model(run, device, meshes, tensor_mode, hooks))
+        if init_values:
+            load_reference(job)
     return job
+
+
+def _reference_model(run: ResolvedRun, device: torch.device, meshes: Meshes,
+                     tensor_mode: contextlib.AbstractContextManager | None, hooks: BuildHooks) -> nn.Module:
+    """DoReMi's reference model: the proxy's shape under the same plan, its weights still to load."""
+    with torch.device("meta"):
+        model = run.spec.build(run.model_args)
+    use_attention_kernel(model, run.choices.attention_backend, device)
+    use_eager_kernels(model, run.choices.eager_kernels)
+    if hooks.meta_model is not None:
+        hooks.meta_model(model)
+    (part,) = run.plan.apply(model, meshes).model_parts  # DoReMi runs without pipeline parallel
+    with tensor_mode or contextlib.nullcontext():
+        part.to_empty(device=device)
+        part.init_buffers(device)
+    return part
 
 
 def _early_gather(job: Job) -> EarlyGather | None:

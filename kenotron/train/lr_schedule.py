@@ -49,10 +49,25 @@ class LRSchedule:
         raise ValueError(f"lr_scheduler.decay={self.decay!r} is not one of linear, cosine, wsd, 1-sqrt, constant")
 
 
-def build_lr_scheduler(optimizer: torch.optim.Optimizer, schedule: LRSchedule) -> torch.optim.lr_scheduler.LambdaLR:
-    """A LambdaLR whose k-th `.step()` sets the LR for optimizer step k + 1.
+class ScheduledLR(torch.optim.lr_scheduler.LambdaLR):
+    """LambdaLR that scales each parameter group's own `initial_lr` rather than the list of base
+    rates it saves, so one saved state fits every optimizer on the schedule: pipeline stages hold
+    different groups (with spectral µP, different per-matrix rates), and the checkpoint keeps one
+    scheduler state for all of them."""
+
+    def get_lr(self) -> list[float]:  # type: ignore[override]
+        factor = self.lr_lambdas[0](self.last_epoch)
+        return [group["initial_lr"] * factor for group in self.optimizer.param_groups]
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        super().load_state_dict(state_dict)
+        self.base_lrs = [group["initial_lr"] for group in self.optimizer.param_groups]
+
+
+def build_lr_scheduler(optimizer: torch.optim.Optimizer, schedule: LRSchedule) -> ScheduledLR:
+    """A scheduler whose k-th `.step()` sets the LR for optimizer step k + 1.
 
     LambdaLR evaluates its lambda at 0 on construction; shifting by one makes the first
     optimizer step use lr_factor(1).
     """
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: schedule.lr_factor(i + 1))
+    return ScheduledLR(optimizer, lambda i: schedule.lr_factor(i + 1))

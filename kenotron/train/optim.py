@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -57,19 +57,23 @@ class TritonAdamW(torch.optim.AdamW):
         return state
 
 
-def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    """Matrices and embeddings decay; vectors (norm scales, biases) do not."""
-    decay, no_decay = [], []
+def param_groups(model: nn.Module, weight_decay: float, lr: float,
+                 lr_scales: Mapping[str, float] | None = None) -> list[dict]:
+    """Matrices and embeddings decay; vectors (norm scales, biases) do not. A parameter named in
+    `lr_scales` trains at lr times its scale (spectral µP's per-matrix rates), the rest at lr;
+    one group per (decay, scale), in the order the parameters come."""
+    lr_scales = lr_scales or {}
+    groups: dict[tuple[bool, float], dict] = {}
     seen: set[int] = set()
-    for p in model.parameters():
+    for name, p in model.named_parameters():
         if not p.requires_grad or id(p) in seen:
             continue
         seen.add(id(p))
-        (decay if p.ndim >= 2 else no_decay).append(p)
-    groups = [{"params": decay, "weight_decay": weight_decay}]
-    if no_decay:
-        groups.append({"params": no_decay, "weight_decay": 0.0})
-    return groups
+        decay, scale = p.ndim >= 2, lr_scales.get(name, 1.0)
+        group = groups.setdefault((decay, scale), {"params": [], "weight_decay": weight_decay if decay else 0.0,
+                                                   "lr": lr * scale})
+        group["params"].append(p)
+    return list(groups.values())
 
 
 def adamw_kernel_kwargs(implementation: str) -> dict[str, bool]:

@@ -19,6 +19,7 @@ from kenotron.checkpoint import check_checkpoint_config
 from kenotron.config import ConfigError, JobConfig, validate_config
 from kenotron.data import build_tokenizer, check_data_config
 from kenotron.models import ModelSpec, get_model_spec
+from kenotron.models.common.parametrization import matrix_fans
 from kenotron.parallel.context.apply import cp_attention_kind
 from kenotron.parallel.dims import ParallelDims
 from kenotron.parallel.pipeline import PipelineSplit, build_pipeline_split, check_compile
@@ -67,6 +68,25 @@ def check_context_parallel(cfg: JobConfig, dims: ParallelDims, meta_model: torch
                           "model.attention_backend='math'; choose another backend or tuning.cp_attention='ring'")
 
 
+def check_parametrization(cfg: JobConfig, args: Any, meta_model: torch.nn.Module) -> None:
+    """What spectral µP needs: AdamW (its per-matrix rates are AdamW's), untied embeddings, and
+    the fans of every weight matrix (models/common/parametrization.py)."""
+    if cfg.model.parametrization != "spectral_mup":
+        return
+    if cfg.optimizer.name != "adamw":
+        raise ConfigError(
+            f"model.parametrization='spectral_mup' sets AdamW's per-matrix learning rates (lr * 256 / fan_in); "
+            f"optimizer.name={cfg.optimizer.name!r} would need other ones; use optimizer.name='adamw'"
+        )
+    if getattr(args, "tie_embeddings", False):
+        raise ConfigError(
+            f"model.parametrization='spectral_mup' starts the embedding at std 1 and the output layer at 1/dim, "
+            f"which one tied matrix cannot do, but {cfg.model.name} {cfg.model.flavor} ties them; set "
+            f"model.tie_embeddings=false"
+        )
+    matrix_fans(meta_model)
+
+
 def build_pipeline_split_from_config(meta_model: torch.nn.Module, cfg: JobConfig, pp: int, blocks: str) -> PipelineSplit:
     """The pipeline split that `[parallelism]`'s pp_* fields describe (checked; ParallelConfigError)."""
     p, u = cfg.parallelism, cfg.tuning
@@ -89,8 +109,7 @@ def resolve_run(cfg: JobConfig, world_size: int, target: Target | None = None, c
     """
     validate_config(cfg)
     spec = get_model_spec(cfg.model.name)
-    args = spec.model_args(cfg.model.flavor, vocab_size=cfg.model.vocab_size, n_layers=cfg.model.n_layers,
-                           max_seq_len=cfg.training.seq_len)
+    args = spec.model_args(cfg.model.flavor, cfg.model.args, max_seq_len=cfg.training.seq_len)
     tokenizer = build_tokenizer(cfg.tokenizer.path)
     if tokenizer.vocab_size > args.vocab_size:
         raise ConfigError(
@@ -101,7 +120,18 @@ def resolve_run(cfg: JobConfig, world_size: int, target: Target | None = None, c
     with torch.device("meta"):
         meta_model = spec.build(args)
     layout_for(spec).check(meta_model)  # the family's layout fits its model whatever the parallel layout
+    check_parametrization(cfg, args, meta_model)
+    if cfg.doremi.reference:
+        from kenotron.train.doremi import check_doremi
+
+        check_doremi(cfg, spec, args)
     run = resolve_layout(cfg, world_size, spec, args, meta_model, tokenizer, target or Target.planned(cfg))
+    if cfg.doremi.reference and run.global_batch_size < len(cfg.data.sources):
+        raise ConfigError(
+            f"the global batch of {run.global_batch_size} sequences is smaller than the {len(cfg.data.sources)} "
+            f"DoReMi domains: every step must see every domain; raise training.global_batch_size to at least "
+            f"{len(cfg.data.sources)}"
+        )
     if check_data:
         check_data_config(cfg, tokenizer, args.vocab_size, run.global_batch_size)
     return run

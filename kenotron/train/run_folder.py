@@ -30,17 +30,18 @@ from typing import Any
 
 from kenotron.checkpoint.folders import list_step_folders, step_folder_name
 from kenotron.checkpoint.remote import redact_url
-from kenotron.config import ConfigError, JobConfig, config_to_toml, toml_value
+from kenotron.config import ConfigError, JobConfig, all_fields, config_to_toml, toml_value
 
 logger = logging.getLogger("kenotron")
 
 CONFIG_NAME = "config.toml"
 METRICS_NAME = "metrics.jsonl"
 IDENTITY_KEYS = (
-    "model.name", "model.flavor", "model.vocab_size", "model.n_layers", "tokenizer.path", "data.dataset",
+    "model.name", "model.flavor", "tokenizer.path", "data.dataset",
     "data.path", "data.text_field", "data.split", "data.add_bos", "data.document_masking", "training.seq_len",
 )
-"""What makes a run the run it is: a resume must keep these (everything else may change, and is reported)."""
+"""What makes a run the run it is: a resume must keep these and every model.<field> of the family's
+args (everything else may change, and is reported)."""
 PER_LAUNCH_KEYS = ("job.dump_folder", "job.description", "checkpoint.load_step")
 """Keys that differ between launches of one run without making it another run."""
 
@@ -50,9 +51,19 @@ def _flat(toml_text: str) -> dict[str, Any]:
             if isinstance(table, dict) for key, value in table.items()}
 
 
+def _shape_keys(*configs: dict[str, Any]) -> list[str]:
+    """The model.<field> keys (the family's args set on top of the flavor) in any of `configs`."""
+    fixed = all_fields(JobConfig)
+    return sorted({k for c in configs for k in c if k.startswith("model.") and k not in fixed})
+
+
 def _differences(before: dict[str, Any], now: dict[str, Any], keys: Any = None) -> list[str]:
-    keys = [k for k in (keys if keys is not None else now) if k in before and k in now and k not in PER_LAUNCH_KEYS]
-    return [f"{k} {toml_value(before[k])} -> {toml_value(now[k])}" for k in keys if before[k] != now[k]]
+    shape = _shape_keys(before, now)
+    keys = dict.fromkeys([*(keys if keys is not None else now), *shape])
+    # A model.<field> set in one launch only changes the shape too (unset: the flavor's value).
+    return [f"{k} {toml_value(before[k]) if k in before else '(flavor)'} -> {toml_value(now[k]) if k in now else '(flavor)'}"
+            for k in keys if k not in PER_LAUNCH_KEYS and (k in before and k in now and before[k] != now[k]
+                                                           or k in shape and (k in before) != (k in now))]
 
 
 def checkpoint_folder(cfg: JobConfig) -> Path:
@@ -123,7 +134,8 @@ def check_run_folder(cfg: JobConfig) -> FolderState:
         return state
     now = _flat(config_to_toml(cfg))
     ck = cfg.checkpoint
-    resumes = ck.enable and ck.load_step != 0 and bool(state.complete_steps)
+    # A bucket (checkpoint.remote_folder) may hold the checkpoint that local rotation deleted after its upload.
+    resumes = ck.enable and ck.load_step != 0 and (bool(state.complete_steps) or bool(ck.remote_folder))
     fix = f"use a new folder (--job.dump_folder {free_folder(folder)})"
     if resumes:
         changed = _differences(state.previous_config or {}, now, IDENTITY_KEYS)

@@ -32,6 +32,7 @@ from kenotron.parallel.grad_norm import (
     total_grad_norm,
 )
 from kenotron.train.attention_backend import attention_context
+from kenotron.train.doremi import forward_backward as doremi_forward_backward
 from kenotron.train.fused_loss import linear_cross_entropy_sum
 from kenotron.train.job import Job
 from kenotron.train.loss import IGNORE_INDEX, cross_entropy_sum
@@ -140,6 +141,8 @@ def forward_backward(job: Job, microbatches: Sequence[MicroBatch], observer: Ste
     """
     if job.pipeline is not None:
         return job.pipeline.forward_backward(microbatches, observer)
+    if job.doremi is not None:  # a DoReMi proxy: the domain-weighted objective (train/doremi.py)
+        return doremi_forward_backward(job, microbatches)
     model, applied = job.model, job.applied
     total = torch.zeros((), device=job.device)
     n = len(microbatches)

@@ -99,6 +99,7 @@ class Trainer:
             cfg.checkpoint, self.dump_folder / cfg.checkpoint.folder, model_parts=self.job.model_parts,
             optimizers=self.job.torch_optimizers, lr_schedulers=self.job.lr_schedulers, dataloader=self.loader,
             train_state=self.train_state, model_info=describe_model(self.run.spec, args, cfg.model.flavor),
+            json_states={"doremi": self.job.doremi.weights} if self.job.doremi is not None else None,
         )
         self.checkpointer.load()
         if self.is_rank0:  # records after the resumed step dropped, config.toml written: train/run_folder.py
@@ -196,6 +197,8 @@ class Trainer:
                 )
                 records.append(rec)
                 window, window_start = [], self.step + 1
+                if self.job.doremi is not None and self.is_rank0:
+                    self.job.doremi.write(self.dump_folder)  # the weights so far survive a run cut short
             if self.validation is not None and (
                 self.step % cfg.validation.every == 0 or self.step == cfg.training.steps
             ):
@@ -206,6 +209,12 @@ class Trainer:
         if self.job.early_gather is not None:
             self.job.early_gather.finish()  # no forward waits for the last step's all-gathers
         self.checkpointer.close()  # the last save and uploads are complete when train() returns
+        if self.job.doremi is not None and self.is_rank0:
+            path = self.job.doremi.write(self.dump_folder)
+            logger.info("DoReMi domain weights (average over %d steps) in %s: %s; train on them with "
+                        "--data.weights_from %s", self.job.doremi.weights.steps, path,
+                        ", ".join(f"{k} {v:.3f}" for k, v in self.job.doremi.weights.to_json()["weights"].items()),
+                        path)
         self.metrics.close()
         self._finished = True
         return records
@@ -224,6 +233,8 @@ class Trainer:
         """data_wait_s (seconds per step the loop waited for its batch) and the tokens each dataset gave."""
         out = {"data_wait_s": self.loader.take_wait_seconds() / max(steps, 1)}
         out.update({f"tokens_seen/{name}": n for name, n in self.loader.tokens_by_dataset().items()})
+        if self.job.doremi is not None:  # per-domain losses and the domain weights
+            out.update(self.job.doremi.metrics())
         return out
 
     def _lr_of_step(self, step: int) -> float:

@@ -65,6 +65,16 @@ def test_a_resume_must_keep_the_model_and_data(tmp_path):
         check_run_folder(_cfg(run, "--checkpoint.enable", "true", "--checkpoint.load_step", "0"))
 
 
+def test_a_resume_must_keep_the_model_shape_set_on_top_of_the_flavor(tmp_path):
+    run = tmp_path / "run"
+    _fake_run(run, _cfg(run, "--checkpoint.enable", "true", "--model.dim", "128"), [1, 2], checkpoints=[2])
+    check_run_folder(_cfg(run, "--checkpoint.enable", "true", "--model.dim", "128"))
+    with pytest.raises(ConfigError, match=r"another model or data \(model.dim 128 -> 256\)"):
+        check_run_folder(_cfg(run, "--checkpoint.enable", "true", "--model.dim", "256"))
+    with pytest.raises(ConfigError, match=r"another model or data \(model.dim 128 -> \(flavor\)\)"):
+        check_run_folder(_cfg(run, "--checkpoint.enable", "true"))
+
+
 def test_a_resume_drops_the_records_after_the_resumed_step(tmp_path):
     run = tmp_path / "run"
     cfg = _cfg(run, "--checkpoint.enable", "true")

@@ -26,6 +26,7 @@ from kenotron.models.common.init import (
     trunc_normal,
 )
 from kenotron.models.common.kv_cache import KVCache, LayerKVCache
+from kenotron.models.common.parametrization import Fans, spectral_init_specs
 from kenotron.models.common.rope import RopeScaling, rope_cos_sin
 
 
@@ -211,6 +212,11 @@ class CausalLM(nn.Module):
             specs["output.weight"] = trunc_normal(args.dim**-0.5)
         return specs
 
+    def param_fans(self) -> dict[str, Fans]:
+        """The output layer's fans for spectral µP: its classes (the vocabulary) are not a width,
+        so its fan-out counts as 1 (common/parametrization.py)."""
+        return {"output.weight": Fans(self.args.dim, 1)} if self.output is not None else {}
+
     def init_buffers(self, device: torch.device | str | None = None) -> None:
         """Compute the RoPE tables on `device` (they are not in the state dict)."""
         args = self.args
@@ -219,14 +225,21 @@ class CausalLM(nn.Module):
         )
 
     @torch.no_grad()
-    def init_weights(self, buffer_device: torch.device | str | None = None, seed: int = 0) -> None:
+    def init_weights(self, buffer_device: torch.device | str | None = None, seed: int = 0,
+                     parametrization: str = "standard") -> None:
         """Compute the RoPE tables and initialize every parameter from `seed`.
 
         Each parameter has its own generator (seeded by `seed` and its name), so the
         weights are the same under any sharding or pipeline split (see common/init.py).
+        `parametrization="spectral_mup"` draws the weight matrices at the spectral scale of
+        their global fans (common/parametrization.py).
         """
         self.init_buffers(buffer_device if buffer_device is not None else self.rope_cos.device)
         specs = self.param_init_specs()
+        if parametrization == "spectral_mup":
+            specs = spectral_init_specs(self, specs)
+        elif parametrization != "standard":
+            raise ValueError(f"unknown parametrization {parametrization!r}; use 'standard' or 'spectral_mup'")
         if self.args.tie_embeddings and "tok_embeddings.weight" in specs:
             # One tensor, two names: named_parameters() reports it as the embedding.
             specs.pop("output.weight", None)
