@@ -60,10 +60,7 @@ def read_hf_state_dict(hf_dir: str | Path, spec: ModelSpec, args: Any, expected:
     ({kenotron name: global shape}): the first missing, extra or mismatching parameter is named."""
     adapter = spec.hf_adapter
     with open_weights(hf_dir) as slices:
-        shapes = {}
-        for hf_key, tensor_slice in slices.items():
-            if not adapter.is_ignored_hf_key(hf_key):
-                shapes[adapter.from_hf_key(hf_key)] = tuple(tensor_slice.get_shape())
+        shapes = adapter.from_hf_shapes({k: tuple(s.get_shape()) for k, s in slices.items()}, args)
         if args.tie_embeddings:
             shapes.pop("output.weight", None)  # HF may store the tied copy too; the embedding is the one
         wanted = {k: tuple(v) for k, v in expected.items() if not (args.tie_embeddings and k == "output.weight")}

@@ -35,9 +35,19 @@ class ModelSpec:
     """FQN pattern of the repeated transformer blocks (FSDP units, AC and compile units)."""
     hf_adapter: HFAdapter | None = None
     """Key and config translation to/from the family's transformers class; None when there is none."""
+    moe_modules: str = ""
+    """FQN pattern of the MoE feed-forward modules (models/common/moe.py); empty for a dense family."""
+    experts: str = ""
+    """FQN pattern of their routed experts (the modules expert parallelism shards)."""
 
-    def model_args(self, flavor: str, *, vocab_size: int = 0, n_layers: int = 0, max_seq_len: int = 0) -> Any:
-        """The flavor's args with the trainer's overrides applied (0 keeps the flavor's value)."""
+    @property
+    def is_moe(self) -> bool:
+        return bool(self.moe_modules)
+
+    def model_args(self, flavor: str, *, vocab_size: int = 0, n_layers: int = 0, max_seq_len: int = 0,
+                   n_experts: int = 0, top_k: int = 0) -> Any:
+        """The flavor's args with the trainer's overrides applied (0 keeps the flavor's value);
+        `n_experts` and `top_k` are an MoE family's."""
         if flavor not in self.flavors:
             valid = ", ".join(self.flavors)
             raise UnknownModelError(f"model.flavor={flavor!r} is not a {self.name} flavor; use one of {valid}")
@@ -49,6 +59,11 @@ class ModelSpec:
             changes["n_layers"] = n_layers
         if max_seq_len:
             changes["max_seq_len"] = max_seq_len
+        moe_changes = {k: v for k, v in (("n_experts", n_experts), ("top_k", top_k)) if v}
+        if moe_changes:
+            if not self.is_moe:
+                raise ConfigError(f"model {self.name!r} has no experts: moe.n_experts and moe.top_k apply to MoE families")
+            changes["moe"] = dataclasses.replace(args.moe, **moe_changes)
         return dataclasses.replace(args, **changes)
 
     def build(self, args: Any) -> nn.Module:
