@@ -33,7 +33,7 @@ from kenotron.estimate.report import RESERVED_FRACTION, gib
 from kenotron.estimate.throughput import Hardware, StepTime, step_time
 from kenotron.parallel.dims import ParallelConfigError, ParallelDims
 from kenotron.train.choices import Target
-from kenotron.train.flops import matmul_params
+from kenotron.train.flops import active_matmul_params
 from kenotron.train.resolve import ResolvedRun, resolve_layout, resolve_run
 
 AC_CHOICES = ("none", "selective-op", "full")
@@ -167,7 +167,7 @@ def enumerate_candidates(
     base: ResolvedRun, model: AnalyticModel, ngpu: int, global_batch: int, hw: Hardware
 ) -> list[Candidate]:
     """Every valid candidate, priced (analytic memory, modelled step time)."""
-    n_matmul = matmul_params(model.model)
+    n_matmul = active_matmul_params(model.model)
     out = []
     # pp does not combine with cp in the trainer, so a split has one or the other (or neither).
     splits = [(tp, 1, cp) for tp in _divisors(ngpu) if tp <= hw.gpus_per_node for cp in _divisors(ngpu // tp)]

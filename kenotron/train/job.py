@@ -25,13 +25,14 @@ import torch
 from torch import nn
 
 from kenotron.data import MicroBatch
-from kenotron.models.common.eager_kernels import use_eager_kernels
+from kenotron.models.common.eager_kernels import use_eager_kernels, use_expert_kernel
 from kenotron.parallel.dims import Meshes
 from kenotron.parallel.early_gather import EarlyGather
 from kenotron.parallel.plan import AppliedPlan, matching_modules
 from kenotron.parallel.zero1 import Zero1Optimizer
 from kenotron.train.attention_backend import BlockMasks, use_attention_kernel
-from kenotron.train.flops import matmul_params
+from kenotron.train.expert_balance import build_expert_balance
+from kenotron.train.flops import active_matmul_params
 from kenotron.train.fused_loss import chunk_fn_for
 from kenotron.train.lr_schedule import LRSchedule, build_lr_scheduler
 from kenotron.train.optim import optimizer_factory, param_groups
@@ -86,7 +87,10 @@ class Job:
     n_params: int = 0
     """Parameters of the whole model (all stages)."""
     matmul_params: int = 0
-    """Parameters that enter matrix products (what the FLOP count uses, train/flops.py)."""
+    """Parameters that enter matrix products for each token (what the FLOP count uses, train/flops.py):
+    an MoE layer counts its top-k routed experts, not all of them."""
+    experts: Any = None
+    """train/expert_balance.ExpertBalance of a model with MoE layers (None otherwise)."""
 
     @property
     def model_parts(self) -> list[nn.Module]:
@@ -158,9 +162,10 @@ def build_job(
         model = run.spec.build(run.model_args)
     use_attention_kernel(model, choices.attention_backend, device)
     use_eager_kernels(model, choices.eager_kernels)
+    use_expert_kernel(model, choices.expert_kernel)
     if hooks.meta_model is not None:
         hooks.meta_model(model)
-    n_params, n_matmul = sum(p.numel() for p in model.parameters()), matmul_params(model)
+    n_params, n_matmul = sum(p.numel() for p in model.parameters()), active_matmul_params(model)
     fused_loss = choices.fused_loss
     applied = run.plan.apply(model, meshes)
     if choices.precision != "float32" and applied.data_parallel.casts_params != (choices.precision == "fsdp"):
@@ -210,6 +215,7 @@ def build_job(
             pipeline = PipelineRunner
         job.pipeline = pipeline(job)
     job.early_gather = _early_gather(job)
+    job.experts = build_expert_balance(job)
     return job
 
 

@@ -3,7 +3,9 @@
 Records go to `<dump_folder>/metrics.jsonl`, one JSON object per line, with at least:
 step, loss (this step's), loss_avg (mean over the steps since the previous record), grad_norm, lr, tokens_per_sec (per device), tflops (per device), mfu (percent, or
 null on a device with no known peak), memory_gib (peak: CUDA max allocated, or the process's
-peak RSS on CPU), elapsed_s (since training started), plus tokens_seen and step_time_s.
+peak RSS on CPU), elapsed_s (since training started), plus tokens_seen and step_time_s. MoE
+models add aux_loss and z_loss (the last step's, mean over layers) and per layer L
+moe_load_max/L and moe_load_mean/L (token copies per expert) and moe_aux/L.
 """
 
 from __future__ import annotations
@@ -92,9 +94,11 @@ class MetricsLogger:
         self._window_steps += 1
 
     def record(
-        self, *, step: int, loss: float, grad_norm: float, lr: float, tokens_seen: int, loss_avg: float | None = None
+        self, *, step: int, loss: float, grad_norm: float, lr: float, tokens_seen: int, loss_avg: float | None = None,
+        extra: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
-        """Close the window at this step: build, print and write the record."""
+        """Close the window at this step: build, print and write the record. `extra` holds more
+        scalars for the record and TensorBoard (an MoE model's per-layer expert loads and losses)."""
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         now = time.perf_counter()
@@ -118,12 +122,13 @@ class MetricsLogger:
             "elapsed_s": now - self._start,
             "tokens_seen": tokens_seen,
             "step_time_s": seconds / max(self._window_steps, 1),
+            **(extra or {}),
         }
         self._window_start, self._window_tokens, self._window_steps = now, 0, 0
         if self.write:
             self._jsonl.write(json.dumps(rec) + "\n")
             if self._tb is not None:
-                for key in ("loss", "grad_norm", "lr", "tokens_per_sec", "tflops", "mfu", "memory_gib"):
+                for key in ("loss", "grad_norm", "lr", "tokens_per_sec", "tflops", "mfu", "memory_gib", *(extra or {})):
                     if rec[key] is not None:
                         self._tb.add_scalar(f"train/{key}", rec[key], step)
             logger.info(format_record(rec))
@@ -146,8 +151,9 @@ def _si(x: float) -> str:
 def format_record(rec: dict[str, Any]) -> str:
     """The one-line progress view of a record."""
     mfu = f"{rec['mfu']:.1f}%" if rec["mfu"] is not None else "n/a"
+    moe = f" | aux {rec['aux_loss']:.4f}" if "aux_loss" in rec else ""
     return (
         f"step {rec['step']:>6} | loss {rec['loss']:.4f} (avg {rec['loss_avg']:.4f}) | grad_norm {rec['grad_norm']:.3f} | lr {rec['lr']:.2e} | "
         f"{_si(rec['tokens_per_sec'])} tok/s | {rec['tflops']:.3g} TFLOP/s | MFU {mfu} | "
-        f"mem {rec['memory_gib']:.2f} GiB | {rec['elapsed_s']:.1f}s"
+        f"mem {rec['memory_gib']:.2f} GiB{moe} | {rec['elapsed_s']:.1f}s"
     )

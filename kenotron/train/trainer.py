@@ -162,12 +162,16 @@ class Trainer:
             self.train_state.tokens_seen += tokens_per_step
             self.metrics.count(tokens_per_step)
             window.append(loss)
+            if self.job.experts is not None and self.step % 10 == 0:
+                self.job.experts.check_collapse()
             if self.step % cfg.metrics.log_freq == 0 or self.step == cfg.training.steps:
                 losses = self.global_losses(window)
                 self._check_finite(losses, window_start)
+                extra = self.job.experts.metrics() if self.job.experts is not None else {}
                 rec = self.metrics.record(
                     step=self.step, loss=losses[-1].item(), loss_avg=losses.mean().item(),
                     grad_norm=grad_norm.item(), lr=self._lr_of_step(self.step), tokens_seen=self.tokens_seen,
+                    extra=extra,
                 )
                 records.append(rec)
                 window, window_start = [], self.step + 1

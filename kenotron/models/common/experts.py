@@ -91,47 +91,51 @@ def group_by_expert(expert_ids: torch.Tensor, n_groups: int, k: int, align: int 
     return Grouping(src_copy, dest_row, ends.to(torch.int32), counts, k)
 
 
-def _gather_rows(x: torch.Tensor, g: Grouping) -> torch.Tensor:
+def _gather_rows(x: torch.Tensor, src_copy: torch.Tensor, k: int) -> torch.Tensor:
     # Padding rows name copy `copies`, i.e. token `tokens`: one zero row past the end.
     padded = torch.cat([x, x.new_zeros((1, *x.shape[1:]))])
-    return padded.index_select(0, torch.div(g.src_copy, g.k, rounding_mode="floor"))
+    return padded.index_select(0, torch.div(src_copy, k, rounding_mode="floor"))
 
 
-def _sum_rows(y: torch.Tensor, g: Grouping) -> torch.Tensor:
-    picked = y.index_select(0, g.dest_row)
-    return picked.view(g.copies // g.k, g.k, *y.shape[1:]).sum(1) if g.k > 1 else picked
+def _sum_rows(y: torch.Tensor, dest_row: torch.Tensor, k: int) -> torch.Tensor:
+    picked = y.index_select(0, dest_row)
+    return picked.view(dest_row.shape[0] // k, k, *y.shape[1:]).sum(1) if k > 1 else picked
 
 
 class _GatherRows(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x: torch.Tensor, g: Grouping) -> torch.Tensor:
-        ctx.grouping = g
-        return _gather_rows(x, g)
+    def forward(ctx, x: torch.Tensor, src_copy: torch.Tensor, dest_row: torch.Tensor, k: int) -> torch.Tensor:
+        ctx.save_for_backward(dest_row)
+        ctx.k = k
+        return _gather_rows(x, src_copy, k)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        return _sum_rows(grad, ctx.grouping), None
+        (dest_row,) = ctx.saved_tensors
+        return _sum_rows(grad, dest_row, ctx.k), None, None, None
 
 
 class _SumRows(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, y: torch.Tensor, g: Grouping) -> torch.Tensor:
-        ctx.grouping = g
-        return _sum_rows(y, g)
+    def forward(ctx, y: torch.Tensor, src_copy: torch.Tensor, dest_row: torch.Tensor, k: int) -> torch.Tensor:
+        ctx.save_for_backward(src_copy)
+        ctx.k = k
+        return _sum_rows(y, dest_row, k)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        return _gather_rows(grad, ctx.grouping), None
+        (src_copy,) = ctx.saved_tensors
+        return _gather_rows(grad, src_copy, ctx.k), None, None, None
 
 
 def gather_rows(x: torch.Tensor, g: Grouping) -> torch.Tensor:
     """(tokens, ...) -> (g.rows, ...): each grouped row holds its copy's token; padding rows zero."""
-    return _GatherRows.apply(x, g)
+    return _GatherRows.apply(x, g.src_copy, g.dest_row, g.k)
 
 
 def sum_rows(y: torch.Tensor, g: Grouping) -> torch.Tensor:
     """(g.rows, ...) -> (tokens, ...): each token the sum of its k copies' rows (padding unread)."""
-    return _SumRows.apply(y, g)
+    return _SumRows.apply(y, g.src_copy, g.dest_row, g.k)
 
 
 def copy_weights(weights: torch.Tensor, g: Grouping) -> torch.Tensor:

@@ -112,6 +112,15 @@ class TopKRouter(nn.Module):
         self.register_buffer("units", torch.zeros(()), persistent=False)
         self.balance = BalanceWeights()
 
+    def _apply(self, fn, recurse=True):  # type: ignore[override]
+        # The bias and the statistics stay fp32 whatever dtype the model is cast to: bf16 counts
+        # stop at 256 and a bf16 bias would round its small steps away.
+        out = super()._apply(fn, recurse)
+        for name, buffer in self.named_buffers(recurse=False):
+            if buffer.is_floating_point() and buffer.dtype != torch.float32:
+                setattr(self, name, buffer.float())
+        return out
+
     def forward(self, x: torch.Tensor) -> RouterOutput:
         logits = self.gate(x)
         scores = logits.float().softmax(-1) if self.score_func == "softmax" else logits.float().sigmoid()
