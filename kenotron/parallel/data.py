@@ -123,7 +123,7 @@ def apply_data_parallel(model: nn.Module, meshes: Meshes, plan: Plan) -> DataPar
         # keeping them gathered for the step (the schedule reshards after its last backward)
         # costs little memory.
         pipelined = plan.pipeline is not None and meshes.get("pp") is not None
-        _shard_experts(model, meshes, plan, mp, averaging_size=mesh.size())
+        _shard_experts(model, meshes, plan, mp, pipelined)
         for i, unit in enumerate(units):
             if st.reshard_after_forward == "default":
                 # The last unit's parameters are needed again right away by backward; on a
@@ -160,14 +160,15 @@ def expert_fsdp_mesh(meshes: Meshes) -> DeviceMesh | None:
     return meshes.root[("dp_replicate", "efsdp")] if "dp_replicate" in names else meshes.root["efsdp"]
 
 
-def _shard_experts(model: nn.Module, meshes: Meshes, plan: Plan, mp: MixedPrecisionPolicy, averaging_size: int) -> None:
-    """Under expert parallelism each expert module is its own FSDP unit over the ranks ep leaves.
-    Its gradients are summed (not averaged over that smaller mesh) and divided by the dense
-    parameters' averaging size, which the step's loss is multiplied by (train/step.py)."""
+def _shard_experts(model: nn.Module, meshes: Meshes, plan: Plan, mp: MixedPrecisionPolicy, pipelined: bool) -> None:
+    """Under expert parallelism each expert module is its own FSDP unit over the ranks ep leaves
+    (resharded after forward as the blocks are). Averaging over that mesh, 1/ep the size of the
+    dense parameters', is right because compute scales the experts' gradients by 1/ep
+    (parallel/expert.py)."""
     mesh = expert_fsdp_mesh(meshes)
     if mesh is None or not plan.layout.experts:
         return
+    policy = plan.settings.reshard_after_forward
+    reshard = policy == "always" or (policy == "default" and mesh.size() > 1 and not pipelined)
     for _, experts in matching_modules(model, plan.layout.experts):
-        fully_shard(experts, mesh=mesh, mp_policy=mp, reshard_after_forward=plan.settings.reshard_after_forward != "never")
-        experts.set_force_sum_reduction_for_comms(True)
-        experts.set_gradient_divide_factor(float(averaging_size))
+        fully_shard(experts, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)

@@ -77,12 +77,24 @@ def _replicated_over_tp(tensor: torch.Tensor, mesh: DeviceMesh, placements: list
     return nn.Parameter(distribute_tensor(tensor.detach(), mesh, placements, src_data_rank=None))
 
 
-def _local_view(grad_placements: tuple) -> Callable[[torch.Tensor], torch.Tensor]:
+class _ScaleGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, factor: float) -> torch.Tensor:
+        ctx.factor = factor
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad * ctx.factor, None
+
+
+def _local_view(grad_placements: tuple, grad_scale: float = 1.0) -> Callable[[torch.Tensor], torch.Tensor]:
     """How compute reads a DTensor weight: its local shard, whose gradient has `grad_placements`
-    (Partial on tp: each tp rank computed with other tokens)."""
+    (Partial on tp: each tp rank computed with other tokens), times `grad_scale`."""
 
     def view(weight: torch.Tensor) -> torch.Tensor:
-        return weight.to_local(grad_placements=grad_placements) if isinstance(weight, DTensor) else weight
+        local = weight.to_local(grad_placements=grad_placements) if isinstance(weight, DTensor) else weight
+        return _ScaleGrad.apply(local, grad_scale) if grad_scale != 1.0 else local
 
     return view
 
@@ -113,7 +125,11 @@ def apply_expert_parallel(model: nn.Module, meshes: Meshes, plan: Plan) -> None:
             placements = [Shard(0) if d == "ep" else Replicate() for d in dims]
             for pname in ("w13", "w2"):
                 setattr(experts, pname, _replicated_over_tp(getattr(experts, pname), mesh, placements))
-            experts.weight_view = _local_view(tuple(Shard(0) if d == "ep" else Partial() for d in dims))
+            # Each expert's gradient gathers the tokens of its ep group: the step's loss is scaled by
+            # the data-parallel averaging size (dp_shard x cp x dp_replicate), while FSDP averages
+            # the experts over 1/ep of those ranks; 1/ep makes the average the mean over all.
+            grad_scale = 1.0 / ep_mesh.size() if ep_mesh is not None else 1.0
+            experts.weight_view = _local_view(tuple(Shard(0) if d == "ep" else Partial() for d in dims), grad_scale)
         if ep_mesh is not None:
             if experts.n_experts % ep_mesh.size():
                 raise ValueError(f"ep={ep_mesh.size()} does not divide the {experts.n_experts} experts of {name}")

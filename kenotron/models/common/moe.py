@@ -92,6 +92,10 @@ class MoE(nn.Module):
         self.dispatcher: TokenDispatcher = LocalDispatcher()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.is_meta:
+            # Shape inference (a pipeline stage's first step runs on meta tensors): routing has no
+            # values to act on, and the result has the input's shape.
+            return torch.empty_like(x)
         shape = x.shape
         x = x.reshape(-1, shape[-1])
         r = self.router(x)

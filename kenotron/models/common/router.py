@@ -111,6 +111,8 @@ class TopKRouter(nn.Module):
         self.register_buffer("z_sum", torch.zeros(()), persistent=False)
         self.register_buffer("units", torch.zeros(()), persistent=False)
         self.balance = BalanceWeights()
+        self.counting = True
+        """Whether forwards add to the step statistics (off while a pipeline stage infers its shapes)."""
 
     def _apply(self, fn, recurse=True):  # type: ignore[override]
         # The bias and the statistics stay fp32 whatever dtype the model is cast to: bf16 counts
@@ -140,7 +142,7 @@ class TopKRouter(nn.Module):
         after adding the micro-batch to the step statistics."""
         w = self.balance
         tokens = r.logits.shape[0] * w.group_size
-        track = self.training and torch.is_grad_enabled() and not _in_recomputation()
+        track = self.counting and self.training and torch.is_grad_enabled() and not _in_recomputation()
         terms = []
         if track:
             self.load.add_(r.counts)
