@@ -34,8 +34,7 @@ import time
 import types
 from pathlib import Path
 
-
-from torch.distributed.checkpoint.stateful import Stateful  # noqa: E402
+from torch.distributed.checkpoint.stateful import Stateful
 
 
 class _AnyMeta(type(Stateful)):  # a base class beside torchtitan's Stateful, Protocol-derived bases

@@ -18,11 +18,11 @@ from tests.models.hf_parity import random_hf_model, random_kenotron_model
 
 SMALL_MOE = MoEArgs(n_experts=4, top_k=2, ffn_dim=32)
 SMALL = {
-    "qwen3_moe": dict(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=32, vocab_size=128, max_seq_len=64,
-                      moe=SMALL_MOE),
-    "mixtral": dict(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=128, max_seq_len=64, moe=SMALL_MOE),
-    "qwen2_moe": dict(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=128, max_seq_len=64,
-                      moe=dataclasses.replace(SMALL_MOE, norm_topk=False, shared_ffn_dim=48, shared_gate=True)),
+    "qwen3_moe": {"dim": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "head_dim": 32, "vocab_size": 128, "max_seq_len": 64,
+                      "moe": SMALL_MOE},
+    "mixtral": {"dim": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "vocab_size": 128, "max_seq_len": 64, "moe": SMALL_MOE},
+    "qwen2_moe": {"dim": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "vocab_size": 128, "max_seq_len": 64,
+                      "moe": dataclasses.replace(SMALL_MOE, norm_topk=False, shared_ffn_dim=48, shared_gate=True)},
 }
 
 PUBLISHED = {
