@@ -1,8 +1,8 @@
 """Start a step's first FSDP all-gathers under the previous step's optimizer update.
 
 A training step's forward begins with the all-gathers of the root unit (embedding, final norm,
-output) and of the first block, and nothing else is queued to hide them behind: on 4 H200s the
-1B model waits ~2 ms for them every step. Their parameters are updated in an optimizer step of
+output) and of the first block, and nothing else is queued to hide them behind: the GPU waits
+for them every step (docs/performance.md). Their parameters are updated in an optimizer step of
 their own, then their all-gathers are issued (`FSDPModule.unshard(async_op=True)`, which the
 forward waits on) while the optimizer updates every other parameter.
 

@@ -62,7 +62,7 @@ PRESETS: dict[str, dict[str, list[str]]] = {
         "1B b4x4096 FSDP4 compiled": _1B + ["--compile.enable", "true"],
         "8B b2x8192 FSDP4 compiled selective-AC": _8B_FSDP,
         "8B b2x8192 FSDP4 compiled selective-AC mm-every-2": _8B_FSDP + ["--tuning.ac_save_matmul_every", "2"],
-        # Under the reference's 70.7 GiB, allocated and reserved (docs/performance.md, session 9).
+        # Under the reference's 70.7 GiB, allocated and reserved (docs/performance.md).
         "8B b2x8192 FSDP4 compiled selective-AC offload-6": _8B_FSDP + ["--activation_checkpoint.offload_blocks", "6"],
     },
     # FlashAttention-4 (needs the flash-attn-4 package): the bf16 rows with the fastest attention kernel.
