@@ -47,6 +47,19 @@ class AllToAllDispatcher:
 
     def __init__(self, group: dist.ProcessGroup, ep: int) -> None:
         self.group, self.ep = group, ep
+        self.assume_balanced = False
+        """Take every split as even instead of exchanging the counts: the memory estimator's
+        planning, on fake tensors whose values do not exist (the trainer never sets it)."""
+
+    def _splits(self, counts: torch.Tensor, copies: int) -> tuple[torch.Tensor, list[int], list[int]]:
+        """(copies received per [source rank, local expert], copies sent per rank, received per rank)."""
+        if self.assume_balanced:
+            even = [copies // self.ep] * self.ep
+            return torch.full_like(counts, copies // counts.shape[0]), even, even
+        received = torch.empty_like(counts)
+        dist.all_to_all_single(received, counts, group=self.group)
+        local = counts.shape[0] // self.ep
+        return received, counts.view(self.ep, local).sum(1).tolist(), received.view(self.ep, local).sum(1).tolist()
 
     def __call__(self, x: torch.Tensor, r: RouterOutput, experts: GroupedExperts) -> torch.Tensor:
         from torch.distributed._functional_collectives import all_to_all_single_autograd
@@ -55,11 +68,7 @@ class AllToAllDispatcher:
         local = n_experts // self.ep
         by_expert = group_by_expert(r.experts.reshape(-1), n_experts, k)
         send = gather_rows(x, by_expert)  # copies ordered by expert, hence by destination rank
-        counts = by_expert.counts
-        received = torch.empty_like(counts)
-        dist.all_to_all_single(received, counts, group=self.group)  # [source rank, local expert]
-        send_splits = counts.view(self.ep, local).sum(1).tolist()
-        recv_splits = received.view(self.ep, local).sum(1).tolist()
+        received, send_splits, recv_splits = self._splits(by_expert.counts, by_expert.copies)
         recv = all_to_all_single_autograd(send, recv_splits, send_splits, self.group)
         # Regroup what arrived (source-major) by local expert, padded for the expert kernel.
         expert_of_row = torch.repeat_interleave(

@@ -55,7 +55,7 @@ class BuildHooks:
     meta_model: Callable[[nn.Module], None] | None = None
     """Called with the meta model once the resolved kernels are in place, before the plan is applied."""
     applied: Callable[[nn.Module, Meshes], None] | None = None
-    """Called with the model and meshes right after `plan.apply`."""
+    """Called with each model part (the model, or this rank's pipeline stages) and the meshes right after `plan.apply`."""
 
 
 @dataclass
@@ -172,7 +172,8 @@ def build_job(
         raise AssertionError(f"resolve_run chose precision {choices.precision!r} but the plan's data parallel is "
                              f"{applied.data_parallel.kind}")
     if hooks.applied is not None:
-        hooks.applied(model, meshes)
+        for part in applied.model_parts:
+            hooks.applied(part, meshes)
     with tensor_mode or contextlib.nullcontext():
         for part in applied.model_parts:
             part.to_empty(device=device)

@@ -69,3 +69,14 @@ def test_pipeline_candidates_follow_the_trainers_rules_and_are_confirmed():
         if c.confirmed_peak is not None:
             assert c.analytic_peak == pytest.approx(c.confirmed_peak, rel=0.05)
     assert "1F1B" in format_search(result)
+
+
+def test_moe_models_are_searched_over_expert_parallel_degrees():
+    cfg = load_config("train_configs/qwen3_moe_debug.toml", ["--training.global_batch_size", "8",
+                                                             "--training.seq_len", "256"])
+    result = search_layouts(cfg, 4, 4.0, top=1000, confirm=1)
+    eps = {c.degrees["ep"] for c in result.ranked}
+    assert eps >= {1, 2, 4}, eps
+    with_ep = next(c for c in result.ranked if c.degrees["ep"] > 1)
+    assert f"--parallelism.ep {with_ep.degrees['ep']}" in " ".join(with_ep.overrides())
+    assert f"ep{with_ep.degrees['ep']}" in with_ep.label()

@@ -157,3 +157,21 @@ def test_router_buffers_stay_fp32_when_the_model_is_cast():
 def test_top_k_larger_than_the_expert_count_is_refused():
     with pytest.raises(ValueError, match="top_k=9 must lie in"):
         TopKRouter(16, 8, 9)
+
+
+@pytest.mark.parametrize("selective", [False, True])
+def test_activation_checkpointing_recomputes_without_counting_twice(selective):
+    from kenotron.parallel.activation_checkpoint import checkpoint_module
+
+    layer = _layer(dtype=torch.float32)
+    layer.router.balance.aux = 0.1
+    x = torch.randn(2, 6, 16, requires_grad=True)
+    layer(x).sum().backward()
+    expected = [layer.router.load.clone(), layer.router.aux_sum.clone()] + [p.grad.clone() for p in layer.parameters()]
+    layer.zero_grad()
+    layer.router.reset_statistics()
+    checkpoint_module(layer, selective=selective)
+    layer(x).sum().backward()
+    got = [layer.router.load, layer.router.aux_sum] + [p.grad for p in layer.parameters()]
+    for a, b in zip(got, expected):
+        torch.testing.assert_close(a, b)

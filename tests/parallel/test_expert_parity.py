@@ -1,5 +1,5 @@
 """Expert parallelism on CPU/gloo against one rank: ep 2 and 4, EP x FSDP, EP x TP (dense parts),
-EP x PP. fp32, SGD, 2 steps of qwen3_moe's debug model with the auxiliary loss, the z-loss and
+EP x PP, EP under activation checkpointing. fp32, SGD, 2 steps of qwen3_moe's debug model with the auxiliary loss, the z-loss and
 the bias updates on: losses and gradient norms within 1e-5, first-step gradients within 1e-5.
 
 Every layout here takes the whole global batch in one micro-step (one pipeline microbatch under
@@ -26,11 +26,16 @@ LAYOUTS = {
     "ep2_tp2": (4, ["--parallelism.ep", "2", "--parallelism.tp", "2", "--training.local_batch_size", "4"]),
     "ep2_pp2": (4, ["--parallelism.ep", "2", "--parallelism.pp", "2", "--parallelism.pp_schedule", "GPipe",
                     "--parallelism.pp_microbatches", "1", "--training.local_batch_size", "4"]),
+    # Recomputation around the experts' own FSDP unit (selective: the profiler ranges FSDP opens).
+    "ep2_selective_ac": (2, ["--parallelism.ep", "2", "--training.local_batch_size", "4",
+                             "--activation_checkpoint.mode", "selective-op"]),
+    "ep2_full_ac": (2, ["--parallelism.ep", "2", "--training.local_batch_size", "4",
+                        "--activation_checkpoint.mode", "full"]),
 }
 # Local shape of layer 0's w13 (8 experts x 512 x 256) on rank 0: experts split over ep, then
 # FSDP over what ep leaves.
 EXPECTED_W13 = {"ep2": (4, 512, 256), "ep4": (2, 512, 256), "ep2_fsdp4": (2, 512, 256), "ep2_tp2": (4, 512, 256),
-                "ep2_pp2": (4, 512, 256)}
+                "ep2_pp2": (4, 512, 256), "ep2_selective_ac": (4, 512, 256), "ep2_full_ac": (4, 512, 256)}
 
 
 @pytest.fixture(scope="module")
