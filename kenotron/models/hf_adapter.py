@@ -146,6 +146,21 @@ class HFAdapter:
             out[self.to_hf_key(key)] = value
         return out
 
+    def hf_names(self, key: str, shape: tuple[int, ...], args: Any) -> dict[str, tuple[int, ...]]:
+        """{HF name: shape} of the kenotron tensor `key` of `shape`, as `to_hf` would write it: none
+        for a tied output or a key HF lacks, one per expert and part for a stacked tensor."""
+        if _tied(args) and key == "output.weight":
+            return {}
+        match = _LAYER_KEY.match(key)
+        suffix = match.group(2) if match else None
+        if suffix in self.zero_keys:
+            return {}
+        if suffix in self.expert_keys:
+            parts = self.expert_keys[suffix]
+            piece = (shape[1] // len(parts), *shape[2:])
+            return {f"model.layers.{match.group(1)}.{t.format(e=e)}": piece for e in range(shape[0]) for t in parts}
+        return {self.to_hf_key(key): tuple(shape)}
+
     def from_hf(self, hf_state_dict: Mapping[str, torch.Tensor], args: Any) -> dict[str, torch.Tensor]:
         """HF state dict -> kenotron state dict that `model.load_state_dict(..., strict=True)` takes.
 

@@ -49,6 +49,8 @@ NAMED = {
     "math": SDPBackend.MATH,
 }
 CUDA_AUTO_ORDER = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+CUDA_ONLY_SDPA = ("cudnn", "efficient")
+"""SDPA kernels with no CPU implementation (torch has flash and math on CPU)."""
 NOT_SDPA = ("flex", "flash_attn")
 
 
@@ -133,7 +135,11 @@ def window_shorter_than(meta_model: nn.Module, seq_len: int) -> int | None:
 
 def check_attention(cfg: JobConfig, dims: ParallelDims, meta_model: nn.Module, target: Any, backend: str) -> None:
     """What flex and flash_attn cannot run, refused with the fix in the message (ConfigError).
-    `backend`: the requested one, after resolve_attention_backend."""
+    `backend`: the requested one, after resolve_attention_backend. A CUDA-only SDPA kernel is
+    refused on another device."""
+    if backend in CUDA_ONLY_SDPA and target.device_type != "cuda":
+        raise ConfigError(f"model.attention_backend={backend!r} is a CUDA kernel and this run is on "
+                          f"{target.device_type}; use 'auto', 'flash' or 'math' there")
     if backend not in NOT_SDPA:
         return
     name = f"model.attention_backend={backend!r}"
