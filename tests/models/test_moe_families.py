@@ -153,3 +153,26 @@ def test_greedy_generation_with_the_cache_equals_without():
     cached = generate(model, prompts, max_new_tokens=5)
     assert cached == generate(model, prompts, max_new_tokens=5, use_cache=False)
     assert all(len(row) == 5 for row in cached)
+
+
+def test_hub_folder_to_dcp_checkpoint_and_back_keeps_every_expert(tmp_path):
+    pytest.importorskip("transformers")
+    from safetensors.torch import load_file
+
+    from kenotron.checkpoint.hf import checkpoint_to_hf, hf_to_checkpoint
+
+    spec = get_model_spec("qwen2_moe")
+    args = small_args("qwen2_moe")
+    random_hf_model(spec, args, seed=2).save_pretrained(tmp_path / "hub")
+    step = hf_to_checkpoint(tmp_path / "hub", tmp_path / "ckpt")
+    checkpoint_to_hf(step, tmp_path / "back", max_shard_bytes=200_000)  # several shards: experts split across them
+
+    def tensors(folder):
+        out = {}
+        for f in sorted(folder.glob("*.safetensors")):
+            out.update(load_file(f))
+        return out
+
+    original, back = tensors(tmp_path / "hub"), tensors(tmp_path / "back")
+    assert set(back) == set(original)
+    assert all(torch.equal(back[k], original[k]) for k in original)
