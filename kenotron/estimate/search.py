@@ -32,12 +32,8 @@ from kenotron.estimate.analytic import AnalyticModel
 from kenotron.estimate.memory import describe_model, estimate_run
 from kenotron.estimate.report import RESERVED_FRACTION, gib
 from kenotron.estimate.throughput import Hardware, StepTime, step_time
-<<<<<<< HEAD
 from kenotron.parallel.dims import ParallelConfigError, ParallelDims, expert_parallel_degrees
-=======
-from kenotron.parallel.dims import ParallelConfigError, ParallelDims
 from kenotron.progress import progress_bar
->>>>>>> main
 from kenotron.train.choices import Target
 from kenotron.train.flops import active_matmul_params
 from kenotron.train.resolve import ResolvedRun, resolve_layout, resolve_run
