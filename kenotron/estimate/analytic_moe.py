@@ -107,4 +107,5 @@ def all_to_all_seconds(run: Any, bandwidth: float, tokens: int) -> float:
         return 0.0
     c = 2 if run.cfg.training.param_dtype == "bfloat16" else FP32
     per_layer = 4 * (ep - 1) / ep * (tokens // run.dims.tp) * moe.top_k * run.model_args.dim * c
-    return run.grad_accum_steps * run.model_args.n_layers * per_layer / bandwidth
+    layers = run.model_args.n_layers / run.dims.pp  # under pipeline parallel a rank runs its stages' blocks only
+    return run.grad_accum_steps * layers * per_layer / bandwidth

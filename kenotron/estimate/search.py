@@ -1,15 +1,15 @@
 """The planner: layouts that fit a memory budget, ranked by modelled throughput.
 
 1. Enumerate: tp (a divisor of the world that divides the heads, kv heads, FFN width and
-   vocabulary, within one node), cp (context parallel: a divisor of what tp leaves, with
+   vocabulary, within one node), cp (context parallel: a divisor of what tp and pp leave, with
    seq_len a multiple of 2·cp·tp and no sliding window shorter than seq_len), the split of the
-   rest into dp_replicate x dp_shard, the data-parallel mode (FSDP/HSDP/DDP, and ZeRO-1 without
-   cp), for MoE models the expert-parallel degree (every ep that dp_shard x cp and the expert
+   rest into dp_replicate x dp_shard, the data-parallel mode (FSDP/HSDP/DDP, and ZeRO-1 over
+   dp x cp), for MoE models the expert-parallel degree (every ep that dp_shard x cp and the expert
    count allow, under FSDP), activation checkpointing (none, selective-op, full) and the local
    batch (powers of two). The global batch stays the config's (training.global_batch_size, or local_batch_size
    x the data-parallel degree of the config's own layout), so every candidate trains the same
-   way; accumulation makes up the rest. Pipeline parallel (pp, a divisor of what tp leaves, with
-   cp 1 as the trainer requires) is searched with one schedule, 1F1B, one sequence per microbatch
+   way; accumulation makes up the rest. Pipeline parallel (pp, a divisor of what tp leaves; cp
+   then runs inside its stages) is searched with one schedule, 1F1B, one sequence per microbatch
    (pp_microbatches = local batch, the trainer's default) and the trainer's balanced split; the
    trainer's own checks (build_pipeline_split: layers >= stages, microbatches >= pp, the loss)
    drop what it would refuse.
@@ -173,13 +173,13 @@ def enumerate_candidates(
     n_matmul = active_matmul_params(model.model)
     moe = getattr(base.model_args, "moe", None)
     out = []
-    # pp does not combine with cp in the trainer, so a split has one or the other (or neither).
-    splits = [(tp, 1, cp) for tp in _divisors(ngpu) if tp <= hw.gpus_per_node for cp in _divisors(ngpu // tp)]
-    splits += [(tp, pp, 1) for tp in _divisors(ngpu) if tp <= hw.gpus_per_node for pp in _divisors(ngpu // tp)
-               if pp > 1]
+    # Every tp x pp x cp that divides the world (cp inside pipeline stages too); the trainer's own
+    # checks (resolve_layout) drop what it would refuse.
+    splits = [(tp, pp, cp) for tp in _divisors(ngpu) if tp <= hw.gpus_per_node for pp in _divisors(ngpu // tp)
+              for cp in _divisors(ngpu // (tp * pp))]
     for tp, pp, cp in splits:
         rest = ngpu // (tp * pp * cp)
-        zero1 = [(1, rest, "zero1")] if rest > 1 and cp == 1 else []  # ZeRO-1 does not combine with cp
+        zero1 = [(1, rest, "zero1")] if rest * cp > 1 else []  # ZeRO-1 shares optimizer state over dp x cp
         layouts = [(r, rest // r, "fsdp") for r in _divisors(rest)] + zero1
         for dp_replicate, dp_shard, dp_mode in layouts:
             dims = ParallelDims.from_degrees(ngpu, dp_replicate=dp_replicate, dp_shard=dp_shard, tp=tp, cp=cp, pp=pp)

@@ -3,7 +3,9 @@
 Words: the trainer's *micro-steps* are gradient-accumulation steps (the loader's MicroBatch
 list); the schedule cuts each micro-step's local batch into `pp_microbatches` pipeline
 *microbatches*. Only the first stage is fed token ids and only the last stage labels; the
-middle stages get nothing from the loader.
+middle stages get nothing from the loader. Under context parallel both are this cp rank's
+shard of every sequence (the head-tail layout), cut before the schedule splits the batch; the
+stages' RoPE positions come from `feed_positions` (kenotron/parallel/pipeline.py).
 
 The loss: the schedule calls `loss_fn` once per microbatch on the last stage and
 back-propagates its value as it is (scale_grads=False). It is the step's `microbatch_loss`
@@ -69,8 +71,9 @@ class PipelineRunner:
         for i, mb in enumerate(microbatches):
             for part in job.model_parts:
                 data_parallel.set_microstep(part, is_last=i == len(microbatches) - 1)
-            args = (mb.inputs.to(job.device, non_blocking=True),) if self.has_first_stage else ()
-            target = mb.labels.to(job.device, non_blocking=True) if self.has_last_stage else None
+            inputs, labels = self.rank_shard(mb)
+            args = (inputs,) if self.has_first_stage else ()
+            target = labels if self.has_last_stage else None
             losses: list[torch.Tensor] | None = [] if self.has_last_stage else None
             with step_context(job):
                 self.schedule.step(*args, target=target, losses=losses, return_outputs=RETURN_OUTPUTS)
@@ -79,6 +82,20 @@ class PipelineRunner:
                 total += full_tensor(loss.detach()) / averaging_size
         self.tied.sum_gradients_()
         return total
+
+    def rank_shard(self, mb: MicroBatch) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """This rank's token ids (first stage) and labels (last stage) of a micro-step, on the
+        device; None where no local stage needs them. Under context parallel both are this cp
+        rank's shard of every sequence (the stages' positions come from plan.apply's hook)."""
+        device = self.job.device
+        inputs = mb.inputs.to(device, non_blocking=True) if self.has_first_stage else None
+        labels = mb.labels.to(device, non_blocking=True) if self.has_last_stage else None
+        sharder = self.job.applied.sequence_sharder
+        if sharder is not None:
+            layout = sharder.layout(mb.inputs.shape[1])
+            inputs = None if inputs is None else layout.shard(inputs, sharder.rank)
+            labels = None if labels is None else layout.shard(labels, sharder.rank)
+        return inputs, labels
 
     def norm_duplicates(self) -> set[int]:
         """Parameters whose gradient norm another stage's copy already counts."""

@@ -169,8 +169,6 @@ def resolve_layout(cfg: JobConfig, world_size: int, spec: ModelSpec, args: Any, 
     # The kind of ring the target runs (the estimator builds a CUDA job's torch ring on its CPU mesh).
     plan.settings.cp_attention = cp_attention_kind(plan.settings.cp_attention, target.device_type)
     plan.settings.check(plan.layout.count_blocks(meta_model), dims.degrees())
-    if p.dp_mode == "zero1" and dims.dp == 1 and world_size > 1:
-        raise ConfigError("parallelism.dp_mode='zero1' needs a data-parallel degree > 1 (dp_shard or dp_replicate)")
     check_context_parallel(cfg, dims, meta_model, target)
     if dims.pp > 1:
         check_compile(p.pp_schedule, cfg.compile.enable)
