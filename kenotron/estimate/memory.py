@@ -182,4 +182,4 @@ def estimate_memory(
     same error the trainer would. `full_depth` runs every block instead of extrapolating
     from two shallow copies (slower; for checking the extrapolation).
     """
-    return estimate_run(resolve_run(cfg, ngpu), gpu_memory_gib, full_depth)
+    return estimate_run(resolve_run(cfg, ngpu, check_data=False), gpu_memory_gib, full_depth)

@@ -217,7 +217,7 @@ def search_layouts(
     global_batch = target_global_batch(cfg, ngpu)
     defaults = {"dp_replicate": 1, "dp_shard": -1, "tp": 1, "pp": 1, "cp": 1, "ep": 1}
     # The config's other values get the trainer's checks once, on a plain data-parallel layout.
-    base = resolve_run(_with(cfg, parallelism=defaults, training={"global_batch_size": -1}), ngpu)
+    base = resolve_run(_with(cfg, parallelism=defaults, training={"global_batch_size": -1}), ngpu, check_data=False)
     model = AnalyticModel(base)
     candidates = enumerate_candidates(base, model, ngpu, global_batch, hw)
     budget = gpu_memory_gib * (1 - RESERVED_FRACTION) * 2**30
@@ -236,7 +236,7 @@ def search_layouts(
             c_cfg = _with(cfg, parallelism=c.parallelism(), activation_checkpoint={"mode": c.ac_mode},
                           training={"local_batch_size": c.local_batch, "global_batch_size": global_batch})
             try:
-                report = estimate_run(resolve_run(c_cfg, ngpu), gpu_memory_gib)
+                report = estimate_run(resolve_run(c_cfg, ngpu, check_data=False), gpu_memory_gib)
             except ConfigError as e:
                 notes.append(f"{c.label()}: refused by resolve_run: {e}")
                 continue

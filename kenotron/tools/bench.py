@@ -24,9 +24,11 @@ time each step on the host clock.
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -98,6 +100,15 @@ PRESETS: dict[str, dict[str, list[str]]] = {
         "8B b2x8192 FSDP4 compiled selective-AC mm-every-2 float8": _8B_FSDP + [
             "--tuning.ac_save_matmul_every", "2", "--float8.enable", "true",
         ],
+    },
+    # The same 1B step fed from synthetic ids, a tokenized folder and raw JSON Lines (both written
+    # from the built-in corpus before the cases run): the data path must cost nothing.
+    "h200-1gpu-data": {
+        "1B b4x4096 compiled synthetic": _1B + ["--compile.enable", "true"],
+        "1B b4x4096 compiled tokenized": _1B + ["--compile.enable", "true", "--data.dataset", "tokenized",
+                                                "--data.path", "{sample_data}/tokenized"],
+        "1B b4x4096 compiled raw jsonl": _1B + ["--compile.enable", "true", "--data.dataset", "jsonl",
+                                                "--data.path", "{sample_data}/corpus.jsonl"],
     },
     # MoE: against torchtitan 0.2.2 on the same machine (scripts/bench_torchtitan.py).
     "h200-1gpu-moe": {
@@ -329,6 +340,14 @@ def main(argv: list[str] | None = None) -> int:
               f"GPU machine, or use --preset {' / '.join(CPU_PRESETS)} on a CPU", file=sys.stderr)
         return 2
     extra = shlex.split(args.extra)
+    if any("{sample_data}" in arg for overrides in cases.values() for arg in overrides):
+        from kenotron.data.sample_data import write_sample_data
+
+        folder = Path(tempfile.mkdtemp(prefix="kenotron-bench-data-"))
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
+        write_sample_data(folder)
+        cases = {name: [arg.replace("{sample_data}", str(folder)) for arg in overrides]
+                 for name, overrides in cases.items()}
     print(HEADER, flush=True)
     rows = []
     for name, overrides in cases.items():

@@ -53,6 +53,11 @@ def test_a_valid_expert_parallel_layout_resolves_with_its_mesh():
     assert "experts: layers.*.feed_forward.experts" in str(run.plan)
 
 
+def warnings(caplog) -> list[str]:
+    # Building the trainer logs at INFO when an earlier test has set the logger's level so.
+    return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+
+
 def test_a_router_sending_most_tokens_to_one_expert_for_100_steps_is_reported(caplog, tmp_path):
     from kenotron.train.trainer import Trainer
 
@@ -68,10 +73,10 @@ def test_a_router_sending_most_tokens_to_one_expert_for_100_steps_is_reported(ca
             balance.after_step()
             if step == 98:
                 balance.check_collapse()
-                assert not caplog.records
+                assert not warnings(caplog)
         balance.check_collapse()
     trainer.close()
-    assert [r.getMessage() for r in caplog.records] == [
+    assert warnings(caplog) == [
         ("MoE router of layer 1 has collapsed: one expert took over 90% of the tokens for 100 steps; raise "
         "moe.aux_loss_coef or moe.bias_update_rate, or lower optimizer.lr")
     ]
