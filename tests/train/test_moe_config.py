@@ -1,5 +1,5 @@
-"""Bad MoE input is refused before any process group, with the fix named; a collapsed router
-is reported by layer."""
+"""Bad MoE input is refused before any process group, with the fix named; the routing biases
+move toward balance after a step; a collapsed router is reported by layer."""
 
 from __future__ import annotations
 
@@ -58,12 +58,31 @@ def warnings(caplog) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
 
 
-def test_a_router_sending_most_tokens_to_one_expert_for_100_steps_is_reported(caplog, tmp_path):
+@pytest.fixture(scope="module")
+def trainer(tmp_path_factory):
     from kenotron.train.trainer import Trainer
 
     cfg = load_config(None, [*MOE, "--model.n_layers", "2", "--training.seq_len", "16", "--training.local_batch_size",
-                             "1", "--job.dump_folder", str(tmp_path), "--metrics.tensorboard", "false"])
+                             "1", "--moe.bias_update_rate", "0.01", "--job.dump_folder",
+                             str(tmp_path_factory.mktemp("run")), "--metrics.tensorboard", "false"])
     trainer = Trainer(cfg)
+    yield trainer
+    trainer.close()
+
+
+def test_expert_biases_move_toward_balance_by_the_rate_and_stay_centered(trainer):
+    balance = trainer.job.experts
+    router = balance.routers["0"]
+    before = router.expert_bias.clone()
+    router.load.copy_(torch.tensor([10.0, 2, 2, 2, 0, 0, 0, 0]))  # mean 2: one expert over, three even, four under
+    balance.after_step()
+    # sign(mean - load) = [-1, 0, 0, 0, 1, 1, 1, 1], minus its mean 0.375, times the rate
+    expected = 0.01 * torch.tensor([-1.375, -0.375, -0.375, -0.375, 0.625, 0.625, 0.625, 0.625])
+    torch.testing.assert_close(router.expert_bias - before, expected)
+    assert float(router.load.sum()) == 0.0  # the next step's statistics start empty
+
+
+def test_a_router_sending_most_tokens_to_one_expert_for_100_steps_is_reported(trainer, caplog):
     balance = trainer.job.experts
     collapsed, healthy = balance.routers["1"], balance.routers["0"]
     with caplog.at_level(logging.WARNING, logger="kenotron"):
@@ -75,7 +94,6 @@ def test_a_router_sending_most_tokens_to_one_expert_for_100_steps_is_reported(ca
                 balance.check_collapse()
                 assert not warnings(caplog)
         balance.check_collapse()
-    trainer.close()
     assert warnings(caplog) == [
         ("MoE router of layer 1 has collapsed: one expert took over 90% of the tokens for 100 steps; raise "
         "moe.aux_loss_coef or moe.bias_update_rate, or lower optimizer.lr")
