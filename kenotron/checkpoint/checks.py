@@ -62,8 +62,7 @@ def check_state_fits(
             more = f" (first of {count} mismatching tensors)" if count > 1 else ""
             raise CheckpointMismatchError(
                 f"{_describe(key)} has shape {tuple(stored_size)} in checkpoint {path}{saved_as} but "
-                f"{tuple(value.shape)} here{more}. Build the model with the dimensions it was saved with "
-                f"(model.flavor, model.vocab_size, model.n_layers)"
+                f"{tuple(value.shape)} here{more}. {_dimension_hint(key, tuple(stored_size), tuple(value.shape))}"
             )
     missing = [k for k in flat if k not in stored and not any(s.startswith(k + ".") for s in stored)]
     if missing:
@@ -88,6 +87,15 @@ def check_state_fits(
                 f"checkpoint {path}{saved_as} has {_describe(extra[0])}{more} that the model here lacks; build "
                 f"the model with the layers and dimensions it was saved with (model.n_layers, model.flavor)"
             )
+
+
+def _dimension_hint(key: str, stored: tuple, ours: tuple) -> str:
+    """The fix for a shape mismatch: the expert count of an MoE layer, else the model's dimensions."""
+    expert_tensor = ".experts." in key or key.endswith(("router.gate.weight", "router.expert_bias"))
+    if expert_tensor and stored and ours and stored[0] != ours[0]:
+        return (f"The checkpoint's MoE layers have {stored[0]} experts, the model here {ours[0]}: set "
+                f"moe.n_experts={stored[0]} (or 0 for the flavor's)")
+    return "Build the model with the dimensions it was saved with (model.flavor, model.vocab_size, model.n_layers)"
 
 
 def _describe(key: str) -> str:

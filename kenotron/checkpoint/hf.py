@@ -64,10 +64,7 @@ def read_hf_state_dict(hf_dir: str | Path, spec: ModelSpec, args: Any, expected:
     ({kenotron name: global shape}): the first missing, extra or mismatching parameter is named."""
     adapter = spec.hf_adapter
     with open_weights(hf_dir) as slices:
-        shapes = {}
-        for hf_key, tensor_slice in slices.items():
-            if not adapter.is_ignored_hf_key(hf_key):
-                shapes[adapter.from_hf_key(hf_key)] = tuple(tensor_slice.get_shape())
+        shapes = adapter.from_hf_shapes({k: tuple(s.get_shape()) for k, s in slices.items()}, args)
         if args.tie_embeddings:
             shapes.pop("output.weight", None)  # HF may store the tied copy too; the embedding is the one
         wanted = {k: tuple(v) for k, v in expected.items() if not (args.tie_embeddings and k == "output.weight")}
@@ -187,15 +184,25 @@ def checkpoint_to_hf(checkpoint_dir: str | Path, out_dir: str | Path, *, dtype: 
     for key, item in metadata.state_dict_metadata.items():
         if key.startswith("model.") and hasattr(item, "size"):
             stored[key.removeprefix("model.")] = (item.size, item.properties.dtype)
-    kept = adapter.to_hf({k: k for k in stored}, args)  # HF name -> kenotron name (tied output left out)
+    # HF name -> (kenotron name, HF shape); a tied output is left out, stacked experts give one name per expert.
+    kept = {hf: (k, shape) for k, (size, _) in stored.items() for hf, shape in adapter.hf_names(k, tuple(size), args).items()}
     itemsize = {k: (dtype or d).itemsize for k, (_, d) in stored.items()}
-    nbytes = {hf: torch.Size(stored[k][0]).numel() * itemsize[k] for hf, k in kept.items()}
+    nbytes = {hf: torch.Size(shape).numel() * itemsize[k] for hf, (k, shape) in kept.items()}
 
     def load(hf_keys: Any) -> dict[str, torch.Tensor]:
-        state = {kept[h]: torch.empty(stored[kept[h]][0], dtype=stored[kept[h]][1]) for h in hf_keys}
+        names = {kept[h][0] for h in hf_keys}
+        state = {k: torch.empty(stored[k][0], dtype=stored[k][1]) for k in names}
         load_state({"model": state}, checkpoint_dir, no_dist=True)
         tensors = adapter.to_hf(state, args)
+        tensors = {h: tensors[h] for h in hf_keys}
         return {k: v.to(dtype) for k, v in tensors.items()} if dtype is not None else tensors
+
+    unexported = [k for k, (size, _) in stored.items() if not adapter.hf_names(k, tuple(size), args)
+                  and not (args.tie_embeddings and k == "output.weight")]
+    if unexported:  # keys HF lacks (an MoE router's bias): to_hf refuses them unless zero
+        state = {k: torch.empty(stored[k][0], dtype=stored[k][1]) for k in unexported}
+        load_state({"model": state}, checkpoint_dir, no_dist=True)
+        adapter.to_hf(state, args)
 
     out_dtype = dtype or next(iter(stored.values()))[1]
     config = {**adapter.hf_config_from_args(args), "torch_dtype": str(out_dtype).removeprefix("torch.")}

@@ -234,6 +234,9 @@ class Parallelism:
     cp: int = 1
     """Context-parallel degree: each sequence is split over this many ranks; training.seq_len must be a multiple of 2·cp·tp."""
 
+    ep: int = 1
+    """Expert-parallel degree (MoE models): each MoE layer's experts are split over this many of the dp_shard × cp ranks, tokens reach them by all-to-all, and expert weights are FSDP-sharded over the rest."""
+
 
 
 
@@ -258,6 +261,24 @@ class Parallelism:
 
     collective_timeout_s: float = 600.0
     """Seconds a collective waits for the other ranks before the job fails (every process group of the job). A watchdog names a rank that stopped making progress after a quarter of this (at most 60 s)."""
+
+
+@dataclass
+class MoE:
+    n_experts: int = 0
+    """Routed experts per MoE layer; 0 keeps the flavor's (MoE families only)."""
+
+    top_k: int = 0
+    """Experts each token is routed to; 0 keeps the flavor's (MoE families only)."""
+
+    aux_loss_coef: float = 0.001
+    """Weight of the load-balancing auxiliary loss (Switch/Mixtral/Qwen form, over each micro-batch of all data-parallel ranks, averaged over layers); 0 turns it off."""
+
+    z_loss_coef: float = 0.0
+    """Weight of the router z-loss (mean over tokens of logsumexp(router logits)², averaged over layers); 0 turns it off."""
+
+    bias_update_rate: float = 0.0
+    """Auxiliary-loss-free balancing (DeepSeek-V3): after each step every expert's routing bias moves by this much toward balance (sign of mean load − its load); 0 turns it off."""
 
 
 @dataclass
@@ -375,6 +396,9 @@ class Tuning:
     loss_kernel: Literal["auto", "triton", "compiled", "torch"] = "auto"
     """The fused loss's chunk step: triton (CUDA), compiled, or torch; auto: triton on CUDA, else compiled with compile.enable, else torch."""
 
+    expert_kernel: Literal["auto", "grouped_mm", "for_loop"] = "auto"
+    """MoE expert compute: grouped_mm (torch._grouped_mm over experts grouped in one buffer) or for_loop (one matmul per expert); auto: grouped_mm on CUDA GPUs of compute capability 9+ computing in bf16, else for_loop."""
+
     grad_norm_kernel: Literal["auto", "triton", "torch"] = "auto"
     """The gradient norm's sum of squares: triton (CUDA) or torch; auto: triton on CUDA."""
 
@@ -464,6 +488,7 @@ class JobConfig:
     optimizer: Optimizer = field(default_factory=Optimizer)
     lr_scheduler: LRScheduler = field(default_factory=LRScheduler)
     parallelism: Parallelism = field(default_factory=Parallelism)
+    moe: MoE = field(default_factory=MoE)
     checkpoint: Checkpoint = field(default_factory=Checkpoint)
     float8: Float8 = field(default_factory=Float8)
     metrics: Metrics = field(default_factory=Metrics)

@@ -5,6 +5,8 @@ sequence parallel (else T), d width, F FFN width, H / K query / kv heads of size
 vocabulary, L blocks, c = 2 (bf16 compute) or 4, c_r = bytes of the residual stream (4 under
 autocast, else c). Every tensor is rounded up to 512 bytes as the CUDA allocator does.
 
+MoE models replace the MLP terms by the MoE layer's (analytic_moe.py).
+
 Static (exact, from `plan.describe`, i.e. the same per-parameter table the plan prints):
   P = Σ local fp32 parameter shards (+ buffers);  G = the same bytes once gradients exist;
   O = AdamW: 2 · P + one 512-byte step counter per parameter (ZeRO-1: the partition's
@@ -59,10 +61,12 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from kenotron.estimate.analytic_moe import MoEShape, moe_activations, moe_backward_temporaries, moe_shape
 from kenotron.estimate.cp_ring_memory import attention_output_copy
 from kenotron.estimate.tracker import Breakdown, allocated_bytes
 from kenotron.models.common.norms import LayerNorm
-from kenotron.parallel.plan import matching_modules
+from kenotron.models.common.router import TopKRouter
+from kenotron.parallel.plan import fqn_matches, matching_modules
 from kenotron.parallel.zero1 import partition_params
 from kenotron.train.resolve import ResolvedRun
 
@@ -116,21 +120,37 @@ class ParameterBytes:
     """Number of parameter tensors."""
     buffers: int
     """Buffers (RoPE tables)."""
+    block_experts: int = 0
+    """Of block_gathered, this rank's routed experts (under expert parallelism)."""
 
 
 def parameter_bytes(run: ResolvedRun, model: nn.Module) -> ParameterBytes:
     degrees = {k: v for k, v in run.dims.degrees().items() if k != "pp"}
     sharded = run.plan.describe(model, degrees)
-    tp_only = run.plan.describe(model, {"tp": run.dims.tp})
+    # One block gathered: TP-local and, under expert parallelism, only this rank's experts.
+    tp_only = run.plan.describe(model, {"tp": run.dims.tp, "ep": run.dims.ep})
     c_p = 2 if run.cfg.training.param_dtype == "bfloat16" else FP32
     first_block = matching_modules(model, run.plan.layout.blocks)[0][0] + "."
     block = sum(math.prod(r["local_shape"]) * c_p for r in tp_only if r["name"].startswith(first_block))
     root = sum(math.prod(r["local_shape"]) * c_p for r in tp_only if run.plan.layout.block_of(r["name"]) is None)
+    experts = run.plan.layout.experts
+    block_experts = sum(math.prod(r["local_shape"]) * c_p for r in tp_only if r["name"].startswith(first_block)
+                        and experts and fqn_matches(experts, r["name"].rpartition(".")[0]))
     return ParameterBytes(
         local=sum(allocated_bytes(r["bytes"]) for r in sharded),
         block_gathered=block, root_gathered=root, count=len(sharded),
-        buffers=sum(allocated_bytes(b.numel() * b.element_size()) for b in model.buffers()),
+        buffers=sum(allocated_bytes(b.numel() * b.element_size()) for b in model.buffers()) + _balance_state(model),
+        block_experts=block_experts,
     )
+
+
+def _balance_state(model: nn.Module) -> int:
+    """The step's MoE statistics kept between steps (train/expert_balance.py): each MoE layer's
+    collapse streak (int64) and last loads and losses (fp32)."""
+    routers = [m for m in model.modules() if isinstance(m, TopKRouter)]
+    if not routers:
+        return 0
+    return allocated_bytes(len(routers) * 8) + allocated_bytes(len(routers) * (routers[0].n_experts + 2) * FP32)
 
 
 def optimizer_state_bytes(run: ResolvedRun, model: nn.Module, params: ParameterBytes) -> int:
@@ -177,6 +197,8 @@ class StepShape:
     """Context parallel: the output projection keeps a copy of the attention output (cp_ring_memory.py)."""
     fused_gate: bool = False
     """SwiGLU's gate is the fused Triton kernel (eager CUDA runs): silu(a) is not kept."""
+    moe: MoEShape | None = None
+    """The MoE feed-forward in place of the dense MLP (analytic_moe.py); None for a dense model."""
 
     @classmethod
     def of(cls, run: ResolvedRun, block_kind: dict[str, bool]) -> StepShape:
@@ -186,12 +208,15 @@ class StepShape:
         autocast = run.choices.precision == "autocast"
         seq = t.seq_len // run.dims.cp  # context parallel: this rank's share of every sequence
         tokens = t.local_batch_size * seq
+        compute = 2 if bf16 else FP32
+        moe = moe_shape(run, tokens, tp, compute)
         return cls(
             tokens=tokens, residual_tokens=tokens // tp if sp else tokens, batch=t.local_batch_size, seq=seq,
-            tp=tp, dim=a.dim, ffn=a.ffn_dim, heads=a.n_heads, kv_heads=a.n_kv_heads, head_dim=a.head_dim,
-            vocab=a.vocab_size, layers=a.n_layers, compute=2 if bf16 else FP32, residual=FP32 if autocast else (2 if bf16 else FP32),
-            autocast=autocast, cp_output_copy=attention_output_copy(run),
-            fused_gate=block_kind["gated_mlp"] and run.choices.eager_kernels == "triton", **block_kind,
+            tp=tp, dim=a.dim, ffn=getattr(a, "ffn_dim", 0), heads=a.n_heads, kv_heads=a.n_kv_heads,
+            head_dim=a.head_dim, vocab=a.vocab_size, layers=a.n_layers, compute=compute,
+            residual=FP32 if autocast else compute, autocast=autocast, cp_output_copy=attention_output_copy(run),
+            fused_gate=(block_kind["gated_mlp"] or moe is not None) and run.choices.eager_kernels == "triton",
+            moe=moe, **block_kind,
         )
 
 
@@ -214,16 +239,20 @@ def block_activations(s: StepShape, mode: str, sp: bool, save_matmul_every: int 
         return block_input
     q_width, kv_width = s.heads * s.head_dim // t, s.kv_heads * s.head_dim // t
     lse = allocated_bytes(s.batch * s.heads // t * s.seq * FP32)
-    mlp = ((3 if s.fused_gate else 4) if s.gated_mlp else 2) * allocated_bytes(T * s.ffn // t * c)
+    if s.moe is not None:
+        mlp = moe_activations(s.moe, s.dim, c, s.fused_gate, mode)
+    else:
+        mlp = ((3 if s.fused_gate else 4) if s.gated_mlp else 2) * allocated_bytes(T * s.ffn // t * c)
     if mode == "selective-op":
         # Matmul outputs in forward order: wq, wk, wv, wo, then w1, w3 (gated) or the up
         # projection, then the down projection; the policy keeps indices 0, k, 2k, ...
         ffn = s.ffn // t
-        widths = [q_width, kv_width, kv_width, s.dim] + ([ffn, ffn] if s.gated_mlp else [ffn]) + [s.dim]
+        dense = [] if s.moe is not None else ([ffn, ffn] if s.gated_mlp else [ffn]) + [s.dim]
+        widths = [q_width, kv_width, kv_width, s.dim] + dense
         matmuls = sum(allocated_bytes(T * w * c) for w in widths[::save_matmul_every])
         attention_out = allocated_bytes(T * q_width * c) + lse
         comms = 2 * allocated_bytes(T * s.dim * c) + 2 * allocated_bytes(Tr * s.dim * c) if sp else 0
-        return block_input + matmuls + attention_out + comms
+        return block_input + matmuls + attention_out + comms + (mlp if s.moe is not None else 0)
     if s.fp32_norm:  # LayerNorm in fp32 keeps an fp32 copy of its input instead of the input itself
         residuals = 2 * allocated_bytes(Tr * s.dim * FP32) + 4 * allocated_bytes(Tr * FP32)
     else:
@@ -294,7 +323,10 @@ def gathered_bytes(run: ResolvedRun, params: ParameterBytes, layers: int, moment
     if keep_all:
         return params.root_gathered + layers * params.block_gathered
     blocks = 2 if moment == "backward" else (0 if run.plan.settings.reshard_after_forward == "always" else 1)
-    return params.root_gathered + blocks * params.block_gathered
+    # Experts FSDP-sharded over one rank (ep = dp_shard x cp) keep their compute copies throughout.
+    lone_experts = run.dims.ep > 1 and run.dims.efsdp * run.dims.dp_replicate == 1
+    return params.root_gathered + blocks * params.block_gathered + (
+        (layers - blocks) * params.block_experts if lone_experts else 0)
 
 
 def uncheckpointed_fraction(run: ResolvedRun) -> float:
@@ -340,7 +372,8 @@ def peak_breakdown(run: ResolvedRun, params: ParameterBytes, O: int, kind: dict[
     T, c, t = s.tokens, s.compute, s.tp
     # A block's weight gradients in the matmul dtype, and (autocast, FSDP) their fp32 conversions.
     block_grad = params.block_gathered * (1 + (FP32 // c if c != FP32 and not mw else 0))
-    backward_temp = 2 * allocated_bytes(T * s.ffn // t * c) + 2 * allocated_bytes(T * s.dim * c) + block_grad
+    mlp_grads = moe_backward_temporaries(s.moe, s.dim, c) if s.moe is not None else 2 * allocated_bytes(T * s.ffn // t * c)
+    backward_temp = mlp_grads + 2 * allocated_bytes(T * s.dim * c) + block_grad
     if run.plan.settings.ac_mode != "none":
         backward_temp += block_activations(s, "none", t > 1 and run.plan.settings.sequence_parallel)
     backward_moment = Breakdown(

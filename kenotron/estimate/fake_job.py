@@ -6,7 +6,8 @@ choices: kernels, master weights, FSDP mixed precision on one GPU, torch's ring 
 parallel), inside a FakeTensorMode and on a fake process group; the step is the trainer's
 `train_step` (kenotron/train/step.py) with the memory tracker as its observer. What differs
 is only where the fake tensors live (the CPU) and the CUDA kernels a CPU cannot run, whose
-allocations stand-ins reproduce (cuda_kernels.py). Compile and float8 are left out
+allocations stand-ins reproduce (cuda_kernels.py), and the MoE layers' data-dependent shapes,
+planned for even routing (moe_memory.py). Compile and float8 are left out
 (`ignored_features`); the step runs at most two micro-steps (`simulated_micro_steps`).
 """
 
@@ -23,6 +24,7 @@ import torch.distributed as dist
 from kenotron.data import MicroBatch
 from kenotron.estimate.cp_ring_memory import use_torch_ring
 from kenotron.estimate.cuda_kernels import use_fused_gate_memory
+from kenotron.estimate.moe_memory import plan_even_routing, use_moe_memory
 from kenotron.train.fused_loss import chunk_fn_for
 from kenotron.train.job import BuildHooks, Job, PipelineExecutor, build_job, build_meshes
 from kenotron.train.resolve import ResolvedRun
@@ -111,8 +113,13 @@ def build_fake_job(run: ResolvedRun, fake_mode: Any, pipeline: Any = None) -> Jo
     def meta_model(model: torch.nn.Module) -> None:
         if gate:  # the fused Triton gate of eager CUDA runs, as its allocations
             use_fused_gate_memory(model)
+        use_moe_memory(model, fused_gate=gate)
 
-    hooks = BuildHooks(meta_model=meta_model, applied=lambda model, meshes: use_torch_ring(run, meshes))
+    def applied(model: torch.nn.Module, meshes: Any) -> None:
+        use_torch_ring(run, meshes)
+        plan_even_routing(model)
+
+    hooks = BuildHooks(meta_model=meta_model, applied=applied)
     meshes = build_meshes(run, FAKE_DEVICE.type)
     job = build_job(run, FAKE_DEVICE, meshes, tensor_mode=fake_mode, init_values=False, hooks=hooks, pipeline=pipeline)
     if job.fused_loss and run.choices.loss_kernel == "compiled":

@@ -4,8 +4,9 @@
    vocabulary, within one node), cp (context parallel: a divisor of what tp and pp leave, with
    seq_len a multiple of 2·cp·tp and no sliding window shorter than seq_len), the split of the
    rest into dp_replicate x dp_shard, the data-parallel mode (FSDP/HSDP/DDP, and ZeRO-1 over
-   dp x cp), activation checkpointing (none, selective-op, full) and the local batch (powers of
-   two). The global batch stays the config's (training.global_batch_size, or local_batch_size
+   dp x cp), for MoE models the expert-parallel degree (every ep that dp_shard x cp and the expert
+   count allow, under FSDP), activation checkpointing (none, selective-op, full) and the local
+   batch (powers of two). The global batch stays the config's (training.global_batch_size, or local_batch_size
    x the data-parallel degree of the config's own layout), so every candidate trains the same
    way; accumulation makes up the rest. Pipeline parallel (pp, a divisor of what tp leaves; cp
    then runs inside its stages) is searched with one schedule, 1F1B, one sequence per microbatch
@@ -31,10 +32,10 @@ from kenotron.estimate.analytic import AnalyticModel
 from kenotron.estimate.memory import describe_model, estimate_run
 from kenotron.estimate.report import RESERVED_FRACTION, gib
 from kenotron.estimate.throughput import Hardware, StepTime, step_time
-from kenotron.parallel.dims import ParallelConfigError, ParallelDims
+from kenotron.parallel.dims import ParallelConfigError, ParallelDims, expert_parallel_degrees
 from kenotron.progress import progress_bar
 from kenotron.train.choices import Target
-from kenotron.train.flops import matmul_params
+from kenotron.train.flops import active_matmul_params
 from kenotron.train.resolve import ResolvedRun, resolve_layout, resolve_run
 
 AC_CHOICES = ("none", "selective-op", "full")
@@ -49,7 +50,7 @@ class Candidate:
     """One layout the planner considered."""
 
     degrees: dict[str, int]
-    """dp_replicate, dp_shard, tp, pp, cp."""
+    """dp_replicate, dp_shard, tp, pp, cp, ep."""
     dp_mode: str
     """fsdp or zero1 (parallelism.dp_mode)."""
     ac_mode: str
@@ -71,8 +72,9 @@ class Candidate:
 
     def overrides(self) -> list[str]:
         """The command-line overrides that select this candidate."""
-        order = ("dp_replicate", "dp_shard", "tp", "pp", "cp")
-        out = [f"--parallelism.{k} {self.degrees[k]}" for k in order if self.degrees[k] > 1 or k not in ("pp", "cp")]
+        order = ("dp_replicate", "dp_shard", "tp", "pp", "cp", "ep")
+        out = [f"--parallelism.{k} {self.degrees[k]}" for k in order
+               if self.degrees.get(k, 1) > 1 or k not in ("pp", "cp", "ep")]
         out.append(f"--parallelism.dp_mode {self.dp_mode}")
         if self.degrees["pp"] > 1:
             out.append(f"--parallelism.pp_schedule {PP_SCHEDULE}")  # pp_microbatches 0: one sequence each
@@ -82,7 +84,7 @@ class Candidate:
     def label(self) -> str:
         d = self.degrees
         parts = [f"{k}{v}" for k, v in (("r", d["dp_replicate"]), ("s", d["dp_shard"]), ("tp", d["tp"]),
-                                          ("pp", d["pp"]), ("cp", d["cp"])) if v > 1]
+                                          ("pp", d["pp"]), ("cp", d["cp"]), ("ep", d.get("ep", 1))) if v > 1]
         return (" ".join(parts) or "1 GPU") + (" zero1" if self.dp_mode == "zero1" else "")
 
 
@@ -168,7 +170,8 @@ def enumerate_candidates(
     base: ResolvedRun, model: AnalyticModel, ngpu: int, global_batch: int, hw: Hardware
 ) -> list[Candidate]:
     """Every valid candidate, priced (analytic memory, modelled step time)."""
-    n_matmul = matmul_params(model.model)
+    n_matmul = active_matmul_params(model.model)
+    moe = getattr(base.model_args, "moe", None)
     out = []
     # Every tp x pp x cp that divides the world (cp inside pipeline stages too); the trainer's own
     # checks (resolve_layout) drop what it would refuse.
@@ -183,9 +186,11 @@ def enumerate_candidates(
             if global_batch % dims.dp:
                 continue
             per_rank = global_batch // dims.dp
-            for ac in AC_CHOICES:
+            eps = expert_parallel_degrees(dp_shard, cp, moe.n_experts) if moe is not None and dp_mode == "fsdp" else [1]
+            for ep, ac in ((ep, ac) for ep in eps for ac in AC_CHOICES):
                 for local in [b for b in (1, 2, 4, 8, MAX_LOCAL_BATCH) if per_rank % b == 0]:
-                    degrees = {"dp_replicate": dp_replicate, "dp_shard": dp_shard, "tp": tp, "pp": pp, "cp": cp}
+                    degrees = {"dp_replicate": dp_replicate, "dp_shard": dp_shard, "tp": tp, "pp": pp, "cp": cp,
+                               "ep": ep}
                     cfg = _with(
                         base.cfg,
                         parallelism=candidate_parallelism(degrees, dp_mode),
@@ -195,7 +200,7 @@ def enumerate_candidates(
                     run = _candidate_run(base, cfg, model.model)
                     if run is None:
                         continue
-                    degrees = dims.degrees()
+                    degrees = {**dims.degrees(), "ep": ep}
                     out.append(Candidate(
                         degrees, dp_mode, ac, local, run.grad_accum_steps, model.peak(run).total,
                         step_time(run, model.parameters(run), n_matmul, hw),
@@ -210,7 +215,7 @@ def search_layouts(
     start = time.perf_counter()
     hw = hw or Hardware()
     global_batch = target_global_batch(cfg, ngpu)
-    defaults = {"dp_replicate": 1, "dp_shard": -1, "tp": 1, "pp": 1, "cp": 1}
+    defaults = {"dp_replicate": 1, "dp_shard": -1, "tp": 1, "pp": 1, "cp": 1, "ep": 1}
     # The config's other values get the trainer's checks once, on a plain data-parallel layout.
     base = resolve_run(_with(cfg, parallelism=defaults, training={"global_batch_size": -1}), ngpu, check_data=False)
     model = AnalyticModel(base)

@@ -3,7 +3,7 @@
 Per optimizer step, on one rank (G global batch, s sequence, dp = dp_replicate·dp_shard,
 m micro-steps, t = tp, p = cp, q = pp, f = the trainer's FLOPs per token 6·N + 12·L·H·h·s):
 
-  compute  = f · G·s / (dp · t · p · q) · r / (peak · e)
+  compute  = f · G·s / (dp · t · p · q) · r / (peak · e)   (f counts an MoE layer's active experts)
              r: recomputation factor of activation checkpointing (none 1, selective-op 1.05,
              full 4/3, every-n-layers 1 + 1/(3n)); e: share of peak the matmuls reach.
   tp       = m · L/q · k · 2·(t-1)/t · T·d·c / B_tp        (not overlapped; k = 8 collectives per
@@ -27,7 +27,10 @@ m micro-steps, t = tp, p = cp, q = pp, f = the trainer's FLOPs per token 6·N + 
              bytes; n = dp_shard·cp; under pipeline parallel U and P_full are a stage's, the model's / q)
   replicas = 2·(r-1)/r · P_local / B_dp once per step      (HSDP / DDP all-reduce of the rank's
              fp32 gradients; ZeRO-1, r = dp·cp, adds its broadcast of the updated parameters)
-  step     = compute + bubble + p2p + tp + cp + max(0, fsdp + replicas - compute)  (data-parallel
+  ep       = m · L/q · 4·(e-1)/e · T·k·d·c / B_ep   (expert parallel, e = ep: each MoE layer's k
+             copies of the rank's tokens go out to their experts and back, in forward and again in
+             backward; not overlapped; analytic_moe.py)
+  step     = compute + bubble + p2p + tp + cp + ep + max(0, fsdp + replicas - compute)  (data-parallel
              traffic overlaps compute)
   tokens/s per GPU = G·s / step / world
 
@@ -42,6 +45,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kenotron.estimate.analytic import ParameterBytes, data_parallel_kind, zero1_ranks
+from kenotron.estimate.analytic_moe import all_to_all_seconds
 from kenotron.train.flops import flops_per_token
 from kenotron.train.resolve import ResolvedRun
 
@@ -86,11 +90,13 @@ class StepTime:
     """1F1B's idle time: the fill and drain slots of every schedule step."""
     pipeline_p2p: float = 0.0
     """Activations and gradients passed between pipeline stages (on the critical path)."""
+    expert_parallel: float = 0.0
+    """Expert parallelism's all-to-alls (on the critical path)."""
 
     @property
     def seconds(self) -> float:
         return (self.compute + self.pipeline_bubble + self.pipeline_p2p + self.tensor_parallel + self.context_parallel
-                + max(0.0, self.data_parallel - self.compute))
+                + self.expert_parallel + max(0.0, self.data_parallel - self.compute))
 
     @property
     def tokens_per_s_per_gpu(self) -> float:
@@ -156,7 +162,9 @@ def step_time(run: ResolvedRun, params: ParameterBytes, matmul_params: int, hw: 
         if kind == "zero1":
             all_reduce += (replicas - 1) / replicas * params.local
         dp_time += all_reduce * stage / _bandwidth(replicas, inner, hw)
-    return StepTime(compute, tp_time, dp_time, cp_time, tokens, d.world_size, bubble, p2p)
+    # ep is taken from dp_shard x cp, inside tp: its group spans ep x tp ranks.
+    ep_time = all_to_all_seconds(run, _bandwidth(d.ep, d.tp, hw), micro_tokens // d.cp)
+    return StepTime(compute, tp_time, dp_time, cp_time, tokens, d.world_size, bubble, p2p, ep_time)
 
 
 def pipeline_time(run: ResolvedRun, compute: float, c: int, hw: Hardware) -> tuple[float, float]:

@@ -94,3 +94,19 @@ def resolve_adamw_implementation(implementation: str, device_type: str, triton_p
         raise ConfigError(f"tuning.adamw_implementation='triton' needs {missing}; use tuning.adamw_implementation='auto' "
                           f"or 'fused'")
     return implementation
+
+
+def resolve_expert_kernel(choice: str, device_type: str, cuda_major: int, bf16: bool) -> str:
+    """"grouped_mm" or "for_loop" for `tuning.expert_kernel`: auto picks torch._grouped_mm where its
+    fast kernel runs (bf16 on a GPU of compute capability 9 or more), the per-expert loop elsewhere."""
+    import torch
+
+    if choice not in ("auto", "grouped_mm", "for_loop"):
+        raise ConfigError(f"tuning.expert_kernel={choice!r} is not one of auto, grouped_mm, for_loop")
+    if choice == "auto":
+        # cuda_major 0: a GPU not known yet (the estimator planning one): the grouped kernel's.
+        return "grouped_mm" if device_type == "cuda" and (cuda_major >= 9 or cuda_major == 0) and bf16 else "for_loop"
+    if choice == "grouped_mm" and not hasattr(torch, "_grouped_mm"):
+        raise ConfigError(f"tuning.expert_kernel='grouped_mm' needs torch._grouped_mm, which torch {torch.__version__} "
+                          f"lacks; use 'auto' or 'for_loop'")
+    return choice

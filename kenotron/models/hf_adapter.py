@@ -6,6 +6,11 @@ on the placeholder tensors of a DCP load plan, and its per-key functions (`to_hf
 `from_hf_key`) can drive a storage reader/writer that streams one tensor at a time.
 
 Each family fills an `HFAdapter` in its own `hf.py` and attaches it to its `ModelSpec`.
+
+MoE families add two kinds of keys: experts stacked in one tensor here and stored one per
+expert on the hub (`expert_keys`, see hf_experts.py: export slices, import stacks), and
+router biases the transformers classes do not have (`zero_keys`: zero on import, and a
+nonzero one refuses export, since the routing could not be reproduced there).
 """
 
 from __future__ import annotations
@@ -19,6 +24,13 @@ from typing import Any
 import torch
 
 from kenotron.models.common.rope import RopeScaling
+from kenotron.models.hf_experts import (
+    ExpertKeyError,
+    match_expert_key,
+    split_experts,
+    stack_experts,
+    stacked_shape,
+)
 
 _LAYER_KEY = re.compile(r"^layers\.(\d+)\.(.+)$")
 _HF_LAYER_KEY = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
@@ -48,6 +60,10 @@ class HFAdapter:
     setting the kenotron model does not implement."""
     config_from_args: Callable[[Any], dict[str, Any]]
     """The family's args -> a config.json dict that transformers loads as `architecture`."""
+    expert_keys: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    """{kenotron key suffix of a tensor stacked over experts: its per-expert HF key suffixes ("{e}" = expert), in row order}."""
+    zero_keys: tuple[str, ...] = ()
+    """Kenotron key suffixes inside a block that HF lacks: zero on import, must be zero on export."""
 
     # -- config ---------------------------------------------------------------------------------
 
@@ -76,6 +92,8 @@ class HFAdapter:
         match = _LAYER_KEY.match(key)
         if match and match.group(2) in self.layer_keys:
             return f"model.layers.{match.group(1)}.{self.layer_keys[match.group(2)]}"
+        if match and match.group(2) in self.expert_keys:  # named by its first per-expert part
+            return f"model.layers.{match.group(1)}.{self.expert_keys[match.group(2)][0]}"
         if key in self.top_keys:
             return self.top_keys[key]
         raise HFConversionError(f"{key!r} has no Hugging Face name in the {self.model_type} adapter")
@@ -103,31 +121,114 @@ class HFAdapter:
     # -- state dicts ----------------------------------------------------------------------------
 
     def to_hf(self, state_dict: Mapping[str, torch.Tensor], args: Any) -> dict[str, torch.Tensor]:
-        """kenotron state dict -> HF state dict; the same tensor objects, renamed.
+        """kenotron state dict -> HF state dict; the same tensor objects, renamed (stacked experts:
+        views of each expert).
 
         With tied embeddings the output projection is left out, as HF stores only
         `model.embed_tokens.weight` then.
         """
-        return {
-            self.to_hf_key(key): value
-            for key, value in state_dict.items()
-            if not (_tied(args) and key == "output.weight")
-        }
+        out: dict[str, torch.Tensor] = {}
+        for key, value in state_dict.items():
+            if _tied(args) and key == "output.weight":
+                continue
+            match = _LAYER_KEY.match(key)
+            suffix = match.group(2) if match else None
+            if suffix in self.zero_keys:
+                if value.device.type != "meta" and bool(value.any()):
+                    raise HFConversionError(
+                        f"{key!r} is not zero: the model was trained with an expert bias (moe.bias_update_rate), "
+                        f"which {self.architecture} does not have; its routing cannot be exported"
+                    )
+                continue
+            if suffix in self.expert_keys:
+                out.update(split_experts(value, f"model.layers.{match.group(1)}.", self.expert_keys[suffix]))
+                continue
+            out[self.to_hf_key(key)] = value
+        return out
+
+    def hf_names(self, key: str, shape: tuple[int, ...], args: Any) -> dict[str, tuple[int, ...]]:
+        """{HF name: shape} of the kenotron tensor `key` of `shape`, as `to_hf` would write it: none
+        for a tied output or a key HF lacks, one per expert and part for a stacked tensor."""
+        if _tied(args) and key == "output.weight":
+            return {}
+        match = _LAYER_KEY.match(key)
+        suffix = match.group(2) if match else None
+        if suffix in self.zero_keys:
+            return {}
+        if suffix in self.expert_keys:
+            parts = self.expert_keys[suffix]
+            piece = (shape[1] // len(parts), *shape[2:])
+            return {f"model.layers.{match.group(1)}.{t.format(e=e)}": piece for e in range(shape[0]) for t in parts}
+        return {self.to_hf_key(key): tuple(shape)}
 
     def from_hf(self, hf_state_dict: Mapping[str, torch.Tensor], args: Any) -> dict[str, torch.Tensor]:
         """HF state dict -> kenotron state dict that `model.load_state_dict(..., strict=True)` takes.
 
         With tied embeddings `output.weight` is the embedding tensor itself (whether or not the
-        checkpoint also stored an `lm_head.weight`).
+        checkpoint also stored an `lm_head.weight`). Per-expert tensors are stacked (copied).
         """
-        out = {
-            self.from_hf_key(key): value for key, value in hf_state_dict.items() if not self.is_ignored_hf_key(key)
-        }
+        out: dict[str, Any] = {}
+        pieces: dict[str, dict[tuple[int, int], Any]] = {}
+        for key, value in hf_state_dict.items():
+            if self.is_ignored_hf_key(key):
+                continue
+            expert = self._expert_of(key)
+            if expert is None:
+                out[self.from_hf_key(key)] = value
+            else:
+                ours, e, part = expert
+                pieces.setdefault(ours, {})[e, part] = value
+        for ours, parts in pieces.items():
+            suffix = _LAYER_KEY.match(ours).group(2)
+            try:
+                out[ours] = stack_experts(parts, args.moe.n_experts, len(self.expert_keys[suffix]), ours)
+            except ExpertKeyError as e:
+                raise HFConversionError(str(e)) from e
+        for layer in self._layers_of(out):
+            for suffix in self.zero_keys:
+                out[f"layers.{layer}.{suffix}"] = torch.zeros(args.moe.n_experts)
         if _tied(args):
             if "tok_embeddings.weight" not in out:
                 raise HFConversionError("a model with tied embeddings needs 'model.embed_tokens.weight'")
             out["output.weight"] = out["tok_embeddings.weight"]
         return out
+
+    def from_hf_shapes(self, hf_shapes: Mapping[str, tuple[int, ...]], args: Any) -> dict[str, tuple[int, ...]]:
+        """{kenotron key: shape} that `from_hf` would give for HF tensors of these shapes."""
+        out: dict[str, tuple[int, ...]] = {}
+        pieces: dict[str, dict[tuple[int, int], tuple[int, ...]]] = {}
+        for key, shape in hf_shapes.items():
+            if self.is_ignored_hf_key(key):
+                continue
+            expert = self._expert_of(key)
+            if expert is None:
+                out[self.from_hf_key(key)] = tuple(shape)
+            else:
+                ours, e, part = expert
+                pieces.setdefault(ours, {})[e, part] = tuple(shape)
+        for ours, parts in pieces.items():
+            suffix = _LAYER_KEY.match(ours).group(2)
+            try:
+                out[ours] = stacked_shape(parts, args.moe.n_experts, len(self.expert_keys[suffix]), ours)
+            except ExpertKeyError as e:
+                raise HFConversionError(str(e)) from e
+        for layer in self._layers_of(out):
+            for suffix in self.zero_keys:
+                out[f"layers.{layer}.{suffix}"] = (args.moe.n_experts,)
+        return out
+
+    def _expert_of(self, hf_key: str) -> tuple[str, int, int] | None:
+        """(kenotron key, expert, part) of a per-expert HF key, or None."""
+        match = _HF_LAYER_KEY.match(hf_key)
+        if not match or not self.expert_keys:
+            return None
+        hit = match_expert_key(match.group(2), self.expert_keys)
+        return None if hit is None else (f"layers.{match.group(1)}.{hit[0]}", hit[1], hit[2])
+
+    def _layers_of(self, state: Mapping[str, Any]) -> list[str]:
+        if not self.zero_keys:
+            return []
+        return sorted({m.group(1) for k in state if (m := _LAYER_KEY.match(k))}, key=int)
 
 
 def _tied(args: Any) -> bool:

@@ -36,8 +36,17 @@ class ModelSpec:
     """FQN pattern of the repeated transformer blocks (FSDP units, AC and compile units)."""
     hf_adapter: HFAdapter | None = None
     """Key and config translation to/from the family's transformers class; None when there is none."""
+    moe_modules: str = ""
+    """FQN pattern of the MoE feed-forward modules (models/common/moe.py); empty for a dense family."""
+    experts: str = ""
+    """FQN pattern of their routed experts (the modules expert parallelism shards)."""
+
     check_args: Callable[[Any], None] = check_decoder_args
     """Raises ConfigError (naming `model.<field>` keys) for args that do not make a valid model."""
+
+    @property
+    def is_moe(self) -> bool:
+        return bool(self.moe_modules)
 
     def model_args(self, flavor: str, overrides: Mapping[str, Any] | None = None, *, max_seq_len: int = 0,
                    **fields: Any) -> Any:

@@ -31,13 +31,14 @@ from kenotron.models.common import flash_attention4  # noqa: F401
 AC_MODES = ("none", "full", "selective-op", "every-n-layers")
 
 
-_MATMUL_OPS = ("mm", "addmm", "bmm")
+_MATMUL_OPS = ("mm", "addmm", "bmm", "_grouped_mm")  # _grouped_mm: the MoE experts' GEMMs
 _SAVED_ATEN_OPS = (
     *_MATMUL_OPS,
     "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
     "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu",
 )
-_SAVED_COLLECTIVES = ("reduce_scatter_tensor", "all_gather_into_tensor", "all_reduce")
+# all_to_all_single: expert parallelism's dispatch and combine, not sent twice.
+_SAVED_COLLECTIVES = ("reduce_scatter_tensor", "all_gather_into_tensor", "all_reduce", "all_to_all_single")
 # flash-attn's forward (model.attention_backend = "flash_attn"), a custom op once the package is imported.
 _SAVED_FLASH_ATTN_OPS = ("_flash_attn_forward",)
 _SAVED_KENOTRON_OPS = ("fa4_forward",)
@@ -84,12 +85,25 @@ def _selective_policy(ops: set, matmuls: set, save_matmul_every: int = 1) -> Cal
     return policy
 
 
+def _ignore_profiler_ranges() -> None:
+    """FSDP's hooks open profiler ranges (record_function ops) inside a checkpointed block, and
+    more of them during its recompute than during forward when the block holds an FSDP unit of
+    its own (an MoE layer's experts under expert parallelism): selective checkpointing, which
+    replays ops by their count, must not count them."""
+    profiler = torch.ops.profiler
+    for name, overload in (("_record_function_enter_new", "default"), ("_record_function_exit", "_RecordFunction")):
+        op = getattr(getattr(profiler, name, None), overload, None)
+        if op is not None:
+            ckpt.SAC_IGNORED_OPS.add(op)
+
+
 def checkpoint_module(module: nn.Module, selective: bool = False, save_matmul_every: int = 1) -> None:
     """Recompute `module`'s forward in backward (all of it, or only cheap ops if `selective`;
     with `save_matmul_every` > 1 also all but one matmul in every that many)."""
     inner = module.forward
     extra: dict = {}
     if selective:
+        _ignore_profiler_ranges()
         ops = _ops_to_save()
         matmuls = {getattr(torch.ops.aten, name).default for name in _MATMUL_OPS}
 

@@ -126,6 +126,7 @@ def apply_data_parallel(model: nn.Module, meshes: Meshes, plan: Plan) -> DataPar
         # keeping them gathered for the step (the schedule reshards after its last backward)
         # costs little memory.
         pipelined = plan.pipeline is not None and meshes.get("pp") is not None
+        _shard_experts(model, meshes, plan, mp, pipelined)
         for i, unit in enumerate(units):
             if st.reshard_after_forward == "default":
                 # The last unit's parameters are needed again right away by backward; on a
@@ -150,3 +151,27 @@ def apply_data_parallel(model: nn.Module, meshes: Meshes, plan: Plan) -> DataPar
                     "gradients stay in the reduce-scatter stream's memory pool; set "
                     "tuning.fsdp_gradients_in_compute_pool false to silence this", stacklevel=2)
     return DataParallelState(kind, mesh)
+
+
+def expert_fsdp_mesh(meshes: Meshes) -> DeviceMesh | None:
+    """Under expert parallelism: the mesh the expert weights are FSDP-sharded over (efsdp, with
+    dp_replicate for HSDP), else None."""
+    if meshes.get("ep") is None:
+        return None
+    assert meshes.root is not None
+    names = meshes.root.mesh_dim_names or ()
+    return meshes.root[("dp_replicate", "efsdp")] if "dp_replicate" in names else meshes.root["efsdp"]
+
+
+def _shard_experts(model: nn.Module, meshes: Meshes, plan: Plan, mp: MixedPrecisionPolicy, pipelined: bool) -> None:
+    """Under expert parallelism each expert module is its own FSDP unit over the ranks ep leaves
+    (resharded after forward as the blocks are). Averaging over that mesh, 1/ep the size of the
+    dense parameters', is right because compute scales the experts' gradients by 1/ep
+    (parallel/expert.py)."""
+    mesh = expert_fsdp_mesh(meshes)
+    if mesh is None or not plan.layout.experts:
+        return
+    policy = plan.settings.reshard_after_forward
+    reshard = policy == "always" or (policy == "default" and mesh.size() > 1 and not pipelined)
+    for _, experts in matching_modules(model, plan.layout.experts):
+        fully_shard(experts, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)

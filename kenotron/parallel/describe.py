@@ -3,6 +3,9 @@
 The placements follow what `Plan.apply` produces: tensor parallel shards a weight on dim 0
 (colwise, embedding, output) or dim 1 (rowwise); FSDP then shards dim 0 of that local piece
 over dp_shard x cp (and replicates over dp_replicate); DDP and ZeRO-1 replicate parameters.
+Under expert parallelism an expert weight is sharded over ep on dim 0 (the experts), then
+FSDP-sharded over the dp_shard x cp / ep ranks ep leaves (shown as S(0) in dp_shard: "efsdp");
+every other parameter treats the ep ranks as data-parallel ones ("(dp)" in the ep column).
 Local shapes use torch.chunk's rule (the first ranks hold ceil(n / k) rows), so they are
 those of rank 0, the largest.
 """
@@ -15,10 +18,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from kenotron.parallel.model_layout import fqn_matches
+
 if TYPE_CHECKING:
     from kenotron.parallel.plan import Plan
 
-MESH_DIMS = ("dp_replicate", "dp_shard", "cp", "tp")
+MESH_DIMS = ("dp_replicate", "dp_shard", "cp", "ep", "tp")
 
 
 def _tp_shard_dim(style: str | None, param_name: str) -> int | None:
@@ -36,16 +41,26 @@ def describe_parameters(plan: Plan, model: nn.Module, mesh_shape: dict[str, int]
         raise ValueError(f"mesh_shape has unknown dimensions {sorted(unknown)}; use {MESH_DIMS}")
     deg = {d: int(mesh_shape.get(d, 1)) for d in MESH_DIMS}
     shard_degree = deg["dp_shard"] * deg["cp"]
+    experts = plan.layout.experts
     rows = []
     for name, param in model.named_parameters():
         module_fqn, _, pname = name.rpartition(".")
         placements = {d: "R" for d in MESH_DIMS if deg[d] > 1}
+        if deg["ep"] > 1:
+            placements["ep"] = "(dp)"  # the ep ranks are data-parallel ranks to all but the experts
         local = list(param.shape)
         tp_dim = _tp_shard_dim(plan.layout.style_of(module_fqn), pname) if deg["tp"] > 1 else None
         if tp_dim is not None:
             placements["tp"] = f"S({tp_dim})"
             local[tp_dim] = math.ceil(local[tp_dim] / deg["tp"])
-        if plan.settings.dp_mode == "fsdp" and shard_degree > 1:
+        if experts and deg["ep"] > 1 and fqn_matches(experts, module_fqn):
+            placements["ep"] = "S(0)"
+            local[0] = math.ceil(local[0] / deg["ep"])
+            efsdp = shard_degree // deg["ep"]
+            if efsdp > 1:
+                placements["dp_shard"] = "S(0)"
+                local[0] = math.ceil(local[0] / efsdp)
+        elif plan.settings.dp_mode == "fsdp" and shard_degree > 1:
             for d in ("dp_shard", "cp"):
                 if deg[d] > 1:
                     placements[d] = "S(0)"

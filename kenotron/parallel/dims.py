@@ -6,6 +6,12 @@ become mesh dimensions; flattened views are built for the groups the plans need:
 - "dp"          = dp_replicate x dp_shard  (data loading: which slice of the global batch)
 - "dp_shard_cp" = dp_shard x cp            (FSDP shards parameters over this)
 - "dp_cp"       = dp_replicate x dp_shard x cp (the loss is averaged over this)
+- "dp_cp_tp"    = every dimension but pp   (the ranks holding other tokens of one micro-batch)
+
+Expert parallelism (ep > 1) borrows its ranks from dp_shard x cp: dp_shard is split into
+"efsdp" (outer, dp_shard x cp / ep, kept even at size 1) and "dp_shard_in_ep" (ep / cp), and
+"ep" = dp_shard_in_ep x cp is a flattened view. Each MoE layer's experts are sharded over ep and
+FSDP-sharded over efsdp (x dp_replicate); "dp_shard" becomes the view efsdp x dp_shard_in_ep.
 """
 
 from __future__ import annotations
@@ -24,10 +30,21 @@ class ParallelConfigError(ConfigError):
 
 
 MESH_DIM_ORDER = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
+EP_MESH_DIM_ORDER = ("pp", "dp_replicate", "efsdp", "dp_shard_in_ep", "cp", "tp")
+"""The physical dimensions under expert parallelism: dp_shard split in two."""
 FLATTENED_DIMS: dict[str, tuple[str, ...]] = {
     "dp": ("dp_replicate", "dp_shard"),
     "dp_shard_cp": ("dp_shard", "cp"),
     "dp_cp": ("dp_replicate", "dp_shard", "cp"),
+    "dp_cp_tp": ("dp_replicate", "dp_shard", "cp", "tp"),
+}
+EP_FLATTENED_DIMS: dict[str, tuple[str, ...]] = {
+    "dp_shard": ("efsdp", "dp_shard_in_ep"),
+    "dp": ("dp_replicate", "efsdp", "dp_shard_in_ep"),
+    "dp_shard_cp": ("efsdp", "dp_shard_in_ep", "cp"),
+    "dp_cp": ("dp_replicate", "efsdp", "dp_shard_in_ep", "cp"),
+    "dp_cp_tp": ("dp_replicate", "efsdp", "dp_shard_in_ep", "cp", "tp"),
+    "ep": ("dp_shard_in_ep", "cp"),
 }
 
 
@@ -81,12 +98,18 @@ class ParallelDims:
                 f"{dp_shard} x cp {cp} x tp {tp} x pp {pp}) but the world size is {world_size}; "
                 f"set parallelism.dp_shard=-1 to fill the rest, or change the degrees"
             )
-        if ep > 1 and (dp_shard * cp) % ep != 0:
+        if ep > 1 and ep not in expert_parallel_degrees(dp_shard, cp):
             raise ParallelConfigError(
-                f"parallelism.ep={ep} must divide dp_shard x cp = {dp_shard * cp} (experts are sharded over "
-                f"those ranks); use one of {_divisors(dp_shard * cp)}"
+                f"parallelism.ep={ep} cannot be taken from dp_shard x cp = {dp_shard} x {cp} (expert parallelism "
+                f"borrows all {cp} context-parallel ranks and a divisor of dp_shard); use one of "
+                f"{expert_parallel_degrees(dp_shard, cp)}"
             )
         return cls(dp_replicate, dp_shard, cp, tp, pp, ep, world_size)
+
+    @property
+    def efsdp(self) -> int:
+        """Ranks the expert weights are FSDP-sharded over (besides dp_replicate): dp_shard x cp / ep."""
+        return self.dp_shard * self.cp // self.ep
 
     @property
     def dp(self) -> int:
@@ -94,12 +117,25 @@ class ParallelDims:
         return self.dp_replicate * self.dp_shard
 
     def degrees(self) -> dict[str, int]:
-        return {name: getattr(self, name) for name in MESH_DIM_ORDER}
+        """The degrees of the mesh dimensions (pp, dp_replicate, dp_shard, cp, tp), plus ep when > 1."""
+        out = {name: getattr(self, name) for name in MESH_DIM_ORDER}
+        if self.ep > 1:
+            out["ep"] = self.ep
+        return out
 
     def mesh_shape(self) -> tuple[tuple[str, ...], tuple[int, ...]]:
-        """(names, sizes) of the mesh dimensions with degree > 1, outermost first."""
-        dims = [(n, d) for n, d in self.degrees().items() if d > 1]
+        """(names, sizes) of the mesh dimensions with degree > 1 (and efsdp under ep), outermost first."""
+        if self.ep > 1:
+            sizes = {"pp": self.pp, "dp_replicate": self.dp_replicate, "efsdp": self.efsdp,
+                     "dp_shard_in_ep": self.ep // self.cp, "cp": self.cp, "tp": self.tp}
+            dims = [(n, sizes[n]) for n in EP_MESH_DIM_ORDER if sizes[n] > 1 or n == "efsdp"]
+        else:
+            dims = [(n, d) for n, d in self.degrees().items() if d > 1]
         return tuple(n for n, _ in dims), tuple(d for _, d in dims)
+
+    @property
+    def flattened_dims(self) -> dict[str, tuple[str, ...]]:
+        return EP_FLATTENED_DIMS if self.ep > 1 else FLATTENED_DIMS
 
     def grad_accum_steps(self, global_batch_size: int, local_batch_size: int) -> int:
         """Micro-steps per optimizer step so that `global_batch_size` sequences are seen."""
@@ -111,11 +147,11 @@ class ParallelDims:
             )
         return global_batch_size // per_micro
 
-    def check_model(self, *, n_heads: int, n_kv_heads: int, ffn_dim: int, vocab_size: int, n_layers: int) -> None:
-        """Tensor/pipeline degrees against the model's dimensions."""
+    def check_model(self, *, n_heads: int, n_kv_heads: int, ffn_dim: int | None, vocab_size: int, n_layers: int) -> None:
+        """Tensor/pipeline degrees against the model's dimensions (`ffn_dim` None: no MLP that tp splits)."""
         tp = self.tp
-        for name, value in (("n_heads", n_heads), ("n_kv_heads", n_kv_heads), ("ffn_dim", ffn_dim),
-                            ("vocab_size", vocab_size)):
+        widths = (("n_heads", n_heads), ("n_kv_heads", n_kv_heads), ("ffn_dim", ffn_dim), ("vocab_size", vocab_size))
+        for name, value in ((n, v) for n, v in widths if v is not None):
             if value % tp != 0:
                 valid = [d for d in _divisors(value) if d <= max(value, 1)][:12]
                 raise ParallelConfigError(f"tp={tp} does not divide {name}={value}; use one of {valid}")
@@ -142,16 +178,23 @@ class ParallelDims:
             return Meshes(self, None)
         root = init_device_mesh(device_type, sizes, mesh_dim_names=names)
         views: dict[str, DeviceMesh] = {}
-        for flat_name, parts in FLATTENED_DIMS.items():
+        for flat_name, parts in self.flattened_dims.items():
             present = tuple(p for p in parts if p in names)
-            if len(present) > 1:
+            if len(present) > 1 or (flat_name == "ep" and present):
                 # Keep the flattened mesh object: looking it up from the root later warns.
                 views[flat_name] = root[present]._flatten(flat_name)
         return Meshes(self, root, views)
 
     def __str__(self) -> str:
-        degrees = " x ".join(f"{n} {d}" for n, d in self.degrees().items())
+        degrees = " x ".join(f"{n} {d}" for n, d in self.degrees().items() if n != "ep")
         return f"ParallelDims(world {self.world_size}: {degrees}, ep {self.ep})"
+
+
+def expert_parallel_degrees(dp_shard: int, cp: int, n_experts: int = 0) -> list[int]:
+    """The ep degrees these ranks allow: 1, and cp x d for each divisor d of dp_shard (dividing
+    `n_experts` when given)."""
+    out = sorted({1} | {cp * d for d in _divisors(dp_shard)})
+    return [e for e in out if not n_experts or n_experts % e == 0]
 
 
 @dataclass
@@ -175,12 +218,13 @@ class Meshes:
             return self.root[name]
         if name in self.views:
             return self.views[name]
-        if name in FLATTENED_DIMS:
-            present = [p for p in FLATTENED_DIMS[name] if p in names]
+        flattened = self.dims.flattened_dims
+        if name in flattened:
+            present = [p for p in flattened[name] if p in names]
             return self.root[present[0]] if len(present) == 1 else None
-        if name in MESH_DIM_ORDER:
+        if name in MESH_DIM_ORDER or name in EP_MESH_DIM_ORDER or name == "ep":
             return None
-        raise KeyError(f"unknown mesh dimension {name!r}; use one of {MESH_DIM_ORDER + tuple(FLATTENED_DIMS)}")
+        raise KeyError(f"unknown mesh dimension {name!r}; use one of {MESH_DIM_ORDER + tuple(flattened)}")
 
     def coordinate(self, name: str) -> int:
         """This rank's index along a dimension or flattened view (0 when absent)."""

@@ -51,6 +51,10 @@ class ModelLayout:
     """FQN pattern of the attention modules whose `attention_fn` context parallel replaces."""
     sequence_parallel_off: list[str] = field(default_factory=list)
     """Block FQN patterns that run without sequence parallel although it is on (or with it, if off)."""
+    moe_modules: str = ""
+    """FQN pattern of the MoE feed-forward layers (routers balanced by the step; replicated over tp); empty: none."""
+    experts: str = ""
+    """FQN pattern of their routed experts: sharded over ep, each its own FSDP unit over the ranks ep leaves."""
 
     def check(self, model: nn.Module) -> None:
         """Every pattern names existing modules and every style is valid; raises PlanError."""
@@ -61,6 +65,8 @@ class ModelLayout:
             ("sequence_parallel_off", self.sequence_parallel_off),
             ("blocks", [self.blocks]),
             ("attention_modules", [self.attention_modules]),
+            ("moe_modules", [self.moe_modules] if self.moe_modules else []),
+            ("experts", [self.experts] if self.experts else []),
         ):
             for pattern in patterns:
                 if not any(fqn_matches(pattern, n) for n in names):
@@ -113,4 +119,10 @@ class ModelLayout:
                      f"{self.attention_modules}"
                      + (f"   sequence parallel flipped in: {self.sequence_parallel_off}" if self.sequence_parallel_off
                         else ""))
+        if self.moe_modules:
+            lines.append(f"  {self.moe_summary()}")
         return "\n".join(lines)
+
+    def moe_summary(self) -> str:
+        return (f"MoE layers: {self.moe_modules} (under tp: on this rank's sequence shard, weights replicated)   "
+                f"experts: {self.experts} (sharded over ep on the expert dim; own FSDP unit over efsdp)")

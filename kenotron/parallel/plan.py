@@ -9,7 +9,12 @@ compare two (`plan.diff(other)`), edit it (dataclasses: change a field, add or d
 ask what it does to each parameter on a given mesh shape (`plan.describe(model, {...})`, no
 process group needed), then `plan.apply(model, meshes)`:
 
-    pipeline split -> TP/SP -> CP -> activation checkpointing -> compile -> FSDP
+    pipeline split -> TP/SP -> EP -> CP -> activation checkpointing -> compile -> FSDP
+
+With MoE layers (`layout.moe_modules`), the EP step places them on the ep and tp dimensions
+(kenotron/parallel/expert.py): experts sharded over ep with an all-to-all dispatcher, the rest
+replicated over tp; FSDP then makes each `layout.experts` module its own unit over the
+data-parallel ranks ep leaves.
 
 With context parallel (a `cp` mesh dimension), the CP step replaces the `attention_fn` of the
 modules `layout.attention_modules` names (kenotron/parallel/context/apply.py), and the applied
@@ -113,6 +118,8 @@ class Plan:
                      f"{lay.attention_modules}"
                      + (f"   sequence parallel flipped in: {lay.sequence_parallel_off}" if lay.sequence_parallel_off
                         else ""))
+        if lay.moe_modules:
+            lines.append(f"    {lay.moe_summary()}")
         lines.append("  settings (the run's)")
         lines += ["  " + line for line in str(self.settings).splitlines()[1:]]
         if self.pipeline is not None:
@@ -122,7 +129,7 @@ class Plan:
     # -- application ------------------------------------------------------------------------
 
     def apply(self, model: nn.Module, meshes: Meshes) -> AppliedPlan:
-        """Parallelize `model` (pipeline split -> TP/SP -> CP -> AC -> compile -> data parallel).
+        """Parallelize `model` (pipeline split -> TP/SP -> EP -> CP -> AC -> compile -> data parallel).
 
         Without pipeline parallel the model is changed in place and is the only model part;
         with it, the returned parts are this rank's stages (copies of `model` cut down to their
@@ -161,7 +168,7 @@ class Plan:
         return meshes.get("tp") is not None and bool(self.layout.tp_styles) and self.settings.sequence_parallel
 
     def _apply_to_part(self, model: nn.Module, meshes: Meshes) -> tuple[Any, SequenceSharder | None, Any]:
-        """TP/SP -> CP -> AC -> compile -> data parallel -> offload on one model part; returns
+        """TP/SP -> EP -> CP -> AC -> compile -> data parallel -> offload on one model part; returns
         the DataParallelState, under context parallel how to slice batches, and the part's
         ActivationOffloader (None without offloading)."""
         from kenotron.parallel.activation_checkpoint import (
@@ -170,6 +177,7 @@ class Plan:
         from kenotron.parallel.activation_offload import apply_activation_offloading
         from kenotron.parallel.context.apply import apply_context_parallel, cp_attention_kind
         from kenotron.parallel.data import apply_data_parallel
+        from kenotron.parallel.expert import apply_expert_parallel
         from kenotron.parallel.tensor import apply_tensor_parallel
 
         lay, st = self.layout, self.settings
@@ -187,6 +195,7 @@ class Plan:
                 for _name, module, style in lay.iter_tp_modules(model):
                     if style == "embedding":
                         module.register_forward_hook(lambda _m, _i, out: out.clone())
+        apply_expert_parallel(model, meshes, self)
         cp_mesh = meshes.get("cp")
         sharder = apply_context_parallel(model, cp_mesh, self) if cp_mesh is not None else None
         blocks = matching_modules(model, lay.blocks)
@@ -199,8 +208,10 @@ class Plan:
             # Dynamo cannot trace kenotron's ring attention (point-to-point sends): blocks that
             # hold it compile around it.
             ring = cp_mesh is not None and cp_attention_kind(st.cp_attention, cp_mesh.device_type) == "ring"
+            # Neither can the all-to-all of expert parallelism (its splits are read on the host).
+            all_to_all = bool(lay.moe_modules) and meshes.get("ep") is not None
             for _, block in blocks:
-                block.compile(fullgraph=not ring)
+                block.compile(fullgraph=not (ring or all_to_all))
         data_parallel = apply_data_parallel(model, meshes, self)
         # After compile (its hooks run outside the graphs) and after FSDP: FSDP's pre-forward
         # all-gather still runs first (it prepends its hook), and the offloader's backward hook
@@ -236,7 +247,8 @@ class AppliedPlan:
 
 def layout_for(spec: Any) -> ModelLayout:
     """A family's layout, from its ModelSpec."""
-    return ModelLayout(tp_styles=dict(spec.tp_styles), blocks=spec.blocks, fsdp_units=[spec.blocks])
+    return ModelLayout(tp_styles=dict(spec.tp_styles), blocks=spec.blocks, fsdp_units=[spec.blocks],
+                       moe_modules=spec.moe_modules, experts=spec.experts)
 
 
 def plan_for(spec: Any, settings: ParallelSettings | None = None, **setting_fields: Any) -> Plan:

@@ -47,6 +47,11 @@ _8B_FSDP = [
     "--compile.enable", "true", "--activation_checkpoint.mode", "selective-op",
 ]
 _MASTER_WEIGHTS = ["--tuning.mixed_precision", "master_weights"]
+# Qwen3-30B-A3B's width with 4 layers (3.11 B parameters), the MoE reference shape.
+_MOE_30B_4L = [
+    "--config", "train_configs/qwen3_moe_30b_a3b.toml", "--model.n_layers", "4", "--training.local_batch_size", "4",
+    "--training.seq_len", "4096", "--activation_checkpoint.mode", "none",
+]
 
 # Named sets of cases: the shapes of the reference figures (see docs/performance.md).
 PRESETS: dict[str, dict[str, list[str]]] = {
@@ -104,6 +109,11 @@ PRESETS: dict[str, dict[str, list[str]]] = {
                                                 "--data.path", "{sample_data}/tokenized"],
         "1B b4x4096 compiled raw jsonl": _1B + ["--compile.enable", "true", "--data.dataset", "jsonl",
                                                 "--data.path", "{sample_data}/corpus.jsonl"],
+    },
+    # MoE: against torchtitan 0.2.2 on the same machine (scripts/bench_torchtitan.py).
+    "h200-1gpu-moe": {
+        "Qwen3-30B-A3B width 4L b4x4096 compiled": _MOE_30B_4L + ["--compile.enable", "true"],
+        "Qwen3-30B-A3B width 4L b4x4096 eager": _MOE_30B_4L + ["--compile.enable", "false"],
     },
     "cpu-smoke": {
         "debug fp32": ["--training.local_batch_size", "2", "--training.seq_len", "64"],

@@ -23,6 +23,7 @@ from kenotron.config import ConfigError, JobConfig
 from kenotron.kernels.select import (
     resolve_adamw_implementation,
     resolve_eager_kernels,
+    resolve_expert_kernel,
     resolve_grad_norm_kernel,
     resolve_loss_kernel,
     triton_importable,
@@ -79,6 +80,8 @@ class Choices:
     """"float32"; bf16 by "master_weights", "fsdp" (FSDP's mixed precision casts the weights) or "autocast"."""
     expandable_segments: bool
     empty_cache_after_first_step: bool
+    expert_kernel: str = "for_loop"
+    """MoE experts: "grouped_mm" (torch._grouped_mm) or "for_loop"."""
 
     @property
     def compute_dtype(self) -> torch.dtype:
@@ -129,6 +132,7 @@ def resolve_choices(cfg: JobConfig, dims: ParallelDims, target: Target, meta_mod
     if attention == "auto" and auto_picks_flash_attn(cfg, dims.cp, meta_model, target.cuda_major):
         attention = "flash_attn"
     adamw = resolve_adamw_implementation(u.adamw_implementation, device_type, target.triton)
+    precision = _precision(cfg, dims, target, accum)
     return Choices(
         device_type=device_type,
         attention_backend=attention,
@@ -139,7 +143,8 @@ def resolve_choices(cfg: JobConfig, dims: ParallelDims, target: Target, meta_mod
         loss_chunk_tokens=u.loss_chunk_tokens,
         grad_norm_kernel=resolve_grad_norm_kernel(u.grad_norm_kernel, device_type, target.triton),
         adamw=adamw,
-        precision=_precision(cfg, dims, target, accum),
+        precision=precision,
         expandable_segments=u.expandable_segments and device_type == "cuda",
         empty_cache_after_first_step=u.empty_cache_after_first_step and device_type == "cuda",
+        expert_kernel=resolve_expert_kernel(u.expert_kernel, device_type, target.cuda_major, precision != "float32"),
     )

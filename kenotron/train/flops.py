@@ -3,6 +3,8 @@
 FLOPs per trained token (forward + backward) = 6·N + 12·L·H·d·T, where
 - N counts the parameters that take part in matrix products: every parameter except the
   input embedding table (a lookup). A tied embedding counts once, as the output projection.
+  In an MoE layer a token goes through k of the E routed experts: they count k/E of their
+  parameters (the active parameters; router and shared experts count whole).
 - 12·L·H·d·T is attention's score and value products (L layers, H query heads of size d,
   sequence length T), counted over the full T x T matrix as is customary (not halved for
   the causal mask), so figures compare with other trainers that use the same formula.
@@ -15,6 +17,8 @@ rather than a wrong one.
 from __future__ import annotations
 
 from torch import nn
+
+from kenotron.models.common.moe import MoE
 
 # Dense (no sparsity) bf16 tensor-core peaks in FLOP/s, from the vendors' datasheets.
 # Order matters: the first entry whose key is in the device name wins, so specific
@@ -61,6 +65,16 @@ def matmul_params(model: nn.Module) -> int:
         if id(p) in embedding_ids and id(p) not in tied_ids:
             continue
         total += p.numel()
+    return total
+
+
+def active_matmul_params(model: nn.Module) -> int:
+    """N for MoE models too: matmul_params with each layer's routed experts counted at top_k / n_experts."""
+    total = matmul_params(model)
+    for module in model.modules():
+        if isinstance(module, MoE):
+            routed = sum(p.numel() for p in module.experts.parameters())
+            total -= routed - routed * module.args.top_k // module.args.n_experts
     return total
 
 

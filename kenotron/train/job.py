@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from kenotron.data import MicroBatch
-from kenotron.models.common.eager_kernels import use_eager_kernels
+from kenotron.models.common.eager_kernels import use_eager_kernels, use_expert_kernel
 from kenotron.models.common.parametrization import spectral_lr_scales
 from kenotron.parallel.dims import Meshes
 from kenotron.parallel.early_gather import EarlyGather
@@ -33,7 +33,8 @@ from kenotron.parallel.plan import AppliedPlan, matching_modules
 from kenotron.parallel.zero1 import Zero1Optimizer
 from kenotron.train.attention_backend import BlockMasks, use_attention_kernel
 from kenotron.train.doremi import DoReMi, build_doremi, load_reference
-from kenotron.train.flops import matmul_params
+from kenotron.train.expert_balance import build_expert_balance
+from kenotron.train.flops import active_matmul_params
 from kenotron.train.fused_loss import chunk_fn_for
 from kenotron.train.lr_schedule import LRSchedule, build_lr_scheduler
 from kenotron.train.optim import optimizer_factory, param_groups
@@ -56,7 +57,7 @@ class BuildHooks:
     meta_model: Callable[[nn.Module], None] | None = None
     """Called with the meta model once the resolved kernels are in place, before the plan is applied."""
     applied: Callable[[nn.Module, Meshes], None] | None = None
-    """Called with the model and meshes right after `plan.apply`."""
+    """Called with each model part (the model, or this rank's pipeline stages) and the meshes right after `plan.apply`."""
 
 
 @dataclass
@@ -88,7 +89,10 @@ class Job:
     n_params: int = 0
     """Parameters of the whole model (all stages)."""
     matmul_params: int = 0
-    """Parameters that enter matrix products (what the FLOP count uses, train/flops.py)."""
+    """Parameters that enter matrix products for each token (what the FLOP count uses, train/flops.py):
+    an MoE layer counts its top-k routed experts, not all of them."""
+    experts: Any = None
+    """train/expert_balance.ExpertBalance of a model with MoE layers (None otherwise)."""
     doremi: DoReMi | None = None
     """A DoReMi proxy run's reference model and domain weights (doremi.reference; train/doremi.py)."""
 
@@ -162,16 +166,18 @@ def build_job(
         model = run.spec.build(run.model_args)
     use_attention_kernel(model, choices.attention_backend, device)
     use_eager_kernels(model, choices.eager_kernels)
+    use_expert_kernel(model, choices.expert_kernel)
     if hooks.meta_model is not None:
         hooks.meta_model(model)
-    n_params, n_matmul = sum(p.numel() for p in model.parameters()), matmul_params(model)
+    n_params, n_matmul = sum(p.numel() for p in model.parameters()), active_matmul_params(model)
     fused_loss = choices.fused_loss
     applied = run.plan.apply(model, meshes)
     if choices.precision != "float32" and applied.data_parallel.casts_params != (choices.precision == "fsdp"):
         raise AssertionError(f"resolve_run chose precision {choices.precision!r} but the plan's data parallel is "
                              f"{applied.data_parallel.kind}")
     if hooks.applied is not None:
-        hooks.applied(model, meshes)
+        for part in applied.model_parts:
+            hooks.applied(part, meshes)
     with tensor_mode or contextlib.nullcontext():
         for part in applied.model_parts:
             part.to_empty(device=device)
@@ -216,6 +222,7 @@ def build_job(
             pipeline = PipelineRunner
         job.pipeline = pipeline(job)
     job.early_gather = _early_gather(job)
+    job.experts = build_expert_balance(job)
     if cfg.doremi.reference:
         job.doremi = build_doremi(job, _reference_model(run, device, meshes, tensor_mode, hooks))
         if init_values:

@@ -4,7 +4,9 @@ Records go to `<dump_folder>/metrics.jsonl`, one JSON object per line, with at l
 step, loss (this step's), loss_avg (mean over the steps since the previous record), grad_norm, lr, tokens_per_sec (per device), tflops (per device), mfu (percent, or
 null on a device with no known peak), memory_gib (peak: CUDA max allocated, or the process's
 peak RSS on CPU), elapsed_s (since training started), plus tokens_seen, step_time_s,
-data_wait_s (seconds per step the loop waited for its batch) and tokens_seen/<dataset>.
+data_wait_s (seconds per step the loop waited for its batch) and tokens_seen/<dataset>. MoE
+models add aux_loss and z_loss (the last step's, mean over layers) and per layer L
+moe_load_max/L and moe_load_mean/L (token copies per expert) and moe_aux/L.
 Validation records (`record_validation`) are lines of their own: step, val_loss, val_ppl,
 val_tokens and val_time_s; TensorBoard gets them as val/loss and val/ppl.
 """
@@ -121,7 +123,8 @@ class MetricsLogger:
         self, *, step: int, loss: float, grad_norm: float, lr: float, tokens_seen: int, loss_avg: float | None = None,
         extra: dict[str, float] | None = None,
     ) -> dict[str, Any]:
-        """Close the window at this step: build, print and write the record (with `extra` keys added)."""
+        """Close the window at this step: build, print and write the record (with `extra` keys
+        added: the data loader's figures, an MoE model's per-layer expert loads and losses)."""
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         now = time.perf_counter()
@@ -226,9 +229,10 @@ def format_record(rec: dict[str, Any], *, total_steps: int = 0, eta_s: float | N
     width = len(str(total_steps)) if total_steps else 6
     step = f"{rec['step']:>{width}}/{total_steps}" if total_steps else f"{rec['step']:>6}"
     eta = f" | ETA {format_duration(eta_s)}" if eta_s is not None else ""
+    moe = f" | aux {rec['aux_loss']:.4f}" if "aux_loss" in rec else ""
     return (
         f"step {step} | loss {rec['loss']:.4f} (avg {rec['loss_avg']:.4f}) | grad_norm {rec['grad_norm']:.3f} | lr {rec['lr']:.2e} | "
         f"{_si(rec['tokens_per_sec'])} tok/s | {rec['tflops']:.3g} TFLOP/s | MFU {mfu} | "
-        f"mem {rec['memory_gib']:.2f} GiB | {format_duration(rec['elapsed_s'])}{eta}"
+        f"mem {rec['memory_gib']:.2f} GiB{moe} | {format_duration(rec['elapsed_s'])}{eta}"
         + (f" | data wait {rec['data_wait_s'] * 1e3:.1f} ms/step" if rec.get("data_wait_s") is not None else "")
     )

@@ -60,6 +60,7 @@ class PipelineRunner:
         )
         self.tied = TiedAcrossStages(split, applied.model_parts, applied.meshes)
         self.tied.sync_weights_()  # the initialized copies of a tied weight start equal
+        _quiet_routers_during_metadata_inference(self.schedule, applied.model_parts)
         self.forward_only = ForwardOnlyPipeline(job, pp_mesh)
 
     def forward_backward(self, microbatches: Sequence[MicroBatch], observer: Any = None) -> torch.Tensor:
@@ -114,6 +115,34 @@ class PipelineRunner:
     def norm_duplicates(self) -> set[int]:
         """Parameters whose gradient norm another stage's copy already counts."""
         return self.tied.norm_duplicates()
+
+
+def _quiet_routers_during_metadata_inference(schedule: Any, parts: list[torch.nn.Module]) -> None:
+    """torch 2.13's stages infer their tensors' metadata by running forward (and backward) once on
+    the first microbatch or on placeholder tensors, before the real ones: MoE routers must not
+    count that run in the step's expert loads (older torch infers on meta tensors, which the MoE
+    layer passes through without routing)."""
+    from kenotron.models.common.router import TopKRouter
+
+    routers = [m for part in parts for m in part.modules() if isinstance(m, TopKRouter)]
+    stages = getattr(schedule, "_stages", None) or [getattr(schedule, "_stage", None)]
+    if not routers:
+        return
+    for stage in stages:
+        infer = getattr(stage, "_forward_metadata_inference", None)
+        if infer is None:
+            continue
+
+        def quiet(*args: Any, _infer: Any = infer, **kwargs: Any) -> Any:
+            for router in routers:
+                router.counting = False
+            try:
+                return _infer(*args, **kwargs)
+            finally:
+                for router in routers:
+                    router.counting = True
+
+        stage._forward_metadata_inference = quiet
 
 
 _DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64]

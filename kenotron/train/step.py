@@ -11,6 +11,12 @@ The loss: every micro-batch's summed token cross-entropy is divided by the label
 the whole global batch, so each token weighs the same whatever the layout; data parallel
 averages gradients over its ranks, so the back-propagated loss is multiplied by that averaging
 size (the backends' native averaging collectives stay; gloo has no pre-multiplied sum).
+
+MoE models: forward_backward first sets how much each router's load-balancing terms weigh
+(the auxiliary loss and the z-loss, train/expert_balance.py); the routers add them through
+their layers' outputs, so the pipeline runner and the estimator's replay get them too. The
+returned loss stays the cross-entropy; optimizer_step ends with the routers' step statistics
+and bias updates.
 """
 
 from __future__ import annotations
@@ -139,6 +145,9 @@ def forward_backward(job: Job, microbatches: Sequence[MicroBatch], observer: Ste
     every sequence) it is the step's mean loss. Under pipeline parallel the job's pipeline
     runs the schedule instead (0 on ranks without the last stage).
     """
+    if job.experts is not None:
+        pipelined = job.run.plan.pipeline.microbatches if job.pipeline is not None else 1
+        job.experts.set_loss_weights(len(microbatches) * pipelined)
     if job.pipeline is not None:
         return job.pipeline.forward_backward(microbatches, observer)
     if job.doremi is not None:  # a DoReMi proxy: the domain-weighted objective (train/doremi.py)
@@ -216,6 +225,8 @@ def optimizer_step(job: Job, before_update: Callable[[], None] | None = None) ->
         optimizer.grad_scale = None
         lr_scheduler.step()
         optimizer.zero_grad(set_to_none=True)
+    if job.experts is not None:
+        job.experts.after_step()
 
 
 def train_step(

@@ -186,14 +186,19 @@ class Trainer:
             self.metrics.count(tokens_per_step)
             window.append(loss)
             self.guard.observe(self.step, grad_norm)  # no synchronization (train/guards.py)
+            if self.job.experts is not None and self.step % 10 == 0:
+                self.job.experts.check_collapse()
             if self.metrics.should_log(self.step):
                 self.guard.check()
                 losses = self.global_losses(window)
                 self.guard.check_losses(losses, window_start)
+                extra = self._data_metrics(len(window))
+                if self.job.experts is not None:
+                    extra.update(self.job.experts.metrics())
                 rec = self.metrics.record(
                     step=self.step, loss=losses[-1].item(), loss_avg=losses.mean().item(),
                     grad_norm=grad_norm.item(), lr=self._lr_of_step(self.step), tokens_seen=self.tokens_seen,
-                    extra=self._data_metrics(len(window)),
+                    extra=extra,
                 )
                 records.append(rec)
                 window, window_start = [], self.step + 1

@@ -41,9 +41,10 @@ FEATURES_ADDED_SINCE = {
     "metrics.wandb", "metrics.wandb_project",  # issue 28: Weights & Biases
     "data.sources", "data.stages", "data.shuffle", "data.seed", "data.loader",  # issue 24: blends, stages, loaders
     "data.weights_from",  # issue 25: a blend's weights learned by DoReMi
+    "parallelism.ep",  # issue 22: expert parallel (with the [moe] section, below)
 }
 """Fields of features added after the config was cut to 70 (each feature brings its own)."""
-LATER_SECTIONS = ("validation.", "doremi.")  # issue 24: validation; issue 25: DoReMi
+LATER_SECTIONS = ("validation.", "doremi.", "moe.")  # issue 24: validation; issue 25: DoReMi; issue 22: MoE
 
 
 def test_the_public_config_stays_small_with_short_plain_docs():

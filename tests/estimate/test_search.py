@@ -71,6 +71,17 @@ def test_pipeline_candidates_follow_the_trainers_rules_and_are_confirmed():
     assert "1F1B" in format_search(result)
 
 
+def test_moe_models_are_searched_over_expert_parallel_degrees():
+    cfg = load_config("train_configs/qwen3_moe_debug.toml", ["--training.global_batch_size", "8",
+                                                             "--training.seq_len", "256"])
+    result = search_layouts(cfg, 4, 4.0, top=1000, confirm=1)
+    eps = {c.degrees["ep"] for c in result.ranked}
+    assert eps >= {1, 2, 4}, eps
+    with_ep = next(c for c in result.ranked if c.degrees["ep"] > 1)
+    assert f"--parallelism.ep {with_ep.degrees['ep']}" in " ".join(with_ep.overrides())
+    assert f"ep{with_ep.degrees['ep']}" in with_ep.label()
+
+
 def test_the_search_pairs_context_parallel_with_pipelines_and_with_zero1():
     """cp runs inside pipeline stages and ZeRO-1 shares optimizer state over dp x cp: the planner
     prices both kinds, and the trainer's resolve_run accepts their overrides as they are."""
@@ -83,5 +94,5 @@ def test_the_search_pairs_context_parallel_with_pipelines_and_with_zero1():
     assert pp_cp and zero1_cp
     for c in (pp_cp[0], zero1_cp[0]):
         run = resolve_run(load_config("train_configs/debug.toml", args + " ".join(c.overrides()).split()), 8)
-        assert run.dims.degrees() == c.degrees and run.plan.settings.dp_mode == c.dp_mode
+        assert {"ep": 1, **run.dims.degrees()} == c.degrees and run.plan.settings.dp_mode == c.dp_mode
         assert (run.plan.pipeline is not None) == (c.degrees["pp"] > 1)

@@ -28,6 +28,7 @@ from kenotron.models.common.init import (
 from kenotron.models.common.kv_cache import KVCache, LayerKVCache
 from kenotron.models.common.parametrization import Fans, spectral_init_specs
 from kenotron.models.common.rope import RopeScaling, rope_cos_sin
+from kenotron.models.common.router import TopKRouter
 
 
 class DecoderArgs(Protocol):
@@ -218,11 +219,15 @@ class CausalLM(nn.Module):
         return {"output.weight": Fans(self.args.dim, 1)} if self.output is not None else {}
 
     def init_buffers(self, device: torch.device | str | None = None) -> None:
-        """Compute the RoPE tables on `device` (they are not in the state dict)."""
+        """Compute the RoPE tables on `device` (they are not in the state dict) and start every
+        MoE router afresh (no expert bias, no statistics)."""
         args = self.args
         self.rope_cos, self.rope_sin = rope_cos_sin(
             args.head_dim, args.max_seq_len, args.rope_theta, self.rope_scaling, device=device
         )
+        for module in self.modules():
+            if isinstance(module, TopKRouter):
+                module.init_buffers()
 
     @torch.no_grad()
     def init_weights(self, buffer_device: torch.device | str | None = None, seed: int = 0,

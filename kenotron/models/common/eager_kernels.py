@@ -1,4 +1,5 @@
-"""Fused Triton kernels for RoPE and SwiGLU in uncompiled blocks (`tuning.eager_kernels`).
+"""Fused Triton kernels for RoPE and SwiGLU (and the MoE experts' gate, kernels/expert_swiglu.py)
+in uncompiled blocks (`tuning.eager_kernels`).
 
 An eager step spends more time in RoPE's and SwiGLU's elementwise kernels than in its
 optimizer (docs/performance.md); kenotron/kernels/rope_swiglu.py does each
@@ -17,6 +18,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from kenotron.models.common.attention import GQAttention
+from kenotron.models.common.experts import GroupedExperts, swiglu_rows
 from kenotron.models.common.mlp import SwiGLU, silu_mul
 from kenotron.models.common.rope import apply_rope
 
@@ -34,14 +36,26 @@ def _plain_or(kernel: Callable, fallback: Callable) -> Callable:
 
 
 def use_eager_kernels(model: nn.Module, kernels: str) -> None:
-    """With kernels == "triton", give every attention its fused RoPE and every SwiGLU its fused gate."""
+    """With kernels == "triton", give every attention its fused RoPE and every SwiGLU (and MoE
+    experts' module) its fused gate."""
     if kernels != "triton":
         return
+    from kenotron.kernels.expert_swiglu import triton_expert_swiglu
     from kenotron.kernels.rope_swiglu import triton_rope, triton_silu_mul
 
     rope, gate = _plain_or(triton_rope, apply_rope), _plain_or(triton_silu_mul, silu_mul)
+    expert_gate = _plain_or(triton_expert_swiglu, swiglu_rows)
     for module in model.modules():
         if isinstance(module, GQAttention):
             module.rope_fn = rope
         elif isinstance(module, SwiGLU):
             module.silu_mul = gate
+        elif isinstance(module, GroupedExperts):
+            module.swiglu = expert_gate
+
+
+def use_expert_kernel(model: nn.Module, kernel: str) -> None:
+    """Give every MoE layer's experts the resolved expert kernel ("grouped_mm" or "for_loop")."""
+    for module in model.modules():
+        if isinstance(module, GroupedExperts):
+            module.kernel = kernel

@@ -1,0 +1,111 @@
+"""The MoE layer in the closed-form memory model and the throughput model (analytic.py, throughput.py).
+
+Per rank, an MoE layer sees Tm tokens: the micro-batch's (b·s/cp), or its sequence shard under
+tensor parallelism (the layer runs on this rank's shard, parallel/expert.py). Each token makes
+k copies; the layer's experts on this rank are E_l = E/ep; the grouped buffer has
+P = Tm·k + E_l·(a − 1) rows (a: the grouped GEMM's row alignment, 16 bytes of the compute
+dtype; 1 for the per-expert loop), planned for even routing as the fake-tensor estimate does
+(moe_memory.py): under ep the copies a rank receives are as many as it sends. Bytes kept for
+backward, c the compute dtype's size:
+
+  router       Tm·E·(c + 4) (logits, fp32 probabilities) + Tm·k·(8 + 4) (choices, weights)
+  experts      P·D·c (the grouped rows, the first GEMM's input) + P·2F·c (its output, the gate's
+               input) + P·F·c (the gate's output, the second GEMM's input); PyTorch's gate ops
+               also keep silu(gate)·up: + P·F·c (not with the fused Triton gate)
+  ep combine   Tm·k·D·c (the results back from the all-to-all, kept to weight the copies)
+  shared       as a dense SwiGLU of width F_s on Tm tokens, + Tm·4 for its sigmoid gate
+
+Backward temporaries of the layer: the gradients of its rows P·(D + 2F + F)·c, and under ep the
+all-to-all's receive buffers of the gradients, 2·Tm·k·D·c.
+
+Time (throughput.py): under ep each MoE layer sends its copies' rows out and back in forward
+and again in backward, (ep − 1)/ep of 4·Tm·k·D·c bytes per micro-step, not overlapped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from kenotron.estimate.tracker import allocated_bytes
+from kenotron.models.common.experts import EXPERT_KERNELS
+
+FP32 = 4
+
+
+@dataclass(frozen=True)
+class MoEShape:
+    """One MoE layer's sizes on one rank."""
+
+    tokens: int
+    """Tm: tokens the layer sees on this rank."""
+    experts: int
+    local_experts: int
+    top_k: int
+    ffn: int
+    shared_ffn: int
+    shared_gate: bool
+    align: int
+    """Rows each expert's group is padded to."""
+    ep: int
+
+    @property
+    def copies(self) -> int:
+        return self.tokens * self.top_k
+
+    @property
+    def rows(self) -> int:
+        return self.copies + self.local_experts * (self.align - 1)
+
+
+def moe_shape(run: Any, tokens: int, tp: int, compute: int) -> MoEShape | None:
+    """The MoE layer of `run`'s model for `tokens` tokens per micro-step on this rank (None: dense)."""
+    moe = getattr(run.model_args, "moe", None)
+    if moe is None:
+        return None
+    assert run.choices.expert_kernel in EXPERT_KERNELS
+    align = 16 // compute if run.choices.expert_kernel == "grouped_mm" else 1
+    ep = run.dims.ep
+    return MoEShape(tokens // tp, moe.n_experts, moe.n_experts // ep, moe.top_k, moe.ffn_dim, moe.shared_ffn_dim,
+                    moe.shared_gate, align, ep)
+
+
+def moe_activations(m: MoEShape, dim: int, c: int, fused_gate: bool, mode: str) -> int:
+    """Bytes one MoE layer keeps for backward (activation checkpointing `mode`: none or selective-op)."""
+    P, D, F, T = m.rows, dim, m.ffn, m.tokens
+    if mode == "selective-op":  # the saved op outputs: router logits, both GEMMs, the all-to-alls
+        kept = allocated_bytes(T * m.experts * c) + allocated_bytes(P * 2 * F * c) + allocated_bytes(P * D * c)
+        if m.ep > 1:
+            kept += 2 * allocated_bytes(m.copies * D * c)
+        return kept
+    router = allocated_bytes(T * m.experts * c) + allocated_bytes(T * m.experts * FP32) + allocated_bytes(
+        T * m.top_k * 8) + allocated_bytes(T * m.top_k * FP32)
+    experts = allocated_bytes(P * D * c) + allocated_bytes(P * 2 * F * c) + allocated_bytes(P * F * c)
+    if not fused_gate:
+        experts += allocated_bytes(P * F * c)
+    combine = allocated_bytes(m.copies * D * c) if m.ep > 1 else 0
+    shared = 0
+    if m.shared_ffn:
+        shared = (3 if fused_gate else 4) * allocated_bytes(T * m.shared_ffn * c)
+        shared += allocated_bytes(T * FP32) if m.shared_gate else 0
+    return router + experts + combine + shared
+
+
+def moe_backward_temporaries(m: MoEShape, dim: int, c: int) -> int:
+    """The layer's largest backward temporaries: its rows' gradients (and the all-to-all's)."""
+    temp = allocated_bytes(m.rows * (dim + 3 * m.ffn) * c)
+    if m.ep > 1:
+        temp += 2 * allocated_bytes(m.copies * dim * c)
+    return temp
+
+
+def all_to_all_seconds(run: Any, bandwidth: float, tokens: int) -> float:
+    """Exposed all-to-all time of one optimizer step (0 without ep); `tokens` per micro-step on this rank."""
+    moe = getattr(run.model_args, "moe", None)
+    ep = run.dims.ep
+    if moe is None or ep == 1:
+        return 0.0
+    c = 2 if run.cfg.training.param_dtype == "bfloat16" else FP32
+    per_layer = 4 * (ep - 1) / ep * (tokens // run.dims.tp) * moe.top_k * run.model_args.dim * c
+    layers = run.model_args.n_layers / run.dims.pp  # under pipeline parallel a rank runs its stages' blocks only
+    return run.grad_accum_steps * layers * per_layer / bandwidth

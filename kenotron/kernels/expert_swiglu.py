@@ -1,0 +1,78 @@
+"""The MoE experts' gate in one Triton kernel: silu(gate) * up * scale per row, for eager CUDA runs.
+
+The experts' first grouped GEMM writes h = [gate | up] (rows, 2F); the second reads
+silu(gate) * up scaled by each row's routing weight. In PyTorch ops that is a chunk, a silu, two
+multiplies forward and more backward, each a pass over (rows, F) activations (131k rows for
+Qwen3-30B-A3B's width at 16k tokens). Here: one kernel forward (reads h and the scales, writes
+the (rows, F) product) and one backward (reads the gradient, h and the scales; writes dh
+(rows, 2F) and each row's scale gradient, a sum over F), computing in fp32.
+
+torch.compile fuses the PyTorch ops itself, so compiled blocks keep them (kernels/select.py).
+Importing this module needs the `triton` package.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _fwd_kernel(h_ptr, s_ptr, out_ptr, F, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    m = cols < F
+    gate = tl.load(h_ptr + row * 2 * F + cols, mask=m, other=0.0).to(tl.float32)
+    up = tl.load(h_ptr + row * 2 * F + F + cols, mask=m, other=0.0).to(tl.float32)
+    s = tl.load(s_ptr + row).to(tl.float32)
+    tl.store(out_ptr + row * F + cols, (gate * tl.sigmoid(gate) * up * s).to(out_ptr.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def _bwd_kernel(g_ptr, h_ptr, s_ptr, dh_ptr, ds_ptr, F, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    m = cols < F
+    g = tl.load(g_ptr + row * F + cols, mask=m, other=0.0).to(tl.float32)
+    gate = tl.load(h_ptr + row * 2 * F + cols, mask=m, other=0.0).to(tl.float32)
+    up = tl.load(h_ptr + row * 2 * F + F + cols, mask=m, other=0.0).to(tl.float32)
+    s = tl.load(s_ptr + row).to(tl.float32)
+    sig = tl.sigmoid(gate)
+    silu = gate * sig
+    # d silu(a) / da = sigmoid(a) * (1 + a * (1 - sigmoid(a)))
+    dgate = g * s * up * sig * (1.0 + gate * (1.0 - sig))
+    tl.store(dh_ptr + row * 2 * F + cols, dgate.to(dh_ptr.dtype.element_ty), mask=m)
+    tl.store(dh_ptr + row * 2 * F + F + cols, (g * s * silu).to(dh_ptr.dtype.element_ty), mask=m)
+    tl.store(ds_ptr + row, tl.sum(g * silu * up, axis=0).to(ds_ptr.dtype.element_ty))
+
+
+class _ExpertSwiGLU(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, h: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        h, scale = h.contiguous(), scale.contiguous()
+        rows, width = h.shape
+        ffn = width // 2
+        out = torch.empty((rows, ffn), dtype=h.dtype, device=h.device)
+        if rows:
+            _fwd_kernel[(rows,)](h, scale, out, ffn, BLOCK=triton.next_power_of_2(ffn))
+        ctx.save_for_backward(h, scale)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        h, scale = ctx.saved_tensors
+        grad = grad.contiguous()
+        rows, width = h.shape
+        dh = torch.empty_like(h)
+        dscale = torch.empty_like(scale)
+        if rows:
+            _bwd_kernel[(rows,)](grad, h, scale, dh, dscale, width // 2, BLOCK=triton.next_power_of_2(width // 2))
+        return dh, dscale
+
+
+def triton_expert_swiglu(h: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """silu(h[:, :F]) * h[:, F:] * scale[:, None] for h (rows, 2F) and scale (rows,), in one kernel."""
+    if h.dim() != 2 or h.shape[1] % 2 or scale.shape != h.shape[:1]:
+        raise ValueError(f"expects h (rows, 2F) and scale (rows,), got {tuple(h.shape)} and {tuple(scale.shape)}")
+    return _ExpertSwiGLU.apply(h, scale)

@@ -1,0 +1,200 @@
+"""The routed experts of an MoE layer: their weights, their grouped computation, and how token
+copies are grouped by expert and brought back.
+
+Dropless routing: every token copy (a token and one of its top-k experts) is computed; none is
+dropped and there is no capacity factor. The copies are grouped by expert with one stable sort,
+laid out in one buffer where each expert's rows are contiguous (padded to `align` rows so
+`torch._grouped_mm` sees aligned groups), computed by two grouped matrix products, and summed
+back per token. No Python loop runs over tokens or experts, and every shape is static except
+under expert parallelism (the all-to-all receives as many rows as were routed to this rank).
+
+Two autograd functions move rows between the token side and the grouped side. Each one's
+backward is the other's forward, so both directions are gathers (no scatter-add atomics) and
+deterministic:
+
+    gather_rows(x, grouping)  (tokens, dim) -> (padded rows, dim): row p holds the token of copy
+                              grouping.src_copy[p] (padding rows hold zeros)
+    sum_rows(y, grouping)     (padded rows, dim) -> (tokens, dim): each token sums its k rows
+
+Expert compute (`kernel`): "grouped_mm" runs `torch._grouped_mm` (bf16 on Hopper GPUs; torch's
+per-group fallback elsewhere); "for_loop" runs one matrix product per expert over the rows
+torch.split gives it (the reference: exact in fp32, and the path of devices without grouped GEMM).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kenotron.dtensor import local_tensor
+from kenotron.models.common.init import InitSpec, trunc_normal
+
+EXPERT_KERNELS = ("grouped_mm", "for_loop")
+
+
+def grouped_mm_alignment(dtype: torch.dtype) -> int:
+    """Rows each expert's group is padded to for torch._grouped_mm: 16 bytes of the dtype."""
+    return max(1, 16 // torch.empty((), dtype=dtype).element_size())
+
+
+@dataclass
+class Grouping:
+    """Where each token copy sits in the grouped (expert-major, padded) buffer."""
+
+    src_copy: torch.Tensor
+    """(rows,) int64: for each grouped row, the copy it holds (copy index = token * k + slot), or
+    `copies` for a padding row."""
+    dest_row: torch.Tensor
+    """(copies,) int64: the grouped row of each copy."""
+    offsets: torch.Tensor
+    """(groups,) int32: cumulative end row of each group (the last one ends at `rows`)."""
+    counts: torch.Tensor
+    """(groups,) int64: copies per group (padding excluded)."""
+    k: int
+    """Copies per token (top-k); 1 for a grouping of single rows."""
+
+    @property
+    def rows(self) -> int:
+        return self.src_copy.shape[0]
+
+    @property
+    def copies(self) -> int:
+        return self.dest_row.shape[0]
+
+
+def group_by_expert(expert_ids: torch.Tensor, n_groups: int, k: int, align: int = 1) -> Grouping:
+    """Group the copies whose experts are `expert_ids` (copies,) by expert, each group padded to a
+    multiple of `align` rows. The buffer has a static size, copies + n_groups * (align - 1): the
+    last group takes the rows that the others' padding leaves over."""
+    copies = expert_ids.shape[0]
+    device = expert_ids.device
+    order = torch.argsort(expert_ids, stable=True)  # grouped (unpadded) position -> copy
+    counts = torch.zeros(n_groups, dtype=torch.int64, device=device)
+    counts.index_add_(0, expert_ids, torch.ones_like(expert_ids))
+    if align > 1:
+        padded = (counts + align - 1) // align * align
+        rows = copies + n_groups * (align - 1)
+    else:
+        padded, rows = counts, copies
+    ends = torch.cumsum(padded, 0)
+    ends[-1] = rows  # the tail of the static buffer belongs to the last group
+    starts = torch.cumsum(padded, 0) - padded
+    unpadded_starts = torch.cumsum(counts, 0) - counts
+    sorted_ids = expert_ids[order]
+    position = torch.arange(copies, device=device) + (starts - unpadded_starts)[sorted_ids]
+    dest_row = torch.empty_like(order).scatter_(0, order, position)
+    src_copy = torch.full((rows,), copies, dtype=torch.int64, device=device).scatter_(0, position, order)
+    return Grouping(src_copy, dest_row, ends.to(torch.int32), counts, k)
+
+
+def _gather_rows(x: torch.Tensor, src_copy: torch.Tensor, k: int) -> torch.Tensor:
+    # Padding rows name copy `copies`, i.e. token `tokens`: one zero row past the end.
+    padded = torch.cat([x, x.new_zeros((1, *x.shape[1:]))])
+    return padded.index_select(0, torch.div(src_copy, k, rounding_mode="floor"))
+
+
+def _sum_rows(y: torch.Tensor, dest_row: torch.Tensor, k: int) -> torch.Tensor:
+    picked = y.index_select(0, dest_row)
+    return picked.view(dest_row.shape[0] // k, k, *y.shape[1:]).sum(1) if k > 1 else picked
+
+
+class _GatherRows(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, src_copy: torch.Tensor, dest_row: torch.Tensor, k: int) -> torch.Tensor:
+        ctx.save_for_backward(dest_row)
+        ctx.k = k
+        return _gather_rows(x, src_copy, k)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        (dest_row,) = ctx.saved_tensors
+        return _sum_rows(grad, dest_row, ctx.k), None, None, None
+
+
+class _SumRows(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, y: torch.Tensor, src_copy: torch.Tensor, dest_row: torch.Tensor, k: int) -> torch.Tensor:
+        ctx.save_for_backward(src_copy)
+        ctx.k = k
+        return _sum_rows(y, dest_row, k)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        (src_copy,) = ctx.saved_tensors
+        return _gather_rows(grad, src_copy, ctx.k), None, None, None
+
+
+def gather_rows(x: torch.Tensor, g: Grouping) -> torch.Tensor:
+    """(tokens, ...) -> (g.rows, ...): each grouped row holds its copy's token; padding rows zero."""
+    return _GatherRows.apply(x, g.src_copy, g.dest_row, g.k)
+
+
+def sum_rows(y: torch.Tensor, g: Grouping) -> torch.Tensor:
+    """(g.rows, ...) -> (tokens, ...): each token the sum of its k copies' rows (padding unread)."""
+    return _SumRows.apply(y, g.src_copy, g.dest_row, g.k)
+
+
+def copy_weights(weights: torch.Tensor, g: Grouping) -> torch.Tensor:
+    """Per grouped row, the routing weight of its copy (0 on padding rows): (g.rows,)."""
+    flat = weights.reshape(-1)
+    return torch.cat([flat, flat.new_zeros(1)]).index_select(0, g.src_copy)
+
+
+def swiglu_rows(h: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up * scale per row, for h = [gate | up] (rows, 2F) and scale (rows,)."""
+    gate, up = h.chunk(2, dim=-1)
+    return F.silu(gate) * up * scale.unsqueeze(-1).to(h.dtype)
+
+
+class GroupedExperts(nn.Module):
+    """`n_experts` SwiGLU experts stored as 3-D weights, as transformers keeps them in memory:
+    w13 (experts, 2 * ffn_dim, dim) is [gate; up] of every expert, w2 (experts, dim, ffn_dim) its
+    down projection. Under expert parallelism the weights are DTensors sharded on the expert
+    dimension; compute reads the local experts."""
+
+    def __init__(self, dim: int, ffn_dim: int, n_experts: int) -> None:
+        super().__init__()
+        self.n_experts = n_experts
+        self.ffn_dim = ffn_dim
+        self.w13 = nn.Parameter(torch.empty(n_experts, 2 * ffn_dim, dim))
+        self.w2 = nn.Parameter(torch.empty(n_experts, dim, ffn_dim))
+        self.kernel = "for_loop"
+        """"grouped_mm" or "for_loop" (see the module docstring); the trainer sets it from its choices."""
+        self.swiglu: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = swiglu_rows
+        """(h, scale) -> silu(gate) * up * scale; a fused kernel may replace it (models/common/eager_kernels.py)."""
+        self.weight_view: Callable[[torch.Tensor], torch.Tensor] = local_tensor
+        """How compute reads a weight: its local shard (expert parallelism swaps in one that also
+        marks the gradient as a partial sum over tensor-parallel ranks)."""
+
+    def local_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.weight_view(self.w13), self.weight_view(self.w2)
+
+    def forward(self, x: torch.Tensor, offsets: torch.Tensor, counts: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        """x (rows, dim) grouped by local expert (group e ends at offsets[e]; `counts` are its
+        real rows), `scale` (rows,) each row's routing weight -> (rows, dim)."""
+        w13, w2 = self.local_weights()
+        if self.kernel == "grouped_mm":
+            dtype = x.dtype
+            if torch.is_autocast_enabled(x.device.type):
+                # torch._grouped_mm has no autocast rule: cast as autocast would for a matmul.
+                dtype = torch.get_autocast_dtype(x.device.type)
+                x = x.to(dtype)
+            h = torch._grouped_mm(x, w13.to(dtype).transpose(-2, -1), offs=offsets)
+            return torch._grouped_mm(self.swiglu(h, scale), w2.to(dtype).transpose(-2, -1), offs=offsets)
+        return self._for_loop(x, w13, w2, offsets, scale)
+
+    def _for_loop(self, x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, offsets: torch.Tensor,
+                  scale: torch.Tensor) -> torch.Tensor:
+        sizes = torch.diff(offsets, prepend=offsets.new_zeros(1)).tolist()
+        outs = []
+        for e, (xs, ss) in enumerate(zip(torch.split(x, sizes), torch.split(scale, sizes))):
+            h = F.linear(xs, w13[e])
+            outs.append(F.linear(self.swiglu(h, ss), w2[e]))
+        return torch.cat(outs)
+
+    def param_init_specs(self, init_std: float, out_std: float) -> dict[str, InitSpec]:
+        return {"w13": trunc_normal(init_std), "w2": trunc_normal(out_std)}

@@ -1,0 +1,181 @@
+"""The token-choice router of an MoE layer and its load-balancing terms.
+
+Scores: softmax over the experts (Mixtral, Qwen) or an independent sigmoid per expert
+(DeepSeek-V3). Each token picks the top-k experts by score + `expert_bias`; its routing weights
+are the picked scores (without the bias), optionally renormalized to sum to 1, times
+`route_scale`.
+
+Load balancing (weights set by the trainer's step, train/expert_balance.py):
+
+- auxiliary loss (Switch Transformer's form, as transformers' `load_balancing_loss_func`
+  computes it for Mixtral and Qwen-MoE): E * sum_e f_e * P_e, with f_e the share of the
+  batch's token copies routed to expert e (summing to k) and P_e the batch's mean probability
+  of e. The batch is one micro-batch of every rank that holds other tokens of it (data, context
+  and sequence parallel ranks): f is all-reduced over them, and each rank back-propagates its
+  own tokens' part of P, so the gradients summed by data parallel are those of the loss over
+  the whole micro-batch. Per layer; the step averages the layers.
+- router z-loss (ST-MoE): the mean over tokens of logsumexp(logits)^2.
+- auxiliary-loss-free balancing (DeepSeek-V3): `expert_bias`, a persistent buffer added to the
+  scores for the choice only, moved after each optimizer step by bias_update_rate *
+  sign(mean load - load_e) from the step's expert loads summed over all ranks.
+
+The terms enter backward through `attach_loss`, an identity on the layer's output whose
+backward also feeds the term its gradient: the loss reaches the router wherever the layer runs,
+in any pipeline stage, without changing what the model returns.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from kenotron.models.common.init import InitSpec, trunc_normal
+
+SCORE_FUNCS = ("softmax", "sigmoid")
+
+
+@dataclass
+class RouterOutput:
+    weights: torch.Tensor
+    """(tokens, k) fp32 routing weights."""
+    experts: torch.Tensor
+    """(tokens, k) int64 chosen experts."""
+    logits: torch.Tensor
+    """(tokens, experts) gate outputs."""
+    probs: torch.Tensor
+    """(tokens, experts) fp32 scores normalized to sum to 1 per token (the P of the auxiliary loss)."""
+    counts: torch.Tensor
+    """(experts,) fp32 token copies per expert."""
+
+
+@dataclass
+class BalanceWeights:
+    """How much the layer's balancing terms weigh in the back-propagated loss, and over which
+    ranks a micro-batch's routing is counted (set by the trainer's step)."""
+
+    aux: float = 0.0
+    """Multiplies each micro-batch's auxiliary loss (coefficient x data-parallel averaging size / (micro-batches x MoE layers))."""
+    z: float = 0.0
+    """Multiplies the layer's sum of logsumexp^2 over a micro-batch's tokens / the micro-batch's tokens
+    (coefficient x averaging size / (micro-batches x MoE layers))."""
+    group: Any = None
+    """Process group of the ranks holding the other tokens of a micro-batch (None: this rank alone)."""
+    group_size: int = 1
+    """Ranks in `group`."""
+
+
+def _in_recomputation() -> bool:
+    """Whether this forward is activation checkpointing's recomputation (it runs inside backward)."""
+    if torch.compiler.is_compiling():
+        return False
+    return torch._C._current_graph_task_id() != -1
+
+
+class _AttachLoss(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, out: torch.Tensor, term: torch.Tensor) -> torch.Tensor:
+        ctx.term_shape = term.shape
+        return out.view_as(out)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad, grad.new_ones(ctx.term_shape, dtype=torch.float32)
+
+
+def attach_loss(out: torch.Tensor, term: torch.Tensor) -> torch.Tensor:
+    """`out` unchanged; in backward, `term` gets gradient 1 (it joins the loss)."""
+    return _AttachLoss.apply(out, term)
+
+
+class TopKRouter(nn.Module):
+    """x (tokens, dim) -> RouterOutput; see the module docstring."""
+
+    def __init__(self, dim: int, n_experts: int, top_k: int, score_func: str = "softmax", norm_topk: bool = True,
+                 route_scale: float = 1.0) -> None:
+        super().__init__()
+        if score_func not in SCORE_FUNCS:
+            raise ValueError(f"score_func={score_func!r} is not one of {', '.join(SCORE_FUNCS)}")
+        if not 1 <= top_k <= n_experts:
+            raise ValueError(f"top_k={top_k} must lie in [1, n_experts={n_experts}]")
+        self.n_experts, self.top_k = n_experts, top_k
+        self.score_func, self.norm_topk, self.route_scale = score_func, norm_topk, route_scale
+        self.gate = nn.Linear(dim, n_experts, bias=False)
+        self.register_buffer("expert_bias", torch.zeros(n_experts))
+        # Step statistics (not saved): local token copies per expert, the micro-batches' auxiliary
+        # losses (already over the whole micro-batch), the local sum of logsumexp^2, micro-batches.
+        self.register_buffer("load", torch.zeros(n_experts), persistent=False)
+        self.register_buffer("aux_sum", torch.zeros(()), persistent=False)
+        self.register_buffer("z_sum", torch.zeros(()), persistent=False)
+        self.register_buffer("units", torch.zeros(()), persistent=False)
+        self.balance = BalanceWeights()
+        self.counting = True
+        """Whether forwards add to the step statistics (off while a pipeline stage infers its shapes)."""
+
+    def _apply(self, fn, recurse=True):  # type: ignore[override]
+        # The bias and the statistics stay fp32 whatever dtype the model is cast to: bf16 counts
+        # stop at 256 and a bf16 bias would round its small steps away.
+        out = super()._apply(fn, recurse)
+        for name, buffer in self.named_buffers(recurse=False):
+            if buffer.is_floating_point() and buffer.dtype != torch.float32:
+                setattr(self, name, buffer.float())
+        return out
+
+    def forward(self, x: torch.Tensor) -> RouterOutput:
+        logits = self.gate(x)
+        scores = logits.float().softmax(-1) if self.score_func == "softmax" else logits.float().sigmoid()
+        _, experts = torch.topk(scores + self.expert_bias, self.top_k, dim=-1)
+        weights = scores.gather(-1, experts)
+        if self.norm_topk:
+            weights = weights / (weights.sum(-1, keepdim=True) + (1e-20 if self.score_func == "sigmoid" else 0.0))
+        if self.route_scale != 1.0:
+            weights = weights * self.route_scale
+        probs = scores if self.score_func == "softmax" else scores / scores.sum(-1, keepdim=True)
+        counts = torch.zeros(self.n_experts, device=x.device).index_add_(
+            0, experts.reshape(-1), torch.ones(experts.numel(), device=x.device))
+        return RouterOutput(weights, experts, logits, probs, counts)
+
+    def balance_term(self, r: RouterOutput) -> torch.Tensor | None:
+        """This rank's share of the layer's weighted balancing losses (None when both are off),
+        after adding the micro-batch to the step statistics."""
+        w = self.balance
+        tokens = r.logits.shape[0] * w.group_size
+        track = self.counting and self.training and torch.is_grad_enabled() and not _in_recomputation()
+        terms = []
+        if track:
+            self.load.add_(r.counts)
+            self.units.add_(1.0)
+        if w.aux:
+            probs_sum = r.probs.sum(0)
+            stats = torch.stack([r.counts, probs_sum.detach()])
+            if w.group is not None:
+                from torch.distributed._functional_collectives import all_reduce
+
+                stats = all_reduce(stats, "sum", w.group)
+            share = stats[0] / tokens
+            if track:
+                self.aux_sum.add_(self.n_experts * (share * stats[1]).sum() / tokens)
+            terms.append((w.aux * self.n_experts / tokens) * (share * probs_sum).sum())
+        if w.z:
+            lse = torch.logsumexp(r.logits.float(), dim=-1)
+            z_sum = (lse * lse).sum()
+            if track:
+                self.z_sum.add_(z_sum.detach())
+            terms.append((w.z / tokens) * z_sum)
+        if not terms:
+            return None
+        return terms[0] if len(terms) == 1 else terms[0] + terms[1]
+
+    def reset_statistics(self) -> None:
+        for buffer in (self.load, self.aux_sum, self.z_sum, self.units):
+            buffer.zero_()
+
+    def init_buffers(self) -> None:
+        """A fresh router: no bias, no statistics (the bias is then trained or loaded)."""
+        self.expert_bias.zero_()
+        self.reset_statistics()
+
+    def param_init_specs(self, init_std: float) -> dict[str, InitSpec]:
+        return {"gate.weight": trunc_normal(init_std)}

@@ -1,0 +1,19 @@
+"""Qwen2-MoE family: model, flavors, HF adapter and spec."""
+
+from kenotron.models.qwen2_moe.flavors import QWEN2_MOE_FLAVORS
+from kenotron.models.qwen2_moe.hf import QWEN2_MOE_HF_ADAPTER
+from kenotron.models.qwen2_moe.model import Qwen2MoE, Qwen2MoEArgs
+from kenotron.models.qwen3_moe.parallel_hints import EXPERTS, MOE_MODULES, MOE_TP_STYLES
+from kenotron.models.spec import ModelSpec
+
+QWEN2_MOE_SPEC = ModelSpec(
+    name="qwen2_moe",
+    model_cls=Qwen2MoE,
+    flavors=QWEN2_MOE_FLAVORS,
+    hf_adapter=QWEN2_MOE_HF_ADAPTER,
+    tp_styles=dict(MOE_TP_STYLES),
+    moe_modules=MOE_MODULES,
+    experts=EXPERTS,
+)
+
+__all__ = ["QWEN2_MOE_FLAVORS", "QWEN2_MOE_HF_ADAPTER", "QWEN2_MOE_SPEC", "Qwen2MoE", "Qwen2MoEArgs"]

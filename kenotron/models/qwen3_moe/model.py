@@ -1,0 +1,62 @@
+"""Qwen3-MoE: Qwen3's attention (per-head q/k RMSNorm, head size its own setting) with a
+mixture-of-experts feed-forward in every block: softmax router, top-k, renormalized weights,
+no shared expert (models/common/moe.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kenotron.models.common.attention import GQAttention
+from kenotron.models.common.decoder import CausalLM, DecoderBlock
+from kenotron.models.common.moe import MoE, MoEArgs
+from kenotron.models.common.norms import RMSNorm
+
+
+@dataclass(frozen=True)
+class Qwen3MoEArgs:
+    """Dimensions of a Qwen3-MoE model (HF names in brackets)."""
+
+    dim: int = 2048
+    """Width of the residual stream (hidden_size)."""
+    n_layers: int = 48
+    """Transformer blocks, each with an MoE feed-forward (num_hidden_layers)."""
+    n_heads: int = 32
+    """Query heads (num_attention_heads)."""
+    n_kv_heads: int = 4
+    """Key/value heads shared by groups of query heads (num_key_value_heads)."""
+    head_dim: int = 128
+    """Size of each attention head (head_dim)."""
+    vocab_size: int = 151936
+    """Embedding rows (vocab_size)."""
+    moe: MoEArgs = field(default_factory=lambda: MoEArgs(n_experts=128, top_k=8, ffn_dim=768))
+    """The MoE feed-forward: experts, top-k, expert width (num_experts, num_experts_per_tok, moe_intermediate_size)."""
+    norm_eps: float = 1e-6
+    """Epsilon of every RMSNorm, the per-head q/k norms included (rms_norm_eps)."""
+    rope_theta: float = 1_000_000.0
+    """RoPE base (rope_theta)."""
+    tie_embeddings: bool = False
+    """Share the input embedding with the output projection (tie_word_embeddings)."""
+    max_seq_len: int = 4096
+    """Length of the RoPE tables; the trainer sets it to training.seq_len."""
+
+
+class Qwen3MoEBlock(DecoderBlock):
+    """RMSNorm -> grouped-query attention with per-head q/k RMSNorm, RMSNorm -> MoE."""
+
+    def __init__(self, layer_id: int, args: Qwen3MoEArgs) -> None:
+        super().__init__(
+            layer_id,
+            attention_norm=RMSNorm(args.dim, args.norm_eps),
+            attention=GQAttention(
+                args.dim, args.n_heads, args.n_kv_heads, args.head_dim, qk_norm_eps=args.norm_eps
+            ),
+            ffn_norm=RMSNorm(args.dim, args.norm_eps),
+            feed_forward=MoE(args.dim, args.moe),
+        )
+
+
+class Qwen3MoE(CausalLM):
+    """tokens (batch, seq) -> logits (batch, seq, vocab); see CausalLM."""
+
+    def __init__(self, args: Qwen3MoEArgs) -> None:
+        super().__init__(args, Qwen3MoEBlock, RMSNorm(args.dim, args.norm_eps))

@@ -1,0 +1,96 @@
+"""The trainer with an MoE model on 4 CPU ranks: metrics.jsonl losses of every expert-parallel
+layout (EP x TP through ./run_train.sh itself) equal the 1-rank run's, and every layer's expert
+loads reach metrics.jsonl and TensorBoard; checkpoints resume resharded from ep 2 to one rank;
+a checkpoint with another expert count is refused before training."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from kenotron.checkpoint.errors import CheckpointMismatchError
+from tests.distributed.pool import run_on_ranks
+from tests.train.short_run import read_records, short_run_args, train_short_run
+
+N_LAYERS = 2
+MOE = ["--model.name", "qwen3_moe", "--moe.z_loss_coef", "0.001", "--moe.bias_update_rate", "0.001"]
+LAYOUTS = {
+    "ep4": ["--parallelism.ep", "4", "--training.local_batch_size", "2"],
+    "ep2_fsdp4": ["--parallelism.ep", "2", "--training.local_batch_size", "2"],
+    "ep2_pp2": ["--parallelism.ep", "2", "--parallelism.pp", "2", "--parallelism.pp_schedule", "GPipe",
+                "--parallelism.pp_microbatches", "1", "--training.local_batch_size", "4"],
+}
+EP2_TP2 = ["--parallelism.ep", "2", "--parallelism.tp", "2", "--training.local_batch_size", "4"]  # ./run_train.sh
+ROOT = Path(__file__).parents[2]
+
+
+@pytest.fixture(scope="module")
+def one_rank_folder(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("one")
+    train_short_run(N_LAYERS, MOE + ["--training.local_batch_size", "8", "--metrics.tensorboard", "true"], str(folder))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def one_rank(one_rank_folder):
+    return read_records(one_rank_folder)
+
+
+def assert_losses_match(reference: list[dict], records: list[dict]) -> None:
+    assert len(records) == len(reference) == 4  # steps 1, 2, 4, 6
+    # AdamW amplifies 1e-9 reduction-order noise in gradients; losses still agree closely.
+    for step, (a, b) in enumerate(zip(reference, records)):
+        assert abs(a["loss"] - b["loss"]) < 1e-4, f"record {step}: {b['loss']} vs one-rank {a['loss']}"
+
+
+def assert_expert_metrics(records: list[dict]) -> None:
+    """Every layer's loads and losses reach the records (the last stage's layers too, under pp)."""
+    for key in ("aux_loss", "z_loss", "moe_load_max/0", "moe_load_mean/1", "moe_aux/1"):
+        assert records[-1][key] > 0, key
+    assert records[0]["moe_load_mean/1"] == 8 * 32 * 2 / 8  # token copies per expert, all ranks
+
+
+def test_one_rank_writes_every_layers_expert_loads_to_metrics_and_tensorboard(one_rank, one_rank_folder):
+    from tests.train.test_run_folder import _tensorboard_steps
+
+    assert_expert_metrics(one_rank)
+    for key in ("moe_load_max/1", "moe_load_mean/0", "moe_aux/1", "aux_loss"):
+        logged = _tensorboard_steps(one_rank_folder, f"train/{key}")
+        assert logged == [(r["step"], round(r[key], 4)) for r in one_rank], key
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_four_rank_metrics_losses_match_one_rank(layout, one_rank, tmp_path):
+    run_on_ranks(4, train_short_run, N_LAYERS, MOE + LAYOUTS[layout], str(tmp_path))
+    records = read_records(tmp_path)
+    assert_losses_match(one_rank, records)
+    assert_expert_metrics(records)
+
+
+def test_run_train_sh_on_four_processes_under_ep_x_tp_matches_one_rank(one_rank, tmp_path):
+    env = {**os.environ, "NPROC": "4", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    args = short_run_args(N_LAYERS) + MOE + EP2_TP2 + ["--job.dump_folder", str(tmp_path)]
+    proc = subprocess.run(["bash", str(ROOT / "run_train.sh"), *args], env=env, capture_output=True, text=True,
+                          timeout=600, check=False)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    records = read_records(tmp_path)
+    assert_losses_match(one_rank, records)
+    assert_expert_metrics(records)
+
+
+def test_ep2_checkpoint_resumes_on_one_rank_and_another_expert_count_is_refused(one_rank, tmp_path):
+    saving = ["--checkpoint.enable", "true", "--checkpoint.interval", "2"]
+    run_on_ranks(2, train_short_run, N_LAYERS, MOE + saving + ["--parallelism.ep", "2", "--training.local_batch_size",
+                                                                "4"], str(tmp_path))
+    ep2 = read_records(tmp_path)
+    assert_losses_match(one_rank, ep2)
+    (tmp_path / "metrics.jsonl").unlink()
+    resume = saving + ["--checkpoint.load_step", "4", "--training.local_batch_size", "8"]
+    train_short_run(N_LAYERS, MOE + resume, str(tmp_path))
+    resumed = read_records(tmp_path)[-1]  # steps 5 (the first of this launch) and 6
+    assert resumed["step"] == 6 and abs(resumed["loss"] - ep2[-1]["loss"]) < 1e-5
+    with pytest.raises(CheckpointMismatchError, match="MoE layers have 8 experts, the model here 4: set moe.n_experts=8"):
+        train_short_run(N_LAYERS, MOE + resume + ["--moe.n_experts", "4"], str(tmp_path))
