@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from kenotron.models.llama3 import LLAMA3_SPEC
+from kenotron.models.mamba2 import MAMBA2_SPEC
 from kenotron.models.mistral import MISTRAL_SPEC
 from kenotron.models.qwen2 import QWEN2_SPEC
 from kenotron.models.qwen3 import QWEN3_SPEC
@@ -10,7 +11,7 @@ from kenotron.models.spec import ModelSpec, UnknownModelError
 from kenotron.models.starcoder2 import STARCODER2_SPEC
 
 MODEL_SPECS: dict[str, ModelSpec] = {
-    spec.name: spec for spec in (LLAMA3_SPEC, QWEN2_SPEC, QWEN3_SPEC, MISTRAL_SPEC, STARCODER2_SPEC)
+    spec.name: spec for spec in (LLAMA3_SPEC, QWEN2_SPEC, QWEN3_SPEC, MISTRAL_SPEC, STARCODER2_SPEC, MAMBA2_SPEC)
 }
 
 

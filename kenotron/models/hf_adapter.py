@@ -1,9 +1,11 @@
 """Hugging Face state-dict adapters: kenotron names and args <-> transformers names and config.json.
 
-An adapter only renames keys; it never copies, transposes or permutes a tensor (kenotron's
-RoPE already uses HF's "rotate half" layout). So it works unchanged on sharded DTensors and
-on the placeholder tensors of a DCP load plan, and its per-key functions (`to_hf_key`,
-`from_hf_key`) can drive a storage reader/writer that streams one tensor at a time.
+An adapter renames keys; it never transposes a tensor (kenotron's RoPE already uses HF's
+"rotate half" layout). Its per-key functions (`to_hf_key`, `from_hf_key`) can drive a storage
+reader/writer that streams one tensor at a time. A family may also list tensors whose rows it
+stores in another order (`reorder`: Mamba-2's in-projection, grouped for tensor parallel);
+those are reordered one tensor at a time on full (gathered) tensors, which is what every
+conversion path here hands the adapter.
 
 Each family fills an `HFAdapter` in its own `hf.py` and attaches it to its `ModelSpec`.
 """
@@ -21,7 +23,9 @@ import torch
 from kenotron.models.common.rope import RopeScaling
 
 _LAYER_KEY = re.compile(r"^layers\.(\d+)\.(.+)$")
-_HF_LAYER_KEY = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
+
+RowOrder = Callable[[torch.Tensor, Any, bool], torch.Tensor]
+"""(tensor, the family's args, to_hf) -> the tensor with its rows in HF's order (to_hf) or kenotron's."""
 
 # Keys that old checkpoints carry but that are recomputed, not learned.
 _IGNORED_HF_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -48,6 +52,12 @@ class HFAdapter:
     setting the kenotron model does not implement."""
     config_from_args: Callable[[Any], dict[str, Any]]
     """The family's args -> a config.json dict that transformers loads as `architecture`."""
+    hf_layer_prefix: str = "model.layers"
+    """Where the blocks live in the HF state dict ("backbone.layers" for Mamba-2)."""
+    reorder: Mapping[str, RowOrder] = dataclasses.field(default_factory=dict)
+    """{kenotron key suffix inside a block: how its rows convert} for tensors stored in another row order."""
+    check_export: Callable[[Any], None] | None = None
+    """Raises HFConversionError for args that the HF class cannot represent (called by `to_hf`)."""
 
     # -- config ---------------------------------------------------------------------------------
 
@@ -75,14 +85,14 @@ class HFAdapter:
         """The HF name of a kenotron parameter name."""
         match = _LAYER_KEY.match(key)
         if match and match.group(2) in self.layer_keys:
-            return f"model.layers.{match.group(1)}.{self.layer_keys[match.group(2)]}"
+            return f"{self.hf_layer_prefix}.{match.group(1)}.{self.layer_keys[match.group(2)]}"
         if key in self.top_keys:
             return self.top_keys[key]
         raise HFConversionError(f"{key!r} has no Hugging Face name in the {self.model_type} adapter")
 
     def from_hf_key(self, hf_key: str) -> str:
         """The kenotron name of an HF parameter name."""
-        match = _HF_LAYER_KEY.match(hf_key)
+        match = re.match(rf"^{re.escape(self.hf_layer_prefix)}\.(\d+)\.(.+)$", hf_key)
         if match:
             for ours, theirs in self.layer_keys.items():
                 if theirs == match.group(2):
@@ -102,14 +112,22 @@ class HFAdapter:
 
     # -- state dicts ----------------------------------------------------------------------------
 
+    def _reordered(self, key: str, value: torch.Tensor, args: Any, to_hf: bool) -> torch.Tensor:
+        match = _LAYER_KEY.match(key)
+        order = self.reorder.get(match.group(2)) if match else None
+        return order(value, args, to_hf) if order is not None else value
+
     def to_hf(self, state_dict: Mapping[str, torch.Tensor], args: Any) -> dict[str, torch.Tensor]:
-        """kenotron state dict -> HF state dict; the same tensor objects, renamed.
+        """kenotron state dict -> HF state dict; the same tensor objects, renamed (`reorder`'s
+        tensors excepted).
 
         With tied embeddings the output projection is left out, as HF stores only
         `model.embed_tokens.weight` then.
         """
+        if self.check_export is not None:
+            self.check_export(args)
         return {
-            self.to_hf_key(key): value
+            self.to_hf_key(key): self._reordered(key, value, args, to_hf=True)
             for key, value in state_dict.items()
             if not (_tied(args) and key == "output.weight")
         }
@@ -120,12 +138,14 @@ class HFAdapter:
         With tied embeddings `output.weight` is the embedding tensor itself (whether or not the
         checkpoint also stored an `lm_head.weight`).
         """
-        out = {
-            self.from_hf_key(key): value for key, value in hf_state_dict.items() if not self.is_ignored_hf_key(key)
-        }
+        out = {}
+        for hf_key, value in hf_state_dict.items():
+            if not self.is_ignored_hf_key(hf_key):
+                key = self.from_hf_key(hf_key)
+                out[key] = self._reordered(key, value, args, to_hf=False)
         if _tied(args):
             if "tok_embeddings.weight" not in out:
-                raise HFConversionError("a model with tied embeddings needs 'model.embed_tokens.weight'")
+                raise HFConversionError(f"a model with tied embeddings needs {self.top_keys['tok_embeddings.weight']!r}")
             out["output.weight"] = out["tok_embeddings.weight"]
         return out
 
