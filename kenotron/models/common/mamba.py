@@ -60,7 +60,7 @@ class CausalConv1d(nn.Module):
         """`history` (batch, K - 1, channels): the inputs before x (None: zeros)."""
         length = x.shape[1]
         weight = local_tensor(self.weight)[:, 0].to(x.dtype)  # (channels, K)
-        before = F.pad(x[:, :0], (0, 0, 0, 0, self.kernel - 1, 0)) if history is None else history.to(x.dtype)
+        before = x.new_zeros(x.shape[0], self.kernel - 1, x.shape[2]) if history is None else history.to(x.dtype)
         padded = torch.cat([before, x], dim=1)
         out = padded[:, :length] * weight[:, 0]
         for k in range(1, self.kernel):
