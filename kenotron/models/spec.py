@@ -58,6 +58,8 @@ class ModelSpec:
     (attention's scores and values; Mamba-2's scan): see kenotron/train/flops.py."""
     no_context_parallel: str = ""
     """Why context parallel cannot split this family's sequences ("" = it can)."""
+    no_document_masking: str = ""
+    """Why data.document_masking cannot keep this family's documents apart ("" = it can)."""
 
     def model_args(self, flavor: str, *, vocab_size: int = 0, n_layers: int = 0, max_seq_len: int = 0) -> Any:
         """The flavor's args with the trainer's overrides applied (0 keeps the flavor's value)."""

@@ -67,8 +67,8 @@ class Trainer:
         if self.job.pipeline is not None and self.is_rank0:
             logger.info("%s", self.run.plan.pipeline)
         args = self.run.model_args
-        self.flops_per_token = flops_per_token(self.job.matmul_params, args.n_layers, args.n_heads, args.head_dim,
-                                               cfg.training.seq_len)
+        self.flops_per_token = flops_per_token(self.job.matmul_params,
+                                               self.run.spec.mixing_flops(args, cfg.training.seq_len))
         # -- loader, metrics, checkpoints --
         d = cfg.data
         self.loader = build_text_loader(

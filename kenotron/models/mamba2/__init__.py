@@ -6,6 +6,7 @@ from kenotron.models.mamba2.model import Mamba2, Mamba2Args
 from kenotron.models.mamba2.parallel_hints import (
     MAMBA2_TP_STYLES,
     NO_CONTEXT_PARALLEL,
+    NO_DOCUMENT_MASKING,
     mamba2_mixing_flops,
     mamba2_tp_divisors,
     mamba2_tp_styles,
@@ -23,6 +24,7 @@ MAMBA2_SPEC = ModelSpec(
     tp_divisors=mamba2_tp_divisors,
     mixing_flops=mamba2_mixing_flops,
     no_context_parallel=NO_CONTEXT_PARALLEL,
+    no_document_masking=NO_DOCUMENT_MASKING,
 )
 
 __all__ = ["MAMBA2_FLAVORS", "MAMBA2_HF_ADAPTER", "MAMBA2_SPEC", "Mamba2", "Mamba2Args"]

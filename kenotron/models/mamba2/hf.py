@@ -77,6 +77,7 @@ def mamba2_args_from_hf_config(config: dict[str, Any]) -> Mamba2Args:
         proj_bias=config.get("use_bias", False), norm_eps=config.get("layer_norm_epsilon", 1e-5),
         dt_init_range=(config.get("time_step_min", 0.001), config.get("time_step_max", 0.1)),
         dt_init_floor=config.get("time_step_floor", 1e-4), tie_embeddings=bool(config.get("tie_word_embeddings", False)),
+        max_seq_len=config.get("max_position_embeddings", 4096),
         **_hybrid_fields_from_config(config),
     )
 
@@ -104,6 +105,7 @@ def hf_config_from_mamba2_args(args: Mamba2Args) -> dict[str, Any]:
         "time_step_max": args.dt_init_range[1], "time_step_floor": args.dt_init_floor,
         "time_step_limit": [0.0, math.inf], "hidden_act": "silu", "tie_word_embeddings": args.tie_embeddings,
         "residual_in_fp32": True,
+        "max_position_embeddings": args.max_seq_len,  # not read by transformers; the RoPE length of hybrids
     }
     if args.attention_layers:
         config["kenotron_hybrid"] = {k: getattr(args, k) for k in _HYBRID_KEYS}

@@ -33,6 +33,10 @@ NO_CONTEXT_PARALLEL = (
     "between ranks holding different parts of a sequence"
 )
 
+NO_DOCUMENT_MASKING = (
+    "Mamba-2's scan carries its state across document boundaries (kenotron's scan has no per-document reset)"
+)
+
 
 def mamba2_tp_styles(args: Any) -> dict[str, str]:
     """The styles of a flavor: Mamba's, plus Llama's attention and MLP styles in a hybrid."""
