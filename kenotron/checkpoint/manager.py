@@ -30,7 +30,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 
-from kenotron.checkpoint.checks import check_state_fits, flatten_state_dict
+from kenotron.checkpoint.checks import check_same_family, check_state_fits, flatten_state_dict
 from kenotron.checkpoint.errors import (
     CheckpointError,
     CheckpointFormatError,
@@ -344,6 +344,7 @@ class CheckpointManager:
                 f"{path} holds no {absent[0]!r} part (it has {', '.join(sorted(saved_parts))}); add {absent[0]!r} "
                 f"to checkpoint.exclude_from_loading to start that part fresh"
             )
+        check_same_family(marker.get("model"), self.model_info, path)
         state = {name: self.parts[name].state_dict() for name in names}
         check_state_fits(state, metadata, path, _describe_model(marker.get("model")), self._whole_model_keys(state))
         dcp.load(state, checkpoint_id=str(path), process_group=self.process_group)

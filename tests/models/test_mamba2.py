@@ -74,7 +74,7 @@ def debug_model(flavor="debug", seed=0, **changes):
 @pytest.mark.parametrize("flavor", ["debug", "debug-hybrid"])
 def test_debug_flavors_are_causal_over_several_chunks(flavor):
     model = debug_model(flavor)
-    tokens = torch.randint(0, 4096, (2, 150), generator=torch.Generator().manual_seed(0))  # chunks of 64
+    tokens = torch.randint(0, 4096, (2, 150), generator=torch.Generator().manual_seed(0))  # chunks of 32
     changed = tokens.clone()
     changed[:, 100:] = (changed[:, 100:] + 7) % 4096
     with torch.no_grad():

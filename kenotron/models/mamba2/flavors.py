@@ -9,7 +9,7 @@ from __future__ import annotations
 from kenotron.models.mamba2.model import Mamba2Args
 
 _DEBUG = {"dim": 256, "n_layers": 4, "vocab_size": 4096, "ssm_state": 32, "ssm_head_dim": 32, "ssm_groups": 4,
-          "chunk_size": 64}
+          "chunk_size": 32}
 
 MAMBA2_FLAVORS: dict[str, Mamba2Args] = {
     "debug": Mamba2Args(**_DEBUG),

@@ -58,10 +58,15 @@ def _conv_order(t: torch.Tensor, args: Mamba2Args, to_hf: bool) -> torch.Tensor:
     return regroup(t, s.groups, [s.heads // s.groups * s.head_dim, s.state, s.state], to_hf)
 
 
+def _as_float(value: Any) -> float:
+    """A float of config.json, where transformers writes infinity as {"__float__": "Infinity"}."""
+    return float(value["__float__"]) if isinstance(value, dict) else float(value)
+
+
 def mamba2_args_from_hf_config(config: dict[str, Any]) -> Mamba2Args:
     require(config, "hidden_act", "silu", "the convolution's activation is SiLU")
     limit = config.get("time_step_limit", (0.0, math.inf))
-    if tuple(float(v) for v in limit) != (0.0, math.inf):
+    if tuple(_as_float(v) for v in limit) != (0.0, math.inf):
         raise HFConversionError(f"config.json has time_step_limit={limit!r}; kenotron's Mamba-2 does not clamp dt "
                                 f"(it needs [0.0, inf])")
     dim, expand = config["hidden_size"], config.get("expand", 2)
@@ -103,7 +108,8 @@ def hf_config_from_mamba2_args(args: Mamba2Args) -> dict[str, Any]:
         "chunk_size": args.chunk_size, "use_conv_bias": args.conv_bias, "use_bias": args.proj_bias,
         "layer_norm_epsilon": args.norm_eps, "time_step_min": args.dt_init_range[0],
         "time_step_max": args.dt_init_range[1], "time_step_floor": args.dt_init_floor,
-        "time_step_limit": [0.0, math.inf], "hidden_act": "silu", "tie_word_embeddings": args.tie_embeddings,
+        # time_step_limit is left at transformers' default, (0, inf): JSON has no infinity.
+        "hidden_act": "silu", "tie_word_embeddings": args.tie_embeddings,
         "residual_in_fp32": True,
         "max_position_embeddings": args.max_seq_len,  # not read by transformers; the RoPE length of hybrids
     }
