@@ -23,11 +23,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from kenotron.dtensor import local_tensor
 from kenotron.models.common.init import ONES, ZEROS, InitSpec, uniform
+from kenotron.models.common.mamba_ops import conv_silu, gated_rms_norm
 from kenotron.models.common.norms import RMSNorm
 from kenotron.models.common.ssd import ssd_chunked, ssd_step
 
@@ -43,10 +43,11 @@ class SSMLayerState:
 
 
 class CausalConv1d(nn.Module):
-    """Depthwise causal convolution over (batch, seq, channels): out_t = bias + sum_k w_k x_{t-K+1+k}.
+    """Depthwise causal convolution over (batch, seq, channels) and its SiLU:
+    out_t = silu(bias + sum_k w_k x_{t-K+1+k}).
 
-    Computed as K shifted multiply-adds, which the compiler fuses with the activation that
-    follows into one pass; the weight has nn.Conv1d's depthwise shape (channels, 1, K).
+    Computed as K shifted multiply-adds (mamba_ops.py), which the compiler fuses into one pass;
+    the weight has nn.Conv1d's depthwise shape (channels, 1, K).
     """
 
     def __init__(self, channels: int, kernel: int, bias: bool = True) -> None:
@@ -58,16 +59,9 @@ class CausalConv1d(nn.Module):
 
     def forward(self, x: torch.Tensor, history: torch.Tensor | None = None) -> torch.Tensor:
         """`history` (batch, K - 1, channels): the inputs before x (None: zeros)."""
-        length = x.shape[1]
         weight = local_tensor(self.weight)[:, 0].to(x.dtype)  # (channels, K)
-        before = x.new_zeros(x.shape[0], self.kernel - 1, x.shape[2]) if history is None else history.to(x.dtype)
-        padded = torch.cat([before, x], dim=1)
-        out = padded[:, :length] * weight[:, 0]
-        for k in range(1, self.kernel):
-            out = out + padded[:, k : k + length] * weight[:, k]
-        if self.bias is not None:
-            out = out + local_tensor(self.bias).to(x.dtype)
-        return out
+        bias = local_tensor(self.bias).to(x.dtype) if self.bias is not None else None
+        return conv_silu(x, weight, bias, history)
 
     def param_init_specs(self) -> dict[str, InitSpec]:
         # nn.Conv1d's default (mamba_ssm keeps it): uniform with bound 1/sqrt(fan_in), fan_in = K.
@@ -93,10 +87,7 @@ class GatedRMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.empty(dim))
 
     def forward(self, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-        gated = y.float() * F.silu(z.float())
-        grouped = gated.view(*gated.shape[:-1], -1, self.group_size)
-        normed = F.rms_norm(grouped, (self.group_size,), eps=self.eps).view(gated.shape).to(y.dtype)
-        return normed * local_tensor(self.weight).to(y.dtype)
+        return gated_rms_norm(y, z, local_tensor(self.weight), self.group_size, self.eps)
 
     def param_init_specs(self) -> dict[str, InitSpec]:
         return {"weight": ONES}
@@ -212,7 +203,7 @@ class Mamba2Mixer(nn.Module):
             xbc = xbc * token_mask[..., None].to(xbc.dtype)
         history = state.conv if state is not None else None
         conv_in = xbc
-        xbc = F.silu(self.conv1d(xbc, history))
+        xbc = self.conv1d(xbc, history)
         if state is not None:
             window = torch.cat([history.to(conv_in.dtype), conv_in], dim=1)
             state.conv.copy_(window[:, -(s.conv_kernel - 1):])
@@ -257,3 +248,28 @@ class MambaBlock(nn.Module):
         specs = {f"norm.{k}": v for k, v in self.norm.param_init_specs().items()}
         specs.update({f"mixer.{k}": v for k, v in self.mixer.param_init_specs().items()})
         return specs
+
+
+def unsupported_scan_sizes(model: nn.Module) -> str:
+    """The Mamba mixer sizes of `model` that the Triton scan does not take ("" if none), for the
+    kernel choice (kenotron/kernels/select.py)."""
+    from kenotron.kernels.ssd_op import supports
+
+    for module in model.modules():
+        if isinstance(module, Mamba2Mixer):
+            s = module.shape
+            if not supports(s.chunk_size, s.head_dim, s.state):
+                return f"chunk_size={s.chunk_size}, ssm_head_dim={s.head_dim}, ssm_state={s.state}"
+    return ""
+
+
+def use_scan_kernel(model: nn.Module, kernel: str) -> None:
+    """With kernel == "triton", every Mamba scan of `model` runs kenotron's SSD kernels (the
+    trainer's choice, resolved once: kenotron/kernels/select.py)."""
+    if kernel != "triton":
+        return
+    from kenotron.kernels.ssd_op import ssd_scan
+
+    for module in model.modules():
+        if isinstance(module, SSDScan):
+            module.scan_fn = ssd_scan
