@@ -152,7 +152,7 @@ def _c_grad_kernel(dy_ptr, C_ptr, B_ptr, dcb_ptr, cs_ptr, states_ptr, dC_part_pt
     p = tl.arange(0, HEADDIM)
     n = tl.arange(0, NSTATE)
     cc = tl.load(C_ptr + b * s_c_b + t_i[:, None] * s_c_l + g * s_c_g + n[None, :], mask=t_i[:, None] < seqlen,
-                 other=0.0).to(tl.float32)
+                 other=0.0)
     acc = tl.zeros((BLOCK, NSTATE), dtype=tl.float32)
     for k in range(split_heads):
         h = g * (nheads // ngroups) + split * split_heads + k
@@ -163,7 +163,7 @@ def _c_grad_kernel(dy_ptr, C_ptr, B_ptr, dcb_ptr, cs_ptr, states_ptr, dC_part_pt
                           + p[:, None])
         part = tl.dot(dyi, state_t.to(dyi.dtype), input_precision=PRECISION) * tl.exp(tl.load(cs_ptr + row0 + i))[:, None]
         acc += part
-        tl.store(dcs_off_ptr + row0 + i, tl.sum(part * cc, axis=1))
+        tl.store(dcs_off_ptr + row0 + i, tl.sum(part * cc.to(tl.float32), axis=1))
     if split == 0:
         for j0 in range(0, (pid_i + 1) * BLOCK, BLOCK):
             j = j0 + tl.arange(0, BLOCK)

@@ -153,10 +153,10 @@ def ssd_scan_backward(dy: Tensor, x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C
     _c_grad_kernel[grid](
         dy, C, B, grad["dcb"], buf["cs"], buf["states"], grad["dC_part"], grad["dcs_off"], s["l"], s["h"], s["g"],
         s["nc"], split_heads, *dy.stride()[:3], *C.stride()[:3], *B.stride()[:3], **sizes, BLOCK=block,
-        PRECISION=prec)
+        PRECISION=prec, num_warps=8)
     _b_grad_kernel[grid](
         x, B, C, grad["dcb"], buf["dt"], buf["cs"], grad["dstates"], grad["dB_part"], s["l"], s["h"], s["g"], s["nc"],
-        split_heads, *x.stride()[:3], *C.stride()[:3], **sizes, BLOCK=block, PRECISION=prec)
+        split_heads, *x.stride()[:3], *C.stride()[:3], **sizes, BLOCK=block, PRECISION=prec, num_warps=8)
     ddt_raw = torch.empty(dt.shape, dtype=dt.dtype, device=dt.device)
     _dt_grad_kernel[(s["b"] * s["h"], s["nc"])](
         dt, dt_bias, A, buf["dt"], grad["ddt"], grad["dcs_part"], grad["dcs_off"], grad["dlast_part"], grad["ddecay"],

@@ -45,6 +45,10 @@ _8B_FSDP = [
     "--compile.enable", "true", "--activation_checkpoint.mode", "selective-op",
 ]
 _MASTER_WEIGHTS = ["--tuning.mixed_precision", "master_weights"]
+_MAMBA2_13B = [
+    "--model.name", "mamba2", "--model.flavor", "1.3B", "--training.seq_len", "2048", "--training.local_batch_size", "8",
+    "--training.param_dtype", "bfloat16",
+]
 
 # Named sets of cases: the shapes of the reference figures (see docs/performance.md).
 PRESETS: dict[str, dict[str, list[str]]] = {
@@ -93,6 +97,11 @@ PRESETS: dict[str, dict[str, list[str]]] = {
         "8B b2x8192 FSDP4 compiled selective-AC mm-every-2 float8": _8B_FSDP + [
             "--tuning.ac_save_matmul_every", "2", "--float8.enable", "true",
         ],
+    },
+    # Mamba-2 1.3B against mamba_ssm's own model: scripts/bench_mamba2.py runs these beside it.
+    "h200-1gpu-mamba2": {
+        "1.3B b8x2048 compiled": _MAMBA2_13B + ["--compile.enable", "true"],
+        "1.3B b8x2048 eager": _MAMBA2_13B + ["--compile.enable", "false"],
     },
     "cpu-smoke": {
         "debug fp32": ["--training.local_batch_size", "2", "--training.seq_len", "64"],
