@@ -8,7 +8,9 @@ state per chunk and head for every layer), then:
                          and the decay's share <dH_c, H_{c-1}> exp(cs_last).
 2. `_score_grad_kernel`  per (b, c, g, block pair on or below the diagonal), summed over the
                          group's heads: dCB_ij = sum_h (dy_i.x_j) exp(cs_i - cs_j) dt_j, and per
-                         head the part of d cs_i that it brings (sum_j dCB_ij^h CB_ij).
+                         head the d cs of each pair, M_ij = dCB_ij^h CB_ij, summed into +d cs_i
+                         and -d cs_j (the same fp32 numbers on both ends: bf16 inputs then lose
+                         nothing in the difference that the gradient of dt·A is).
 3. `_x_grad_kernel`      per (b, c, h, block of columns j): the gradient reaching dt_j x_j from
                          later positions (CB^T and the decays) and from the chunk's end state
                          (B_j dH_c): dx, ddt, and the partial sums for dD and d cs_last.
@@ -62,7 +64,8 @@ def _state_grad_kernel(dy_ptr, C_ptr, cs_ptr, states_ptr, dstates_ptr, ddecay_pt
 
 
 @triton.jit
-def _score_grad_kernel(dy_ptr, x_ptr, cb_ptr, dt_ptr, cs_ptr, dcb_ptr, dcs_part_ptr, seqlen, nheads, ngroups, nchunks,
+def _score_grad_kernel(dy_ptr, x_ptr, cb_ptr, dt_ptr, cs_ptr, dcb_ptr, dcs_part_ptr, dsrc_part_ptr, seqlen, nheads,
+                       ngroups, nchunks,
                        s_dy_b, s_dy_l, s_dy_h, s_x_b, s_x_l, s_x_h,
                        CHUNK: tl.constexpr, HEADDIM: tl.constexpr, BLOCK: tl.constexpr, PRECISION: tl.constexpr):
     pid_bcg, pid_m, pid_n = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -87,14 +90,18 @@ def _score_grad_kernel(dy_ptr, x_ptr, cb_ptr, dt_ptr, cs_ptr, dcb_ptr, dcs_part_
         gap = tl.where(causal, tl.load(cs_ptr + row0 + i)[:, None] - tl.load(cs_ptr + row0 + j)[None, :], float("-inf"))
         w = tl.dot(dyi, xj, input_precision=PRECISION) * tl.exp(gap) * tl.load(dt_ptr + row0 + j)[None, :]
         acc += w
-        part = ((b * nheads + h) * nchunks + c) * (CHUNK // BLOCK) + pid_n
-        tl.store(dcs_part_ptr + part * CHUNK + i, tl.sum(w * scores, axis=1))
+        # d cs of each pair, +M_ij at the later end i and -M_ij at the earlier end j, from the same
+        # fp32 products, so that their difference (the gradient of dt·A) keeps fp32's precision.
+        pairs = w * scores
+        head_chunk = ((b * nheads + h) * nchunks + c) * (CHUNK // BLOCK)
+        tl.store(dcs_part_ptr + (head_chunk + pid_n) * CHUNK + i, tl.sum(pairs, axis=1))
+        tl.store(dsrc_part_ptr + (head_chunk + pid_m) * CHUNK + j, tl.sum(pairs, axis=0))
     tl.store(dcb_ptr + pid_bcg * CHUNK * CHUNK + i[:, None] * CHUNK + j[None, :], acc)
 
 
 @triton.jit
-def _x_grad_kernel(x_ptr, dy_ptr, B_ptr, cb_ptr, dt_ptr, cs_ptr, dstates_ptr, D_ptr, dx_ptr, ddt_ptr, dD_part_ptr,
-                   dlast_part_ptr, seqlen, nheads, ngroups, nchunks,
+def _x_grad_kernel(x_ptr, dy_ptr, B_ptr, cb_ptr, dt_ptr, cs_ptr, dstates_ptr, D_ptr, dx_ptr, ddt_ptr, ddt_state_ptr,
+                   dD_part_ptr, dlast_part_ptr, seqlen, nheads, ngroups, nchunks,
                    s_x_b, s_x_l, s_x_h, s_dy_b, s_dy_l, s_dy_h, s_b_b, s_b_l, s_b_g, s_dx_b, s_dx_l, s_dx_h,
                    CHUNK: tl.constexpr, HEADDIM: tl.constexpr, NSTATE: tl.constexpr, BLOCK: tl.constexpr,
                    BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):
@@ -120,6 +127,7 @@ def _x_grad_kernel(x_ptr, dy_ptr, B_ptr, cb_ptr, dt_ptr, cs_ptr, dstates_ptr, D_
         acc += tl.dot(bb, dh.to(bb.dtype), input_precision=PRECISION)
     acc = acc * tl.exp(tl.load(cs_ptr + row0 + CHUNK - 1) - cs_j)[:, None]
     ddt_state = tl.sum(acc * xj.to(tl.float32), axis=1)
+    tl.store(ddt_state_ptr + row0 + j, ddt_state)
     tl.store(dlast_part_ptr + pid_bch * (CHUNK // BLOCK) + pid_j, tl.sum(ddt_state * dt_j))
     # From later positions of the chunk: sum over i >= j of CB_ij exp(cs_i - cs_j) dy_i.
     for i0 in range(pid_j * BLOCK, CHUNK, BLOCK):
@@ -212,8 +220,8 @@ def _b_grad_kernel(x_ptr, B_ptr, C_ptr, dcb_ptr, dt_ptr, cs_ptr, dstates_ptr, dB
 
 
 @triton.jit
-def _dt_grad_kernel(dt_raw_ptr, bias_ptr, A_ptr, dt_ptr, ddt_ptr, dcs_part_ptr, dcs_off_ptr, dlast_part_ptr,
-                    ddecay_ptr, ddt_raw_ptr, dA_part_ptr, dbias_part_ptr, seqlen, nheads, nchunks,
+def _dt_grad_kernel(dt_raw_ptr, bias_ptr, A_ptr, dt_ptr, ddt_ptr, ddt_state_ptr, dcs_part_ptr, dsrc_part_ptr,
+                    dcs_off_ptr, dlast_part_ptr, ddecay_ptr, ddt_raw_ptr, dA_part_ptr, dbias_part_ptr, seqlen, nheads, nchunks,
                     s_dt_b, s_dt_l, s_dt_h, s_o_b, s_o_l, s_o_h,
                     CHUNK: tl.constexpr, BLOCKS: tl.constexpr, N_TILES: tl.constexpr):
     pid_bh, c = tl.program_id(0), tl.program_id(1)
@@ -225,11 +233,12 @@ def _dt_grad_kernel(dt_raw_ptr, bias_ptr, A_ptr, dt_ptr, ddt_ptr, dcs_part_ptr, 
     dt = tl.load(dt_ptr + row0 + k)
     ddt = tl.load(ddt_ptr + row0 + k)
     # d cs: as the later end of a decay (the scores' and the entering state's), minus as the
-    # earlier end (dt_j ddt_j covers every product dt_j x_j enters), plus the chunk's last
-    # position's share in the decay of the end state and of the next chunk's.
-    dcs = tl.load(dcs_off_ptr + row0 + k) - dt * ddt
+    # earlier end (of the scores', and of the end state's: dt_j x_j times its share of ddt),
+    # plus the chunk's last position's share in the decay of the end state and of the next chunk's.
+    dcs = tl.load(dcs_off_ptr + row0 + k) - dt * tl.load(ddt_state_ptr + row0 + k)
     for blk in range(BLOCKS):
-        dcs += tl.load(dcs_part_ptr + ((pid_bh * nchunks + c) * BLOCKS + blk) * CHUNK + k)
+        part = ((pid_bh * nchunks + c) * BLOCKS + blk) * CHUNK + k
+        dcs += tl.load(dcs_part_ptr + part) - tl.load(dsrc_part_ptr + part)
     last = tl.sum(tl.load(dlast_part_ptr + (b * nchunks + c) * nheads * BLOCKS + h * BLOCKS + tl.arange(0, BLOCKS)))
     last += tl.sum(tl.load(ddecay_ptr + (pid_bh * nchunks + c) * N_TILES + tl.arange(0, N_TILES)))
     dcs += tl.where(k == CHUNK - 1, last, 0.0)

@@ -100,8 +100,10 @@ def _backward_buffers(x: Tensor, s: dict[str, int]) -> dict[str, Tensor]:
         "ddecay": torch.empty(b, h, nc, s["n"] // s["block_n"], **f32),
         "dcb": torch.empty(b, nc, s["g"], chunk, chunk, **f32),
         "dcs_part": torch.zeros(b, h, nc, blocks, chunk, **f32),
+        "dsrc_part": torch.zeros(b, h, nc, blocks, chunk, **f32),
         "dcs_off": torch.empty(b, h, nc * chunk, **f32),
         "ddt": torch.empty(b, h, nc * chunk, **f32),
+        "ddt_state": torch.empty(b, h, nc * chunk, **f32),
         "dD_part": torch.empty(b, nc, h, blocks, **f32),
         "dlast_part": torch.empty(b, nc, h, blocks, **f32),
         "dC_part": torch.empty(s["splits"], b * nc * s["g"], chunk, s["n"], **f32),
@@ -141,11 +143,12 @@ def ssd_scan_backward(dy: Tensor, x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C
         dy, C, buf["cs"], buf["states"], grad["dstates"], grad["ddecay"], s["l"], s["h"], s["g"], s["nc"],
         *dy.stride()[:3], *C.stride()[:3], **sizes, BLOCK_N=s["block_n"], BLOCK_K=block, PRECISION=prec)
     _score_grad_kernel[(s["b"] * s["nc"] * s["g"], blocks, blocks)](
-        dy, x, buf["cb"], buf["dt"], buf["cs"], grad["dcb"], grad["dcs_part"], s["l"], s["h"], s["g"], s["nc"],
+        dy, x, buf["cb"], buf["dt"], buf["cs"], grad["dcb"], grad["dcs_part"], grad["dsrc_part"], s["l"], s["h"], s["g"],
+        s["nc"],
         *dy.stride()[:3], *x.stride()[:3], CHUNK=chunk, HEADDIM=s["p"], BLOCK=block, PRECISION=prec)
     dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     _x_grad_kernel[(s["b"] * s["nc"] * s["h"], blocks)](
-        x, dy, B, buf["cb"], buf["dt"], buf["cs"], grad["dstates"], D, dx, grad["ddt"], grad["dD_part"],
+        x, dy, B, buf["cb"], buf["dt"], buf["cs"], grad["dstates"], D, dx, grad["ddt"], grad["ddt_state"], grad["dD_part"],
         grad["dlast_part"], s["l"], s["h"], s["g"], s["nc"], *x.stride()[:3], *dy.stride()[:3], *B.stride()[:3],
         *dx.stride()[:3], **sizes, BLOCK=block, BLOCK_K=s["block_n"], PRECISION=prec)
     split_heads = s["h"] // s["g"] // s["splits"]
@@ -159,7 +162,8 @@ def ssd_scan_backward(dy: Tensor, x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C
         split_heads, *x.stride()[:3], *C.stride()[:3], **sizes, BLOCK=block, PRECISION=prec, num_warps=8)
     ddt_raw = torch.empty(dt.shape, dtype=dt.dtype, device=dt.device)
     _dt_grad_kernel[(s["b"] * s["h"], s["nc"])](
-        dt, dt_bias, A, buf["dt"], grad["ddt"], grad["dcs_part"], grad["dcs_off"], grad["dlast_part"], grad["ddecay"],
+        dt, dt_bias, A, buf["dt"], grad["ddt"], grad["ddt_state"], grad["dcs_part"], grad["dsrc_part"], grad["dcs_off"],
+        grad["dlast_part"], grad["ddecay"],
         ddt_raw, grad["dA_part"], grad["dbias_part"], s["l"], s["h"], s["nc"], *dt.stride(), *ddt_raw.stride(),
         CHUNK=chunk, BLOCKS=blocks, N_TILES=s["n"] // s["block_n"])
     dA = grad["dA_part"].sum((0, 2)).to(A.dtype)

@@ -55,7 +55,12 @@ def test_bf16_on_cuda_stays_within_bf16_rounding_of_the_fp32_pytorch_scan():
     dy = torch.randn_like(y_ref)
     grads = torch.autograd.grad(y, low, dy.bfloat16())
     ref_grads = torch.autograd.grad(y_ref, ref, dy)
-    scale = y_ref.abs().max()
-    assert (y.float() - y_ref).abs().max() <= 2e-2 * scale
-    for got, want in zip(grads, ref_grads):
-        assert (got.float() - want).abs().max() <= 3e-2 * want.abs().max()
+    # bf16 inputs, reference computed in fp32 from the same bf16 values: what is left is the
+    # kernels' own bf16 rounding of the products' operands. dA and the bias gradient sum
+    # position terms that largely cancel, hence their looser bound.
+    bounds = {"y": 1e-2, "x": 2e-2, "dt": 3e-2, "A": 5e-2, "B": 2e-2, "C": 2e-2, "D": 2e-2, "dt_bias": 5e-2}
+    errors = {"y": ((y.float() - y_ref).abs().max() / y_ref.abs().max()).item()}
+    for name, got, want in zip(["x", "dt", "A", "B", "C", "D", "dt_bias"], grads, ref_grads):
+        errors[name] = ((got.float() - want).abs().max() / want.abs().max()).item()
+    print(errors)
+    assert all(errors[k] <= bounds[k] for k in bounds), errors
