@@ -43,8 +43,9 @@ from kenotron.estimate.analytic import (
     ParameterBytes,
     StepShape,
     activations_per_block,
-    block_activations,
+    backward_scratch,
     data_parallel_kind,
+    kinds_activations,
     loss_bytes,
     optimizer_state_bytes,
     parameter_bytes,
@@ -132,9 +133,9 @@ def stage_peak(run: ResolvedRun, model: nn.Module, kind: dict[str, bool], stage:
                                  activations=kept - per_micro, temporaries=buffers + emb_grad))
     # Gradients are accumulated into the (whole) .grad that exists since the first backward: no
     # per-block gradient temporaries beyond the MLP's and the residual's activation gradients.
-    backward_temp = 2 * allocated_bytes(tokens * s.ffn // tp * c) + 2 * allocated_bytes(tokens * s.dim * c)
+    backward_temp = backward_scratch(s)
     if run.plan.settings.ac_mode != "none":
-        backward_temp += block_activations(s, "none", sp)
+        backward_temp += round(kinds_activations(s, "none", sp))
     moments.append(Breakdown(parameters=P, unsharded_parameters=U, gradients=G, optimizer_state=O,
                              activations=kept, temporaries=buffers + backward_temp))
     if dp in ("fsdp", "hsdp"):

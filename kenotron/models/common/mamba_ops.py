@@ -37,19 +37,19 @@ class _ConvSiLU(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         x, weight, bias = ctx.saved_tensors
-        wide = torch.promote_types(x.dtype, torch.float32)
-        x32, w32 = x.to(wide), weight.to(wide)
-        pre = _conv(x32, w32, bias.to(wide) if bias is not None else None, None)
-        sig = torch.sigmoid(pre)
-        grad_pre = grad.to(wide) * sig * (1 + pre * (1 - sig))
         kernel, length = weight.shape[1], x.shape[1]
+        # The convolution again as the forward computed it, SiLU's slope applied in one op.
+        grad_pre = torch.ops.aten.silu_backward(grad, _conv(x, weight, bias, None))
         # out_t = sum_k w_k x_{t-K+1+k}: x_s receives w_k grad_{s+K-1-k}; w_k sums x_{t-K+1+k} grad_t.
-        padded_grad = F.pad(grad_pre, (0, 0, 0, kernel - 1))
-        padded_x = F.pad(x32, (0, 0, kernel - 1, 0))
-        grad_x = sum(padded_grad[:, kernel - 1 - k : kernel - 1 - k + length] * w32[:, k] for k in range(kernel))
-        grad_w = torch.stack([(padded_x[:, k : k + length] * grad_pre).sum((0, 1)) for k in range(kernel)], dim=1)
-        grad_b = grad_pre.sum((0, 1)).to(bias.dtype) if bias is not None else None
-        return grad_x.to(x.dtype), grad_w.to(weight.dtype), grad_b
+        grad_x = grad_pre * weight[:, kernel - 1]
+        grad_w = [None] * kernel
+        grad_w[kernel - 1] = (x * grad_pre).sum((0, 1), dtype=torch.float32)
+        for k in range(kernel - 1):
+            shift = kernel - 1 - k
+            grad_x[:, : length - shift].addcmul_(grad_pre[:, shift:], weight[:, k])
+            grad_w[k] = (x[:, : length - shift] * grad_pre[:, shift:]).sum((0, 1), dtype=torch.float32)
+        grad_b = grad_pre.sum((0, 1), dtype=torch.float32).to(bias.dtype) if bias is not None else None
+        return grad_x, torch.stack(grad_w, dim=1).to(weight.dtype), grad_b
 
 
 def conv_silu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -77,16 +77,29 @@ class _GatedRMSNorm(torch.autograd.Function):
     def backward(ctx, grad):
         y, z, weight, rstd = ctx.saved_tensors
         wide = torch.promote_types(y.dtype, torch.float32)
-        zf, yf = z.to(wide), y.to(wide)
-        sig = torch.sigmoid(zf)
-        gated = (yf * zf * sig).unflatten(-1, (-1, ctx.group_size))
-        normed = gated * rstd
-        grad_w = (grad.to(wide) * normed.flatten(-2)).flatten(0, -2).sum(0)
-        dn = (grad.to(wide) * weight.to(wide)).unflatten(-1, (-1, ctx.group_size))
-        dg = (rstd * (dn - normed * (dn * normed).mean(-1, keepdim=True))).flatten(-2)
-        grad_y = dg * zf * sig
-        grad_z = dg * yf * sig * (1 + zf * (1 - sig))
-        return grad_y.to(y.dtype), grad_z.to(z.dtype), grad_w.to(weight.dtype), None, None
+        grad_y, grad_z = torch.empty_like(y), torch.empty_like(z)
+        grad_w = torch.zeros(weight.shape, dtype=wide, device=weight.device)
+        # A slice of rows at a time: the fp32 intermediates of a whole batch would take several
+        # times the activation itself.
+        rows = max(1, _SLICE_ELEMENTS // y.shape[-1])
+        flat = [t.reshape(-1, y.shape[-1]) for t in (y, z, grad, grad_y, grad_z)]
+        rstd = rstd.reshape(-1, rstd.shape[-2], 1)
+        for start in range(0, flat[0].shape[0], rows):
+            yf, zf, g, gy, gz = (t[start : start + rows] for t in flat)
+            yf, zf, g = yf.to(wide), zf.to(wide), g.to(wide)
+            sig = torch.sigmoid(zf)
+            silu = zf * sig
+            normed = (yf * silu).unflatten(-1, (-1, ctx.group_size)) * rstd[start : start + rows]
+            grad_w += (g * normed.flatten(-2)).sum(0)
+            dn = (g * weight.to(wide)).unflatten(-1, (-1, ctx.group_size))
+            dg = (rstd[start : start + rows] * (dn - normed * (dn * normed).mean(-1, keepdim=True))).flatten(-2)
+            gy.copy_(dg * silu)
+            gz.copy_(dg * yf * sig * (1 + zf * (1 - sig)))
+        return grad_y, grad_z, grad_w.to(weight.dtype), None, None
+
+
+_SLICE_ELEMENTS = 1 << 22
+"""Elements per slice of the gated norm's backward (16 MiB per fp32 intermediate)."""
 
 
 def gated_rms_norm(y: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, group_size: int, eps: float) -> torch.Tensor:
