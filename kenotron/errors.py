@@ -10,3 +10,8 @@ from __future__ import annotations
 
 class ConfigError(ValueError):
     """A bad configuration value; the message says which key and how to fix it."""
+
+
+class DataError(ConfigError):
+    """A data set or tokenizer file that cannot be used as configured: the message names the
+    file (and line) and the fix. A ConfigError, so the command line prints it as one line."""

@@ -1,6 +1,12 @@
+import shutil
 import sys
+from pathlib import Path
 
 import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+_STRAY = ROOT / "outputs"
+_STRAY_BEFORE = _STRAY.exists()
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -11,3 +17,13 @@ def _shutdown_multirank_pools():
     pool = sys.modules.get("tests.distributed.pool")
     if pool is not None:
         pool.shutdown_pools()
+
+
+@pytest.fixture(autouse=True)
+def _tests_write_only_to_temporary_folders(request):
+    """A test that leaves `outputs/` (job.dump_folder's default) in the repository fails: tests
+    write only under tmp_path. Checked where the folder did not exist when the session began."""
+    yield
+    if not _STRAY_BEFORE and _STRAY.exists():
+        shutil.rmtree(_STRAY, ignore_errors=True)
+        pytest.fail(f"{request.node.nodeid} wrote {_STRAY}: give it --job.dump_folder under tmp_path")

@@ -10,6 +10,7 @@ from kenotron.checkpoint.errors import (
     CheckpointFormatError,
     CheckpointMismatchError,
     CheckpointSaveError,
+    NonFiniteCheckpointError,
     RemoteStorageError,
 )
 from kenotron.checkpoint.folders import (
@@ -18,11 +19,8 @@ from kenotron.checkpoint.folders import (
     read_marker,
     step_folder_name,
 )
-from kenotron.checkpoint.manager import (
-    EXPORT_DTYPES,
-    CheckpointManager,
-    check_checkpoint_config,
-)
+from kenotron.checkpoint.manager import EXPORT_DTYPES, CheckpointManager
+from kenotron.checkpoint.settings import check_checkpoint_config
 from kenotron.checkpoint.state import PART_NAMES, TrainState
 
 __all__ = [
@@ -34,6 +32,7 @@ __all__ = [
     "CheckpointManager",
     "CheckpointMismatchError",
     "CheckpointSaveError",
+    "NonFiniteCheckpointError",
     "RemoteStorageError",
     "TrainState",
     "check_checkpoint_config",

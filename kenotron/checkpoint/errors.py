@@ -21,3 +21,7 @@ class CheckpointSaveError(CheckpointError):
 
 class RemoteStorageError(CheckpointError):
     """Talking to the remote (S3-compatible) store failed: bucket, credentials or network."""
+
+
+class NonFiniteCheckpointError(CheckpointSaveError):
+    """The weights hold NaN or Inf: the save is refused, the previous checkpoint stays the latest."""

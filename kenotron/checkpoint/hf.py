@@ -32,10 +32,14 @@ from kenotron.checkpoint.folders import check_checkpoint, step_folder_name, writ
 from kenotron.checkpoint.hf_files import (
     DEFAULT_SHARD_BYTES,
     open_weights,
+    plan_shards,
     read_hf_config,
     write_hf_folder,
+    write_hf_shards,
 )
+from kenotron.checkpoint.hf_tokenizer import write_hf_tokenizer
 from kenotron.checkpoint.model_info import describe_model, model_from_info
+from kenotron.checkpoint.trust import load_state
 from kenotron.models import MODEL_SPECS, ModelSpec
 
 
@@ -170,15 +174,34 @@ def hf_to_checkpoint(hf_dir: str | Path, out_folder: str | Path, *, step: int = 
 
 
 def checkpoint_to_hf(checkpoint_dir: str | Path, out_dir: str | Path, *, dtype: torch.dtype | None = None,
-                     max_shard_bytes: int = DEFAULT_SHARD_BYTES) -> Path:
+                     max_shard_bytes: int = DEFAULT_SHARD_BYTES, tokenizer: Any = None) -> Path:
     """Convert a kenotron checkpoint step folder (full or model-only) into a transformers folder,
     in one process, without building the model: the weights' shapes come from DCP's metadata and
-    the family and dimensions from the completion marker."""
+    the family and dimensions from the completion marker. The weights stream one safetensors
+    file at a time (no full copy of the model in memory). With `tokenizer` (a kenotron tokenizer)
+    its files and generation_config.json (BOS/EOS) are written too."""
     marker, metadata = check_checkpoint(checkpoint_dir)
     spec, args = model_from_info(marker.get("model"), str(checkpoint_dir))
-    state = {}
+    adapter = spec.hf_adapter
+    stored = {}  # kenotron name -> (shape, stored dtype), in checkpoint order
     for key, item in metadata.state_dict_metadata.items():
         if key.startswith("model.") and hasattr(item, "size"):
-            state[key.removeprefix("model.")] = torch.empty(item.size, dtype=item.properties.dtype)
-    dcp.load({"model": state}, checkpoint_id=str(checkpoint_dir), no_dist=True)
-    return _write(state, spec, args, out_dir, dtype, max_shard_bytes)
+            stored[key.removeprefix("model.")] = (item.size, item.properties.dtype)
+    kept = adapter.to_hf({k: k for k in stored}, args)  # HF name -> kenotron name (tied output left out)
+    itemsize = {k: (dtype or d).itemsize for k, (_, d) in stored.items()}
+    nbytes = {hf: torch.Size(stored[k][0]).numel() * itemsize[k] for hf, k in kept.items()}
+
+    def load(hf_keys: Any) -> dict[str, torch.Tensor]:
+        state = {kept[h]: torch.empty(stored[kept[h]][0], dtype=stored[kept[h]][1]) for h in hf_keys}
+        load_state({"model": state}, checkpoint_dir, no_dist=True)
+        tensors = adapter.to_hf(state, args)
+        return {k: v.to(dtype) for k, v in tensors.items()} if dtype is not None else tensors
+
+    out_dtype = dtype or next(iter(stored.values()))[1]
+    config = {**adapter.hf_config_from_args(args), "torch_dtype": str(out_dtype).removeprefix("torch.")}
+    if tokenizer is not None:
+        config.update(bos_token_id=tokenizer.bos_id, eos_token_id=tokenizer.eos_id)
+    out = write_hf_shards(out_dir, config, plan_shards(nbytes, max_shard_bytes), load)
+    if tokenizer is not None:
+        write_hf_tokenizer(tokenizer, out)
+    return out

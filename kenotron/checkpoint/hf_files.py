@@ -8,7 +8,7 @@ or `model-0000i-of-0000n.safetensors` plus `model.safetensors.index.json` above 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from kenotron.checkpoint.errors import CheckpointFormatError
+from kenotron.progress import progress
 
 CONFIG_NAME = "config.json"
 SINGLE_FILE = "model.safetensors"
@@ -76,34 +77,51 @@ def open_weights(hf_dir: str | Path) -> Iterator[dict[str, Any]]:
         yield {key: handles[path].get_slice(key) for key, path in files.items()}
 
 
+def plan_shards(nbytes: Mapping[str, int], max_shard_bytes: int = DEFAULT_SHARD_BYTES) -> list[list[str]]:
+    """Keys grouped into safetensors files of at most `max_shard_bytes` (a larger tensor alone), in order."""
+    shards: list[list[str]] = [[]]
+    size = 0
+    for key, n in nbytes.items():
+        if shards[-1] and size + n > max_shard_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append(key)
+        size += n
+    return shards
+
+
+def write_hf_shards(
+    out_dir: str | Path, config: Mapping[str, Any], shards: Sequence[Sequence[str]],
+    load: Callable[[Sequence[str]], Mapping[str, torch.Tensor]], *, desc: str = "writing safetensors",
+) -> Path:
+    """Write config.json and the weights one shard at a time: `load(keys)` returns that shard's
+    tensors, so no more than one shard is in memory (beyond what `load` keeps itself)."""
+    safetensors = _safetensors()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / CONFIG_NAME).write_text(json.dumps(dict(config), indent=2) + "\n")
+    names = [SINGLE_FILE] if len(shards) == 1 else [
+        f"model-{i:05d}-of-{len(shards):05d}.safetensors" for i in range(1, len(shards) + 1)
+    ]
+    weight_map, total = {}, 0
+    for name, keys in progress(list(zip(names, shards)), desc=desc, unit="file"):
+        # safetensors refuses views and shared storage: give each tensor its own contiguous copy.
+        tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in load(keys).items()}
+        safetensors.torch.save_file(tensors, str(out / name), metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(tensors, name))
+        total += sum(t.numel() * t.element_size() for t in tensors.values())
+        del tensors
+    if len(shards) > 1:
+        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+        (out / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
+    return out
+
+
 def write_hf_folder(
     out_dir: str | Path, config: Mapping[str, Any], tensors: Mapping[str, torch.Tensor],
     max_shard_bytes: int = DEFAULT_SHARD_BYTES,
 ) -> Path:
     """Write config.json and the weights (sharded above `max_shard_bytes`); returns the folder."""
-    safetensors = _safetensors()
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / CONFIG_NAME).write_text(json.dumps(dict(config), indent=2) + "\n")
-    shards: list[dict[str, torch.Tensor]] = [{}]
-    size = 0
-    for key, tensor in tensors.items():
-        nbytes = tensor.numel() * tensor.element_size()
-        if shards[-1] and size + nbytes > max_shard_bytes:
-            shards.append({})
-            size = 0
-        # safetensors refuses views and shared storage: give each tensor its own contiguous copy.
-        shards[-1][key] = tensor.detach().to("cpu").contiguous().clone()
-        size += nbytes
-    if len(shards) == 1:
-        safetensors.torch.save_file(shards[0], str(out / SINGLE_FILE), metadata={"format": "pt"})
-        return out
-    weight_map = {}
-    for i, shard in enumerate(shards, start=1):
-        name = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
-        safetensors.torch.save_file(shard, str(out / name), metadata={"format": "pt"})
-        weight_map.update(dict.fromkeys(shard, name))
-    total = sum(t.numel() * t.element_size() for t in tensors.values())
-    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-    (out / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
-    return out
+    nbytes = {k: t.numel() * t.element_size() for k, t in tensors.items()}
+    shards = plan_shards(nbytes, max_shard_bytes)
+    return write_hf_shards(out_dir, config, shards, lambda keys: {k: tensors[k] for k in keys})

@@ -17,7 +17,6 @@ old checkpoints and uploads; the folder must be one filesystem that every rank s
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 from collections.abc import Callable, Sequence
@@ -30,61 +29,52 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 
+from kenotron.checkpoint import integrity
 from kenotron.checkpoint.checks import check_same_family, check_state_fits, flatten_state_dict
+from kenotron.checkpoint.diagnose import describe_save_failure, is_checkpoint_exception
 from kenotron.checkpoint.errors import (
     CheckpointError,
     CheckpointFormatError,
     CheckpointSaveError,
-    RemoteStorageError,
+    NonFiniteCheckpointError,
 )
+from kenotron.checkpoint.finite import first_nonfinite_parameter
 from kenotron.checkpoint.folders import (
+    LEGACY_FORMAT_TAGS,
     check_checkpoint,
     list_step_folders,
-    parse_step,
     remove_step_folder,
     step_folder_name,
     write_marker,
+    write_stamp,
 )
-from kenotron.checkpoint.remote import BackgroundUploader, S3Store, is_remote
+from kenotron.checkpoint.lineage import check_no_foreign_above, rotation_victims
+from kenotron.checkpoint.preflight import (
+    check_folder_writable,
+    estimate_checkpoint_bytes,
+    optimizer_states_per_param,
+)
+from kenotron.checkpoint.remote import BackgroundUploader, S3Store
+from kenotron.checkpoint.resume import LoadChoice, abandon_later, choose
 from kenotron.checkpoint.saver import (
-    ASYNC_MODES,
     NO_GROUP_FOR_WRITER_PROCESS,
     DcpSaver,
     SaveInFlight,
 )
+from kenotron.checkpoint.settings import check_checkpoint_config
 from kenotron.checkpoint.state import (
-    PART_NAMES,
     HasState,
+    JsonState,
     ModelState,
     OptimizerState,
-    PickledState,
     TrainState,
 )
-from kenotron.config import ConfigError
+from kenotron.checkpoint.trust import load_state
 from kenotron.config.sections import Checkpoint as CheckpointConfig
 
 logger = logging.getLogger("kenotron")
 
 EXPORT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def check_checkpoint_config(config: CheckpointConfig) -> None:
-    """ConfigError for checkpoint settings that are wrong on their own (no files looked at)."""
-    if config.interval <= 0:
-        raise ConfigError(f"checkpoint.interval={config.interval} must be a positive number of steps")
-    if config.keep_latest_k < 0:
-        raise ConfigError(f"checkpoint.keep_latest_k={config.keep_latest_k} must be >= 0 (0 keeps every checkpoint)")
-    if config.load_step < -1:
-        raise ConfigError(f"checkpoint.load_step={config.load_step} must be -1 (latest), 0 (fresh start) or a step")
-    unknown = [p for p in config.exclude_from_loading if p not in PART_NAMES]
-    if unknown:
-        raise ConfigError(
-            f"checkpoint.exclude_from_loading has {unknown[0]!r}, which is not a part; use some of {', '.join(PART_NAMES)}"
-        )
-    if config.async_mode not in ASYNC_MODES:
-        raise ConfigError(f"checkpoint.async_mode={config.async_mode!r} is not one of {', '.join(ASYNC_MODES)}")
-    if config.remote_folder and not is_remote(config.remote_folder):
-        raise ConfigError(f"checkpoint.remote_folder={config.remote_folder!r} must look like s3://bucket/prefix")
 
 
 @dataclass
@@ -136,11 +126,13 @@ class CheckpointManager:
         if optimizers:
             self.parts["optimizer"] = OptimizerState(model_parts, optimizers)
         if lr_schedulers:
-            self.parts["lr_scheduler"] = PickledState(lr_schedulers)
+            self.parts["lr_scheduler"] = JsonState(lr_schedulers)
         if dataloader is not None:
-            self.parts["dataloader"] = PickledState([dataloader])
+            self.parts["dataloader"] = JsonState([dataloader])
         if train_state is not None:
             self.parts["train_state"] = train_state
+        self.model_parts = list(model_parts)
+        self._optimizer_states = optimizer_states_per_param(list(optimizers or ()))
         self._saver: DcpSaver | None = None  # made on the first save: its gloo group is collective
         self._pending: _PendingSave | None = None
         self.uploader: BackgroundUploader | None = None
@@ -167,6 +159,7 @@ class CheckpointManager:
         """Save every part as step `step`; returns the step folder. In the async modes the write
         goes on in the background and the folder becomes loadable when its marker appears."""
         self.wait()
+        self._refuse_nonfinite(step)
         path = self._prepare_folder(step)
         state = dict(self.parts)
         marker = self._marker(step, parts=list(state), model_only=False, dtype=None)
@@ -174,8 +167,12 @@ class CheckpointManager:
             self._saver = DcpSaver(self.config.async_mode, self.process_group)
         try:
             inflight = self._saver.start(state, path)
-        except Exception as exc:
-            raise CheckpointSaveError(f"saving {path} failed: {exc}{self._previous_hint(step)}") from exc
+        # DCP's CheckpointException is a BaseException: caught by name, with Exception; a
+        # KeyboardInterrupt or SystemExit passes through.
+        except BaseException as exc:
+            if not (isinstance(exc, Exception) or is_checkpoint_exception(exc)):
+                raise
+            raise self._save_failed(step, path, exc) from exc
         self._track(_PendingSave(step, inflight, marker))
         return path
 
@@ -183,11 +180,17 @@ class CheckpointManager:
         """Save the model weights alone, cast to `dtype` (synchronously): an export, which loads
         as a model-only checkpoint (optimizer, schedule and data position start fresh)."""
         self.wait()
+        self._refuse_nonfinite(step)
         path = self._prepare_folder(step)
         weights = self.parts["model"].state_dict()
         state = {"model": {k: v.to(dtype) if v.is_floating_point() else v for k, v in weights.items()}}
         marker = self._marker(step, parts=["model"], model_only=True, dtype=str(dtype).removeprefix("torch."))
-        dcp.save(state, checkpoint_id=str(path), process_group=self.process_group)
+        try:
+            dcp.save(state, checkpoint_id=str(path), process_group=self.process_group)
+        except BaseException as exc:
+            if not (isinstance(exc, Exception) or is_checkpoint_exception(exc)):
+                raise
+            raise self._save_failed(step, path, exc) from exc
         self._track(_PendingSave(step, SaveInFlight(path, None, None), marker))
         return path
 
@@ -213,16 +216,16 @@ class CheckpointManager:
         if pending is None:
             return
         if pending.inflight.written is not None:
-            # Whatever the save raised (any type) is already in pending.error (the done-callback
-            # recorded it); it is re-raised below as CheckpointSaveError, so nothing may escape here first.
-            with contextlib.suppress(Exception):
+            try:
                 pending.inflight.written.result()
+            # Whatever the save raised is already in pending.error (DCP's CheckpointException is a
+            # BaseException); it is re-raised below as CheckpointSaveError. Only an interrupt passes.
+            except BaseException as exc:
+                if not (isinstance(exc, Exception) or is_checkpoint_exception(exc)):
+                    raise
         pending.finished.wait()
         if pending.error is not None:
-            raise CheckpointSaveError(
-                f"saving {pending.inflight.path} failed: {type(pending.error).__name__}: {pending.error}"
-                f"{self._previous_hint(pending.step)}"
-            ) from pending.error
+            raise self._save_failed(pending.step, pending.inflight.path, pending.error) from pending.error
 
     def close(self) -> None:
         """Wait for the save and the uploads in flight, then free the staging buffers."""
@@ -235,14 +238,37 @@ class CheckpointManager:
                 self._saver.close()
 
     def _prepare_folder(self, step: int) -> Path:
+        """A new, stamped step folder (rank 0 makes it; every rank gets its error, if any)."""
+        return Path(self._on_rank0_for_all(self._new_step_folder, step))
+
+    def _new_step_folder(self, step: int) -> str:
         path = self.folder / step_folder_name(step)
+        # An earlier incomplete save of this step: replaced (marker first, see folders.py). A
+        # folder that kenotron did not write raises instead.
+        remove_step_folder(path)
+        path.mkdir(parents=True, exist_ok=True)
+        write_stamp(path, step)
+        return str(path)
+
+    def _refuse_nonfinite(self, step: int) -> None:
+        bad = first_nonfinite_parameter(self.model_parts, self.process_group)
+        if bad is not None:
+            raise NonFiniteCheckpointError(
+                f"not saving {step_folder_name(step)}: the model weights hold NaN or Inf ({bad}), training diverged"
+                f"{self._previous_hint(step)}"
+            )
+
+    def _save_failed(self, step: int, path: Path, exc: BaseException) -> CheckpointSaveError:
+        """The error to raise for a failed save; rank 0 removes the partial folder (its space
+        matters most when the disk is full)."""
         if self.rank == 0:
-            # An earlier incomplete save of this step, or a checkpoint of a run that was told to
-            # start afresh in this folder: replace it (marker first, see folders.py).
-            remove_step_folder(path)
-            path.mkdir(parents=True, exist_ok=True)
-        self._barrier()
-        return path
+            try:
+                remove_step_folder(path)
+            except (OSError, CheckpointError) as cleanup:
+                logger.warning("could not remove the failed save %s: %s", path, cleanup)
+        return CheckpointSaveError(
+            f"saving {path.name} {describe_save_failure(exc, self.folder)}{self._previous_hint(step)}"
+        )
 
     def _marker(self, step: int, *, parts: list[str], model_only: bool, dtype: str | None) -> dict[str, Any]:
         return {
@@ -264,7 +290,8 @@ class CheckpointManager:
             if future is not None:
                 future.result()
             if self.rank == 0:
-                write_marker(pending.inflight.path, pending.marker)
+                files = integrity.describe_files(pending.inflight.path, checksums=self.config.checksums)
+                write_marker(pending.inflight.path, {**pending.marker, "files": files})
                 logger.info("checkpoint %s complete", pending.inflight.path)
                 self._delete_old(pending.step)
                 if self.uploader is not None:
@@ -276,19 +303,16 @@ class CheckpointManager:
             pending.finished.set()
 
     def _delete_old(self, just_saved: int) -> None:
-        """keep_latest_k, plus incomplete folders older than the new checkpoint (killed saves)."""
-        keep = self.config.keep_latest_k
-        folders = list_step_folders(self.folder)
-        complete = [f for f in folders if f.complete]
-        doomed = complete[:-keep] if keep > 0 else []
-        doomed += [f for f in folders if not f.complete and f.step < just_saved]
+        """keep_latest_k of this run's full checkpoints, plus kenotron's interrupted saves older
+        than the new checkpoint (lineage.rotation_victims)."""
         busy = self.uploader.uploading() if self.uploader is not None else set()
-        for f in doomed:
+        for f in rotation_victims(list_step_folders(self.folder), self.config.keep_latest_k, just_saved):
             if f.step not in busy:
                 remove_step_folder(f.path)
 
     def _previous_hint(self, step: int) -> str:
-        previous = [f.step for f in list_step_folders(self.folder) if f.complete and f.step != step]
+        previous = [f.step for f in list_step_folders(self.folder)
+                    if f.complete and f.step != step and not f.model_only]
         if previous:
             return f"; the latest complete checkpoint is still {step_folder_name(previous[-1])}"
         return "; there is no earlier complete checkpoint"
@@ -297,20 +321,56 @@ class CheckpointManager:
 
     def load(self, step: int | None = None) -> int | None:
         """Resume: restore every part not in checkpoint.exclude_from_loading from checkpoint
-        `step` (default checkpoint.load_step: -1 the latest complete one, local or remote; 0 none).
-        Without any checkpoint, starts from checkpoint.initial_load_path when set. Returns the
-        step loaded, or None when training starts from scratch. Does nothing when disabled."""
+        `step` (default checkpoint.load_step: -1 the latest complete full checkpoint, local or
+        remote; 0 none). Without any checkpoint, starts from checkpoint.initial_load_path when
+        set. Returns the step loaded, or None when training starts from scratch. Does nothing
+        when disabled.
+
+        Before anything is loaded the folder must take a checkpoint (writable, room for one);
+        after the load, checkpoints above the step the run continues from are set aside
+        (resume.abandon_later), so that rotation and the next restart see only this run's."""
         if not self.config.enable:
             return None
         wanted = self.config.load_step if step is None else step
-        choice = self._on_rank0_for_all(self._choose, wanted)
-        if choice is None:
+        needed = estimate_checkpoint_bytes(self.model_parts, self._optimizer_states)
+        choice: LoadChoice | None = self._on_rank0_for_all(self._plan_load, wanted, needed)
+        loaded = None
+        if choice is not None:
+            exclude = set(self.config.exclude_from_loading)
+            if choice.model_only:
+                exclude |= set(self.parts) - {"model"}
+            loaded = self.load_from(Path(choice.path), exclude=exclude)
+        self._on_rank0_for_all(self._continue_from, self._resume_step(choice, loaded))
+        return loaded
+
+    def _plan_load(self, wanted: int, needed_bytes: int) -> LoadChoice | None:
+        """Rank 0: check the folder, choose what to load, refuse foreign folders in the way."""
+        check_folder_writable(self.folder, needed_bytes)
+        choice = choose(self.config, self.folder, wanted, self._store())
+        predicted = 0 if choice is None or choice.initial else choice.step
+        check_no_foreign_above(self.folder, predicted if self._loads_train_state(choice) else 0)
+        return choice
+
+    def _loads_train_state(self, choice: LoadChoice | None) -> bool:
+        return (choice is not None and not choice.model_only and "train_state" in self.parts
+                and "train_state" not in self.config.exclude_from_loading)
+
+    def _resume_step(self, choice: LoadChoice | None, loaded: int | None) -> int:
+        """The step this run continues from: the loaded one when its step counter was restored
+        (or the caller keeps its own), else 0."""
+        if choice is None or loaded is None:
+            return 0
+        if "train_state" not in self.parts:
+            return loaded
+        return loaded if self._loads_train_state(choice) else 0
+
+    def _continue_from(self, resume_step: int) -> None:
+        abandon_later(self.folder, resume_step, self._store())
+
+    def _store(self) -> S3Store | None:
+        if not self.config.remote_folder:
             return None
-        path, model_only = choice
-        exclude = set(self.config.exclude_from_loading)
-        if model_only:
-            exclude |= set(self.parts) - {"model"}
-        return self.load_from(Path(path), exclude=exclude)
+        return S3Store(self.config.remote_folder, self.config.remote_endpoint_url)
 
     def _whole_model_keys(self, state: dict[str, Any]) -> set[str] | None:
         """The "model." keys held by all ranks together: under pipeline parallel each rank holds
@@ -330,7 +390,8 @@ class CheckpointManager:
         that does not fit (shape, missing or extra parameter).
         """
         path = Path(path)
-        marker, metadata = check_checkpoint(path)
+        self._on_rank0_for_all(self._verify_files, str(path))  # checksums: read once, by rank 0
+        marker, metadata = check_checkpoint(path, verify_checksums=False)
         saved_parts = set(marker.get("parts", []))
         names = [n for n in self.parts if n not in set(exclude)]
         if marker.get("model_only"):
@@ -345,9 +406,16 @@ class CheckpointManager:
                 f"to checkpoint.exclude_from_loading to start that part fresh"
             )
         check_same_family(marker.get("model"), self.model_info, path)
-        state = {name: self.parts[name].state_dict() for name in names}
+        legacy = [n for n in names if n in ("lr_scheduler", "dataloader", "train_state")]
+        if marker.get("format") in LEGACY_FORMAT_TAGS and legacy:
+            raise CheckpointFormatError(
+                f"{path} was written by an earlier kenotron (format {marker['format']}), which stored {', '.join(legacy)} "
+                f"as Python pickles; unpickling runs whatever code the file holds, so kenotron does not read them. "
+                f"Its model and optimizer load safely: add {','.join(legacy)} to checkpoint.exclude_from_loading"
+            )
+        state = {name: self._load_template(name, metadata) for name in names}
         check_state_fits(state, metadata, path, _describe_model(marker.get("model")), self._whole_model_keys(state))
-        dcp.load(state, checkpoint_id=str(path), process_group=self.process_group)
+        load_state(state, path, process_group=self.process_group)
         for name in names:
             self.parts[name].load_state_dict(state[name])
         if "model" in names and "optimizer" not in names:
@@ -360,58 +428,20 @@ class CheckpointManager:
         logger.info("loaded %s (%s) from %s", step_folder_name(step), ", ".join(names), path)
         return step
 
-    def _choose(self, wanted: int) -> tuple[str, bool] | None:
-        """(folder, model_only) to load, or None; runs on rank 0 (may download)."""
-        if wanted == 0:
-            return None
-        local = {f.step: f for f in list_step_folders(self.folder)}
-        complete = sorted(s for s, f in local.items() if f.complete)
-        store = S3Store(self.config.remote_folder, self.config.remote_endpoint_url) if self.config.remote_folder else None
-        remote = self._remote_steps(store) if store is not None else []
-        if wanted > 0:
-            if wanted in complete:
-                return str(local[wanted].path), False
-            if wanted in remote:
-                return str(store.download_step(wanted, self.folder)), False
-            if wanted in local:
-                check_checkpoint(local[wanted].path)  # raises with the reason it is not loadable
-            raise CheckpointError(
-                f"checkpoint.load_step={wanted}: no complete checkpoint of step {wanted} in {self.folder}"
-                f"{' or ' + str(store.location) if store else ''}; complete steps: {sorted(set(complete) | set(remote))} "
-                f"(-1 picks the latest)"
-            )
-        best = max([*complete, *remote], default=None)
-        newer = [s for s, f in local.items() if not f.complete and (best is None or s > best)]
-        if newer:
-            logger.warning(
-                "%s: incomplete step folder(s) %s (interrupted saves) are skipped", self.folder, newer
-            )
-        if best is not None:
-            if best in complete:
-                return str(local[best].path), False
-            return str(store.download_step(best, self.folder)), False
-        initial = self.config.initial_load_path
-        if not initial:
-            return None
-        if is_remote(initial):
-            parent, _, name = initial.rstrip("/").rpartition("/")
-            step = _step_of(name, initial)
-            # Into a subfolder: not a step folder of this run, so never mistaken for one on resume.
-            store = S3Store(parent, self.config.remote_endpoint_url)
-            initial = str(store.download_step(step, self.folder / "initial"))
-        return initial, self.config.initial_load_model_only
+    def _verify_files(self, path: str) -> None:
+        marker = check_checkpoint(path, verify_checksums=False)[0]
+        integrity.verify_checksums(path, marker)
 
-    def _remote_steps(self, store: S3Store) -> list[int]:
-        """Complete steps in the bucket. When local copies are kept, an unreachable bucket only
-        costs its steps (training goes on from local ones); when they are deleted after upload
-        the bucket is the only copy, and starting afresh without it would be wrong."""
-        try:
-            return store.complete_steps()
-        except RemoteStorageError as exc:
-            if self.config.remote_delete_local:
-                raise
-            logger.error("%s; resuming from the local checkpoints in %s only", exc, self.folder)
-            return []
+    def _load_template(self, name: str, metadata: Any) -> Any:
+        """What DCP loads part `name` into: its state dict, or for parts whose sizes depend on
+        the saved values (JSON), tensors of the saved sizes."""
+        part = self.parts[name]
+        if not hasattr(part, "load_template"):
+            return part.state_dict()
+        prefix = name + "."
+        saved = {key[len(prefix):]: getattr(info, "size", None)
+                 for key, info in metadata.state_dict_metadata.items() if key.startswith(prefix)}
+        return part.load_template({k: v for k, v in saved.items() if v is not None})
 
     def _on_rank0_for_all(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run `fn` on rank 0 and give every rank its result (or raise its error everywhere)."""
@@ -432,16 +462,6 @@ class CheckpointManager:
             raise value
         return value
 
-    def _barrier(self) -> None:
-        if self.distributed:
-            dist.barrier(group=self.process_group)
-
-
-def _step_of(name: str, url: str) -> int:
-    step = parse_step(name)
-    if step is None:
-        raise CheckpointError(f"checkpoint.initial_load_path={url!r} must end in a step folder like step-000100")
-    return step
 
 
 def _describe_model(info: Any) -> str:

@@ -13,7 +13,9 @@ local checkpoint is kept.
 
 from __future__ import annotations
 
+import json
 import logging
+import re
 import shutil
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -33,6 +35,18 @@ logger = logging.getLogger("kenotron")
 
 def is_remote(location: str) -> bool:
     return location.startswith("s3://")
+
+
+_USERINFO = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)[^/@\s]+@")
+_SECRET_QUERY = re.compile(r"(?i)(?P<key>[?&](?:x-amz-credential|x-amz-signature|x-amz-security-token|"
+                           r"awsaccesskeyid|signature|access_key|secret_key|password|token)=)[^&\s\"']+")
+
+
+def redact_url(text: str) -> str:
+    """`text` with the credentials of any URL in it replaced by `***` (user:password@ and
+    signature or key query parameters), for logs, error messages and the saved config."""
+    text = _USERINFO.sub(lambda m: m.group("scheme") + "***@", text)
+    return _SECRET_QUERY.sub(lambda m: m.group("key") + "***", text)
 
 
 @dataclass(frozen=True)
@@ -115,8 +129,8 @@ class S3Store:
         tmp = dest_root / f".{name}.download"
         shutil.rmtree(tmp, ignore_errors=True)
         keys.sort(key=lambda k: k.endswith("/" + MARKER_NAME))  # the marker last
-        for key in keys:
-            target = tmp / key[len(folder_key):]
+        targets = [safe_target(tmp, key[len(folder_key):], f"s3://{self.location.bucket}/{key}") for key in keys]
+        for key, target in zip(keys, targets):
             target.parent.mkdir(parents=True, exist_ok=True)
             self._call(f"downloading s3://{self.location.bucket}/{key}", client.download_file,
                        self.location.bucket, key, str(target))
@@ -124,6 +138,34 @@ class S3Store:
         remove_step_folder(final)
         tmp.rename(final)
         return final
+
+    def is_model_only(self, step: int) -> bool:
+        """Whether remote step `step` is a model-only export (reads its marker object)."""
+        client = self._client()
+        key = self.location.key(step_folder_name(step), MARKER_NAME)
+        body = self._call(f"reading s3://{self.location.bucket}/{key}", client.get_object, Bucket=self.location.bucket, Key=key)["Body"].read()
+        try:
+            return bool(json.loads(body).get("model_only"))
+        except (ValueError, AttributeError):
+            return False
+
+    def set_aside(self, steps: list[int], folder_name: str) -> None:
+        """Move remote steps under `<prefix>/<folder_name>/` (server-side copies, then deletes,
+        marker first), where resuming never looks."""
+        client = self._client()
+        bucket = self.location.bucket
+        for step in steps:
+            name = step_folder_name(step)
+            folder_key = self.location.key(name) + "/"
+            listing = client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=folder_key)
+            keys = [obj["Key"] for page in self._call(f"listing {self.location}/{name}", list, listing)
+                    for obj in page.get("Contents", [])]
+            for key in keys:
+                new_key = self.location.key(folder_name, name, key[len(folder_key):])
+                self._call(f"copying s3://{bucket}/{key}", client.copy, {"Bucket": bucket, "Key": key}, bucket, new_key)
+            keys.sort(key=lambda k: not k.endswith("/" + MARKER_NAME))  # the marker first
+            for key in keys:
+                self._call(f"deleting s3://{bucket}/{key}", client.delete_object, Bucket=bucket, Key=key)
 
     def _exists(self, client: Any, key: str) -> bool:
         try:
@@ -134,18 +176,33 @@ class S3Store:
                 return False
             raise RemoteStorageError(explain_s3_error(exc, f"checking {key}", self.location)) from exc
 
-    def _call(self, what: str, fn: Any, *args: Any) -> Any:
+    def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
         try:
-            return fn(*args)
+            return fn(*args, **kwargs)
         except RemoteStorageError:
             raise
         except Exception as exc:
             raise RemoteStorageError(explain_s3_error(exc, what, self.location)) from exc
 
 
+def safe_target(root: Path, relative: str, source: str) -> Path:
+    """`root / relative`, refusing a name that would land outside `root` (`../`, absolute)."""
+    parts = relative.replace("\\", "/").split("/")
+    if not relative or relative.startswith("/") or any(p in ("", ".", "..") for p in parts):
+        raise RemoteStorageError(
+            f"refusing to download {source}: its name {relative!r} would be written outside the download folder "
+            f"{root} (an object key with '..', '.', '//' or a leading '/'); the bucket holds objects that kenotron did "
+            f"not upload, check who can write to it"
+        )
+    target = (root / Path(*parts)).resolve()
+    if not target.is_relative_to(root.resolve()):
+        raise RemoteStorageError(f"refusing to download {source}: it would be written outside {root}")
+    return target
+
+
 def explain_s3_error(exc: BaseException, what: str, location: S3Location) -> str:
     """A message with the cause in plain words and the fix, for the usual boto3 failures."""
-    text = str(exc)
+    text = redact_url(str(exc))
     name = type(exc).__name__
     if name in ("NoCredentialsError", "PartialCredentialsError"):
         why = ("no AWS credentials were found; set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE, "
@@ -158,7 +215,7 @@ def explain_s3_error(exc: BaseException, what: str, location: S3Location) -> str
         why = f"the endpoint cannot be reached ({_first_line(text)}); check checkpoint.remote_endpoint_url"
     else:
         why = f"{name}: {_first_line(text)}"
-    return f"{what} failed: {why}"
+    return redact_url(f"{what} failed: {why}")
 
 
 def _first_line(text: str) -> str:

@@ -6,15 +6,20 @@ wrappers here decide how each part is stored:
 - model and optimizer go through `torch.distributed.checkpoint.state_dict`, which gives
   parameter-name (FQN) keyed tensors for plain modules and for FSDP2 / tensor-parallel DTensor
   ones alike, so a checkpoint saved under one layout loads under another;
-- small Python state (LR schedulers, the data loader, step counters, RNG states) is pickled into
-  one bytes value per part: DCP stores it once, every rank reads it, and its key set does not
-  change between torch versions (LambdaLR's state_dict keys did).
+- small Python state (LR schedulers, the data loader) is stored as JSON in one uint8 tensor per
+  part, and the train state (step, tokens, RNG states) as tensors: DCP stores them once, every
+  rank reads them, and the key set does not change between torch versions (LambdaLR's
+  state_dict keys did). Nothing of kenotron's own is pickled, so loading a checkpoint never
+  unpickles kenotron state (checkpoint/trust.py covers what DCP itself reads).
+
+A part whose tensors' sizes depend on the saved values (the JSON ones) has `load_template`:
+given the sizes stored in the checkpoint, it returns the state dict that DCP loads into.
 """
 
 from __future__ import annotations
 
 import copy
-import pickle
+import json
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -87,8 +92,31 @@ class OptimizerState:
             set_optimizer_state_dict(part, optimizer, state, options=_OPTIM_OPTIONS)
 
 
-class PickledState:
-    """Small Python state stored as one pickled value.
+def json_tensor(value: Any) -> torch.Tensor:
+    """`value` (JSON-able: dicts, lists, numbers, strings, None; numpy scalars too) as uint8 bytes."""
+    text = json.dumps(value, default=_plain, sort_keys=True)
+    return torch.frombuffer(bytearray(text.encode()), dtype=torch.uint8)
+
+
+def tensor_json(tensor: torch.Tensor) -> Any:
+    """The value that json_tensor stored."""
+    return json.loads(bytes(tensor.cpu().numpy()).decode())
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    raise TypeError(f"{type(value).__name__} cannot be stored in a checkpoint as JSON: {value!r}")
+
+
+def _templates(saved: dict[str, torch.Size], dtypes: dict[str, torch.dtype]) -> dict[str, torch.Tensor]:
+    return {key: torch.empty(size, dtype=dtypes.get(key, torch.uint8)) for key, size in saved.items()}
+
+
+class JsonState:
+    """Small Python state (plain values) stored as JSON in one uint8 tensor.
 
     Several targets share it (e.g. one LR scheduler per pipeline stage, all on one schedule):
     the first one's state is saved and every one of them gets it back. The state must be the
@@ -97,14 +125,17 @@ class PickledState:
 
     def __init__(self, targets: Sequence[HasState]) -> None:
         if not targets:
-            raise ValueError("PickledState needs at least one object with state_dict()/load_state_dict()")
+            raise ValueError("JsonState needs at least one object with state_dict()/load_state_dict()")
         self.targets = list(targets)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"pickle": pickle.dumps(self.targets[0].state_dict(), protocol=pickle.HIGHEST_PROTOCOL)}
+        return {"json": json_tensor(self.targets[0].state_dict())}
+
+    def load_template(self, saved: dict[str, torch.Size]) -> dict[str, Any]:
+        return _templates({"json": saved.get("json", torch.Size([0]))}, {})
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        value = pickle.loads(state["pickle"])
+        value = tensor_json(state["json"])
         for target in self.targets:
             target.load_state_dict(copy.deepcopy(value))
 
@@ -113,6 +144,30 @@ def capture_rng_state() -> dict[str, Any]:
     """Every RNG a training step may draw from: torch (CPU and current CUDA device), Python, numpy."""
     cuda = torch.cuda.get_rng_state() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
     return {"torch": torch.get_rng_state(), "cuda": cuda, "python": random.getstate(), "numpy": np.random.get_state()}
+
+
+def rng_state_tensors(state: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """capture_rng_state()'s value as tensors: torch's own states as they are, Python's and numpy's as JSON."""
+    kind, key, pos, has_gauss, cached = state["numpy"]
+    out = {
+        "rng_torch": state["torch"],
+        "rng_python": json_tensor(state["python"]),
+        "rng_numpy": json_tensor([kind, key, pos, has_gauss, cached]),
+    }
+    if state.get("cuda") is not None:
+        out["rng_cuda"] = state["cuda"]
+    return out
+
+
+def rng_state_from_tensors(tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
+    version, internal, gauss = tensor_json(tensors["rng_python"])
+    kind, key, pos, has_gauss, cached = tensor_json(tensors["rng_numpy"])
+    return {
+        "torch": tensors["rng_torch"],
+        "cuda": tensors.get("rng_cuda"),
+        "python": (version, tuple(internal), gauss),
+        "numpy": (kind, np.asarray(key, dtype=np.uint32), pos, has_gauss, cached),
+    }
 
 
 def restore_rng_state(state: dict[str, Any]) -> None:
@@ -138,12 +193,17 @@ class TrainState:
 
     def state_dict(self) -> dict[str, Any]:
         return {
-            "step": self.step,
-            "tokens_seen": self.tokens_seen,
-            "rng": pickle.dumps(capture_rng_state(), protocol=pickle.HIGHEST_PROTOCOL),
+            "step": torch.tensor(self.step, dtype=torch.int64),
+            "tokens_seen": torch.tensor(self.tokens_seen, dtype=torch.int64),
+            **rng_state_tensors(capture_rng_state()),
         }
+
+    def load_template(self, saved: dict[str, torch.Size]) -> dict[str, Any]:
+        """The saved keys (a CUDA RNG state only when the saving run had one)."""
+        dtypes = {"step": torch.int64, "tokens_seen": torch.int64}
+        return _templates(saved, dtypes)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.step = int(state["step"])
         self.tokens_seen = int(state["tokens_seen"])
-        restore_rng_state(pickle.loads(state["rng"]))
+        restore_rng_state(rng_state_from_tensors(state))

@@ -1,14 +1,15 @@
 """Job configuration: dataclasses per section, TOML loading, CLI overrides, validation."""
 
+from kenotron.config.help import config_help
 from kenotron.config.loader import (
     ConfigError,
     config_from_dict,
-    config_help,
     config_reference_markdown,
     config_to_toml,
     load_config,
     parse_overrides,
     split_config_arg,
+    toml_value,
 )
 from kenotron.config.schema import FieldInfo, all_fields
 from kenotron.config.sections import (
@@ -56,5 +57,6 @@ __all__ = [
     "load_config",
     "parse_overrides",
     "split_config_arg",
+    "toml_value",
     "validate_config",
 ]

@@ -28,8 +28,10 @@ def _unknown_key(key: str) -> ConfigError:
     fields = all_fields(JobConfig)
     section = key.split(".", 1)[0]
     if "." not in key or section not in section_classes(JobConfig):
-        hint = _suggest(key, list(fields)) or _suggest(section, list(section_classes(JobConfig)))
-        return ConfigError(f"unknown config key '{key}'{hint} (see --help for every key)")
+        # A bare name is a section ([trainig] in a TOML file) more often than a key: sections first.
+        hint = _suggest(section, list(section_classes(JobConfig))) or _suggest(key, list(fields))
+        what = "section" if "." not in key else "key"
+        return ConfigError(f"unknown config {what} '{key}'{hint} (see --help for every key)")
     return ConfigError(f"unknown config key '{key}'{_suggest(key, list(fields))} (see --help for every key)")
 
 
@@ -83,6 +85,23 @@ def _convert(info: FieldInfo, value: Any, *, from_cli: bool) -> Any:
             return value
         raise ConfigError(f"{info.key} expects a string, got {value!r} (quote it in TOML)")
     raise TypeError(f"config field {info.key} has an unsupported type {typ!r}")
+
+
+def split_config_arg(argv: Sequence[str]) -> tuple[str | None, list[str]]:
+    """Take `--config PATH` / `--config=PATH` out of argv: (path or None, the other arguments)."""
+    path, rest, i = None, [], 0
+    while i < len(argv):
+        if argv[i] == "--config":
+            if i + 1 >= len(argv):
+                raise ConfigError("--config needs a TOML file path")
+            path, i = argv[i + 1], i + 2
+            continue
+        if argv[i].startswith("--config="):
+            path = argv[i].split("=", 1)[1]
+        else:
+            rest.append(argv[i])
+        i += 1
+    return path, rest
 
 
 def parse_overrides(args: Sequence[str]) -> dict[str, str]:
@@ -154,7 +173,7 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
     return cfg
 
 
-def _toml_value(value: Any) -> str:
+def toml_value(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (int, float)):
@@ -163,7 +182,7 @@ def _toml_value(value: Any) -> str:
         escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
         return f'"{escaped}"'
     if isinstance(value, list):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
     raise TypeError(f"cannot write {value!r} as TOML")
 
 
@@ -175,26 +194,9 @@ def config_to_toml(cfg: JobConfig) -> str:
         obj = getattr(cfg, section)
         for info in all_fields(JobConfig).values():
             if info.section == section:
-                lines.append(f"{info.name} = {_toml_value(getattr(obj, info.name))}")
+                lines.append(f"{info.name} = {toml_value(getattr(obj, info.name))}")
         lines.append("")
     return "\n".join(lines)
-
-
-def config_help() -> str:
-    """Every section and field with its type, default and doc, for --help."""
-    out = [
-        "usage: python -m kenotron.train [--config FILE.toml] [--section.key value ...]",
-        "",
-        "Values come from the defaults, then the TOML file, then the command line.",
-    ]
-    section = None
-    for info in all_fields(JobConfig).values():
-        if info.section != section:
-            section = info.section
-            out += ["", f"[{section}]"]
-        out.append(f"  --{info.key} ({info.type_name()}, default {_toml_value(info.default)})")
-        out.append(f"      {info.doc}")
-    return "\n".join(out)
 
 
 def config_reference_markdown() -> str:
@@ -214,22 +216,6 @@ def config_reference_markdown() -> str:
             out += ["", f"## [{section}]", "", "| key | type | default | meaning |", "|---|---|---|---|"]
         doc = info.doc.replace("|", "\\|")
         kind = info.type_name().replace("|", "\\|")
-        out.append(f"| `{info.key}` | {kind} | `{_toml_value(info.default)}` | {doc} |")
+        out.append(f"| `{info.key}` | {kind} | `{toml_value(info.default)}` | {doc} |")
     return "\n".join(out) + "\n"
 
-
-def split_config_arg(argv: list[str]) -> tuple[str | None, list[str]]:
-    """Take `--config PATH` / `--config=PATH` out of argv."""
-    path, rest, i = None, [], 0
-    while i < len(argv):
-        if argv[i] == "--config":
-            if i + 1 >= len(argv):
-                raise ConfigError("--config needs a TOML file path")
-            path, i = argv[i + 1], i + 2
-            continue
-        if argv[i].startswith("--config="):
-            path = argv[i].split("=", 1)[1]
-        else:
-            rest.append(argv[i])
-        i += 1
-    return path, rest

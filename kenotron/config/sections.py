@@ -201,6 +201,9 @@ class Parallelism:
     async_tp: bool = False
     """With tp > 1 on CUDA and compile on: overlap TP communication with the matmuls."""
 
+    collective_timeout_s: float = 600.0
+    """Seconds a collective waits for the other ranks before the job fails (every process group of the job). A watchdog names a rank that stopped making progress after a quarter of this (at most 60 s)."""
+
 
 @dataclass
 class Checkpoint:
@@ -246,6 +249,9 @@ class Checkpoint:
     remote_delete_local: bool = False
     """Delete a local checkpoint once its upload succeeded (a failed upload always keeps it)."""
 
+    checksums: bool = False
+    """Record a SHA-256 of every checkpoint file in its completion marker (rank 0 reads the files back after each save) and verify them before loading: catches files damaged in place. File sizes are always recorded and checked."""
+
 
 @dataclass
 class Float8:
@@ -264,6 +270,12 @@ class Metrics:
 
     tensorboard: bool = False
     """Also write TensorBoard scalars under <dump_folder>/tb."""
+
+    wandb: bool = False
+    """Also send the same scalars to Weights & Biases (needs the wandb extra; WANDB_MODE=offline keeps them local)."""
+
+    wandb_project: str = "kenotron"
+    """Weights & Biases project of the run (with metrics.wandb)."""
 
 
 @dataclass

@@ -23,6 +23,9 @@ def validate_config(cfg: JobConfig) -> None:
         raise ConfigError(
             f"training.global_batch_size={t.global_batch_size} must be positive, or -1 for local_batch_size x dp"
         )
+    if cfg.parallelism.collective_timeout_s <= 0:
+        raise ConfigError(f"parallelism.collective_timeout_s={cfg.parallelism.collective_timeout_s} must be a positive "
+                          f"number of seconds")
     if t.max_norm < 0:
         raise ConfigError(f"training.max_norm={t.max_norm} must be >= 0 (0 disables clipping)")
     o = cfg.optimizer

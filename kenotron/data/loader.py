@@ -22,6 +22,7 @@ reads every window, it is the same on every rank.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -33,6 +34,8 @@ from kenotron.data.packing import PackedWindows
 from kenotron.data.synthetic import SyntheticWindows
 from kenotron.data.text_source import open_documents
 from kenotron.data.tokenizer import Tokenizer
+
+logger = logging.getLogger("kenotron")
 
 
 class WindowSource(Protocol):
@@ -137,12 +140,22 @@ class GlobalBatchLoader:
             yield self.next_step()
 
     def state_dict(self) -> dict[str, Any]:
-        """Step count and window-source state at the step boundary (equal on every rank)."""
-        return {"step": self.step, "windows": self.windows_source.state_dict()}
+        """Step count, global batch and window-source state at the step boundary (equal on every rank)."""
+        return {"step": self.step, "global_batch_size": self.global_batch_size,
+                "windows": self.windows_source.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.step = int(state["step"])
         self.windows_source.load_state_dict(state["windows"])
+        saved = state.get("global_batch_size")
+        if saved is not None and int(saved) != self.global_batch_size:
+            logger.warning(
+                "the checkpoint was trained with global batches of %d sequences, this run uses %d (local_batch_size "
+                "%d x data-parallel %d x %d micro-step(s)): the data goes on where it stopped, but every step now "
+                "sees another amount of it. Set training.global_batch_size=%d to keep the run as it was",
+                int(saved), self.global_batch_size, self.local_batch_size, self.dp_size, self.micro_batches_per_step,
+                int(saved),
+            )
 
 
 def build_text_loader(

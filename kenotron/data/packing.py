@@ -15,6 +15,7 @@ seq_len, so a run may resume with another sequence length.
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -24,6 +25,9 @@ import torch
 
 from kenotron.data.text_source import DocumentSource
 from kenotron.data.tokenizer import Tokenizer
+from kenotron.errors import DataError
+
+logger = logging.getLogger("kenotron")
 
 
 @dataclass
@@ -62,6 +66,10 @@ class PackedWindows:
         self._pending_tokens = 0
         # Tokens to skip in the next document read, set by load_state_dict.
         self._resume_offset = 0
+        # Tokens per epoch read from its first document on: a whole epoch shorter than one window
+        # makes every window repeat the same text, which deserves a warning (once).
+        self._epoch_tokens: dict[int, int] = {}
+        self._warned_small = False
 
     @property
     def window_len(self) -> int:
@@ -78,13 +86,28 @@ class PackedWindows:
             tokens = self._document_tokens(ids)
             offset, self._resume_offset = self._resume_offset, 0
             if offset >= len(tokens):
-                raise ValueError(
+                raise DataError(
                     f"packing state points at token {offset} of document {document.index} "
                     f"(epoch {document.epoch}), which has {len(tokens)} tokens; the checkpoint "
                     "was made with other data, tokenizer or data.add_bos"
                 )
             self._pending.append(_TokenizedDocument(document.epoch, document.index, tokens, offset))
             self._pending_tokens += len(tokens) - offset
+            self._count_epoch_tokens(document.epoch, document.index, len(tokens))
+
+    def _count_epoch_tokens(self, epoch: int, index: int, n_tokens: int) -> None:
+        if index == 0:
+            self._epoch_tokens[epoch] = 0
+            whole = self._epoch_tokens.get(epoch - 1)
+            if whole is not None and whole < self.window_len and not self._warned_small:
+                self._warned_small = True
+                logger.warning(
+                    "the whole data set (%s) is %d tokens, fewer than one window of training.seq_len + 1 = %d: "
+                    "every window repeats the same text. Give more data or a shorter training.seq_len",
+                    self.documents.name, whole, self.window_len,
+                )
+        if epoch in self._epoch_tokens:
+            self._epoch_tokens[epoch] += n_tokens
 
     def next_window(self) -> np.ndarray:
         """The next `seq_len + 1` tokens of the packed stream."""

@@ -23,6 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kenotron.data.file_checks import check_not_empty, first_json_error
+from kenotron.errors import DataError
+
 LOCAL_FORMATS = ("json", "jsonl", "parquet", "text")
 # File name endings -> HF `datasets` builder.
 SUFFIX_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".txt": "text"}
@@ -76,7 +79,7 @@ class IndexedDocuments(DocumentSource):
     def __init__(self, name: str, length: int, get_text: Callable[[int], str]) -> None:
         super().__init__(name)
         if length == 0:
-            raise ValueError(f"{name} holds no documents; give a non-empty dataset")
+            raise DataError(f"{name} holds no documents; give a non-empty dataset")
         self._length = length
         self._get_text = get_text
 
@@ -114,7 +117,7 @@ class StreamedDocuments(DocumentSource):
         text = next(self._stream, None)
         if text is None:
             if self.index == 0:
-                raise ValueError(f"{self.name} holds no documents; give a non-empty dataset")
+                raise DataError(f"{self.name} holds no documents; give a non-empty dataset")
             self.epoch += 1
             self.index = 0
             self._stream = iter(self._open_stream(0))
@@ -147,7 +150,7 @@ def _builder_of_file(file: Path) -> str | None:
 def resolve_local_files(dataset: str, path: str) -> tuple[str, list[str]]:
     """The HF builder name and sorted file list for `data.dataset` / `data.path`."""
     if not path:
-        raise ValueError(
+        raise DataError(
             f"data.dataset={dataset!r} reads local files but data.path is empty; "
             "give a local json/jsonl/parquet/txt file or folder"
         )
@@ -181,7 +184,7 @@ def resolve_local_files(dataset: str, path: str) -> tuple[str, list[str]]:
     builders = {_builder_of_file(f) for f in files}
     if None in builders or len(builders) != 1:
         suffixes = sorted({f.suffix or "(none)" for f in files})
-        raise ValueError(
+        raise DataError(
             f"data.dataset='auto' cannot tell the format of data.path={path!r} (file endings "
             f"{suffixes}); use one of .json/.jsonl/.parquet/.txt, or set data.dataset to "
             "json, parquet or text"
@@ -191,7 +194,7 @@ def resolve_local_files(dataset: str, path: str) -> tuple[str, list[str]]:
 
 def _check_text_field(name: str, column_names: Sequence[str] | None, text_field: str) -> None:
     if column_names is not None and text_field not in column_names:
-        raise ValueError(
+        raise DataError(
             f"data.text_field={text_field!r} is not a column of {name} (columns: "
             f"{list(column_names)}); set data.text_field to the column that holds the text"
         )
@@ -208,7 +211,7 @@ def _text_of(record: dict[str, Any], text_field: str, name: str) -> str:
     if not isinstance(text, str):
         # ValueError like the other data.text_field errors: a bad column in the data set,
         # not a bad argument type; tests/data/test_text_source.py expects ValueError.
-        raise ValueError(  # noqa: TRY004
+        raise DataError(
             f"data.text_field={text_field!r} of {name} holds {type(text).__name__} values, not "
             "text; set data.text_field to a string column"
         )
@@ -219,6 +222,7 @@ def _open_local(
     dataset: str, path: str, text_field: str, split: str, streaming: bool, cache_dir: str | None
 ) -> DocumentSource:
     builder, files = resolve_local_files(dataset, path)
+    check_not_empty(files, path)
     datasets = _import_datasets()
     # Text files: one document per blank-line separated paragraph, line breaks kept.
     options = {"sample_by": "paragraph", "keep_linebreaks": True} if builder == "text" else {}
@@ -233,7 +237,10 @@ def _open_local(
             **options,
         )
     except Exception as err:
-        raise ValueError(
+        where = first_json_error(files) if builder == "json" else None
+        if where is not None:
+            raise DataError(f"data.path={path!r}: {where}; fix or remove that line") from None
+        raise DataError(
             f"could not read {name} as {builder} ({type(err).__name__}: {err}); check that the "
             "files are valid, or set data.dataset to their real format"
         ) from err
@@ -264,7 +271,7 @@ def _open_hub(
     dataset: str, config_name: str, text_field: str, split: str, cache_dir: str | None
 ) -> DocumentSource:
     if _looks_like_a_path(dataset):
-        raise ValueError(
+        raise DataError(
             f"data.dataset={dataset!r} looks like a local path, not a format or hub dataset "
             f"name; set data.dataset='auto' (or one of {', '.join(LOCAL_FORMATS)}) and "
             f"data.path={dataset!r}"
@@ -276,7 +283,7 @@ def _open_hub(
             dataset, name=config_name or None, split=split, streaming=True, cache_dir=cache_dir
         )
     except Exception as err:
-        raise ValueError(
+        raise DataError(
             f"could not open {name}, split {split!r} ({type(err).__name__}: {err}); check "
             "data.dataset (a hub name such as 'HuggingFaceFW/fineweb-edu'), data.path (its "
             "config name, or '') and data.split, and that the hub is reachable"
@@ -306,7 +313,7 @@ def open_documents(
     if dataset in LOCAL_FORMATS or dataset == "auto":
         return _open_local(dataset, path, text_field, split, streaming, cache_dir)
     if not dataset:
-        raise ValueError(
+        raise DataError(
             "data.dataset is empty; use 'builtin', a local format (json, jsonl, parquet, text, "
             "auto) with data.path, or a hub dataset name"
         )

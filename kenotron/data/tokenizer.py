@@ -26,6 +26,8 @@ from pathlib import Path
 
 import tiktoken
 
+from kenotron.errors import DataError
+
 # Llama 3's pre-tokenizer: splits text into pieces (contractions, letter runs with one
 # leading non-letter, 1-3 digit groups, punctuation runs, newline runs, whitespace) before
 # BPE merges run inside each piece. The built-in vocabulary is trained with the same split.
@@ -128,24 +130,24 @@ def read_rank_file(path: str | Path) -> dict[bytes, int]:
                 token = base64.b64decode(token_b64, validate=True)
                 rank = int(rank_text)
             except ValueError as err:
-                raise ValueError(
+                raise DataError(
                     f"tokenizer file {str(path)!r} line {line_number} is {line[:80]!r}, not "
                     "'<base64 token> <rank>'; give a tiktoken BPE rank file such as Llama 3's "
                     "original/tokenizer.model (HF tokenizer.json files are not supported)"
                 ) from err
             if token in ranks:
-                raise ValueError(
+                raise DataError(
                     f"tokenizer file {str(path)!r} line {line_number} repeats token {token!r}"
                 )
             ranks[token] = rank
     if sorted(ranks.values()) != list(range(len(ranks))):
-        raise ValueError(
+        raise DataError(
             f"tokenizer file {str(path)!r}: ranks are not exactly 0..{len(ranks) - 1}; "
             "a tiktoken rank file numbers its tokens without gaps or repeats"
         )
     missing = [b for b in range(256) if bytes([b]) not in ranks]
     if missing:
-        raise ValueError(
+        raise DataError(
             f"tokenizer file {str(path)!r} lacks {len(missing)} single-byte tokens "
             f"(first: {missing[0]}); a byte-level BPE needs all 256 so any text can be encoded"
         )

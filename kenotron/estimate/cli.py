@@ -13,12 +13,17 @@ CONFIG_ERRORS = (ConfigError, FileNotFoundError)  # PlanError, ParallelConfigErr
 """What a bad config raises; reported as the trainer reports them (`kenotron: config error: ...`)."""
 
 
-def parser() -> argparse.ArgumentParser:
+def parser(prog: str = "python estimation.py") -> argparse.ArgumentParser:
+    from kenotron.estimate.search import SEARCH_LEGEND
+
     p = argparse.ArgumentParser(
-        prog="python estimation.py",
+        prog=prog, formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="--search prints one row per layout.\n" + "\n".join(SEARCH_LEGEND),
         description="Per-rank GPU memory of a kenotron job, from a dry run on fake tensors and a fake process "
         "group (no GPU needed). Any other --section.key value overrides the config, as for training.",
     )
+    p.add_argument("--config", metavar="FILE.toml", help="the training config to estimate (train_configs/...); "
+                   "the dataclass defaults without it")
     p.add_argument("--ngpu", type=int, required=True, help="world size (number of GPUs)")
     p.add_argument("--gpu-memory-gib", type=float, default=None,
                    help="memory per GPU for the verdict (default: the visible GPU's, else 80)")
@@ -33,14 +38,14 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str = "python estimation.py") -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         config_path, rest = split_config_arg(argv)
     except ConfigError as e:
         print(f"kenotron: config error: {e}", file=sys.stderr)
         return 2
-    args, overrides = parser().parse_known_args(rest)
+    args, overrides = parser(prog).parse_known_args(rest)
     if args.ngpu < 1:
         print(f"kenotron: --ngpu {args.ngpu} must be >= 1", file=sys.stderr)
         return 2

@@ -32,6 +32,7 @@ from kenotron.estimate.memory import describe_model, estimate_run
 from kenotron.estimate.report import RESERVED_FRACTION, gib
 from kenotron.estimate.throughput import Hardware, StepTime, step_time
 from kenotron.parallel.dims import ParallelConfigError, ParallelDims
+from kenotron.progress import progress_bar
 from kenotron.train.choices import Target
 from kenotron.train.flops import matmul_params
 from kenotron.train.resolve import ResolvedRun, resolve_layout, resolve_run
@@ -224,6 +225,7 @@ def search_layouts(
     if not candidates:
         notes.append(f"no layout of {ngpu} GPUs divides the global batch {global_batch} and the model's dimensions")
     confirmed, ranked = 0, []
+    bar = progress_bar(min(confirm, len(fitting)), desc="checking the best layouts on fake tensors", unit="layout")
     for c in fitting:
         if confirmed < confirm:
             c_cfg = _with(cfg, parallelism=c.parallelism(), activation_checkpoint={"mode": c.ac_mode},
@@ -239,9 +241,11 @@ def search_layouts(
                              f"({gib(c.confirmed_peak):.1f} GiB) is over the budget; dropped")
                 continue
             confirmed += 1
+            bar.update()
         ranked.append(c)
         if len(ranked) >= top and confirmed >= min(confirm, len(fitting)):
             break
+    bar.close()
     return SearchResult(describe_model(base, model), ngpu, gpu_memory_gib, global_batch, ranked, len(candidates), notes,
                         time.perf_counter() - start)
 
@@ -262,4 +266,13 @@ def format_search(result: SearchResult) -> str:
     else:
         lines.append("no layout fits: use more GPUs, a shorter sequence or a smaller model")
     lines += [f"note: {n}" for n in result.notes]
-    return "\n".join(lines)
+    return "\n".join(lines + SEARCH_LEGEND)
+
+
+SEARCH_LEGEND = [
+    "columns: layout = the parallel degrees above 1 (r dp_replicate, s dp_shard (FSDP), tp, pp, cp; zero1: only the",
+    "  optimizer state sharded; 1 GPU: none); AC = activation_checkpoint.mode; batch = training.local_batch_size",
+    "  (sequences per rank per micro-step); accum = micro-steps per optimizer step; analytic GiB = per-rank peak of the",
+    "  analytic model (what ranks the layouts); fake GiB = the peak of the fake-tensor dry run, for the best",
+    "  --confirm layouts only (- = not run); tok/s/GPU = modelled throughput. `best:` is the first row as overrides.",
+]

@@ -56,7 +56,7 @@ class Hardware:
     peak_flops: float = 989e12
     """Dense bf16 FLOP/s of one GPU (H100 / H200 SXM)."""
     matmul_efficiency: float = 0.55
-    """Share of the peak the model's step reaches (kenotron measured 55-61% MFU on one H200)."""
+    """Share of the peak the model's step reaches (docs/performance.md)."""
     gpus_per_node: int = 8
     """GPUs joined by NVLink."""
     nvlink_bytes_per_s: float = 360e9

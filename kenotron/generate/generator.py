@@ -18,6 +18,7 @@ from torch import nn
 from kenotron.generate.sampling import SamplingConfig, sample_next_token
 from kenotron.models.common.kv_cache import KVCache
 from kenotron.models.common.recurrent_cache import RecurrentCache
+from kenotron.progress import progress
 
 
 def left_pad(prompts: Sequence[Sequence[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -71,7 +72,7 @@ def generate(
 
     new_tokens = torch.empty((batch, 0), dtype=torch.long, device=device)
     finished = torch.zeros(batch, dtype=torch.bool, device=device)
-    for step in range(max_new_tokens):
+    for step in progress(range(max_new_tokens), total=max_new_tokens, desc="generating", unit="token"):
         next_token = sample_next_token(logits, sampling or SamplingConfig(), generator)
         next_token = torch.where(finished, torch.full_like(next_token, pad_id), next_token)
         new_tokens = torch.cat([new_tokens, next_token[:, None]], dim=1)

@@ -12,12 +12,12 @@ import warnings
 from pathlib import Path
 
 import torch
-import torch.distributed.checkpoint as dcp
 from torch import nn
 
 from kenotron.checkpoint.folders import check_checkpoint
 from kenotron.checkpoint.hf import load_hf_model
 from kenotron.checkpoint.model_info import model_from_info
+from kenotron.checkpoint.trust import load_state
 from kenotron.models import get_model_spec
 
 __all__ = ["build_kenotron_model", "load_checkpoint_model", "load_hf_model"]
@@ -65,6 +65,6 @@ def load_checkpoint_model(
         state.pop("output.weight", None)  # the same tensor as the embedding, which is loaded
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")  # one process is the intent
-        dcp.load({"model": state}, checkpoint_id=str(step_folder), no_dist=True)
+        load_state({"model": state}, step_folder, no_dist=True)
     _cast_parameters(model, dtype)
     return model.eval()

@@ -6,8 +6,8 @@ chunk's loss with its gradient written over the logits (described at the kernel)
 With bf16 weights (master weights, or FSDP's unsharded bf16 parameters) the output layer's weight
 gradient is a (vocab, dim) bf16 product, and PyTorch's ops scale it either in bf16 after rounding
 the scale to bf16 (a mul with a 0-dim fp32 device tensor casts it to the bf16 common dtype) or
-through an fp32 copy: widen, multiply in place, narrow — three passes over 6 bytes per element
-(~4 ms per 8B-width step on an H200). This kernel reads the bf16 product once and writes the
+through an fp32 copy: widen, multiply in place, narrow — three passes over 6 bytes per element.
+This kernel reads the bf16 product once and writes the
 bf16 gradient once, with the fp32 product's value. Importing this module needs `triton`.
 """
 

@@ -3,8 +3,8 @@
 In eager mode each of these is several PyTorch kernels: RoPE on q and k is a multiply, a roll
 and an addcmul forward and four kernels backward; silu(a) * b is two kernels forward (and
 saves silu(a) for backward) and three backward. Each kernel reads and writes whole
-activations, so on an H200 these elementwise passes cost more than a tenth of an eager 1B
-step (docs/performance.md). Here each is one kernel forward and one backward that read every
+activations, so these elementwise passes cost a noticeable share of an eager step
+(docs/performance.md). Here each is one kernel forward and one backward that read every
 input once and write every output once, computing in fp32.
 
 torch.compile fuses the same operations itself, so compiled blocks keep the plain PyTorch

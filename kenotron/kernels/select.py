@@ -99,7 +99,7 @@ def resolve_grad_norm_kernel(choice: str, device_type: str, triton_present: bool
 
 def resolve_adamw_implementation(implementation: str, device_type: str, triton_present: bool | None = None) -> str:
     """The AdamW kernel that runs: "triton" (one Triton kernel per tensor, kenotron/kernels/adamw.py)
-    on CUDA when triton is installed, measured fastest on H200; else "fused" on CUDA and "foreach"
+    on CUDA when triton is installed (the fastest, docs/performance.md); else "fused" on CUDA and "foreach"
     on CPU, where fused is slower. A named implementation is kept (ConfigError if it cannot run)."""
     present = _present(triton_present)
     if implementation == "auto":

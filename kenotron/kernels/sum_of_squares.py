@@ -1,8 +1,7 @@
 """Sum of squares of many tensors in fp32, by one Triton kernel per tensor (the gradient norm on CUDA).
 
-The gradient norm reads every gradient once: 5.6 GB of bf16 gradients for the 8B width's 2.8 B
-parameters. torch's multi-tensor `_foreach_norm` moved them at ~2.3 TB/s on an H200 (2.43 ms
-per step, 134 launches; docs/performance.md, session 10); this kernel reads each tensor in
+The gradient norm reads every gradient once, a memory-bound pass that torch's multi-tensor
+`_foreach_norm` runs below the GPU's bandwidth (docs/performance.md); this kernel reads each tensor in
 blocks of 8192 elements, squares and sums them in fp32 and writes one partial sum per block,
 and one `sum` adds the partials. The partition is fixed by the sizes, so the result is the
 same from run to run (no atomics).

@@ -115,7 +115,8 @@ class HFAdapter:
     def _reordered(self, key: str, value: torch.Tensor, args: Any, to_hf: bool) -> torch.Tensor:
         match = _LAYER_KEY.match(key)
         order = self.reorder.get(match.group(2)) if match else None
-        return order(value, args, to_hf) if order is not None else value
+        # Non-tensor values pass as they are: callers map names through `to_hf({name: name})`.
+        return order(value, args, to_hf) if order is not None and isinstance(value, torch.Tensor) else value
 
     def to_hf(self, state_dict: Mapping[str, torch.Tensor], args: Any) -> dict[str, torch.Tensor]:
         """kenotron state dict -> HF state dict; the same tensor objects, renamed (`reorder`'s

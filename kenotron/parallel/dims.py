@@ -128,9 +128,10 @@ class ParallelDims:
         tp = self.tp if sequence_parallel else 1
         unit = tp * (2 * self.cp if self.cp > 1 else 1)
         if seq_len % unit != 0:
-            what = f"tp x 2 x cp = {tp} x 2 x {self.cp}" if self.cp > 1 else f"tp = {tp}"
+            what = f"tp x 2 x cp = {tp} x 2 x {self.cp} = {unit}" if self.cp > 1 else f"tp={tp}"
             raise ParallelConfigError(
-                f"training.seq_len={seq_len} is not divisible by {what} = {unit}; use a multiple of {unit}"
+                f"training.seq_len={seq_len} is not divisible by {what} (sequence parallel splits each sequence "
+                f"over the ranks); use a multiple of {unit}"
             )
 
     def build_meshes(self, device_type: str) -> Meshes:

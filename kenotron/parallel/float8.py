@@ -12,18 +12,37 @@ dimensions are not multiples of 16 (the float8 GEMM needs them).
 from __future__ import annotations
 
 import importlib.util
+import logging
 
 from torch import nn
 
+from kenotron.errors import ConfigError
+
 FLOAT8_RECIPES = ("tensorwise", "rowwise")
+logger = logging.getLogger("kenotron")
+
 INSTALL_HINT = "pip install 'kenotron[float8]' (torchao)"
 
 
 def check_float8_available() -> None:
-    """Refuse float8 before any process group exists when torchao is missing (ImportError with the fix)."""
+    """Refuse float8 before any process group exists when torchao is missing (ConfigError with the fix)."""
     if importlib.util.find_spec("torchao") is None:
-        raise ImportError(f"float8.enable=true needs torchao, which is not installed: {INSTALL_HINT}; "
+        raise ConfigError(f"float8.enable=true needs torchao, which is not installed: {INSTALL_HINT}; "
                           f"or set float8.enable=false")
+
+
+def use_fast_cpu_float8(device_type: str) -> bool:
+    """On a CPU, turn oneDNN off for this process (True when it did, with one warning): oneDNN has only
+    a reference float8 matmul on CPUs with AMX / AVX10, about a thousand times slower than torch's own
+    CPU `_scaled_mm`, which then runs. CPU float8 is for checking numerics, not for speed."""
+    import torch
+
+    if device_type != "cpu" or not torch.backends.mkldnn.enabled:
+        return False
+    torch.backends.mkldnn.enabled = False
+    logger.warning("float8 on a CPU checks numerics only (no speed): oneDNN is off for this run, so torch's own "
+                   "float8 matmul runs instead of oneDNN's much slower reference kernel")
+    return True
 
 
 def float8_eligible(module: nn.Module, fqn: str) -> bool:

@@ -39,7 +39,7 @@ def _sum_of_squares(tensors: list[torch.Tensor], kernel: str) -> torch.Tensor:
     if tensors[0].device.type == "cuda":
         if kernel == "triton" and all(t.is_contiguous() for t in tensors) and not is_fake(tensors[0]):
             # Importing it imports triton: only when chosen. 1.6x the bandwidth of _foreach_norm
-            # on an H200 (docs/performance.md, session 10).
+            # (docs/performance.md).
             from kenotron.kernels.sum_of_squares import sum_of_squares
 
             return sum_of_squares(tensors)

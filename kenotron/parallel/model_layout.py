@@ -55,7 +55,7 @@ class ModelLayout:
 
     def check(self, model: nn.Module) -> None:
         """Every pattern names existing modules and every style is valid; raises PlanError."""
-        known = sorted({_generalize(n) for n, _ in model.named_modules() if n})
+        names = [n for n, _ in model.named_modules() if n]
         for label, patterns in (
             ("tp_styles", list(self.tp_styles)),
             ("fsdp_units", self.fsdp_units),
@@ -64,17 +64,24 @@ class ModelLayout:
             ("attention_modules", [self.attention_modules] if self.attention_modules is not None else []),
         ):
             for pattern in patterns:
-                if not matching_modules(model, pattern):
+                if not any(fqn_matches(pattern, n) for n in names):
+                    known = sorted({_generalize(n) for n in names})
                     close = difflib.get_close_matches(pattern, known, n=1, cutoff=0.5)
                     hint = f"; did you mean {close[0]!r}?" if close else ""
                     raise PlanError(f"plan.layout.{label} names module {pattern!r}, which the model does not have{hint}")
         for pattern, style in self.tp_styles.items():
             if style not in TP_STYLES:
                 raise PlanError(f"plan.layout.tp_styles[{pattern!r}]={style!r} is not one of {', '.join(TP_STYLES)}")
-        for name, _ in model.named_modules():
-            styles = [p for p in self.tp_styles if name and fqn_matches(p, name)]
+        for name in names:
+            styles = [p for p in self.tp_styles if fqn_matches(p, name)]
             if len(styles) > 1:
                 raise PlanError(f"module {name!r} matches several plan.layout.tp_styles patterns: {styles}; keep one")
+
+    def count_blocks(self, model: nn.Module) -> int:
+        container, _, rest = self.blocks.rpartition(".")
+        if rest == "*" and container and "*" not in container:  # `layers.*`: the container's length
+            return len(model.get_submodule(container))
+        return len(matching_modules(model, self.blocks))
 
     def style_of(self, fqn: str) -> str | None:
         for pattern, style in self.tp_styles.items():

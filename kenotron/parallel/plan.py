@@ -56,7 +56,7 @@ class Plan:
     def check(self, model: nn.Module, degrees: Mapping[str, int] | None = None) -> None:
         """The layout fits the model and the settings are valid for these mesh degrees; raises PlanError."""
         self.layout.check(model)
-        self.settings.check(len(matching_modules(model, self.layout.blocks)), degrees)
+        self.settings.check(self.layout.count_blocks(model), degrees)
 
     def sp_for(self, fqn: str) -> bool:
         """Whether sequence parallel applies where `fqn` lives."""

@@ -61,7 +61,7 @@ PRESETS: dict[str, dict[str, list[str]]] = {
         "1B b4x4096 FSDP4 compiled": _1B + ["--compile.enable", "true"],
         "8B b2x8192 FSDP4 compiled selective-AC": _8B_FSDP,
         "8B b2x8192 FSDP4 compiled selective-AC mm-every-2": _8B_FSDP + ["--tuning.ac_save_matmul_every", "2"],
-        # Under the reference's 70.7 GiB, allocated and reserved (docs/performance.md, session 9).
+        # Under the reference's 70.7 GiB, allocated and reserved (docs/performance.md).
         "8B b2x8192 FSDP4 compiled selective-AC offload-6": _8B_FSDP + ["--activation_checkpoint.offload_blocks", "6"],
     },
     # FlashAttention-4 (needs the flash-attn-4 package): the bf16 rows with the fastest attention kernel.
@@ -247,7 +247,9 @@ def run_case(
                   "--timing", timing]
         worker += ["--profile"] if profile else []
         worker += ["--trace"] if trace else []
-        worker += ["--"]
+        # A benchmark keeps no run: its config, records and checkpoints go to the temporary folder
+        # (the case's own overrides come after, so a case may still name a folder).
+        worker += ["--", "--job.dump_folder", os.path.join(tmp, "run")]
         if ngpu > 1:
             cmd = ["torchrun", "--standalone", "--nproc-per-node", str(ngpu), *worker, *overrides]
         else:
@@ -276,6 +278,16 @@ def format_row(r: dict) -> str:
         f"| {r['name']} | {r['tokens_per_sec']:,.0f} | {r['tflops']:.1f} | {mfu} | "
         f"{r['memory_allocated_gib']:.1f} / {r['memory_reserved_gib']:.1f} | {r['loss_last']:.3f} |"
     )
+
+
+CPU_PRESETS = ("cpu-smoke",)
+"""The presets that run on a CPU; the others need CUDA devices."""
+
+
+def _cuda_visible() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 HEADER = "| case | tokens/s/device | TFLOP/s/device | MFU | peak GiB alloc / reserved | last loss |\n|---|---|---|---|---|---|"
@@ -310,6 +322,11 @@ def main(argv: list[str] | None = None) -> int:
         cases[name.strip()] = shlex.split(spec)
     if not cases:
         parser.error("give --preset or --case")
+    gpu_presets = [p for p in args.preset if p not in CPU_PRESETS]
+    if gpu_presets and not _cuda_visible():
+        print(f"bench: --preset {gpu_presets[0]} measures GPU shapes and no CUDA device is visible here; run it on a "
+              f"GPU machine, or use --preset {' / '.join(CPU_PRESETS)} on a CPU", file=sys.stderr)
+        return 2
     extra = shlex.split(args.extra)
     print(HEADER, flush=True)
     rows = []

@@ -4,10 +4,10 @@
   hook on its output's gradient), on the compute stream (CUDA events; wall-clock stamps on a
   CPU, where ops run in order). A block that waits (for a copy, an all-gather, the host) shows
   as one long entry among equal ones, which a profile's per-kernel totals hide: this is how the
-  offloader's copies queuing ahead of FSDP's copy-out were found (docs/performance.md, run 48).
+  offloader's copies queuing ahead of FSDP's copy-out were found (docs/performance.md).
 - Memory by stream: the caching allocator keeps a pool per stream, and memory freed in one
   stream's pool is not reused by another's, so reserved memory above the allocated peak is
-  often a side stream's pool (run 51 found the gradients in the reduce-scatter stream's).
+  often a side stream's pool (the gradients were once found in the reduce-scatter stream's).
 
 The hooks go on the blocks after everything else (compile, FSDP, offloading), are
 Dynamo-disabled like theirs, and are removed by `close`.

@@ -24,7 +24,7 @@ _EXPORTS = {
     "forward_backward": "kenotron.train.step",
     "clip_gradients": "kenotron.train.step",
     "optimizer_step": "kenotron.train.step",
-    "NonFiniteLossError": "kenotron.train.trainer",
+    "NonFiniteLossError": "kenotron.train.guards",
     "Trainer": "kenotron.train.trainer",
     "run_training": "kenotron.train.trainer",
     "LRSchedule": "kenotron.train.lr_schedule",
@@ -64,6 +64,7 @@ __all__ = [
 if TYPE_CHECKING:
     from kenotron.train.choices import Choices, Target
     from kenotron.train.fused_loss import linear_cross_entropy_sum
+    from kenotron.train.guards import NonFiniteLossError
     from kenotron.train.job import Job, build_job, build_meshes
     from kenotron.train.loss import cross_entropy_sum
     from kenotron.train.lr_schedule import LRSchedule, build_lr_scheduler
@@ -71,7 +72,7 @@ if TYPE_CHECKING:
     from kenotron.train.optim import optimizer_factory, param_groups
     from kenotron.train.resolve import ResolvedRun, resolve_layout, resolve_run
     from kenotron.train.step import clip_gradients, forward_backward, optimizer_step, train_step
-    from kenotron.train.trainer import NonFiniteLossError, Trainer, run_training
+    from kenotron.train.trainer import Trainer, run_training
 
 
 def __getattr__(name: str) -> Any:

@@ -1,8 +1,7 @@
 """Which attention kernel runs, chosen once per run (`model.attention_backend`).
 
-SDPA backends. On an H200 (torch 2.11, bf16, causal, GQA) cuDNN's attention ran
-forward+backward 1.6x faster than the flash kernel torch picks by default (see
-docs/performance.md). "auto" therefore puts cuDNN first on CUDA, then flash, efficient and
+SDPA backends. On Hopper GPUs cuDNN's attention runs forward+backward much faster than the
+flash kernel torch picks by default (docs/performance.md). "auto" therefore puts cuDNN first on CUDA, then flash, efficient and
 math, with torch trying them in that order; a named backend is used alone (and torch errors
 if it cannot run the shapes). On CPU "auto" leaves the choice to torch. The choice is made by
 a context around the model's forward: the kernel picked in forward also runs the backward.
@@ -50,6 +49,8 @@ NAMED = {
     "math": SDPBackend.MATH,
 }
 CUDA_AUTO_ORDER = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+CUDA_ONLY_SDPA = ("cudnn", "efficient")
+"""SDPA kernels with no CPU implementation (torch has flash and math on CPU)."""
 NOT_SDPA = ("flex", "flash_attn")
 
 
@@ -64,8 +65,8 @@ def auto_picks_flash_attn(cfg: JobConfig, cp: int, meta_model: nn.Module, device
     """Whether "auto" runs FlashAttention-3/4 instead of SDPA: when one is installed for this GPU
     (SM90 and later) and the run is what it computes exactly, plain causal attention in bf16 (no
     document masking, no sliding window shorter than the sequence, no context parallel) and not
-    `training.deterministic` (their backward accumulates in any order). Measured faster than
-    cuDNN's SDPA in every H200 row (1-3%, docs/performance.md)."""
+    `training.deterministic` (their backward accumulates in any order); faster than cuDNN's SDPA
+    wherever measured (docs/performance.md)."""
     t = cfg.training
     if (device_major < 9 or t.device == "cpu" or t.param_dtype != "bfloat16" or t.deterministic
             or cfg.data.document_masking or cp > 1 or window_shorter_than(meta_model, t.seq_len) is not None):
@@ -134,7 +135,11 @@ def window_shorter_than(meta_model: nn.Module, seq_len: int) -> int | None:
 
 def check_attention(cfg: JobConfig, dims: ParallelDims, meta_model: nn.Module, target: Any, backend: str) -> None:
     """What flex and flash_attn cannot run, refused with the fix in the message (ConfigError).
-    `backend`: the requested one, after resolve_attention_backend."""
+    `backend`: the requested one, after resolve_attention_backend. A CUDA-only SDPA kernel is
+    refused on another device."""
+    if backend in CUDA_ONLY_SDPA and target.device_type != "cuda":
+        raise ConfigError(f"model.attention_backend={backend!r} is a CUDA kernel and this run is on "
+                          f"{target.device_type}; use 'auto', 'flash' or 'math' there")
     if backend not in NOT_SDPA:
         return
     name = f"model.attention_backend={backend!r}"

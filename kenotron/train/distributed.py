@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import datetime
+import gc
 import os
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+from torch.distributed import distributed_c10d as c10d
 
 from kenotron.errors import ConfigError
 
@@ -58,17 +60,35 @@ def pick_device(requested: str, world: WorldInfo, expandable_segments: bool = Tr
 def init_distributed(device: torch.device, timeout_s: float = 600) -> bool:
     """Join the default process group: NCCL for CUDA tensors plus gloo for CPU ones.
 
+    `timeout_s` (parallelism.collective_timeout_s) bounds every collective of the job: it is
+    also made the default of the groups created later (device meshes, the checkpointer's gloo
+    group), which would otherwise get torch's own default (30 minutes for gloo).
     Returns False when a group already existed (e.g. a notebook or test made it), so the
     caller knows not to destroy it.
     """
     if dist.is_initialized():
         return False
+    timeout = datetime.timedelta(seconds=timeout_s)
+    c10d.default_pg_timeout = timeout
+    c10d.default_pg_nccl_timeout = timeout
     backend = "cuda:nccl,cpu:gloo" if device.type == "cuda" else "gloo"
     kwargs = {"device_id": device} if device.type == "cuda" else {}
-    dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=timeout_s), **kwargs)
+    dist.init_process_group(backend=backend, timeout=timeout, **kwargs)
     return True
 
 
-def destroy_distributed() -> None:
-    if dist.is_initialized():
-        dist.destroy_process_group()
+def destroy_distributed(*, finished: bool = True) -> None:
+    """Tear the process groups down, deliberately.
+
+    After a run that `finished`, every rank first meets the others in a barrier, so that no
+    peer still waits on this one, and everything the groups hold is freed before the
+    interpreter shuts down: a gloo collective completing during interpreter shutdown runs
+    Python from a gloo thread, which aborts the process ("terminate called without an active
+    exception", SIGABRT). After a failure there is no barrier (a peer may be gone).
+    """
+    if not dist.is_initialized():
+        return
+    if finished:
+        dist.barrier()
+    dist.destroy_process_group()
+    gc.collect()

@@ -2,9 +2,7 @@
 
 Under autocast the model keeps fp32 parameters and every step casts each weight to bf16 for
 its matmul (forward), then widens each bf16 weight gradient back to fp32 for the parameter
-(backward): 12 bytes of extra traffic per parameter and step, ~3.7 ms of an H200's bandwidth for
-the 1B shape's 1.24 B parameters and ~8 ms for the 8B width's 2.8 B, plus an fp32 residual
-stream. Here the parameters themselves are bf16 (so are the activations and the weight
+(backward): 12 bytes of extra traffic per parameter and step, plus an fp32 residual stream. Here the parameters themselves are bf16 (so are the activations and the weight
 gradients), and the fp32 values the updates accumulate into are a `master` entry of each
 parameter's optimizer state. The update reads the bf16 gradient and the fp32 master and moments
 and writes the master, the moments and the bf16 parameter: with the Triton kernel the same 28

@@ -23,6 +23,8 @@ from kenotron.train.flops import peak_flops
 
 logger = logging.getLogger("kenotron")
 
+SCALAR_KEYS = ("loss", "grad_norm", "lr", "tokens_per_sec", "tflops", "mfu", "memory_gib")
+"""The scalars TensorBoard and Weights & Biases get, as `train/<key>`."""
 RECORD_KEYS = (
     "step", "loss", "loss_avg", "grad_norm", "lr", "tokens_per_sec", "tflops", "mfu",
     "memory_gib", "elapsed_s", "tokens_seen", "step_time_s",
@@ -61,25 +63,45 @@ class MetricsLogger:
     device: torch.device
     write: bool = True
     tensorboard: bool = False
+    total_steps: int = 0
+    """training.steps, for the `step/total` and the ETA of the progress line (0: not shown)."""
+    log_freq: int = 1
+    wandb: Any = None
+    """An optional extra sink with `log(record)` and `close()` (kenotron/train/wandb_logger.py)."""
     _start: float = field(default_factory=time.perf_counter, init=False)
     _window_start: float = field(default_factory=time.perf_counter, init=False)
     _window_tokens: int = field(default=0, init=False)
     _window_steps: int = field(default=0, init=False)
     _tb: Any = field(default=None, init=False)
+    _jsonl: Any = field(default=None, init=False)
+    _first_step: int | None = field(default=None, init=False)
+    _rate_origin: tuple[int, float] | None = field(default=None, init=False)
+    """(step, time) of this launch's first record: the ETA uses the pace since then (no warm-up)."""
     _peak: float | None = field(default=None, init=False)
     _warned_peak: bool = field(default=False, init=False)
 
     def __post_init__(self) -> None:
         name, self._peak = device_peak_flops(self.device)
         self.device_name = name
-        if self.write:
-            self.dump_folder.mkdir(parents=True, exist_ok=True)
-            self._jsonl = (self.dump_folder / "metrics.jsonl").open("a", buffering=1)
-            if self.tensorboard:
-                # Imported here: needs the optional tensorboard package.
-                from torch.utils.tensorboard import SummaryWriter
 
-                self._tb = SummaryWriter(log_dir=str(self.dump_folder / "tb"))
+    def open(self, purge_step: int | None = None) -> None:
+        """Open metrics.jsonl (appending) and TensorBoard's writer; `purge_step` tells TensorBoard to
+        drop the events at and after that step written earlier (a resumed run's replayed steps)."""
+        if not self.write or self._jsonl is not None:
+            return
+        self.dump_folder.mkdir(parents=True, exist_ok=True)
+        self._jsonl = (self.dump_folder / "metrics.jsonl").open("a", buffering=1)
+        if self.tensorboard:
+            # Imported here: needs the optional tensorboard package.
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(log_dir=str(self.dump_folder / "tb"), purge_step=purge_step)
+
+    def should_log(self, step: int) -> bool:
+        """A record at the first step of this launch, every log_freq steps, and at the last step."""
+        if self._first_step is None:
+            self._first_step = step
+        return step == self._first_step or step % self.log_freq == 0 or step == self.total_steps
 
     def reset_clock(self) -> None:
         """Start timing now (call right before the first training step)."""
@@ -102,7 +124,9 @@ class MetricsLogger:
         tps = self._window_tokens / seconds / self.world_size
         tflops = tps * self.flops_per_token / 1e12
         if self._peak is None and not self._warned_peak:
-            logger.warning("no peak FLOP/s known for device %r: MFU is not reported", self.device_name)
+            # A CPU has no peak in the table by design (an info line); an unknown GPU is worth a warning.
+            log = logger.warning if self.device.type == "cuda" else logger.info
+            log("no peak FLOP/s known for device %r: MFU is not reported", self.device_name)
             self._warned_peak = True
         mfu = 100.0 * tflops * 1e12 / self._peak if self._peak else None
         rec = {
@@ -119,21 +143,40 @@ class MetricsLogger:
             "tokens_seen": tokens_seen,
             "step_time_s": seconds / max(self._window_steps, 1),
         }
+        eta = self._eta(step, now, rec["step_time_s"])
         self._window_start, self._window_tokens, self._window_steps = now, 0, 0
         if self.write:
+            self.open()
             self._jsonl.write(json.dumps(rec) + "\n")
             if self._tb is not None:
-                for key in ("loss", "grad_norm", "lr", "tokens_per_sec", "tflops", "mfu", "memory_gib"):
+                for key in SCALAR_KEYS:
                     if rec[key] is not None:
                         self._tb.add_scalar(f"train/{key}", rec[key], step)
-            logger.info(format_record(rec))
+            if self.wandb is not None:
+                self.wandb.log(rec)
+            logger.info(format_record(rec, total_steps=self.total_steps, eta_s=eta))
         return rec
 
+    def _eta(self, step: int, now: float, step_time_s: float) -> float | None:
+        if not self.total_steps:
+            return None
+        if self._rate_origin is None or step <= self._rate_origin[0]:
+            self._rate_origin = (step, now)
+            return None  # the first record's pace includes start-up and compilation
+        else:
+            step_time_s = (now - self._rate_origin[1]) / (step - self._rate_origin[0])
+        return max(self.total_steps - step, 0) * step_time_s
+
     def close(self) -> None:
-        if self.write:
+        if self._jsonl is not None:
             self._jsonl.close()
-            if self._tb is not None:
-                self._tb.close()
+            self._jsonl = None
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+        if self.wandb is not None:
+            self.wandb.close()
+            self.wandb = None
 
 
 def _si(x: float) -> str:
@@ -143,11 +186,24 @@ def _si(x: float) -> str:
     return f"{x:.0f}"
 
 
-def format_record(rec: dict[str, Any]) -> str:
-    """The one-line progress view of a record."""
+def format_duration(seconds: float) -> str:
+    """`42s`, `3m05s`, `2h07m`."""
+    seconds = max(round(seconds), 0)
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+def format_record(rec: dict[str, Any], *, total_steps: int = 0, eta_s: float | None = None) -> str:
+    """The one-line progress view of a record: step/total, losses, speed, memory, elapsed and ETA."""
     mfu = f"{rec['mfu']:.1f}%" if rec["mfu"] is not None else "n/a"
+    width = len(str(total_steps)) if total_steps else 6
+    step = f"{rec['step']:>{width}}/{total_steps}" if total_steps else f"{rec['step']:>6}"
+    eta = f" | ETA {format_duration(eta_s)}" if eta_s is not None else ""
     return (
-        f"step {rec['step']:>6} | loss {rec['loss']:.4f} (avg {rec['loss_avg']:.4f}) | grad_norm {rec['grad_norm']:.3f} | lr {rec['lr']:.2e} | "
+        f"step {step} | loss {rec['loss']:.4f} (avg {rec['loss_avg']:.4f}) | grad_norm {rec['grad_norm']:.3f} | lr {rec['lr']:.2e} | "
         f"{_si(rec['tokens_per_sec'])} tok/s | {rec['tflops']:.3g} TFLOP/s | MFU {mfu} | "
-        f"mem {rec['memory_gib']:.2f} GiB | {rec['elapsed_s']:.1f}s"
+        f"mem {rec['memory_gib']:.2f} GiB | {format_duration(rec['elapsed_s'])}{eta}"
     )

@@ -107,6 +107,7 @@ def resolve_run(cfg: JobConfig, world_size: int, target: Target | None = None) -
                           f"{spec.no_document_masking}; set data.document_masking=false")
     with torch.device("meta"):
         meta_model = spec.build(args)
+    layout_for(spec).check(meta_model)  # the family's layout fits its model whatever the parallel layout
     return resolve_layout(cfg, world_size, spec, args, meta_model, tokenizer, target or Target.planned(cfg))
 
 
@@ -130,7 +131,7 @@ def resolve_layout(cfg: JobConfig, world_size: int, spec: ModelSpec, args: Any, 
     plan = Plan(layout_for(spec, args), ParallelSettings.from_config(cfg))
     # The kind of ring the target runs (the estimator builds a CUDA job's torch ring on its CPU mesh).
     plan.settings.cp_attention = cp_attention_kind(plan.settings.cp_attention, target.device_type)
-    plan.check(meta_model, dims.degrees())
+    plan.settings.check(plan.layout.count_blocks(meta_model), dims.degrees())
     if p.dp_mode == "zero1" and dims.dp == 1 and world_size > 1:
         raise ConfigError("parallelism.dp_mode='zero1' needs a data-parallel degree > 1 (dp_shard or dp_replicate)")
     check_context_parallel(cfg, dims, spec, meta_model, target)

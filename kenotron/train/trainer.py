@@ -11,6 +11,7 @@ build_job, train_step.
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -21,22 +22,26 @@ import torch.distributed as dist
 
 from kenotron.checkpoint import CheckpointManager, TrainState
 from kenotron.checkpoint.model_info import describe_model
-from kenotron.config import JobConfig, config_to_toml
+from kenotron.config import JobConfig
 from kenotron.data import MicroBatch, build_text_loader
+from kenotron.parallel.float8 import check_float8_available, use_fast_cpu_float8
 from kenotron.parallel.plan import Plan
 from kenotron.train.choices import Target
+from kenotron.train.console import ensure_console_logging
 from kenotron.train.distributed import WorldInfo, destroy_distributed, init_distributed, pick_device
 from kenotron.train.flops import flops_per_token
+from kenotron.train.guards import DivergenceGuard, NonFiniteLossError, divergence_advice, warn_if_nothing_to_train
+from kenotron.train.interrupt import stop_training
 from kenotron.train.job import Job, build_job, build_meshes
 from kenotron.train.metrics import MetricsLogger
 from kenotron.train.resolve import ResolvedRun, resolve_run
+from kenotron.train.run_folder import check_run_folder, start_run_folder
+from kenotron.train.run_lock import lock_run_folders
 from kenotron.train.step import check_label_tokens, train_step
+from kenotron.train.wandb_logger import wandb_sink
+from kenotron.train.watchdog import start_watchdog
 
 logger = logging.getLogger("kenotron")
-
-
-class NonFiniteLossError(RuntimeError):
-    """The loss became NaN or infinite; training stops rather than writing garbage."""
 
 
 class Trainer:
@@ -49,17 +54,24 @@ class Trainer:
         self.is_rank0 = self.world.rank == 0
         # -- resolve: every check and choice, on every rank, before any process group --
         self.device = pick_device(cfg.training.device, self.world, cfg.tuning.expandable_segments)
+        if cfg.float8.enable:
+            check_float8_available()  # this machine's torchao (the estimator plans float8 jobs without it)
+            use_fast_cpu_float8(self.device.type)
         self.run: ResolvedRun = resolve_run(cfg, self.world.world_size, Target.of(self.device))
         if edit_plan is not None:
             edit_plan(self.run.plan)
+        # One live job per run folder (train/run_lock.py), before any process group: a busy folder fails at once.
+        self._locks = lock_run_folders(cfg.job.dump_folder, Path(cfg.job.dump_folder) / cfg.checkpoint.folder
+                                       if cfg.checkpoint.enable else None) if self.is_rank0 else []
         # -- process group --
         self._owns_process_group = self._init_process_group()
+        self._finished = False  # every rank ended together: close() tears the groups down with a barrier
+        self.watchdog = start_watchdog(self.world.rank, self.world.world_size, cfg.parallelism.collective_timeout_s,
+                                       lambda: self.train_state.step)
         if cfg.training.deterministic:
             torch.use_deterministic_algorithms(True)
-        self.dump_folder = Path(cfg.job.dump_folder)
+        self.dump_folder = Path(cfg.job.dump_folder)  # config.toml and records: train/run_folder.py
         if self.is_rank0:
-            self.dump_folder.mkdir(parents=True, exist_ok=True)
-            (self.dump_folder / "config.toml").write_text(config_to_toml(cfg))
             logger.info("attention: %s (model.attention_backend=%s)", self.run.choices.attention_backend,
                         cfg.model.attention_backend)
         # -- build: meshes, model, plan.apply, init, optimizers and schedules --
@@ -78,7 +90,9 @@ class Trainer:
             split=d.split, add_bos=d.add_bos, synthetic_vocab_size=args.vocab_size,
         )
         self.metrics = MetricsLogger(self.dump_folder, self.flops_per_token, self.world.world_size, self.device,
-                                     write=self.is_rank0, tensorboard=cfg.metrics.tensorboard)
+                                     write=self.is_rank0, tensorboard=cfg.metrics.tensorboard,
+                                     total_steps=cfg.training.steps, log_freq=cfg.metrics.log_freq,
+                                     wandb=wandb_sink(cfg, self.world.rank))
         self.train_state = TrainState()  # step and tokens_seen live here so checkpoints hold them
         self.checkpointer = CheckpointManager(
             cfg.checkpoint, self.dump_folder / cfg.checkpoint.folder, model_parts=self.job.model_parts,
@@ -86,6 +100,11 @@ class Trainer:
             train_state=self.train_state, model_info=describe_model(self.run.spec, args, cfg.model.flavor),
         )
         self.checkpointer.load()
+        if self.is_rank0:  # records after the resumed step dropped, config.toml written: train/run_folder.py
+            self.metrics.open(start_run_folder(cfg, self.step))
+            warn_if_nothing_to_train(self.step, cfg.training.steps)
+        self.guard = DivergenceGuard(divergence_advice(cfg.optimizer.lr, cfg.lr_scheduler.warmup_steps,
+                                                       cfg.training.max_norm))
         # The first step (compilation, autotuning) leaves the allocator's cache laid out for itself.
         self._empty_cache_pending = self.run.choices.empty_cache_after_first_step
 
@@ -93,7 +112,7 @@ class Trainer:
         """Join the job's process group (one more for FSDP's mixed precision on one device);
         True when this trainer made it and must destroy it."""
         if self.world.world_size > 1 or self.world.launched:
-            return init_distributed(self.device)
+            return init_distributed(self.device, self.cfg.parallelism.collective_timeout_s)
         if self.run.choices.precision == "fsdp" and not dist.is_initialized():
             backend = "nccl" if self.device.type == "cuda" else "gloo"
             dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
@@ -131,16 +150,6 @@ class Trainer:
 
     # -- the loop -------------------------------------------------------------------------
 
-    def _check_finite(self, losses: torch.Tensor, first_step: int) -> None:
-        finite = torch.isfinite(losses)
-        if not bool(finite.all()):
-            bad = int((~finite).nonzero()[0, 0]) + first_step
-            raise NonFiniteLossError(
-                f"loss is {losses[bad - first_step].item()} at step {bad}: training stopped. Lower optimizer.lr "
-                f"(now {self.cfg.optimizer.lr}), lengthen lr_scheduler.warmup_steps (now "
-                f"{self.cfg.lr_scheduler.warmup_steps}), or set training.max_norm > 0"
-            )
-
     def train(self) -> list[dict[str, Any]]:
         cfg, run = self.cfg, self.run
         if self.is_rank0:
@@ -162,18 +171,25 @@ class Trainer:
             self.train_state.tokens_seen += tokens_per_step
             self.metrics.count(tokens_per_step)
             window.append(loss)
-            if self.step % cfg.metrics.log_freq == 0 or self.step == cfg.training.steps:
+            self.guard.observe(self.step, grad_norm)  # no synchronization (train/guards.py)
+            if self.metrics.should_log(self.step):
+                self.guard.check()
                 losses = self.global_losses(window)
-                self._check_finite(losses, window_start)
+                self.guard.check_losses(losses, window_start)
                 rec = self.metrics.record(
                     step=self.step, loss=losses[-1].item(), loss_avg=losses.mean().item(),
                     grad_norm=grad_norm.item(), lr=self._lr_of_step(self.step), tokens_seen=self.tokens_seen,
                 )
                 records.append(rec)
                 window, window_start = [], self.step + 1
+            if self.checkpointer.should_save(self.step, last=self.step == cfg.training.steps):
+                self.guard.check()  # a diverged state is never saved
             self.checkpointer.maybe_save(self.step, last=self.step == cfg.training.steps)
+        if self.job.early_gather is not None:
+            self.job.early_gather.finish()  # no forward waits for the last step's all-gathers
         self.checkpointer.close()  # the last save and uploads are complete when train() returns
         self.metrics.close()
+        self._finished = True
         return records
 
     def _lr_of_step(self, step: int) -> float:
@@ -181,21 +197,39 @@ class Trainer:
         return self.cfg.optimizer.lr * self.job.schedule.lr_factor(step)
 
     def close(self) -> None:
+        if self.watchdog is not None:
+            self.watchdog.stop()
+        if self._finished and self.job.early_gather is not None:
+            self.job.early_gather.finish()
         self.checkpointer.close()
         if self._owns_process_group:
-            destroy_distributed()
+            destroy_distributed(finished=self._finished)
+        for lock in self._locks:
+            lock.release()
 
 
 def setup_logging(rank: int) -> None:
-    level = logging.INFO if rank == 0 else logging.WARNING
-    logging.basicConfig(level=level, format="[kenotron %(asctime)s] %(message)s", datefmt="%H:%M:%S", force=True)
+    ensure_console_logging(rank)
 
 
 def run_training(cfg: JobConfig) -> list[dict[str, Any]]:
     """Build and train; returns the metric records (rank 0's view)."""
-    setup_logging(WorldInfo.from_env().rank)
+    rank = WorldInfo.from_env().rank
+    setup_logging(rank)
+    if not faulthandler.is_enabled():
+        faulthandler.enable(all_threads=True)  # a rank killed by a signal (SIGABRT, SIGSEGV) prints its stacks
+    check_run_folder(cfg)
     trainer = Trainer(cfg)
     try:
         return trainer.train()
+    except NonFiniteLossError:
+        trainer._finished = True  # every rank stops at the same step (global norm and losses): end as one
+        raise
+    except KeyboardInterrupt as stop:
+        raise stop_training(trainer, stop) from None
+    except BaseException:
+        if trainer.watchdog is not None and trainer.watchdog.diagnosis:
+            logger.error("rank %d stopped; before that the watchdog found: %s", rank, trainer.watchdog.diagnosis)
+        raise
     finally:
         trainer.close()

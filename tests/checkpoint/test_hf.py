@@ -166,4 +166,4 @@ def test_convert_hf_script_goes_both_ways_and_keeps_the_logits(hf_folder, tmp_pa
     torch.testing.assert_close(hf_logits(theirs), expected, atol=TOL, rtol=0)
     capsys.readouterr()
     assert main(["to-hf", str(tmp_path / "nowhere"), str(tmp_path / "x")]) == 2
-    assert "convert_hf: checkpoint folder" in capsys.readouterr().err
+    assert "kenotron convert: " in (err := capsys.readouterr().err) and "nowhere does not exist" in err

@@ -16,6 +16,7 @@ from kenotron.checkpoint import (
     check_checkpoint_config,
     list_step_folders,
 )
+from kenotron.checkpoint.folders import STAMP_NAME
 from kenotron.config import ConfigError
 from kenotron.config.sections import Checkpoint
 from tests.checkpoint.tiny import eval_loss, make_run, run_layout
@@ -48,11 +49,11 @@ def test_latest_complete_step_is_loaded_and_an_interrupted_save_is_skipped(tmp_p
 
 def test_load_step_picks_that_step_and_an_absent_step_lists_the_complete_ones(tmp_path):
     run_layout("single", tmp_path, until=3, save_at=(1, 3))
-    *_, state, manager, _, _ = make_run("single", tmp_path, load_step=1)
-    assert manager.load() == 1 and state.step == 1
     *_, manager, _, _ = make_run("single", tmp_path, load_step=2)
     with pytest.raises(CheckpointError, match=r"load_step=2: no complete checkpoint of step 2 .* complete steps: \[1, 3\]"):
         manager.load()
+    *_, state, manager, _, _ = make_run("single", tmp_path, load_step=1)
+    assert manager.load() == 1 and state.step == 1
 
 
 def test_load_step_zero_starts_fresh_and_overwrites_on_save(tmp_path):
@@ -63,6 +64,7 @@ def test_load_step_zero_starts_fresh_and_overwrites_on_save(tmp_path):
 
 def test_keep_latest_k_keeps_only_the_newest_complete_checkpoints(tmp_path):
     (tmp_path / "step-000000").mkdir(parents=True)  # debris of a killed save, older than any new one
+    (tmp_path / "step-000000" / STAMP_NAME).write_text("{}")  # kenotron stamps a save before writing
     run_layout("single", tmp_path, until=5, save_at=(1, 2, 3, 4, 5), keep_latest_k=2)
     assert [(f.step, f.complete) for f in list_step_folders(tmp_path)] == [(4, True), (5, True)]
 
@@ -135,7 +137,7 @@ def test_missing_metadata_is_reported_as_truncated(tmp_path):
 
 @pytest.mark.parametrize("content, message", [
     (None, r"not a kenotron checkpoint \(no completion marker, no DCP .metadata\)"),
-    ('{"format": "other-tool/3"}', r"has format 'other-tool/3', expected 'kenotron-dcp/1'"),
+    ('{"format": "other-tool/3"}', r"has format 'other-tool/3', expected 'kenotron-dcp/\d'"),
     ("{not json", r"is not valid JSON"),
 ])
 def test_foreign_folder_gives_a_clear_error(tmp_path, content, message):

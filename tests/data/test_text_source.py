@@ -160,7 +160,10 @@ def test_non_text_field(tmp_path, cache_dir):
 def test_invalid_file_contents(tmp_path, cache_dir):
     path = tmp_path / "broken.jsonl"
     path.write_text('{"text": "ok"}\n{not json\n')
-    with pytest.raises(ValueError, match="could not read json files"):
+    with pytest.raises(ValueError, match=r"broken.jsonl' line 2 is not valid JSON \(Expecting property name"):
+        open_documents("jsonl", str(path), cache_dir=cache_dir)
+    path.write_text("just text, not json\n")
+    with pytest.raises(ValueError, match=r"line 1 is not valid JSON"):
         open_documents("jsonl", str(path), cache_dir=cache_dir)
 
 

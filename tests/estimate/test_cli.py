@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from kenotron.estimate.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -76,3 +78,14 @@ def test_the_gpu_accuracy_script_covers_the_issues_matrix(capsys):
                    "--parallelism.tp", "--parallelism.cp"):
         assert any(needed in f for f in flat), needed
     assert script.main(["--list"]) == 0 and "8B-width" in capsys.readouterr().out
+
+
+def test_estimation_help_names_config_and_explains_the_search_columns(capsys):
+    from kenotron.estimate.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert "--config FILE.toml" in out
+    for column in ("layout =", "AC =", "batch =", "accum =", "analytic GiB =", "fake GiB =", "tok/s/GPU ="):
+        assert column in out

@@ -1,12 +1,10 @@
 """Models to generate from: Hugging Face folders (single and sharded safetensors) and kenotron
-checkpoint step folders, and the run_generate script end to end on each source."""
+checkpoint step folders, and `kenotron generate` (kenotron/generate/cli.py) end to end on each source."""
 
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,7 +16,6 @@ from kenotron.models import get_model_spec
 from kenotron.models.qwen3 import Qwen3Args
 from tests.models.hf_parity import random_kenotron_model
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "run_generate.py"
 ARGS = Qwen3Args(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, ffn_dim=96, vocab_size=128,
                  tie_embeddings=True, max_seq_len=64)
 
@@ -91,11 +88,9 @@ def test_a_folder_of_an_unknown_family_is_named(tmp_path):
 
 
 def load_script():
-    spec = importlib.util.spec_from_file_location("run_generate", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["run_generate"] = module  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
-    return module
+    from kenotron.generate import cli
+
+    return cli
 
 
 def test_script_generates_from_an_hf_folder_a_checkpoint_and_a_flavor(tmp_path, capsys):

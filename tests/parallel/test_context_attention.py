@@ -181,3 +181,17 @@ def test_attention_with_a_replaced_attention_fn_refuses_masks_and_caches():
     x, cos = torch.zeros(1, 4, 16), torch.ones(4, 4)
     with pytest.raises(RuntimeError, match=r"attention_fn was replaced by RingAttention, which supports plain causal"):
         attention(x, cos, cos, attn_mask=torch.ones(1, 1, 4, 4, dtype=torch.bool))
+
+
+def _ring_warnings(q, k, v, grad_out):
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _ring_rank(q, k, v, grad_out, load_balance=True, rotate_method="allgather")
+    return [f"{w.category.__name__}: {w.message}" for w in caught if issubclass(w.category, FutureWarning)]
+
+
+def test_ring_attention_raises_no_deprecation_warning_of_its_own():
+    q, k, v, grad_out = _qkv(batch=1, heads=2, kv_heads=2)
+    assert run_on_ranks(2, _ring_warnings, q, k, v, grad_out) == [[], []]

@@ -42,7 +42,8 @@ def test_tp_must_divide_heads_kv_heads_ffn_and_vocab():
 
 
 def test_seq_len_must_split_over_tp_and_cp():
-    with pytest.raises(ParallelConfigError, match=r"seq_len=30 is not divisible by tp = 4"):
+    with pytest.raises(ParallelConfigError, match=r"seq_len=30 is not divisible by tp=4 \(sequence parallel splits "
+                                                  r"each sequence over the ranks\); use a multiple of 4$"):
         ParallelDims.from_degrees(4, tp=4).check_seq_len(30)
     ParallelDims.from_degrees(4, tp=4).check_seq_len(30, sequence_parallel=False)
     with pytest.raises(ParallelConfigError, match=r"tp x 2 x cp = 2 x 2 x 2 = 8"):

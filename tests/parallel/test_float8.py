@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from kenotron.config import load_config
+from kenotron.config import ConfigError, load_config
 from kenotron.models import get_model_spec
 from kenotron.parallel import float8
 from kenotron.parallel.float8 import check_float8_available, convert_to_float8
@@ -43,8 +43,19 @@ def test_unknown_recipe_is_refused():
 
 def test_missing_torchao_is_refused_with_the_install_command(monkeypatch):
     monkeypatch.setattr(float8.importlib.util, "find_spec", lambda name: None)
-    with pytest.raises(ImportError, match=r"float8.enable=true needs torchao.*pip install 'kenotron\[float8\]'"):
+    with pytest.raises(ConfigError, match=r"float8.enable=true needs torchao.*pip install 'kenotron\[float8\]'"):
         check_float8_available()
+
+
+def test_the_trainer_refuses_float8_without_torchao_before_any_process_group(monkeypatch):
+    import torch.distributed as dist
+
+    from kenotron.train.trainer import Trainer
+
+    monkeypatch.setattr(float8.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ConfigError, match="float8.enable=true needs torchao"):
+        Trainer(load_config(None, ["--float8.enable", "true", "--training.device", "cpu"]))
+    assert not dist.is_initialized()
 
 
 @needs_torchao
@@ -62,3 +73,18 @@ def test_float8_training_follows_the_unconverted_loss(tmp_path):
     for a, b in zip(runs["float8"], runs["fp32"]):
         assert a == pytest.approx(b, rel=0.03)  # float8 rounding, not a different model
     assert runs["float8"] != runs["fp32"]  # the float8 matmuls really ran
+
+
+def test_float8_on_a_cpu_turns_onednn_off_with_one_warning(caplog):
+    from kenotron.parallel.float8 import use_fast_cpu_float8
+
+    before = torch.backends.mkldnn.enabled
+    try:
+        torch.backends.mkldnn.enabled = True
+        with caplog.at_level("WARNING", logger="kenotron"):
+            assert use_fast_cpu_float8("cpu")
+        assert not torch.backends.mkldnn.enabled
+        assert "float8 on a CPU checks numerics only" in caplog.text
+        assert not use_fast_cpu_float8("cuda")
+    finally:
+        torch.backends.mkldnn.enabled = before

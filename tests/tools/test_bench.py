@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from kenotron.tools.bench import format_row, run_case
 from tests.models.fake_flash_attn4 import fake_flash_attn4
 
@@ -75,3 +77,11 @@ def test_every_gpu_preset_is_a_valid_config_for_its_gpu_count(monkeypatch):
             path, rest = split_config_arg(overrides)
             run = resolve_run(load_config(path, SYNTHETIC + rest), world)
             assert run.dims.world_size == world, name
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the refusal on a machine without GPUs")
+def test_a_gpu_preset_is_refused_at_once_on_a_cpu(capsys):
+    from kenotron.tools.bench import main
+
+    assert main(["--preset", "h200-1gpu"]) == 2
+    assert "--preset h200-1gpu measures GPU shapes and no CUDA device is visible here" in capsys.readouterr().err

@@ -12,13 +12,13 @@ ARGS = ["--model.n_layers", "2", "--training.seq_len", "16", "--training.local_b
         "--training.steps", "3", "--metrics.tensorboard", "false", "--data.dataset", "synthetic"]
 
 
-def _empty_cache_calls(monkeypatch, *extra: str) -> list[int]:
+def _empty_cache_calls(monkeypatch, tmp_path, *extra: str) -> list[int]:
     from kenotron.train.trainer import Trainer
 
     calls: list[int] = []
     real = torch.cuda.empty_cache
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: (calls.append(1), real()))
-    trainer = Trainer(load_config(None, [*ARGS, *extra]))
+    trainer = Trainer(load_config(None, [*ARGS, "--job.dump_folder", str(tmp_path), *extra]))
     try:
         per_step = []
         for _ in range(3):
@@ -29,13 +29,13 @@ def _empty_cache_calls(monkeypatch, *extra: str) -> list[int]:
     return per_step
 
 
-def test_empty_cache_is_not_called_on_a_cpu(monkeypatch):
-    assert _empty_cache_calls(monkeypatch, "--training.device", "cpu") == [0, 0, 0]
+def test_empty_cache_is_not_called_on_a_cpu(monkeypatch, tmp_path):
+    assert _empty_cache_calls(monkeypatch, tmp_path, "--training.device", "cpu") == [0, 0, 0]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_cuda_cache_is_emptied_once_after_the_first_step(monkeypatch):
-    assert _empty_cache_calls(monkeypatch, "--training.device", "cuda") == [1, 1, 1]
+def test_cuda_cache_is_emptied_once_after_the_first_step(monkeypatch, tmp_path):
+    assert _empty_cache_calls(monkeypatch, tmp_path, "--training.device", "cuda") == [1, 1, 1]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

@@ -1,7 +1,7 @@
 """Fused Triton kernels for RoPE and SwiGLU in uncompiled blocks (`tuning.eager_kernels`).
 
-Measured on an H200 (docs/performance.md), an eager 1B step spends more time in RoPE's and
-SwiGLU's elementwise kernels than in its optimizer; kenotron/kernels/rope_swiglu.py does each
+An eager step spends more time in RoPE's and SwiGLU's elementwise kernels than in its
+optimizer (docs/performance.md); kenotron/kernels/rope_swiglu.py does each
 in one pass. The trainer resolves the choice once (`kenotron.kernels.select.resolve_eager_kernels`,
 before any process group) and installs the kernels on the meta model before the plan is applied
 (`use_eager_kernels`), as it does for attention backends: pipeline stages are copies and keep them.

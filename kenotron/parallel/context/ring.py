@@ -63,6 +63,10 @@ class _Ring:
         return recv, works
 
 
+# torch 2.13 renames all_gather_into_tensor (a FutureWarning on every call); 2.11 has only the old name.
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
 def _wait(works: list[dist.Work]) -> None:
     for work in works:
         work.wait()
@@ -92,7 +96,7 @@ def _kv_blocks(
     packed = _pack(k, v)
     if method == "allgather":
         gathered = packed.new_empty(ring.size * packed.numel())
-        work = dist.all_gather_into_tensor(gathered, packed, group=ring.group, async_op=True)
+        work = _all_gather_single(gathered, packed, group=ring.group, async_op=True)
         yield ring.rank, k, v
         work.wait()
         blocks = gathered.chunk(ring.size)

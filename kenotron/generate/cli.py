@@ -1,0 +1,204 @@
+"""`kenotron generate` (scripts/run_generate.py): text from a run, a checkpoint or an HF folder, with a KV cache.
+
+    kenotron generate --run outputs/debug --prompt "def fib(n):" --max-new-tokens 64
+    kenotron generate --hf hf_out --prompt "def fib(n):" --temperature 0.8 --top-k 50 --top-p 0.95
+    kenotron generate --model llama3 --flavor debug --prompt "The" --prompt "import" --device cuda
+
+Where the model comes from:
+- `--run PATH` (or `--checkpoint PATH`): a training run folder (its latest complete checkpoint),
+  its checkpoints/ folder, or one step folder (full or model-only). Text goes through the
+  tokenizer the run trained with (its config.toml), unless `--tokenizer` names another.
+- `--hf FOLDER`: config.json + model.safetensors (or a sharded model.safetensors.index.json),
+  converted by the family's HF adapter. Text goes through the folder's tokenizer.json (needs
+  the `tokenizers` package), else its tokenizer.model (tiktoken), unless `--tokenizer` is given.
+- `--model NAME --flavor F`: a kenotron model built here with random weights (smoke tests).
+Without a tokenizer of its own (`--model`, a checkpoint outside a run folder), text goes through
+`--tokenizer` (empty: kenotron's built-in 4096-token BPE).
+
+`--prompt-ids "1 2 3"` feeds token ids directly and prints ids (no tokenizer needed).
+A batch of prompts is left-padded to a common length; padding is masked out of attention.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import torch
+from torch import nn
+
+from kenotron.checkpoint.locate import find_checkpoint
+from kenotron.generate import (
+    SamplingConfig,
+    build_kenotron_model,
+    generate,
+    load_checkpoint_model,
+    load_hf_model,
+)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class TextCodec(Protocol):
+    """What generation needs from a tokenizer."""
+
+    bos_id: int | None
+    eos_id: int | None
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: list[int]) -> str: ...
+
+
+@dataclass
+class HFTokenizerFile:
+    """A folder's tokenizer.json through the `tokenizers` package. Its own post-processor adds
+    the special tokens the model expects (Llama's BOS; none for Qwen), so `bos_id` stays None."""
+
+    path: Path
+    eos_id: int | None
+    add_special_tokens: bool = True
+    bos_id: int | None = None
+
+    def __post_init__(self) -> None:
+        try:
+            from tokenizers import Tokenizer
+        except ImportError as err:
+            raise SystemExit(
+                f"reading {self.path} needs the `tokenizers` package (pip install tokenizers), or pass "
+                f"--tokenizer with a tiktoken file, or --prompt-ids"
+            ) from err
+        self._tokenizer = Tokenizer.from_file(str(self.path))
+
+    def encode(self, text: str) -> list[int]:
+        return self._tokenizer.encode(text, add_special_tokens=self.add_special_tokens).ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self._tokenizer.decode(ids)
+
+
+def parse_args(argv: list[str] | None = None, prog: str = "kenotron generate") -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    source = parser.add_argument_group("model")
+    source.add_argument("--hf", default="", help="Hugging Face checkpoint folder (config.json + safetensors)")
+    source.add_argument("--run", "--checkpoint", dest="checkpoint", default="",
+                        help="a run folder (its latest checkpoint), its checkpoints/ folder, or a step folder")
+    source.add_argument("--model", default="", help="kenotron family with random weights, e.g. qwen3 (with --flavor)")
+    source.add_argument("--flavor", default="debug", help="kenotron flavor of --model")
+    source.add_argument("--vocab-size", type=int, default=0, help="override the flavor's vocabulary (0: keep)")
+    text = parser.add_argument_group("prompts")
+    text.add_argument("--prompt", action="append", default=[], help="a text prompt (repeat for a batch)")
+    text.add_argument("--prompt-ids", action="append", default=[], help='token ids, e.g. "1 2 3" (repeatable)')
+    text.add_argument("--tokenizer", default=None,
+                      help="tiktoken file ('' = the built-in one); default: the run's or the HF folder's")
+    text.add_argument("--no-bos", action="store_true", help="no BOS (nor the HF tokenizer's other added special tokens) before text prompts")
+    gen = parser.add_argument_group("generation")
+    gen.add_argument("--max-new-tokens", type=int, default=64)
+    gen.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
+    gen.add_argument("--top-k", type=int, default=0, help="0: no top-k filter")
+    gen.add_argument("--top-p", type=float, default=1.0, help="1: no nucleus filter")
+    gen.add_argument("--no-cache", action="store_true", help="recompute the whole sequence each step")
+    gen.add_argument("--ignore-eos", action="store_true", help="always generate max-new-tokens tokens")
+    gen.add_argument("--seed", type=int, default=0, help="seeds sampling and a fresh model's init")
+    gen.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    gen.add_argument("--dtype", default="", choices=["", *DTYPES], help="empty: bfloat16 on GPU, float32 on CPU")
+    args = parser.parse_args(argv)
+    if sum(map(bool, (args.hf, args.checkpoint, args.model))) != 1:
+        parser.error("give exactly one of --hf FOLDER, --run RUN_OR_CHECKPOINT and --model NAME")
+    if not args.prompt and not args.prompt_ids:
+        parser.error("give at least one --prompt or --prompt-ids")
+    if args.prompt and args.prompt_ids:
+        parser.error("give either text prompts or id prompts, not both")
+    return args
+
+
+def build_model(args: argparse.Namespace, device: torch.device, dtype: torch.dtype, max_len: int) -> nn.Module:
+    if args.hf:
+        return load_hf_model(args.hf, device=device, dtype=dtype, max_seq_len=max_len).eval()
+    if args.checkpoint:
+        return load_checkpoint_model(find_checkpoint(args.checkpoint).step_folder, device=device, dtype=dtype,
+                                     max_seq_len=max_len)
+    return build_kenotron_model(
+        args.model, args.flavor, device=device, dtype=dtype, max_seq_len=max_len, vocab_size=args.vocab_size,
+        seed=args.seed,
+    )
+
+
+def build_codec(args: argparse.Namespace) -> TextCodec | None:
+    from kenotron.data import build_tokenizer
+
+    if args.prompt_ids:
+        return None
+    if args.tokenizer is not None:
+        return build_tokenizer(args.tokenizer)
+    if args.hf:
+        folder = Path(args.hf)
+        if (folder / "tokenizer.json").is_file():
+            from kenotron.checkpoint.hf_files import read_hf_config
+
+            eos = read_hf_config(folder).get("eos_token_id")
+            return HFTokenizerFile(folder / "tokenizer.json", eos[0] if isinstance(eos, list) else eos, not args.no_bos)
+        if (folder / "tokenizer.model").is_file():
+            return build_tokenizer(str(folder / "tokenizer.model"))
+        raise FileNotFoundError(
+            f"{folder} has no tokenizer.json or tokenizer.model; pass --tokenizer FILE "
+            f"(a tiktoken file, or '' for kenotron's built-in one), or token ids with --prompt-ids"
+        )
+    if args.checkpoint:
+        path = find_checkpoint(args.checkpoint).tokenizer_path()
+        if path is not None:
+            return build_tokenizer(path)
+    return build_tokenizer("")
+
+
+def main(argv: list[str] | None = None, prog: str = "kenotron generate") -> list[list[int]]:
+    args = parse_args(argv, prog)
+    device = torch.device(args.device)
+    dtype = DTYPES[args.dtype] if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
+    codec = build_codec(args)
+    if codec is None:
+        prompts = [[int(t) for t in ids.split()] for ids in args.prompt_ids]
+    else:
+        bos = [codec.bos_id] if codec.bos_id is not None and not args.no_bos else []
+        prompts = [bos + codec.encode(text) for text in args.prompt]
+    max_len = max(len(p) for p in prompts) + args.max_new_tokens
+    model = build_model(args, device, dtype, max_len)
+
+    sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
+    eos_id = None if args.ignore_eos or codec is None else codec.eos_id
+    generator = torch.Generator(device=device).manual_seed(args.seed)
+    start = time.perf_counter()
+    outputs = generate(
+        model, prompts, max_new_tokens=args.max_new_tokens, sampling=sampling, eos_id=eos_id,
+        use_cache=not args.no_cache, generator=generator,
+    )
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    elapsed = time.perf_counter() - start
+    for i, (prompt, new) in enumerate(zip(prompts, outputs)):
+        shown = " ".join(map(str, new)) if codec is None else codec.decode(new)
+        prefix = " ".join(map(str, prompt)) if codec is None else args.prompt[i]
+        print(f"--- [{i}] {prefix!r}\n{shown}")
+    n_new = sum(len(o) for o in outputs)
+    print(f"{n_new} tokens in {elapsed:.2f} s ({n_new / elapsed:.1f} tokens/s, batch {len(prompts)}, {device}, "
+          f"{'no cache' if args.no_cache else 'KV cache'})", file=sys.stderr)
+    return outputs
+
+
+
+
+def run(argv: list[str] | None = None, prog: str = "kenotron generate") -> int:
+    """`main` for a console: a missing file or a bad checkpoint is one line and exit code 2."""
+    from kenotron.checkpoint import CheckpointError
+
+    try:
+        main(argv, prog)
+    except (CheckpointError, FileNotFoundError, ValueError) as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 2
+    return 0

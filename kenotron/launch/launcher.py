@@ -1,0 +1,219 @@
+"""Start the training processes of one node through torchrun, and end with one clear line.
+
+    launch(["--config", "train_configs/debug.toml", "--training.steps", "20"], nproc=2)
+
+`kenotron train` and `./run_train.sh` call this. It runs torchrun's own launcher in this process
+(torch.distributed.run: its rendezvous, its per-rank log files, its restarts), and adds:
+
+- the config is loaded first: a bad key is one line and exit code 2, before any process starts;
+- a rank's failure ends with that rank's one-line error on the console, also when the rank's own
+  output is not shown (`log_ranks`), instead of torchrun's ChildFailedError block; a rank that
+  died without a word (a signal, a native crash) is named with the end of its log;
+- the exit code is the failing rank's (2 for config errors, 128 + N for signal N);
+- Ctrl-C or SIGTERM is passed to the ranks, which stop cleanly and say so in one line;
+- every rank's output is kept under `<job.dump_folder>/logs/` (with several processes).
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import logging
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kenotron.config import ConfigError, load_config, split_config_arg
+
+# What torchrun logs and kenotron says better itself: the failure summary, the signal forwarding.
+_REPLACED_LOG_LINES = ("failed (exitcode", "death signal, shutting down workers", "closing signal",
+                       "Setting OMP_NUM_THREADS")
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+"""What the launcher sends its ranks to stop them."""
+_CAUSE_ORDER = {"config": 0, "error": 0, "crash": 0, "peer": 1, "interrupted": 2}
+"""How a failure ranks as the cause of a job's end: lower first, then earlier."""
+
+
+@dataclass
+class Failure:
+    """One rank's end as the launcher saw it."""
+
+    rank: int
+    local_rank: int
+    exitcode: int
+    line: str
+    kind: str
+    time: float
+
+    @property
+    def exit_code(self) -> int:
+        return 128 - self.exitcode if self.exitcode < 0 else self.exitcode
+
+
+class _TorchrunLogFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not any(text in message for text in _REPLACED_LOG_LINES)
+
+
+def _quiet_torchrun_logs() -> None:
+    """torchrun's own warnings stay, one line each; the lines kenotron replaces go."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("torchrun: %(message)s"))
+    handler.addFilter(_TorchrunLogFilter())
+    for name in ("torch.distributed.elastic", "torch.distributed.run"):
+        logger = logging.getLogger(name)
+        logger.handlers = [handler]
+        logger.propagate = False
+
+
+def default_nproc() -> int:
+    """One process per visible GPU, or one on a machine without GPUs."""
+    import torch
+
+    return max(torch.cuda.device_count(), 1)
+
+
+def torchrun_args(train_argv: Sequence[str], *, nproc: int, nnodes: int, rdzv_endpoint: str, rdzv_id: str,
+                  log_ranks: str, log_dir: str, module: str) -> list[str]:
+    """torchrun's command line for these settings."""
+    args = ["--nnodes", str(nnodes), "--nproc-per-node", str(nproc), "--log-dir", log_dir]
+    if nnodes == 1:
+        args.append("--standalone")
+    else:
+        if not rdzv_endpoint:
+            raise ConfigError(f"{nnodes} nodes need the rendezvous endpoint host:port of node 0 "
+                              f"(--rdzv-endpoint, or RDZV_ENDPOINT for run_train.sh)")
+        args += ["--rdzv-backend", "c10d", "--rdzv-endpoint", rdzv_endpoint, "--rdzv-id", rdzv_id]
+    if nproc * nnodes > 1:
+        # Every rank's output goes to its own file; the console shows the ranks in log_ranks.
+        args += ["--role", "rank", "--tee", "3", "--local-ranks-filter", log_ranks]
+    return [*args, "-m", module, *train_argv]
+
+
+def _read_record(error_file: str) -> dict[str, Any]:
+    try:
+        with open(error_file) as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    entry = data.get("kenotron") if isinstance(data, dict) else None
+    if isinstance(entry, dict):
+        return entry
+    message = data.get("message") if isinstance(data, dict) else None
+    if isinstance(message, dict):  # torch's own error-file format (@record)
+        message = message.get("message")
+    return {"line": str(message), "kind": "error"} if message else {}
+
+
+def _log_tail(log_dir: str, local_rank: int, lines: int = 4) -> tuple[str, list[str]]:
+    """The newest stderr log of a local rank under `log_dir`, and its last non-empty lines."""
+    found = glob.glob(os.path.join(log_dir, "*", "attempt_*", str(local_rank), "stderr.log"))
+    if not found:
+        return "", []
+    newest = max(found, key=os.path.getmtime)
+    try:
+        text = Path(newest).read_text(errors="replace").splitlines()
+    except OSError:
+        return newest, []
+    return newest, [t for t in text if t.strip()][-lines:]
+
+
+def failures_of(exc: Any) -> list[Failure]:
+    """The failures of torchrun's ChildFailedError, each with the rank's own line when it wrote one."""
+    out = []
+    for rank, pf in exc.failures.items():
+        record = _read_record(pf.error_file) if pf.error_file and os.path.isfile(pf.error_file) else {}
+        if record:
+            kind, line = record.get("kind", "error"), record.get("line", "")
+        elif -pf.exitcode in _STOP_SIGNALS:
+            # Stopped by the launcher (it sends these to the others when one rank fails) before
+            # it could say anything: a consequence, not a cause.
+            kind, line = "interrupted", f"stopped by {pf.signal_name()} before it could report"
+        elif pf.exitcode < 0:
+            kind, line = "crash", f"died of {pf.signal_name()} without a Python error"
+        else:
+            kind, line = "crash", f"exited with code {pf.exitcode} without a kenotron error"
+        out.append(Failure(rank, pf.local_rank, pf.exitcode, line, kind, float(record.get("time", pf.timestamp))))
+    return sorted(out, key=lambda f: (_CAUSE_ORDER.get(f.kind, 0), f.time, f.rank))
+
+
+def report(failures: list[Failure], *, shown_local_ranks: set[int] | None, log_dir: str) -> str:
+    """The console line(s) for the first failure; empty when the rank already said it there."""
+    first = failures[0]
+    if first.kind != "crash" and (shown_local_ranks is None or first.local_rank in shown_local_ranks):
+        return ""  # its one line is on the console already (it printed it)
+    text = first.line.removeprefix("kenotron: ")
+    out = [f"kenotron: rank {first.rank}: {text}"]
+    path, tail = _log_tail(log_dir, first.local_rank)
+    if first.kind == "crash":
+        out += [f"  | {t}" for t in tail]
+    if path:
+        out.append(f"  (rank {first.rank}'s output: {path})")
+    return "\n".join(out)
+
+
+TRAINER = "kenotron.train"
+
+
+def _check_trainer_config(train_argv: list[str]) -> str:
+    """Load the trainer's config and check its run folder (ConfigError); returns the log folder."""
+    from kenotron.train.run_folder import check_run_folder
+    from kenotron.train.wandb_logger import check_wandb
+
+    path, overrides = split_config_arg(train_argv)
+    cfg = load_config(path, overrides)
+    check_run_folder(cfg)
+    check_wandb(cfg)
+    return str(Path(cfg.job.dump_folder) / "logs")
+
+
+def launch(train_argv: Sequence[str], *, nproc: int | None = None, nnodes: int = 1, rdzv_endpoint: str = "",
+           rdzv_id: str = "kenotron", log_ranks: str = "0", module: str = TRAINER, log_dir: str = "") -> int:
+    """Run training on this node (module docstring); returns the exit code to end with.
+
+    `module` is the program of every rank (`python -m module ARGS`), kenotron's trainer by
+    default, whose config is checked here first and whose logs go to `<job.dump_folder>/logs`;
+    another program needs `log_dir`."""
+    train_argv = list(train_argv)
+    try:
+        if module == TRAINER:
+            from kenotron.train.__main__ import answer_info_flags
+
+            if answer_info_flags(train_argv, prog="kenotron train"):
+                return 0
+            log_dir = log_dir or _check_trainer_config(train_argv)
+        if not log_dir:
+            raise ValueError(f"launching {module} needs a log_dir")
+        nproc = nproc or default_nproc()
+        shown = {int(r) for r in log_ranks.split(",") if r.strip()}
+        argv = torchrun_args(train_argv, nproc=nproc, nnodes=nnodes, rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id,
+                             log_ranks=log_ranks, log_dir=log_dir, module=module)
+    except (ConfigError, ValueError) as e:
+        print(f"kenotron: config error: {e}", file=sys.stderr)
+        return 2
+    if nproc * nnodes > 1 and "OMP_NUM_THREADS" not in os.environ:
+        os.environ["OMP_NUM_THREADS"] = "1"  # one thread per rank on CPU unless the caller chose otherwise
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import get_args_parser, run
+
+    _quiet_torchrun_logs()
+    try:
+        run(get_args_parser().parse_args(argv))
+    except ChildFailedError as exc:
+        failures = failures_of(exc)
+        line = report(failures, shown_local_ranks=shown if nproc * nnodes > 1 else None, log_dir=log_dir)
+        if line:
+            print(line, file=sys.stderr, flush=True)
+        return failures[0].exit_code
+    except SignalException as exc:
+        # The ranks got the signal too and said how they stopped.
+        return 128 + int(exc.sigval)
+    except KeyboardInterrupt:
+        return 128 + signal.SIGINT
+    return 0

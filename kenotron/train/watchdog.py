@@ -1,0 +1,156 @@
+"""A watchdog that names the rank which stopped making progress, long before the collective timeout.
+
+When one rank hangs (a stopped or swapped-out process, a deadlock, a dead disk), every other
+rank waits in its next collective until `parallelism.collective_timeout_s` runs out, silently,
+and the launcher then blames whichever healthy rank timed out first. Here every rank runs a
+thread that, every few seconds, publishes a heartbeat in the job's rendezvous store: a counter,
+the steps it has completed, its host and pid. When a rank's own progress has stalled for
+`warn_after_s`, it reads everyone's heartbeat and names
+
+- ranks whose heartbeat stopped changing (the whole process stopped: SIGSTOP, swapped out, a
+  deadlock holding Python's lock), and
+- ranks behind in completed steps while alive (stuck or slow inside the step),
+
+from the lowest-numbered healthy rank only, with the time left before the timeout ends the job.
+All ranks stalled alike (a long compilation, a save) name nobody and stay quiet.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+logger = logging.getLogger("kenotron")
+
+KEY_PREFIX = "kenotron/heartbeat/"
+
+
+@dataclass
+class _Seen:
+    value: str
+    since: float
+    """When this rank's heartbeat last changed, by this process's clock."""
+    changed: bool = False
+    """Seen changing during this stall: the rank is alive (one look cannot tell)."""
+
+
+def timings(timeout_s: float) -> tuple[float, float]:
+    """(seconds between heartbeats, seconds of stalled progress before the first warning)."""
+    warn_after = max(min(60.0, timeout_s / 4), 1.0)
+    return max(min(5.0, warn_after / 4), 0.25), warn_after
+
+
+class ProgressWatchdog:
+    """Heartbeats through `store` and warnings about stalled ranks (module docstring)."""
+
+    def __init__(self, store: Any, rank: int, world_size: int, timeout_s: float, progress: Callable[[], int],
+                 *, setting: str = "parallelism.collective_timeout_s") -> None:
+        self.store = store
+        self.rank = rank
+        self.world_size = world_size
+        self.timeout_s = timeout_s
+        self.progress = progress
+        self.setting = setting
+        self.beat_s, self.warn_after_s = timings(timeout_s)
+        self.stale_after_s = max(3 * self.beat_s, 2.0)
+        self.diagnosis = ""
+        """The latest finding about stalled ranks ("" while none), for the error at a timeout."""
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._seen: dict[int, _Seen] = {}
+        self._host = socket.gethostname()
+
+    def start(self) -> ProgressWatchdog:
+        self._thread = threading.Thread(target=self._run, name="kenotron-watchdog", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2 * self.beat_s + 1)
+
+    def _run(self) -> None:
+        beat = 0
+        last_step, last_change, last_warning = self._progress(), time.monotonic(), 0.0
+        while not self._stop.wait(self.beat_s):
+            beat += 1
+            step = self._progress()
+            now = time.monotonic()
+            if step != last_step:  # progress: a later stall is judged on fresh observations
+                last_step, last_change, self.diagnosis = step, now, ""
+                self._seen.clear()
+            try:
+                self.store.set(f"{KEY_PREFIX}{self.rank}", f"{beat} {step} {self._host} {os.getpid()}")
+                due = now - last_change >= self.warn_after_s and now - last_warning >= self.warn_after_s
+                if due and self._report(step, now - last_change):
+                    last_warning = now
+            # The store going away (the job is ending, the agent died) must never kill training.
+            except Exception as exc:  # noqa: BLE001
+                logger.debug("watchdog: the store is not reachable (%s); stopping the heartbeat", exc)
+                return
+
+    def _progress(self) -> int:
+        try:
+            return int(self.progress())
+        except Exception:  # noqa: BLE001  (a trainer still being built has no step yet)
+            return -1
+
+    def _report(self, step: int, stalled_s: float) -> bool:
+        """Read everyone's heartbeat; log (lowest healthy rank only) and return whether any rank is suspect."""
+        keys = [f"{KEY_PREFIX}{r}" for r in range(self.world_size)]
+        values = [v.decode() if isinstance(v, bytes) else str(v) for v in self.store.multi_get(keys)]
+        now = time.monotonic()
+        stopped, behind = [], []
+        for r, value in enumerate(values):
+            seen = self._seen.get(r)
+            if seen is None:
+                self._seen[r] = seen = _Seen(value, now)
+            elif seen.value != value:
+                seen.value, seen.since, seen.changed = value, now, True
+            _, their_step, host, pid = (value.split(" ") + ["?"] * 4)[:4]
+            quiet_s = now - seen.since
+            if r != self.rank and quiet_s >= self.stale_after_s:
+                stopped.append(f"rank {r} (pid {pid} on {host}) has sent no heartbeat for {quiet_s:.0f} s or more, its "
+                               f"last one at step {their_step}: the process is stopped, swapped out or deadlocked")
+            elif (r != self.rank and seen.changed and their_step.lstrip("-").isdigit()
+                  and int(their_step) < step):
+                behind.append(f"rank {r} (pid {pid} on {host}) is alive but still at step {their_step}: it is stuck "
+                              f"or slow inside the step")
+        suspects = stopped + behind
+        if not suspects:
+            return False
+        self.diagnosis = "; ".join(suspects)
+        healthy = [r for r in range(self.world_size) if not any(s.startswith(f"rank {r} ") for s in suspects)]
+        if healthy and healthy[0] == self.rank:
+            left = max(self.timeout_s - stalled_s, 0)
+            logger.warning(
+                "no progress for %.0f s (rank %d has completed step %d): %s. If nothing changes, the collective "
+                "timeout (%s=%g) ends the job in about %.0f s", stalled_s, self.rank, step, self.diagnosis,
+                self.setting, self.timeout_s, left,
+            )
+        return True
+
+
+def default_store() -> Any | None:
+    """The job's rendezvous store (torchrun's, or the one init_process_group was given), or None."""
+    try:
+        from torch.distributed import distributed_c10d
+
+        return distributed_c10d._get_default_store()  # private in torch 2.11 and 2.13
+    except Exception:  # noqa: BLE001  (no default group, or the private name moved)
+        return None
+
+
+def start_watchdog(rank: int, world_size: int, timeout_s: float, progress: Callable[[], int]) -> ProgressWatchdog | None:
+    """A running watchdog for a multi-rank job with a rendezvous store; None otherwise."""
+    store = default_store() if world_size > 1 else None
+    if store is None:
+        return None
+    return ProgressWatchdog(store, rank, world_size, timeout_s, progress).start()

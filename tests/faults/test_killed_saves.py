@@ -1,0 +1,56 @@
+"""A job killed in the middle of a save, in every save mode, loses nothing.
+
+(The separate writer process of async_with_pinned_mem killed alone, with the training process
+going on, is covered by tests/checkpoint/test_crash_safety.py.)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from kenotron.checkpoint import list_step_folders
+from kenotron.checkpoint.folders import STAMP_NAME
+from tests.checkpoint.tiny import make_run, run_layout
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow  # a training process starts from scratch (~5 s each)
+@pytest.mark.parametrize("mode", ["disabled", "async", "async_with_pinned_mem"])
+def test_killing_the_job_during_a_save_keeps_the_previous_checkpoint(tmp_path, mode):
+    folder, flag = tmp_path / "ckpt", tmp_path / "stalled.pid"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "STALL_FLAG": str(flag)}
+    run = subprocess.Popen([sys.executable, "-m", "tests.faults.stalled_save", mode, str(folder)], cwd=REPO, env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (flag.is_file() and flag.read_text()):
+            assert run.poll() is None, f"the run ended before the stall:\n{run.stdout.read()}"
+            assert time.monotonic() < deadline, "the save never reached the stall"
+            time.sleep(0.1)
+        for pid in {run.pid, int(flag.read_text())}:  # the training process and, if another, the writer
+            os.kill(pid, signal.SIGKILL)
+        run.wait(timeout=60)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+        if flag.is_file() and flag.read_text():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(flag.read_text()), signal.SIGKILL)
+    interrupted = folder / "step-000003"
+    assert [(f.step, f.complete) for f in list_step_folders(folder)] == [(2, True), (3, False)]
+    assert (interrupted / STAMP_NAME).is_file() and any(p.suffix == ".distcp" for p in interrupted.iterdir())
+    *_, state, manager, _, _ = make_run("single", folder)
+    assert manager.load() == 2 and state.step == 2
+    # The killed save is kenotron's own debris: the next save past it removes it.
+    run_layout("single", folder, until=4, save_at=(4,), load=True)
+    assert [(f.step, f.complete) for f in list_step_folders(folder)] == [(2, True), (4, True)]

@@ -1,0 +1,146 @@
+"""The launcher (kenotron train / run_train.sh): one line and the right exit code for every end,
+also when the failing rank's output is not on the console; workers die with their launcher.
+
+The ranks run tests/launch/rank_program.py (no torch, so each case costs one torchrun start)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    env["OMP_NUM_THREADS"] = "1"
+    return env
+
+
+def _launcher(mode: str, tmp_path: Path, nproc: int = 2) -> subprocess.Popen:
+    code = (
+        "import sys; from kenotron.launch.launcher import launch; "
+        f"sys.exit(launch([{mode!r}, {str(tmp_path)!r}], nproc={nproc}, module='tests.launch.rank_program', "
+        f"log_dir={str(tmp_path / 'logs')!r}))"
+    )
+    return subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def _worker_pids(tmp_path: Path, n: int, timeout: float = 60.0) -> list[int]:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        files = sorted(tmp_path.glob("rank*.pid"))
+        if len(files) == n and all(f.read_text() for f in files):
+            return [int(f.read_text()) for f in files]
+        time.sleep(0.2)
+    raise AssertionError(f"the ranks did not start within {timeout} s")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie (exited, not yet reaped by its reparented init) counts as gone.
+    with contextlib.suppress(OSError):
+        if Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z":
+            return False
+    return True
+
+
+def _cleanup(pids: list[int]) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_a_config_error_on_rank_1_reaches_the_console_with_exit_code_2(tmp_path):
+    proc = _launcher("config-error-on-1", tmp_path)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2, err
+    assert "kenotron: rank 1: config error: data.path='missing.jsonl' does not exist" in err
+    assert "ChildFailedError" not in err + out and "Traceback" not in err + out
+    assert "rank 1's output" in err  # where its whole output is kept
+
+
+def test_a_rank_dying_of_a_signal_is_named_with_the_end_of_its_log(tmp_path):
+    proc = _launcher("abort-on-1", tmp_path)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGABRT, err
+    assert "kenotron: rank 1: died of SIGABRT without a Python error" in err
+    assert "| rank 1 about to abort" in err
+    assert "ChildFailedError" not in err + out
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent-death signal is Linux's")
+def test_workers_die_with_a_killed_launcher(tmp_path):
+    proc = _launcher("sleep", tmp_path)
+    pids = _worker_pids(tmp_path, 2)
+    try:
+        proc.kill()  # SIGKILL: the launcher cannot forward anything
+        proc.communicate(timeout=30)
+        deadline = time.time() + 20
+        while any(_alive(p) for p in pids) and time.time() < deadline:
+            time.sleep(0.2)
+        assert not any(_alive(p) for p in pids), "workers outlived their launcher"
+    finally:
+        _cleanup(pids)
+
+
+def test_ctrl_c_stops_every_rank_with_one_line_and_exit_code_130(tmp_path):
+    proc = _launcher("sleep", tmp_path)
+    pids = _worker_pids(tmp_path, 2)
+    try:
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 130, err
+        assert "kenotron: interrupted on rank 0" in out + err
+        assert "Traceback" not in out + err and "ChildFailedError" not in out + err
+        assert not any(_alive(p) for p in pids)
+    finally:
+        _cleanup(pids)
+
+
+def test_run_train_sh_passes_a_config_error_through_as_exit_code_2():
+    proc = subprocess.run([str(ROOT / "run_train.sh"), "--training.stepz", "3"], check=False, cwd=ROOT, env=_env(),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == (
+        "kenotron: config error: unknown config key 'training.stepz'; did you mean 'training.steps'? "
+        "(see --help for every key)"
+    )
+    assert proc.stdout == ""
+
+
+def test_the_cause_is_the_rank_that_failed_not_the_ones_the_launcher_stopped(tmp_path):
+    import json
+    from types import SimpleNamespace
+
+    from kenotron.launch.launcher import failures_of
+
+    def failure(rank, exitcode, record=None, timestamp=100):
+        error_file = ""
+        if record is not None:
+            error_file = str(tmp_path / f"error{rank}.json")
+            Path(error_file).write_text(json.dumps({"message": record["line"], "kenotron": record}))
+        name = signal.Signals(-exitcode).name if exitcode < 0 else "<N/A>"
+        return SimpleNamespace(local_rank=rank, exitcode=exitcode, error_file=error_file, timestamp=timestamp,
+                               signal_name=lambda: name)
+
+    stopped = failure(0, -signal.SIGTERM, timestamp=99)  # killed by the launcher before its guard was up
+    aborted = failure(1, -signal.SIGABRT, timestamp=100)
+    assert [f.rank for f in failures_of(SimpleNamespace(failures={0: stopped, 1: aborted}))] == [1, 0]
+    interrupted = failure(0, 143, {"line": "kenotron: interrupted", "kind": "interrupted", "time": 1.0})
+    config = failure(1, 2, {"line": "kenotron: config error: x", "kind": "config", "time": 2.0})
+    first = failures_of(SimpleNamespace(failures={0: interrupted, 1: config}))[0]
+    assert (first.rank, first.exit_code, first.line) == (1, 2, "kenotron: config error: x")

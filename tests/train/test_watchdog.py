@@ -1,0 +1,79 @@
+"""The progress watchdog in one process, over a dict-backed store: whom it names, and when it stays quiet."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from kenotron.train.watchdog import KEY_PREFIX, ProgressWatchdog
+
+
+class DictStore:
+    def __init__(self) -> None:
+        self.values: dict[str, bytes] = {}
+        self.lock = threading.Lock()
+
+    def set(self, key: str, value: str) -> None:
+        with self.lock:
+            self.values[key] = value.encode()
+
+    def multi_get(self, keys: list[str]) -> list[bytes]:
+        with self.lock:
+            return [self.values.get(k, b"0 -1 ? ?") for k in keys]
+
+
+def watch(store: DictStore, progress, seconds: float, timeout_s: float = 2.0) -> ProgressWatchdog:
+    dog = ProgressWatchdog(store, 0, 2, timeout_s, progress).start()
+    time.sleep(seconds)
+    dog.stop()
+    return dog
+
+
+def test_a_rank_whose_heartbeat_stops_is_named_as_stopped():
+    store = DictStore()
+    store.set(KEY_PREFIX + "1", "7 3 otherhost 4242")  # rank 1 beat once, then froze
+    dog = watch(store, lambda: 4, 4.5)
+    assert "rank 1 (pid 4242 on otherhost) has sent no heartbeat for" in dog.diagnosis
+    assert "its last one at step 3" in dog.diagnosis
+
+
+def test_a_live_rank_behind_in_steps_is_named_as_stuck_inside_the_step():
+    store = DictStore()
+    done = threading.Event()
+
+    def beat() -> None:
+        n = 0
+        while not done.is_set():
+            n += 1
+            store.set(KEY_PREFIX + "1", f"{n} 3 otherhost 4242")
+            time.sleep(0.1)
+
+    thread = threading.Thread(target=beat)
+    thread.start()
+    try:
+        dog = watch(store, lambda: 4, 3.0)
+    finally:
+        done.set()
+        thread.join()
+    assert dog.diagnosis.startswith("rank 1 (pid 4242 on otherhost) is alive but still at step 3")
+
+
+def test_ranks_stalled_alike_are_not_suspected():
+    store = DictStore()
+    done = threading.Event()
+
+    def beat() -> None:
+        n = 0
+        while not done.is_set():
+            n += 1
+            store.set(KEY_PREFIX + "1", f"{n} 4 otherhost 4242")  # alive, at the same step (a long compile)
+            time.sleep(0.1)
+
+    thread = threading.Thread(target=beat)
+    thread.start()
+    try:
+        dog = watch(store, lambda: 4, 3.0)
+    finally:
+        done.set()
+        thread.join()
+    assert dog.diagnosis == ""
