@@ -19,7 +19,7 @@ from pathlib import Path
 
 from kenotron.data.bpe_training import train_bpe, write_rank_file
 from kenotron.data.corpus import builtin_documents
-from kenotron.data.tokenizer import (
+from kenotron.data.tiktoken_bpe import (
     SMALL_VOCAB_NUM_SPECIAL_TOKENS,
     TiktokenTokenizer,
     special_token_count_for,

@@ -2,7 +2,8 @@
 
 For a tiktoken BPE (kenotron's built-in one, Llama 3's `tokenizer.model`, ...) the folder gets:
 
-- `tokenizer.model`: the rank file itself, which kenotron reads back (build_tokenizer(folder));
+- `tokenizer.model`: the rank file itself (kenotron reads the folder through tokenizer.json, the
+  same ids, or this file when tokenizer.path names it);
 - `tokenizer.json`: the same BPE for the `tokenizers` package and transformers'
   PreTrainedTokenizerFast (byte-level BPE, the same split pattern, the special tokens at the same
   ids, BOS added in front as Llama 3's does); needs the `tokenizers` package;
@@ -22,13 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from kenotron.checkpoint.errors import CheckpointFormatError
-from kenotron.data.tokenizer import (
-    BEGIN_OF_TEXT,
-    END_OF_TEXT,
-    LLAMA3_SPLIT_PATTERN,
-    TiktokenTokenizer,
-    read_rank_file,
-)
+from kenotron.data.tiktoken_bpe import BEGIN_OF_TEXT, END_OF_TEXT, TiktokenTokenizer, read_rank_file
 
 logger = logging.getLogger("kenotron")
 
@@ -92,7 +87,7 @@ def tiktoken_to_tokenizer_json(tokenizer: TiktokenTokenizer) -> str:
     vocab, merges = bpe_vocab_and_merges(read_rank_file(tokenizer.path))
     hf = HFTokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False, ignore_merges=True))
     hf.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(LLAMA3_SPLIT_PATTERN), behavior="isolated", invert=False),
+        pre_tokenizers.Split(Regex(tokenizer.split_pattern), behavior="isolated", invert=False),
         pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=False),
     ])
     hf.decoder = decoders.ByteLevel()

@@ -17,6 +17,8 @@ from kenotron.config.sections import (
     Checkpoint,
     Compile,
     Data,
+    DataSource,
+    DataStage,
     Float8,
     Job,
     JobConfig,
@@ -28,6 +30,7 @@ from kenotron.config.sections import (
     Tokenizer,
     Training,
     Tuning,
+    Validation,
 )
 from kenotron.config.validate import validate_config
 
@@ -37,6 +40,8 @@ __all__ = [
     "Compile",
     "ConfigError",
     "Data",
+    "DataSource",
+    "DataStage",
     "FieldInfo",
     "Float8",
     "Job",
@@ -49,6 +54,7 @@ __all__ = [
     "Tokenizer",
     "Training",
     "Tuning",
+    "Validation",
     "all_fields",
     "config_from_dict",
     "config_help",

@@ -6,6 +6,7 @@ one message that names the key, the bad value and the fix.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import tomllib
 import typing
@@ -45,11 +46,24 @@ def _convert(info: FieldInfo, value: Any, *, from_cli: bool) -> Any:
             raise ConfigError(f"{info.key}={value!r} is not one of {valid}{_suggest(str(value), [str(c) for c in choices])}")
         return value
     origin = typing.get_origin(typ)
+    if origin is list and dataclasses.is_dataclass(typing.get_args(typ)[0]):
+        (inner,) = typing.get_args(typ)
+        items = _inline_toml(info, value) if from_cli and isinstance(value, str) else value
+        if not isinstance(items, list):
+            raise ConfigError(f"{info.key} expects a list of tables ([[{info.key}]] in TOML), got {value!r}")
+        return [_table(info, inner, i, item) for i, item in enumerate(items)]
+    if origin is dict:
+        _, inner = typing.get_args(typ)
+        table = _inline_toml(info, value) if from_cli and isinstance(value, str) else value
+        if not isinstance(table, dict):
+            raise ConfigError(f"{info.key} expects a table such as {{a = 1.0, b = 2.0}}, got {value!r}")
+        sub = FieldInfo(info.section, info.name, inner, None, "")
+        return {str(k): _convert(replace(sub, name=f"{info.name}.{k}"), v, from_cli=False) for k, v in table.items()}
     if origin is list:
         (inner,) = typing.get_args(typ)
         if from_cli and isinstance(value, str):
             text = value.strip().removeprefix("[").removesuffix("]")
-            items: list[Any] = [v.strip().strip("'\"") for v in text.split(",") if v.strip()]
+            items = [v.strip().strip("'\"") for v in text.split(",") if v.strip()]
         elif isinstance(value, list):
             items = value
         else:
@@ -85,6 +99,30 @@ def _convert(info: FieldInfo, value: Any, *, from_cli: bool) -> Any:
             return value
         raise ConfigError(f"{info.key} expects a string, got {value!r} (quote it in TOML)")
     raise TypeError(f"config field {info.key} has an unsupported type {typ!r}")
+
+
+def _inline_toml(info: FieldInfo, text: str) -> Any:
+    """A command-line value written as a TOML inline value: `[{a = 1}, {a = 2}]`, `{x = 0.5}`."""
+    try:
+        return tomllib.loads(f"value = {text}")["value"]
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"--{info.key} expects a TOML inline value such as [{{name = \"a\"}}], got {text!r} ({e})") from None
+
+
+def _table(info: FieldInfo, cls: type, index: int, item: Any) -> Any:
+    """One `[[section.key]]` table as its dataclass, each value checked like a top-level field."""
+    where = f"{info.key}[{index}]"
+    if not isinstance(item, dict):
+        raise ConfigError(f"{where} must be a table of key = value pairs, got {item!r}")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    values = {}
+    for key, value in item.items():
+        if key not in names:
+            raise ConfigError(f"unknown key '{key}' in {where}{_suggest(key, names)} (keys: {', '.join(names)})")
+        sub = FieldInfo(info.section, f"{info.name}[{index}].{key}", hints[key], None, "")
+        values[key] = _convert(sub, value, from_cli=False)
+    return cls(**values)
 
 
 def split_config_arg(argv: Sequence[str]) -> tuple[str | None, list[str]]:
@@ -183,6 +221,10 @@ def toml_value(value: Any) -> str:
         return f'"{escaped}"'
     if isinstance(value, list):
         return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{toml_value(str(k))} = {toml_value(v)}" for k, v in value.items()) + "}"
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return toml_value({f.name: getattr(value, f.name) for f in dataclasses.fields(value)})
     raise TypeError(f"cannot write {value!r} as TOML")
 
 

@@ -45,6 +45,9 @@ class FieldInfo:
         if origin is list:
             (inner,) = typing.get_args(self.type)
             return f"list[{inner.__name__}]"
+        if origin is dict:
+            key, value = typing.get_args(self.type)
+            return f"dict[{key.__name__}, {value.__name__}]"
         return self.type.__name__
 
 

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import regex
 
+from kenotron.data.tiktoken_bpe import write_sidecar
 from kenotron.data.tokenizer import LLAMA3_SPLIT_PATTERN
 
 Pair = tuple[int, int]
@@ -143,8 +144,9 @@ def train_bpe(
     return id_of_bytes
 
 
-def write_rank_file(ranks: dict[bytes, int], path: str | Path) -> None:
-    """Write `ranks` as a tiktoken rank file (`base64(token) rank` per line, in rank order)."""
+def write_rank_file(ranks: dict[bytes, int], path: str | Path, pattern: str = LLAMA3_SPLIT_PATTERN) -> None:
+    """Write `ranks` as a tiktoken rank file (`base64(token) rank` per line, in rank order), and
+    the split pattern the vocabulary was trained with beside it (`<path>.json`)."""
     lines = [
         f"{base64.b64encode(token).decode('ascii')} {rank}\n"
         for token, rank in sorted(ranks.items(), key=lambda item: item[1])
@@ -152,3 +154,4 @@ def write_rank_file(ranks: dict[bytes, int], path: str | Path) -> None:
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", encoding="ascii", newline="\n") as f:
         f.writelines(lines)
+    write_sidecar(path, pattern)

@@ -1,9 +1,7 @@
-"""Plain-words errors for local data files that the `datasets` reader only calls invalid.
+"""Plain-words errors for local data files: an empty file, a line that is not JSON.
 
-An empty file reaches HF's reader as "StopIteration" or "An error occurred while generating
-the dataset", and a malformed JSON line as the same, without a line number. These checks name
-the file and the line: the emptiness check runs before reading (it looks at the first bytes of
-each file), the JSON scan only after the reader failed.
+Both name the file and the fix; the JSON one also the line number, counted from the file's start
+only when the error happens (the reader keeps byte offsets, not line numbers).
 """
 
 from __future__ import annotations
@@ -32,25 +30,16 @@ def _has_content(file: Path) -> bool:
     return False
 
 
-def first_json_error(files: list[str]) -> str | None:
-    """Where the first of `files` that is not valid JSON Lines (or one JSON document) breaks:
-    `file 'x.jsonl' line 3 is not valid JSON (Expecting value, column 10): '{"text": broken'`."""
-    for name in files:
-        text = Path(name).read_text(errors="replace")
-        if text.lstrip().startswith("["):  # one JSON array, possibly over many lines
-            try:
-                json.loads(text)
-            except json.JSONDecodeError as err:
-                line = text.splitlines()[err.lineno - 1] if text.splitlines() else ""
-                return f"file {name!r} line {err.lineno} is not valid JSON ({err.msg}, column {err.colno}): {line[:60]!r}"
-            continue
-        for number, line in enumerate(text.splitlines(), start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as err:
-                return f"file {name!r} line {number} is not valid JSON ({err.msg}, column {err.colno}): {line[:60]!r}"
-            if not isinstance(record, dict):
-                return f"file {name!r} line {number} holds a JSON {type(record).__name__}, not an object with a text field"
-    return None
+def json_line_error(path: str, file: Path, offset: int, line: bytes, err: ValueError | None) -> DataError:
+    """The one-line error for a JSON Lines record at byte `offset` of `file` that is not a JSON
+    object (`err`: the decoder's error, None when it decoded to something else)."""
+    with open(file, "rb") as f:
+        number = f.read(offset).count(b"\n") + 1
+    text = line.decode("utf-8", errors="replace").rstrip("\n")
+    if isinstance(err, json.JSONDecodeError):
+        what = f"is not valid JSON ({err.msg}, column {err.colno}): {text[:60]!r}"
+    elif err is not None:
+        what = f"is not valid JSON ({err}): {text[:60]!r}"
+    else:
+        what = f"holds a JSON {type(json.loads(line)).__name__}, not an object with a text field"
+    return DataError(f"data.path={path!r}: file {str(file)!r} line {number} {what}; fix or remove that line")

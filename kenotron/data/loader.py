@@ -3,57 +3,61 @@
 Contract: the global batch of step s is the same set of sequences whatever the data-parallel
 degree D and the micro-batch size b. With G = global_batch_size:
 
-- step s is windows [s*G, (s+1)*G) of the packed stream;
-- dp rank r takes the contiguous slice [r*G/D, (r+1)*G/D) of it,
+- step s is samples [s*G, (s+1)*G) of the run; the blend (kenotron.data.blend) says which
+  dataset each sample comes from, and each dataset gives its samples in its own order
+  (shuffled windows for tokenized folders, the packed stream for raw text);
+- dp rank r takes the contiguous slice [r*G/D, (r+1)*G/D) of the step's samples,
 - and splits it, in order, into A = G/(D*b) micro-batches of b sequences (gradient
   accumulation steps).
 
 So a run on 8 GPUs and its replay on 1 GPU with 8x accumulation see the same data, and a
 checkpoint taken under one layout resumes under another.
 
-The cost, for text sources: every rank tokenizes the whole stream and drops the other ranks'
-windows, because where window k starts in the documents is only known after tokenizing
-everything before it. Tokenizing is cheap next to a training step (tiktoken, several
-threads); pre-tokenized sources can later skip this by indexing windows directly.
+Each rank reads only its own windows from random-access datasets (tokenized folders): the
+loader's counters say which windows of the dataset the step uses. A sequential dataset (raw text
+packed on the fly) must be read in order, so every rank tokenizes the step's windows of it and
+builds only its own; for large data-parallel degrees, tokenize ahead with scripts/preprocess.py.
 
-State is the step count and the window source's state at the step boundary; since every rank
-reads every window, it is the same on every rank.
+State: the step count, the data stage and its interleaving counters, how many windows each
+dataset has given, the tokens each dataset has given, and each sequential dataset's position.
+It is O(number of datasets), identical on every rank, and resuming reads nothing twice.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+import math
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import torch
 
-from kenotron.data.packing import PackedWindows
-from kenotron.data.synthetic import SyntheticWindows
-from kenotron.data.text_source import open_documents
-from kenotron.data.tokenizer import Tokenizer
+from kenotron.data.blend import Interleaver, Stage, check_stages, stage_index
+from kenotron.data.sources import is_random_access
+from kenotron.errors import DataError
 
 logger = logging.getLogger("kenotron")
 
 
-class WindowSource(Protocol):
-    """Anything that yields windows of seq_len + 1 token ids and can save its position."""
+@dataclass
+class MicroBatch:
+    """b sequences: `inputs` and `labels` (inputs shifted by one), int64 [b, seq_len] on CPU.
 
-    def next_window(self) -> np.ndarray: ...
+    A pipeline stage that needs no inputs (or no labels) gets None there.
+    """
 
-    def state_dict(self) -> dict[str, Any]: ...
-
-    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+    inputs: torch.Tensor | None
+    labels: torch.Tensor | None
 
 
 @dataclass
-class MicroBatch:
-    """b sequences: `inputs` and `labels` (inputs shifted by one), int64 [b, seq_len] on CPU."""
+class NamedSource:
+    """One dataset of a blend: a label for metrics and its windows (see kenotron.data.sources)."""
 
-    inputs: torch.Tensor
-    labels: torch.Tensor
+    name: str
+    source: Any
 
 
 def check_batch_sizes(global_batch_size: int, local_batch_size: int, dp_size: int) -> None:
@@ -79,18 +83,25 @@ def check_batch_sizes(global_batch_size: int, local_batch_size: int, dp_size: in
 class GlobalBatchLoader:
     """Micro-batches of one dp rank, step by step, under the layout-invariant contract above.
 
-    `global_batch_size=-1` means local_batch_size x dp_size (no gradient accumulation).
+    `sources`: one window source, or NamedSources blended by `stages` (default: one stage from
+    step 0, equal weights, `seq_len`). `global_batch_size=-1` means local_batch_size x dp_size.
+    `vocab_size`: token ids from random-access datasets are checked to be below it.
     Iterating yields, per step, the list of this rank's micro-batches.
     """
 
     def __init__(
         self,
-        windows_source: WindowSource,
+        sources: Any,
         seq_len: int,
         global_batch_size: int,
         local_batch_size: int,
         dp_rank: int = 0,
         dp_size: int = 1,
+        *,
+        stages: Sequence[Stage] | None = None,
+        feed_inputs: bool = True,
+        feed_labels: bool = True,
+        vocab_size: int | None = None,
     ) -> None:
         if global_batch_size == -1:
             global_batch_size = local_batch_size * dp_size
@@ -99,54 +110,167 @@ class GlobalBatchLoader:
             raise ValueError(f"dp_rank={dp_rank} is out of range for dp_size={dp_size}")
         if seq_len < 1:
             raise ValueError(f"training.seq_len={seq_len} must be at least 1")
-        self.windows_source = windows_source
+        if isinstance(sources, NamedSource):
+            sources = [sources]
+        elif not isinstance(sources, (list, tuple)):
+            sources = [NamedSource(getattr(sources, "name", "data"), sources)]
+        self.sources: list[NamedSource] = list(sources)
+        names = [s.name for s in self.sources]
+        if len(set(names)) != len(names):
+            raise ValueError(f"dataset names {names} repeat; give each data source its own name")
+        self.stages = list(stages or [Stage(0, tuple(1 / len(names) for _ in names), seq_len)])
+        check_stages(self.stages)
+        for stage in self.stages:
+            if len(stage.weights) != len(self.sources):
+                raise ValueError(f"a data stage has {len(stage.weights)} weights for {len(self.sources)} datasets")
         self.seq_len = seq_len
         self.global_batch_size = global_batch_size
         self.local_batch_size = local_batch_size
         self.dp_rank = dp_rank
         self.dp_size = dp_size
+        self.feed_inputs, self.feed_labels = feed_inputs, feed_labels
+        self.vocab_size = vocab_size
         self.sequences_per_rank = global_batch_size // dp_size
         self.micro_batches_per_step = self.sequences_per_rank // local_batch_size
         self.step = 0  # steps already returned
+        self.windows_drawn = [0] * len(self.sources)  # per dataset, counted in windows of `window_len`
+        self.tokens_seen = [0] * len(self.sources)  # label tokens each dataset has given, all ranks
+        self._stage = -1
+        self._interleaver = Interleaver(self.stages[0].weights)
+        self._window_len = self.stages[0].seq_len + 1
+        self.last_seq_len: int | None = None  # of the last step returned
 
-    def _read_global_windows(self) -> list[np.ndarray]:
-        windows = [self.windows_source.next_window() for _ in range(self.global_batch_size)]
-        for window in windows:
-            if window.shape != (self.seq_len + 1,):
-                raise ValueError(
-                    f"the window source gave a window of shape {tuple(window.shape)}, expected "
-                    f"({self.seq_len + 1},) for training.seq_len={self.seq_len}; build it with "
-                    "the same seq_len"
-                )
-        return windows
+    # -- stages -------------------------------------------------------------------------------
+
+    def _enter_stage(self, index: int) -> None:
+        """Start stage `index`: a fresh interleaving; dataset positions carry over (in windows of the new length)."""
+        stage = self.stages[index]
+        self._set_window_len(stage.seq_len + 1)
+        self._interleaver = Interleaver(stage.weights)
+        self._stage = index
+
+    def _set_window_len(self, window_len: int) -> None:
+        # The same fraction of each random-access dataset counts as used; sequential streams
+        # continue at the exact token where they stopped.
+        if window_len != self._window_len:
+            self.windows_drawn = [math.ceil(n * self._window_len / window_len) for n in self.windows_drawn]
+            self._window_len = window_len
+        for named in self.sources:
+            if not is_random_access(named.source) and hasattr(named.source, "seq_len"):
+                named.source.seq_len = window_len - 1
+
+    @property
+    def current_seq_len(self) -> int:
+        """The sequence length of the next step (its stage's)."""
+        return self.stages[stage_index(self.stages, self.step)].seq_len
+
+    # -- one step -----------------------------------------------------------------------------
+
+    def _check_ids(self, windows: np.ndarray, named: NamedSource) -> None:
+        if self.vocab_size is None or not windows.size:
+            return
+        top = int(windows.max())
+        if top >= self.vocab_size or int(windows.min()) < 0:
+            folder = getattr(getattr(named.source, "folder", None), "folder", None)
+            where = f" ({folder})" if folder is not None else ""
+            raise DataError(
+                f"dataset {named.name!r}{where} holds token id {top}, beyond the model's vocabulary of "
+                f"{self.vocab_size}: it was tokenized with another tokenizer; re-tokenize it with tokenizer.path's "
+                f"tokenizer (scripts/preprocess.py), or set model.vocab_size above {top}"
+            )
 
     def next_step(self) -> list[MicroBatch]:
         """This rank's micro-batches of the next step, in order (A of them, b sequences each)."""
-        # Every rank reads all G windows (tokenizing the whole stream) and keeps its slice:
-        # the price of batches that do not depend on the layout.
-        windows = self._read_global_windows()
-        start = self.dp_rank * self.sequences_per_rank
-        mine = torch.from_numpy(np.stack(windows[start : start + self.sequences_per_rank]))
+        index = stage_index(self.stages, self.step)
+        if index != self._stage:
+            self._enter_stage(index)
+        window_len = self._window_len
+        choice = self._interleaver.next(self.global_batch_size)
+        lo = self.dp_rank * self.sequences_per_rank
+        hi = lo + self.sequences_per_rank
+        fed = self.feed_inputs or self.feed_labels
+        batch = np.empty((self.sequences_per_rank, window_len), dtype=np.int64) if fed else None
+        for d, named in enumerate(self.sources):
+            positions = np.flatnonzero(choice == d)  # this dataset's samples in the global batch
+            if not len(positions):
+                continue
+            mine = (positions >= lo) & (positions < hi)
+            if is_random_access(named.source):
+                if batch is not None and mine.any():
+                    indices = self.windows_drawn[d] + np.flatnonzero(mine)
+                    windows = named.source.windows(indices, window_len)
+                    self._check_ids(windows, named)
+                    batch[positions[mine] - lo] = windows
+            else:
+                skip = getattr(named.source, "skip_window", named.source.next_window)
+                for position, keep in zip(positions.tolist(), mine.tolist(), strict=True):
+                    if keep and batch is not None:
+                        window = named.source.next_window()
+                        if window.shape != (window_len,):
+                            raise ValueError(
+                                f"dataset {named.name!r} gave a window of shape {tuple(window.shape)}, expected "
+                                f"({window_len},) for seq_len={window_len - 1}; build it with the same seq_len"
+                            )
+                        batch[position - lo] = window
+                    else:
+                        skip()
+            self.windows_drawn[d] += len(positions)
+            self.tokens_seen[d] += len(positions) * (window_len - 1)
         self.step += 1
-        micro_batches = []
+        self.last_seq_len = window_len - 1
+        return self._micro_batches(batch)
+
+    def _micro_batches(self, batch: np.ndarray | None) -> list[MicroBatch]:
+        if batch is None:
+            return [MicroBatch(None, None) for _ in range(self.micro_batches_per_step)]
+        mine = torch.from_numpy(batch)
+        out = []
         for chunk in mine.split(self.local_batch_size):
-            micro_batches.append(
-                MicroBatch(inputs=chunk[:, :-1].contiguous(), labels=chunk[:, 1:].contiguous())
-            )
-        return micro_batches
+            inputs = chunk[:, :-1].contiguous() if self.feed_inputs else None
+            labels = chunk[:, 1:].contiguous() if self.feed_labels else None
+            out.append(MicroBatch(inputs=inputs, labels=labels))
+        return out
 
     def __iter__(self) -> Iterator[list[MicroBatch]]:
         while True:
             yield self.next_step()
 
+    def tokens_by_dataset(self) -> dict[str, int]:
+        """Label tokens each dataset has given so far, over all ranks."""
+        return {named.name: n for named, n in zip(self.sources, self.tokens_seen, strict=True)}
+
+    # -- state --------------------------------------------------------------------------------
+
     def state_dict(self) -> dict[str, Any]:
-        """Step count, global batch and window-source state at the step boundary (equal on every rank)."""
-        return {"step": self.step, "global_batch_size": self.global_batch_size,
-                "windows": self.windows_source.state_dict()}
+        """Where the run stands in its data (equal on every rank)."""
+        return {
+            "step": self.step,
+            "global_batch_size": self.global_batch_size,
+            "stage_start": self.stages[self._stage].start_step if self._stage >= 0 else None,
+            "interleaver": self._interleaver.state_dict(),
+            "window_len": self._window_len,
+            "windows_drawn": list(self.windows_drawn),
+            "tokens_seen": self.tokens_by_dataset(),
+            "sequential": {
+                named.name: named.source.state_dict()
+                for named in self.sources
+                if not is_random_access(named.source)
+            },
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        if "windows_drawn" not in state:
+            raise DataError(
+                "the checkpoint's data position was saved by an older kenotron (before blends and tokenized data); "
+                "resume with --checkpoint.exclude_from_loading dataloader (the data restarts from its beginning)"
+            )
+        names = [named.name for named in self.sources]
+        if sorted(state["tokens_seen"]) != sorted(names):
+            raise DataError(
+                f"the checkpoint's data comes from datasets {sorted(state['tokens_seen'])}, this run's from "
+                f"{sorted(names)}; resume with the same data sources (or exclude 'dataloader' from loading)"
+            )
         self.step = int(state["step"])
-        self.windows_source.load_state_dict(state["windows"])
         saved = state.get("global_batch_size")
         if saved is not None and int(saved) != self.global_batch_size:
             logger.warning(
@@ -156,38 +280,16 @@ class GlobalBatchLoader:
                 int(saved), self.global_batch_size, self.local_batch_size, self.dp_size, self.micro_batches_per_step,
                 int(saved),
             )
-
-
-def build_text_loader(
-    tokenizer: Tokenizer,
-    dataset: str,
-    path: str,
-    seq_len: int,
-    global_batch_size: int,
-    local_batch_size: int,
-    dp_rank: int = 0,
-    dp_size: int = 1,
-    text_field: str = "text",
-    split: str = "train",
-    add_bos: bool = True,
-    streaming: bool = False,
-    cache_dir: str | None = None,
-    synthetic_vocab_size: int = 0,
-) -> GlobalBatchLoader:
-    """Documents -> packed windows -> this rank's micro-batches, from config-level values.
-
-    `dataset="synthetic"` gives random token ids below `synthetic_vocab_size` (default: the
-    tokenizer's vocabulary) instead of text, for speed benchmarks.
-    """
-    # Validate the batch layout before opening (maybe downloading) anything.
-    if global_batch_size != -1:
-        check_batch_sizes(global_batch_size, local_batch_size, dp_size)
-    windows: WindowSource
-    if dataset == "synthetic":
-        windows = SyntheticWindows(synthetic_vocab_size or tokenizer.vocab_size, seq_len)
-    else:
-        documents = open_documents(dataset, path, text_field, split, streaming, cache_dir)
-        windows = PackedWindows(documents, tokenizer, seq_len, add_bos=add_bos)
-    return GlobalBatchLoader(
-        windows, seq_len, global_batch_size, local_batch_size, dp_rank=dp_rank, dp_size=dp_size
-    )
+        self.windows_drawn = [int(n) for n in state["windows_drawn"]]
+        self.tokens_seen = [int(state["tokens_seen"][name]) for name in names]
+        self._window_len = int(state["window_len"])
+        for named in self.sources:
+            if not is_random_access(named.source):
+                named.source.load_state_dict(state["sequential"][named.name])
+        index = stage_index(self.stages, self.step)
+        if state["stage_start"] is not None and self.stages[index].start_step == state["stage_start"]:
+            # Mid-stage: continue its interleaving where it stopped.
+            self._enter_stage(index)
+            self._interleaver.load_state_dict(state["interleaver"])
+        else:
+            self._stage = -1  # next_step enters the stage this step belongs to

@@ -1,16 +1,18 @@
 """Packing: documents -> one token stream -> fixed windows of seq_len + 1 tokens.
 
-Each document becomes `[bos] + tokens + [eos]` (bos optional), the documents are concatenated
-in order, and the stream is cut into consecutive, non-overlapping windows of seq_len + 1
-tokens: a window w gives inputs w[:-1] and labels w[1:]. No token is dropped or repeated;
-documents run across window borders (no padding). Attention crosses document borders unless
-`data.document_masking` is on: the trainer then derives each token's document from the EOS
-tokens of the inputs (`document_ids`) and attends within documents only.
+Each document becomes `[bos] + tokens + [eos]` (bos when asked for and the tokenizer has one),
+the documents are concatenated in order, and the stream is cut into consecutive,
+non-overlapping windows of seq_len + 1 tokens: a window w gives inputs w[:-1] and labels w[1:].
+No token is dropped or repeated; documents run across window borders (no padding). Attention
+crosses document borders unless `data.document_masking` is on: the trainer then derives each
+token's document from the EOS tokens of the inputs (`document_ids`) and attends within
+documents only.
 
-State is the position of the next window's first token: (epoch, document index, token offset
-inside that document's tokens). It is three integers whatever the document sizes, and
-resuming re-tokenizes only the document the window starts in. It does not depend on
-seq_len, so a run may resume with another sequence length.
+State is the position of the next window's first token: the position of the document it
+starts in (as its source gives it: an index, a file offset, a stream state) and the token
+offset inside that document. It is O(1) whatever the document sizes, resuming re-tokenizes only
+the document the window starts in, and it does not depend on seq_len, so a run may resume (or
+a data stage switch) with another sequence length.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import logging
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -32,8 +35,7 @@ logger = logging.getLogger("kenotron")
 
 @dataclass
 class _TokenizedDocument:
-    epoch: int
-    index: int
+    position: dict[str, Any]
     tokens: np.ndarray  # int64, [bos] + ids + [eos]
     offset: int  # first token not yet put in a window
 
@@ -41,8 +43,9 @@ class _TokenizedDocument:
 class PackedWindows:
     """Windows of `seq_len + 1` token ids (int64 numpy arrays) packed from `documents`.
 
-    `read_ahead` documents are tokenized at a time (on several threads when the tokenizer
-    supports it); reading ahead moves the document source but not this object's state.
+    `read_ahead` documents are tokenized at a time (on every core when the tokenizer supports
+    it); reading ahead moves the document source but not this object's state. `seq_len` may be
+    changed between windows.
     """
 
     def __init__(
@@ -51,7 +54,7 @@ class PackedWindows:
         tokenizer: Tokenizer,
         seq_len: int,
         add_bos: bool = True,
-        read_ahead: int = 16,
+        read_ahead: int = 64,
     ) -> None:
         if seq_len < 1:
             raise ValueError(f"training.seq_len={seq_len} must be at least 1")
@@ -76,8 +79,13 @@ class PackedWindows:
         return self.seq_len + 1
 
     def _document_tokens(self, ids: list[int]) -> np.ndarray:
-        head = [self.tokenizer.bos_id] if self.add_bos else []
-        return np.array(head + ids + [self.tokenizer.eos_id], dtype=np.int64)
+        bos = self.tokenizer.bos_id
+        tokens = np.empty(len(ids) + 1 + (self.add_bos and bos is not None), dtype=np.int64)
+        if len(tokens) > len(ids) + 1:
+            tokens[0] = bos
+        tokens[len(tokens) - len(ids) - 1 : -1] = ids
+        tokens[-1] = self.tokenizer.eos_id
+        return tokens
 
     def _read_documents(self) -> None:
         documents = [self.documents.next_document() for _ in range(self.read_ahead)]
@@ -91,7 +99,7 @@ class PackedWindows:
                     f"(epoch {document.epoch}), which has {len(tokens)} tokens; the checkpoint "
                     "was made with other data, tokenizer or data.add_bos"
                 )
-            self._pending.append(_TokenizedDocument(document.epoch, document.index, tokens, offset))
+            self._pending.append(_TokenizedDocument(document.position, tokens, offset))
             self._pending_tokens += len(tokens) - offset
             self._count_epoch_tokens(document.epoch, document.index, len(tokens))
 
@@ -109,8 +117,7 @@ class PackedWindows:
         if epoch in self._epoch_tokens:
             self._epoch_tokens[epoch] += n_tokens
 
-    def next_window(self) -> np.ndarray:
-        """The next `seq_len + 1` tokens of the packed stream."""
+    def _take(self, keep: bool) -> np.ndarray | None:
         while self._pending_tokens < self.window_len:
             self._read_documents()
         parts = []
@@ -118,34 +125,40 @@ class PackedWindows:
         while missing:
             head = self._pending[0]
             take = min(missing, len(head.tokens) - head.offset)
-            parts.append(head.tokens[head.offset : head.offset + take])
+            if keep:
+                parts.append(head.tokens[head.offset : head.offset + take])
             head.offset += take
             missing -= take
             if head.offset == len(head.tokens):
                 self._pending.popleft()
         self._pending_tokens -= self.window_len
-        return np.concatenate(parts)
+        return np.concatenate(parts) if keep else None
+
+    def next_window(self) -> np.ndarray:
+        """The next `seq_len + 1` tokens of the packed stream."""
+        window = self._take(keep=True)
+        assert window is not None
+        return window
+
+    def skip_window(self) -> None:
+        """Move past the next window without building it (another rank's window)."""
+        self._take(keep=False)
 
     def __iter__(self) -> Iterator[np.ndarray]:
         while True:
             yield self.next_window()
 
-    def state_dict(self) -> dict[str, int]:
-        """Where the next window starts: epoch, document index and token offset in it."""
+    def state_dict(self) -> dict[str, Any]:
+        """Where the next window starts: the position of its document and the token offset in it."""
         if self._pending:
             head = self._pending[0]
-            return {"epoch": head.epoch, "document_index": head.index, "token_offset": head.offset}
-        position = self.documents.state_dict()
-        return {
-            "epoch": position["epoch"],
-            "document_index": position["index"],
-            "token_offset": self._resume_offset,
-        }
+            return {"document": dict(head.position), "token_offset": head.offset}
+        return {"document": self.documents.state_dict(), "token_offset": self._resume_offset}
 
-    def load_state_dict(self, state: dict[str, int]) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         self._pending.clear()
         self._pending_tokens = 0
-        self.documents.load_state_dict({"epoch": state["epoch"], "index": state["document_index"]})
+        self.documents.load_state_dict(state["document"])
         self._resume_offset = int(state["token_offset"])
 
 

@@ -73,11 +73,17 @@ STEP_COUNTER = 512
 """A fused AdamW step counter is a 0-d fp32 tensor on the GPU: one allocator block."""
 
 
+def zero1_ranks(run: ResolvedRun) -> int:
+    """Ranks ZeRO-1 replicates parameters over and shares optimizer state among: dp x cp (the
+    context-parallel ranks hold the same parameters, kenotron.parallel.data)."""
+    return run.dims.dp * run.dims.cp
+
+
 def data_parallel_kind(run: ResolvedRun) -> str:
     """fsdp, hsdp, ddp, zero1 or none, as kenotron.parallel.data decides it."""
     d = run.dims
     if run.plan.settings.dp_mode == "zero1":
-        return "zero1" if d.dp > 1 else "none"
+        return "zero1" if zero1_ranks(run) > 1 else "none"
     if d.dp_shard * d.cp > 1:
         return "hsdp" if d.dp_replicate > 1 else "fsdp"
     return "ddp" if d.dp_replicate > 1 else "none"
@@ -143,8 +149,8 @@ def optimizer_state_bytes(run: ResolvedRun, model: nn.Module, params: ParameterB
     rows = {r["name"]: r for r in run.plan.describe(model, {"tp": run.dims.tp})}
     named = dict(model.named_parameters())
     ordered = [n for n, p in named.items() if p.ndim >= 2] + [n for n, p in named.items() if p.ndim < 2]
-    owner = partition_params([named[n] for n in ordered], run.dims.dp)
-    per_rank = [0] * run.dims.dp
+    owner = partition_params([named[n] for n in ordered], zero1_ranks(run))
+    per_rank = [0] * zero1_ranks(run)
     for name, rank in zip(ordered, owner):
         per_rank[rank] += 2 * allocated_bytes(rows[name]["bytes"]) + STEP_COUNTER
     return max(per_rank)

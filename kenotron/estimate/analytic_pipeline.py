@@ -144,7 +144,7 @@ def stage_peak(run: ResolvedRun, model: nn.Module, kind: dict[str, bool], stage:
         # root's compute copy is resharded, the blocks' are not yet.
         root_fp32 = params.root_gathered * FP32 // c
         moments.append(Breakdown(parameters=P, unsharded_parameters=blocks * params.block_gathered,
-                                 gradients=G + root_fp32 // run.dims.dp_shard, optimizer_state=O,
+                                 gradients=G + root_fp32 // (run.dims.dp_shard * run.dims.cp), optimizer_state=O,
                                  temporaries=root_fp32))
     return max(moments, key=lambda b: b.total)
 

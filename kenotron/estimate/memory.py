@@ -165,7 +165,7 @@ def estimate_run(run: ResolvedRun, gpu_memory_gib: float | None = None, full_dep
         ranks.append(estimate)
         methods.add(method)
     notes = ignored_features(run) + context_notes(run)
-    if run.plan.settings.dp_mode == "zero1" and run.dims.dp > 1:
+    if analytic.data_parallel_kind(run) == "zero1":
         notes.append("zero1: optimizer state is that of the rank owning the most parameters (from the partition)")
     return MemoryReport(
         model=describe_model(run, model),
@@ -184,4 +184,4 @@ def estimate_memory(
     same error the trainer would. `full_depth` runs every block instead of extrapolating
     from two shallow copies (slower; for checking the extrapolation).
     """
-    return estimate_run(resolve_run(cfg, ngpu), gpu_memory_gib, full_depth)
+    return estimate_run(resolve_run(cfg, ngpu, check_data=False), gpu_memory_gib, full_depth)

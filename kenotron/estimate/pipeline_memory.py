@@ -38,6 +38,8 @@ from dataclasses import dataclass
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from kenotron.dtensor import local_tensor
+from kenotron.estimate.analytic import data_parallel_kind
+from kenotron.estimate.cp_ring_memory import context_notes
 from kenotron.estimate.cuda_kernels import cuda_kernel_memory
 from kenotron.estimate.depth import activations_by_module, extrapolate_line
 from kenotron.estimate.fake_job import (
@@ -297,7 +299,7 @@ def simulations(run: ResolvedRun, pp_rank: int, rank: int, full_depth: bool) -> 
     steps = min(counts[s] for s in local) - MIN_UNITS
     # Two shallow runs cost 2·Σ(k - steps) + stages blocks: worth it only when fewer than Σ k.
     # ZeRO-1's greedy partition of a stage's parameters is not linear in its blocks: full depth.
-    zero1 = run.plan.settings.dp_mode == "zero1" and run.dims.dp > 1
+    zero1 = data_parallel_kind(run) == "zero1"
     shallow_blocks = 2 * sum(counts[s] - steps for s in local) + len(local)
     if full_depth or zero1 or steps < 2 or shallow_blocks >= sum(counts[s] for s in local):
         return [Simulation(rank, None, reduced)]
@@ -408,9 +410,12 @@ def pipeline_notes(run: ResolvedRun, steps: list[RankStep]) -> list[str]:
     assert split is not None
     t = run.cfg.training
     flight = {s: n for step in steps for s, n in max_in_flight(step.actions).items()}
+    shape = f"{t.local_batch_size // split.microbatches} x {t.seq_len}"
+    if run.dims.cp > 1:
+        shape += f" ({t.seq_len // run.dims.cp} tokens of each sequence per cp rank)"
     notes = [
         f"pipeline {split.schedule}: {split.n_stages} stages, {split.microbatches} microbatches of "
-        f"{t.local_batch_size // split.microbatches} x {t.seq_len} per schedule step; microbatches in flight at most "
+        f"{shape} per schedule step; microbatches in flight at most "
         + ", ".join(f"stage {s}: {flight[s]}" for s in sorted(flight)),
         ("pipeline: receive buffers, one per microbatch, are in temporaries; a tensor being sent is counted until "
          "its action ends"),
@@ -418,7 +423,7 @@ def pipeline_notes(run: ResolvedRun, steps: list[RankStep]) -> list[str]:
          if split.schedule == "1F1B" else
          f"analytic column: the closed form prices 1F1B pipelines only, not {split.schedule}"),
     ]
-    if run.plan.settings.dp_mode == "zero1" and run.dims.dp > 1:
+    if data_parallel_kind(run) == "zero1":
         notes.append("zero1: optimizer state is that of data-parallel rank 0's partition of each stage")
     return notes
 
@@ -449,6 +454,6 @@ def estimate_pipeline_run(run: ResolvedRun, gpu_memory_gib: float, full_depth: b
     return MemoryReport(
         model=describe_model(run, model), ngpu=run.dims.world_size, layout=run.dims.degrees(), settings=settings,
         ranks=ranks, gpu_memory_gib=gpu_memory_gib, method="; ".join(sorted(methods)),
-        notes=ignored_features(run) + pipeline_notes(run, steps), elapsed_s=time.perf_counter() - start,
+        notes=ignored_features(run) + context_notes(run) + pipeline_notes(run, steps), elapsed_s=time.perf_counter() - start,
     )
 

@@ -121,7 +121,9 @@ def residual_meta(run: ResolvedRun, applied: AppliedPlan) -> tuple[tuple[int, ..
     fp32 under autocast (the fp32 embedding output keeps the residual stream fp32) or fp32 training."""
     t, split = run.cfg.training, applied.plan.pipeline
     assert split is not None
-    seq = t.seq_len // applied.meshes.size("tp") if applied.plan._sequence_sharded(applied.meshes) else t.seq_len
+    seq = t.seq_len // run.dims.cp  # context parallel: this rank's share of every sequence
+    if applied.plan._sequence_sharded(applied.meshes):
+        seq //= applied.meshes.size("tp")
     bf16 = t.param_dtype == "bfloat16" and applied.data_parallel.casts_params
     return (t.local_batch_size // split.microbatches, seq, run.model_args.dim), torch.bfloat16 if bf16 else torch.float32
 
@@ -248,14 +250,14 @@ def run_actions(pipe: SimulatedPipeline, actions: list[Action], numbering: Numbe
     stages, n = pipe.stages, pipe.split.microbatches
     for stage in stages.values():
         stage.clear_runtime_states()
-    t = job.run.cfg.training
     vocab = job.run.model_args.vocab_size
     params = [p for part in job.model_parts for p in part.parameters()]
     first = any(s.is_first for s in stages.values())
     last = any(s.is_last for s in stages.values())
-    # The loader's batch copied to the device, split into microbatches (views), as step() splits it.
-    tokens = torch.randint(0, vocab, (t.local_batch_size, t.seq_len)).tensor_split(n) if first else None
-    labels = torch.randint(0, vocab, (t.local_batch_size, t.seq_len)).tensor_split(n) if last else None
+    # The loader's batch copied to the device (under context parallel this rank's shard of it,
+    # as PipelineRunner.rank_shard cuts it), split into microbatches (views) as step() splits it.
+    tokens = _rank_batch(job, vocab).tensor_split(n) if first else None
+    labels = _rank_batch(job, vocab).tensor_split(n) if last else None
     backward_count: Counter[int] = Counter()
     with step_context(job):
         for index, a in enumerate(actions):
@@ -327,6 +329,13 @@ def run_actions(pipe: SimulatedPipeline, actions: list[Action], numbering: Numbe
                 merged = merge_chunks(stage.output_chunks, None)
                 del merged
                 observer.end_backward()
+
+
+def _rank_batch(job: Job, vocab: int) -> torch.Tensor:
+    """Random token ids of one micro-step's local batch, as this rank holds them."""
+    t, sharder = job.run.cfg.training, job.applied.sequence_sharder
+    batch = torch.randint(0, vocab, (t.local_batch_size, t.seq_len))
+    return batch if sharder is None else sharder.layout(t.seq_len).shard(batch, sharder.rank)
 
 
 class StagesTracker(StepMemoryTracker):

@@ -1,14 +1,14 @@
 """The planner: layouts that fit a memory budget, ranked by modelled throughput.
 
 1. Enumerate: tp (a divisor of the world that divides the heads, kv heads, FFN width and
-   vocabulary, within one node), cp (context parallel: a divisor of what tp leaves, with
+   vocabulary, within one node), cp (context parallel: a divisor of what tp and pp leave, with
    seq_len a multiple of 2·cp·tp and no sliding window shorter than seq_len), the split of the
-   rest into dp_replicate x dp_shard, the data-parallel mode (FSDP/HSDP/DDP, and ZeRO-1 without
-   cp), activation checkpointing (none, selective-op, full) and the local batch (powers of
+   rest into dp_replicate x dp_shard, the data-parallel mode (FSDP/HSDP/DDP, and ZeRO-1 over
+   dp x cp), activation checkpointing (none, selective-op, full) and the local batch (powers of
    two). The global batch stays the config's (training.global_batch_size, or local_batch_size
    x the data-parallel degree of the config's own layout), so every candidate trains the same
-   way; accumulation makes up the rest. Pipeline parallel (pp, a divisor of what tp leaves, with
-   cp 1 as the trainer requires) is searched with one schedule, 1F1B, one sequence per microbatch
+   way; accumulation makes up the rest. Pipeline parallel (pp, a divisor of what tp leaves; cp
+   then runs inside its stages) is searched with one schedule, 1F1B, one sequence per microbatch
    (pp_microbatches = local batch, the trainer's default) and the trainer's balanced split; the
    trainer's own checks (build_pipeline_split: layers >= stages, microbatches >= pp, the loss)
    drop what it would refuse.
@@ -170,13 +170,13 @@ def enumerate_candidates(
     """Every valid candidate, priced (analytic memory, modelled step time)."""
     n_matmul = matmul_params(model.model)
     out = []
-    # pp does not combine with cp in the trainer, so a split has one or the other (or neither).
-    splits = [(tp, 1, cp) for tp in _divisors(ngpu) if tp <= hw.gpus_per_node for cp in _divisors(ngpu // tp)]
-    splits += [(tp, pp, 1) for tp in _divisors(ngpu) if tp <= hw.gpus_per_node for pp in _divisors(ngpu // tp)
-               if pp > 1]
+    # Every tp x pp x cp that divides the world (cp inside pipeline stages too); the trainer's own
+    # checks (resolve_layout) drop what it would refuse.
+    splits = [(tp, pp, cp) for tp in _divisors(ngpu) if tp <= hw.gpus_per_node for pp in _divisors(ngpu // tp)
+              for cp in _divisors(ngpu // (tp * pp))]
     for tp, pp, cp in splits:
         rest = ngpu // (tp * pp * cp)
-        zero1 = [(1, rest, "zero1")] if rest > 1 and cp == 1 else []  # ZeRO-1 does not combine with cp
+        zero1 = [(1, rest, "zero1")] if rest * cp > 1 else []  # ZeRO-1 shares optimizer state over dp x cp
         layouts = [(r, rest // r, "fsdp") for r in _divisors(rest)] + zero1
         for dp_replicate, dp_shard, dp_mode in layouts:
             dims = ParallelDims.from_degrees(ngpu, dp_replicate=dp_replicate, dp_shard=dp_shard, tp=tp, cp=cp, pp=pp)
@@ -212,7 +212,7 @@ def search_layouts(
     global_batch = target_global_batch(cfg, ngpu)
     defaults = {"dp_replicate": 1, "dp_shard": -1, "tp": 1, "pp": 1, "cp": 1}
     # The config's other values get the trainer's checks once, on a plain data-parallel layout.
-    base = resolve_run(_with(cfg, parallelism=defaults, training={"global_batch_size": -1}), ngpu)
+    base = resolve_run(_with(cfg, parallelism=defaults, training={"global_batch_size": -1}), ngpu, check_data=False)
     model = AnalyticModel(base)
     candidates = enumerate_candidates(base, model, ngpu, global_batch, hw)
     budget = gpu_memory_gib * (1 - RESERVED_FRACTION) * 2**30
@@ -231,7 +231,7 @@ def search_layouts(
             c_cfg = _with(cfg, parallelism=c.parallelism(), activation_checkpoint={"mode": c.ac_mode},
                           training={"local_batch_size": c.local_batch, "global_batch_size": global_batch})
             try:
-                report = estimate_run(resolve_run(c_cfg, ngpu), gpu_memory_gib)
+                report = estimate_run(resolve_run(c_cfg, ngpu, check_data=False), gpu_memory_gib)
             except ConfigError as e:
                 notes.append(f"{c.label()}: refused by resolve_run: {e}")
                 continue

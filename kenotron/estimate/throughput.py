@@ -6,26 +6,27 @@ m micro-steps, t = tp, p = cp, q = pp, f = the trainer's FLOPs per token 6·N + 
   compute  = f · G·s / (dp · t · p · q) · r / (peak · e)
              r: recomputation factor of activation checkpointing (none 1, selective-op 1.05,
              full 4/3, every-n-layers 1 + 1/(3n)); e: share of peak the matmuls reach.
-  tp       = m · L · k · 2·(t-1)/t · T·d·c / B_tp          (not overlapped; k = 8 collectives per
+  tp       = m · L/q · k · 2·(t-1)/t · T·d·c / B_tp        (not overlapped; k = 8 collectives per
              block per micro-step: 2 all-gathers + 2 reduce-scatters forward and backward, 12 with
              full AC's recomputation; B_tp the bandwidth of the TP group)
-  cp       = m · L · (2·(p-1)·2·c + 2·p·4) · b·s/p·K·h / t / B_cp   (not overlapped; torch's ring
+  cp       = m · L/q · (2·(p-1)·2·c + 2·p·4) · b·s/p·K·h / t / B_cp   (not overlapped; torch's ring
              per block and micro-step: the k/v all-gather in forward and again in backward, (p-1)
              blocks of b·s/p tokens, and the fp32 k/v gradients passed on at each of its p steps;
              the same volume with the alltoall rotation. The attention kernels' lower efficiency
              on split blocks, which costs more than this traffic on H200, is not modelled)
   bubble   = compute · (q-1)/µ    (pipeline parallel, 1F1B with µ microbatches per schedule step:
              a step lasts µ + q − 1 microbatch slots of which µ compute, so (q−1)/(µ+q−1) of it idle)
-  p2p      = m · (µ + q − 1) · 2 · b_µ·s·d·c_r / B_pp   (pipeline parallel: each slot of the critical
-             path waits for one activation sent forward and one gradient sent back, b_µ·s·d·c_r
-             bytes each (c_r: 4 under autocast's fp32 residual stream), taken as exposed: torch's
-             schedule posts them between the compute of consecutive slots; / t under sequence parallel)
+  p2p      = m · (µ + q − 1) · 2 · b_µ·s/p·d·c_r / B_pp   (pipeline parallel: each slot of the critical
+             path waits for one activation sent forward and one gradient sent back, b_µ·s/p·d·c_r
+             bytes each (c_r: 4 under autocast's fp32 residual stream; s/p: the rank's context-parallel
+             share), taken as exposed: torch's schedule posts them between the compute of consecutive
+             slots; / t under sequence parallel)
   fsdp     = m · (n-1)/n · (a·U + P_full) / B_fsdp   (a = 2 all-gathers of the compute copies U
              per micro-step, 1 with reshard `never` or under pipeline parallel, whose stages stay
              gathered through the schedule step; one reduce-scatter of the fp32 gradients, P_full
              bytes; n = dp_shard·cp; under pipeline parallel U and P_full are a stage's, the model's / q)
   replicas = 2·(r-1)/r · P_local / B_dp once per step      (HSDP / DDP all-reduce of the rank's
-             fp32 gradients; ZeRO-1 adds its broadcast of the updated parameters)
+             fp32 gradients; ZeRO-1, r = dp·cp, adds its broadcast of the updated parameters)
   step     = compute + bubble + p2p + tp + cp + max(0, fsdp + replicas - compute)  (data-parallel
              traffic overlaps compute)
   tokens/s per GPU = G·s / step / world
@@ -40,7 +41,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kenotron.estimate.analytic import ParameterBytes, data_parallel_kind
+from kenotron.estimate.analytic import ParameterBytes, data_parallel_kind, zero1_ranks
 from kenotron.train.flops import flops_per_token
 from kenotron.train.resolve import ResolvedRun
 
@@ -124,17 +125,18 @@ def step_time(run: ResolvedRun, params: ParameterBytes, matmul_params: int, hw: 
     bubble, p2p = pipeline_time(run, compute, c, hw)
 
     micro_tokens = t.local_batch_size * t.seq_len
+    layers = a.n_layers / d.pp  # under pipeline parallel a rank runs its stages' blocks only
     tp_time = 0.0
     if d.tp > 1:
         collectives = 12 if run.plan.settings.ac_mode == "full" else 8
-        volume = run.grad_accum_steps * a.n_layers * collectives * 2 * (d.tp - 1) / d.tp * micro_tokens * a.dim * c
+        volume = run.grad_accum_steps * layers * collectives * 2 * (d.tp - 1) / d.tp * micro_tokens * a.dim * c
         tp_time = volume / _bandwidth(d.tp, 1, hw)
 
     cp_time = 0.0
     if d.cp > 1:
         kv_block = micro_tokens // d.cp * a.n_kv_heads * a.head_dim // d.tp  # one rank's keys (or values)
         per_block = (d.cp - 1) * 2 * kv_block * c * 2 + d.cp * 2 * kv_block * 4
-        cp_time = run.grad_accum_steps * a.n_layers * per_block / _bandwidth(d.cp, d.tp, hw)
+        cp_time = run.grad_accum_steps * layers * per_block / _bandwidth(d.cp, d.tp, hw)
 
     kind = data_parallel_kind(run)
     dp_time = 0.0
@@ -147,7 +149,7 @@ def step_time(run: ResolvedRun, params: ParameterBytes, matmul_params: int, hw: 
         reduced = params.local * shard * reduce_scale
         per_micro = (shard - 1) / shard * (gathers * gathered + reduced) * stage
         dp_time += run.grad_accum_steps * per_micro / _bandwidth(shard, d.tp, hw)
-    replicas = d.dp_replicate if kind in ("hsdp", "ddp") else (d.dp if kind == "zero1" else 1)
+    replicas = d.dp_replicate if kind in ("hsdp", "ddp") else (zero1_ranks(run) if kind == "zero1" else 1)
     if replicas > 1:
         inner = d.tp * (shard if kind == "hsdp" else 1)
         all_reduce = 2 * (replicas - 1) / replicas * params.local * reduce_scale
@@ -166,7 +168,7 @@ def pipeline_time(run: ResolvedRun, compute: float, c: int, hw: Hardware) -> tup
     mu = split.microbatches
     bubble = compute * (d.pp - 1) / mu
     residual = 4 if c == 2 and data_parallel_kind(run) == "none" else c  # autocast keeps the residual in fp32
-    message = t.local_batch_size // mu * t.seq_len * run.model_args.dim * residual
+    message = t.local_batch_size // mu * (t.seq_len // d.cp) * run.model_args.dim * residual
     if d.tp > 1 and run.plan.settings.sequence_parallel:
         message //= d.tp
     # pp is the outermost mesh dimension: neighbouring stages are world/pp ranks apart.

@@ -7,7 +7,7 @@ What each mode keeps on a rank (dp = the data-parallel degree of that mode):
 | FSDP  | dp_shard x cp > 1                      | 1/dp_shard·cp (gathered per block for compute) | 1/dp_shard·cp | 1/dp_shard·cp |
 | HSDP  | FSDP with dp_replicate > 1 too         | as FSDP, replicated over dp_replicate | as FSDP | as FSDP |
 | DDP   | dp_shard x cp = 1, dp_replicate > 1    | whole      | whole (all-reduced) | whole |
-| ZeRO-1| parallelism.dp_mode = "zero1"          | whole      | whole (all-reduced) | 1/dp (each rank steps the parameters it owns, then broadcasts them) |
+| ZeRO-1| parallelism.dp_mode = "zero1"          | whole      | whole (all-reduced) | 1/dp·cp (each rank steps the parameters it owns, then broadcasts them) |
 
 The loss is a sum over tokens divided by the global token count, so the right gradient is
 the *sum* over ranks, while FSDP and DDP average: the trainer multiplies the loss it
@@ -99,7 +99,10 @@ def apply_data_parallel(model: nn.Module, meshes: Meshes, plan: Plan) -> DataPar
     units = [m for pattern in plan.layout.fsdp_units for _, m in matching_modules(model, pattern)]
 
     if st.dp_mode == "zero1":
-        mesh = meshes.get("dp")
+        # Context-parallel ranks hold the same parameters and partial gradients of them (each
+        # from its part of the sequences): they replicate, reduce and share optimizer state like
+        # data-parallel ranks.
+        mesh = meshes.get("dp_cp")
         if mesh is None:
             return DataParallelState(None, None)
         kind = "zero1"

@@ -32,6 +32,8 @@ from kenotron.parallel.dims import ParallelConfigError
 if TYPE_CHECKING:
     from torch.distributed.pipelining.schedules import _PipelineSchedule
 
+    from kenotron.parallel.context.apply import SequenceSharder
+
 SINGLE_STAGE_SCHEDULES = ("GPipe", "1F1B")
 LOOPED_SCHEDULES = ("Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble")
 V_SCHEDULES = ("ZBVZeroBubble", "DualPipeV")
@@ -301,17 +303,27 @@ def stage_module(model: nn.Module, units: list[str], blocks: str = "layers.*") -
     return part
 
 
-def feed_full_positions(part: nn.Module, tp: int) -> None:
-    """Give a later stage the RoPE positions of the whole sequence under sequence parallel.
+def feed_positions(part: nn.Module, tokens_per_row: int, sharder: SequenceSharder | None) -> None:
+    """Give a stage the RoPE positions of the tokens it holds (a forward pre-hook).
 
-    The model takes the sequence length from its input, which on a later stage is the hidden
-    state that sequence parallel has split: (batch, seq / tp, dim). The stage would build RoPE
-    tables for seq / tp positions; passing `positions` for the full length fixes that.
+    The model numbers its input's positions 0..n-1 unless it is given `positions`. Inside a
+    pipeline the schedule hands a stage one tensor only (token ids on the first stage, the
+    hidden state on the others), and two things make that numbering wrong:
+
+    - sequence parallel splits the hidden state a later stage receives, (batch, seq / tp,
+      dim): `tokens_per_row` = tp restores the stage's sequence length;
+    - context parallel gives this rank a shard of every sequence whose tokens sit at
+      scattered global positions (the head-tail layout): `sharder` gives them, on every stage.
     """
     def add_positions(_module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         if kwargs.get("positions") is None:
-            hidden = args[0]
-            kwargs = {**kwargs, "positions": torch.arange(hidden.shape[1] * tp, device=hidden.device)}
+            x = args[0]
+            local = x.shape[1] * tokens_per_row
+            if sharder is None:
+                positions = torch.arange(local, device=x.device)
+            else:
+                positions = sharder.layout(local * sharder.cp).positions(sharder.rank, device=x.device)
+            kwargs = {**kwargs, "positions": positions}
         return args, kwargs
 
     part.register_forward_pre_hook(add_positions, with_kwargs=True)

@@ -13,7 +13,8 @@ process group needed), then `plan.apply(model, meshes)`:
 
 With context parallel (a `cp` mesh dimension), the CP step replaces the `attention_fn` of the
 modules `layout.attention_modules` names (kenotron/parallel/context/apply.py), and the applied
-plan's `sequence_sharder` slices each batch for this rank.
+plan's `sequence_sharder` slices each batch for this rank. Pipeline stages get their RoPE
+positions from a hook (`feed_positions`): the schedule hands them one tensor only.
 
 With pipeline parallel, `plan.pipeline` (a `PipelineSplit`) lists the modules of every stage;
 `apply` cuts this rank's stages out of the model first and runs the rest on each of them.
@@ -127,7 +128,7 @@ class Plan:
         with it, the returned parts are this rank's stages (copies of `model` cut down to their
         modules, so build `model` on the meta device) and `model` itself is left unused.
         """
-        from kenotron.parallel.pipeline import feed_full_positions, stage_module
+        from kenotron.parallel.pipeline import feed_positions, stage_module
 
         self.check(model, meshes.dims.degrees())
         lay = self.layout
@@ -147,8 +148,12 @@ class Plan:
             data_parallel, sharder, offloader = self._apply_to_part(part, meshes)
             if offloader is not None:
                 offloaders.append(offloader)
-            if stage_ids and stage_ids[index] > 0 and self._sequence_sharded(meshes):
-                feed_full_positions(part, meshes.size("tp"))
+            if stage_ids:
+                # The schedule gives a stage one tensor: its RoPE positions come from a hook when
+                # sequence parallel split a later stage's input or context parallel shards the sequence.
+                split_input = stage_ids[index] > 0 and self._sequence_sharded(meshes)
+                if split_input or sharder is not None:
+                    feed_positions(part, meshes.size("tp") if split_input else 1, sharder)
         return AppliedPlan(parts, data_parallel, meshes, self, stage_ids, sharder, offloaders)
 
     def _sequence_sharded(self, meshes: Meshes) -> bool:

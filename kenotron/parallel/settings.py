@@ -109,12 +109,11 @@ class ParallelSettings:
         if not 0 <= self.offload_blocks <= n_blocks:
             raise self._bad("offload_blocks", f"must lie in [0, {n_blocks}] (the model's blocks)")
         degrees = degrees or {}
-        cp, pp = degrees.get("cp", 1), degrees.get("pp", 1)
-        if cp > 1 and pp > 1:
-            raise PlanError(f"parallelism.cp={cp} does not combine with pipeline parallel (pp={pp}) yet; "
-                            f"use cp=1 or pp=1")
-        if cp > 1 and self.dp_mode == "zero1":
-            raise PlanError(f"parallelism.dp_mode='zero1' does not combine with cp={cp}; use dp_mode='fsdp'")
+        # ZeRO-1 shares optimizer state over the ranks that hold the same parameters: data and
+        # context parallel (cp ranks hold the same parameters, each with part of every sequence).
+        shared = degrees.get("dp_replicate", 1) * degrees.get("dp_shard", 1) * degrees.get("cp", 1)
+        if self.dp_mode == "zero1" and shared == 1 and any(d > 1 for d in degrees.values()):
+            raise self._bad("dp_mode", "needs ranks to share optimizer state over: dp_shard, dp_replicate or cp > 1")
 
     def __str__(self) -> str:
         ac = self.ac_mode + (f" (every {self.ac_every_n})" if self.ac_mode == "every-n-layers" else "")

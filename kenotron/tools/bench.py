@@ -24,9 +24,11 @@ time each step on the host clock.
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -102,6 +104,15 @@ PRESETS: dict[str, dict[str, list[str]]] = {
     "h200-1gpu-mamba2": {
         "1.3B b8x2048 compiled": _MAMBA2_13B + ["--compile.enable", "true"],
         "1.3B b8x2048 eager": _MAMBA2_13B + ["--compile.enable", "false"],
+    },
+    # The same 1B step fed from synthetic ids, a tokenized folder and raw JSON Lines (both written
+    # from the built-in corpus before the cases run): the data path must cost nothing.
+    "h200-1gpu-data": {
+        "1B b4x4096 compiled synthetic": _1B + ["--compile.enable", "true"],
+        "1B b4x4096 compiled tokenized": _1B + ["--compile.enable", "true", "--data.dataset", "tokenized",
+                                                "--data.path", "{sample_data}/tokenized"],
+        "1B b4x4096 compiled raw jsonl": _1B + ["--compile.enable", "true", "--data.dataset", "jsonl",
+                                                "--data.path", "{sample_data}/corpus.jsonl"],
     },
     "cpu-smoke": {
         "debug fp32": ["--training.local_batch_size", "2", "--training.seq_len", "64"],
@@ -328,6 +339,14 @@ def main(argv: list[str] | None = None) -> int:
               f"GPU machine, or use --preset {' / '.join(CPU_PRESETS)} on a CPU", file=sys.stderr)
         return 2
     extra = shlex.split(args.extra)
+    if any("{sample_data}" in arg for overrides in cases.values() for arg in overrides):
+        from kenotron.data.sample_data import write_sample_data
+
+        folder = Path(tempfile.mkdtemp(prefix="kenotron-bench-data-"))
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
+        write_sample_data(folder)
+        cases = {name: [arg.replace("{sample_data}", str(folder)) for arg in overrides]
+                 for name, overrides in cases.items()}
     print(HEADER, flush=True)
     rows = []
     for name, overrides in cases.items():

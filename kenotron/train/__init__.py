@@ -24,6 +24,7 @@ _EXPORTS = {
     "forward_backward": "kenotron.train.step",
     "clip_gradients": "kenotron.train.step",
     "optimizer_step": "kenotron.train.step",
+    "eval_loss": "kenotron.train.step",
     "NonFiniteLossError": "kenotron.train.guards",
     "Trainer": "kenotron.train.trainer",
     "run_training": "kenotron.train.trainer",
@@ -50,6 +51,7 @@ __all__ = [
     "build_meshes",
     "clip_gradients",
     "cross_entropy_sum",
+    "eval_loss",
     "forward_backward",
     "linear_cross_entropy_sum",
     "optimizer_factory",
@@ -71,7 +73,7 @@ if TYPE_CHECKING:
     from kenotron.train.metrics import MetricsLogger
     from kenotron.train.optim import optimizer_factory, param_groups
     from kenotron.train.resolve import ResolvedRun, resolve_layout, resolve_run
-    from kenotron.train.step import clip_gradients, forward_backward, optimizer_step, train_step
+    from kenotron.train.step import clip_gradients, eval_loss, forward_backward, optimizer_step, train_step
     from kenotron.train.trainer import Trainer, run_training
 
 

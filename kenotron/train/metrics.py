@@ -3,13 +3,17 @@
 Records go to `<dump_folder>/metrics.jsonl`, one JSON object per line, with at least:
 step, loss (this step's), loss_avg (mean over the steps since the previous record), grad_norm, lr, tokens_per_sec (per device), tflops (per device), mfu (percent, or
 null on a device with no known peak), memory_gib (peak: CUDA max allocated, or the process's
-peak RSS on CPU), elapsed_s (since training started), plus tokens_seen and step_time_s.
+peak RSS on CPU), elapsed_s (since training started), plus tokens_seen, step_time_s,
+data_wait_s (seconds per step the loop waited for its batch) and tokens_seen/<dataset>.
+Validation records (`record_validation`) are lines of their own: step, val_loss, val_ppl,
+val_tokens and val_time_s; TensorBoard gets them as val/loss and val/ppl.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import resource
 import sys
 import time
@@ -114,9 +118,10 @@ class MetricsLogger:
         self._window_steps += 1
 
     def record(
-        self, *, step: int, loss: float, grad_norm: float, lr: float, tokens_seen: int, loss_avg: float | None = None
+        self, *, step: int, loss: float, grad_norm: float, lr: float, tokens_seen: int, loss_avg: float | None = None,
+        extra: dict[str, float] | None = None,
     ) -> dict[str, Any]:
-        """Close the window at this step: build, print and write the record."""
+        """Close the window at this step: build, print and write the record (with `extra` keys added)."""
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         now = time.perf_counter()
@@ -143,18 +148,37 @@ class MetricsLogger:
             "tokens_seen": tokens_seen,
             "step_time_s": seconds / max(self._window_steps, 1),
         }
+        rec.update(extra or {})
         eta = self._eta(step, now, rec["step_time_s"])
         self._window_start, self._window_tokens, self._window_steps = now, 0, 0
         if self.write:
             self.open()
             self._jsonl.write(json.dumps(rec) + "\n")
             if self._tb is not None:
-                for key in SCALAR_KEYS:
+                for key in (*SCALAR_KEYS, *(extra or {})):
                     if rec[key] is not None:
                         self._tb.add_scalar(f"train/{key}", rec[key], step)
             if self.wandb is not None:
                 self.wandb.log(rec)
             logger.info(format_record(rec, total_steps=self.total_steps, eta_s=eta))
+        return rec
+
+    def record_validation(self, *, step: int, loss: float, tokens: int, seconds: float) -> dict[str, Any]:
+        """Write one validation record (mean token loss over the validation batches, its
+        perplexity). Its time is left out of the training throughput."""
+        self._window_start += seconds
+        rec = {"step": step, "val_loss": loss, "val_ppl": math.exp(min(loss, 700.0)), "val_tokens": tokens,
+               "val_time_s": seconds}
+        if self.write:
+            self.open()
+            self._jsonl.write(json.dumps(rec) + "\n")
+            if self._tb is not None:
+                self._tb.add_scalar("val/loss", loss, step)
+                self._tb.add_scalar("val/ppl", rec["val_ppl"], step)
+            if self.wandb is not None:
+                self.wandb.log(rec)
+            logger.info("step %6d | validation loss %.4f | perplexity %.2f | %s tokens | %.1fs", step, loss,
+                        rec["val_ppl"], _si(tokens), seconds)
         return rec
 
     def _eta(self, step: int, now: float, step_time_s: float) -> float | None:
@@ -206,4 +230,5 @@ def format_record(rec: dict[str, Any], *, total_steps: int = 0, eta_s: float | N
         f"step {step} | loss {rec['loss']:.4f} (avg {rec['loss_avg']:.4f}) | grad_norm {rec['grad_norm']:.3f} | lr {rec['lr']:.2e} | "
         f"{_si(rec['tokens_per_sec'])} tok/s | {rec['tflops']:.3g} TFLOP/s | MFU {mfu} | "
         f"mem {rec['memory_gib']:.2f} GiB | {format_duration(rec['elapsed_s'])}{eta}"
+        + (f" | data wait {rec['data_wait_s'] * 1e3:.1f} ms/step" if rec.get("data_wait_s") is not None else "")
     )

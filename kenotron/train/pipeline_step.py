@@ -3,7 +3,9 @@
 Words: the trainer's *micro-steps* are gradient-accumulation steps (the loader's MicroBatch
 list); the schedule cuts each micro-step's local batch into `pp_microbatches` pipeline
 *microbatches*. Only the first stage is fed token ids and only the last stage labels; the
-middle stages get nothing from the loader.
+middle stages get nothing from the loader. Under context parallel both are this cp rank's
+shard of every sequence (the head-tail layout), cut before the schedule splits the batch; the
+stages' RoPE positions come from `feed_positions` (kenotron/parallel/pipeline.py).
 
 The loss: the schedule calls `loss_fn` once per microbatch on the last stage and
 back-propagates its value as it is (scale_grads=False). It is the step's `microbatch_loss`
@@ -20,6 +22,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.distributed as dist
 
 from kenotron.data import MicroBatch
 from kenotron.dtensor import full_tensor
@@ -57,6 +60,7 @@ class PipelineRunner:
         )
         self.tied = TiedAcrossStages(split, applied.model_parts, applied.meshes)
         self.tied.sync_weights_()  # the initialized copies of a tied weight start equal
+        self.forward_only = ForwardOnlyPipeline(job, pp_mesh)
 
     def forward_backward(self, microbatches: Sequence[MicroBatch], observer: Any = None) -> torch.Tensor:
         """Accumulate this rank's gradients over the micro-steps; returns this rank's share of
@@ -68,8 +72,9 @@ class PipelineRunner:
         for i, mb in enumerate(microbatches):
             for part in job.model_parts:
                 data_parallel.set_microstep(part, is_last=i == len(microbatches) - 1)
-            args = (mb.inputs.to(job.device, non_blocking=True),) if self.has_first_stage else ()
-            target = mb.labels.to(job.device, non_blocking=True) if self.has_last_stage else None
+            inputs, labels = self.rank_shard(mb)
+            args = (inputs,) if self.has_first_stage else ()
+            target = labels if self.has_last_stage else None
             losses: list[torch.Tensor] | None = [] if self.has_last_stage else None
             with step_context(job):
                 self.schedule.step(*args, target=target, losses=losses, return_outputs=RETURN_OUTPUTS)
@@ -79,6 +84,101 @@ class PipelineRunner:
         self.tied.sum_gradients_()
         return total
 
+    def rank_shard(self, mb: MicroBatch) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """This rank's token ids (first stage) and labels (last stage) of a micro-step, on the
+        device; None where no local stage needs them. Under context parallel both are this cp
+        rank's shard of every sequence (the stages' positions come from plan.apply's hook)."""
+        device = self.job.device
+        inputs = mb.inputs.to(device, non_blocking=True) if self.has_first_stage else None
+        labels = mb.labels.to(device, non_blocking=True) if self.has_last_stage else None
+        sharder = self.job.applied.sequence_sharder
+        whole = mb.inputs if mb.inputs is not None else mb.labels  # a feed carries what its stages need
+        if sharder is not None and whole is not None:
+            layout = sharder.layout(whole.shape[1])
+            inputs = None if inputs is None else layout.shard(inputs, sharder.rank)
+            labels = None if labels is None else layout.shard(labels, sharder.rank)
+        return inputs, labels
+
+    def eval_loss(self, microbatches: Sequence[MicroBatch]) -> torch.Tensor:
+        """Forward and loss only, for validation; the return value is forward_backward's and no
+        gradient is touched. See ForwardOnlyPipeline for why this is not `schedule.eval`."""
+        job = self.job
+        total = torch.zeros((), device=job.device)
+        averaging_size = job.applied.data_parallel.averaging_size
+        with torch.no_grad():
+            for mb in microbatches:
+                for loss in self.forward_only.run(*self.rank_shard(mb)):
+                    total += full_tensor(loss) / averaging_size
+        return total
+
     def norm_duplicates(self) -> set[int]:
         """Parameters whose gradient norm another stage's copy already counts."""
         return self.tied.norm_duplicates()
+
+
+_DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64]
+_HEADER = 6  # ndim, up to 4 sizes, dtype code
+
+
+class ForwardOnlyPipeline:
+    """The pipeline's forward without backward: each microbatch goes through the stages in order,
+    activations sent from stage to stage by point-to-point messages, the loss on the last stage.
+
+    torch's `schedule.eval()` runs the training schedule with backward switched off, which fails
+    for the zero-bubble schedules (ZBVZeroBubble: "can't steal_bwd_input if this stage doesn't
+    have backward") and switches the stages' buffers between modes. Validation is rare and needs
+    no overlap, so this runs one plain path for every schedule and every stage placement: rank
+    r runs its stages in increasing order, receiving each input from the rank of the stage
+    before (a header with shape and dtype, then the tensor) and sending each output on. The
+    micro-step's local batch is cut into the schedule's `pp_microbatches`, so the last stage's
+    logits are no larger than in training.
+    """
+
+    def __init__(self, job: Job, pp_mesh: Any) -> None:
+        split = job.applied.plan.pipeline
+        self.job, self.split = job, split
+        self.group = pp_mesh.get_group()
+        self.pp_rank = pp_mesh.get_local_rank()
+        self.parts = dict(zip(job.applied.stage_ids, job.applied.model_parts, strict=True))
+
+    def _peer(self, stage: int) -> int:
+        return dist.get_global_rank(self.group, self.split.rank_of_stage(stage))
+
+    def _send(self, tensor: torch.Tensor, stage: int) -> None:
+        header = torch.zeros(_HEADER, dtype=torch.int64)
+        header[0] = tensor.dim()
+        header[1 : 1 + tensor.dim()] = torch.tensor(tensor.shape)
+        header[-1] = _DTYPES.index(tensor.dtype)
+        dist.send(header.to(tensor.device), self._peer(stage), group=self.group, tag=stage)
+        dist.send(tensor.contiguous(), self._peer(stage), group=self.group, tag=stage)
+
+    def _recv(self, stage: int) -> torch.Tensor:
+        device = self.job.device
+        header = torch.zeros(_HEADER, dtype=torch.int64, device=device)
+        dist.recv(header, self._peer(stage - 1), group=self.group, tag=stage)
+        ndim, dtype = int(header[0]), _DTYPES[int(header[-1])]
+        tensor = torch.empty(header[1 : 1 + ndim].tolist(), dtype=dtype, device=device)
+        dist.recv(tensor, self._peer(stage - 1), group=self.group, tag=stage)
+        return tensor
+
+    def run(self, inputs: torch.Tensor | None, labels: torch.Tensor | None) -> list[torch.Tensor]:
+        """The last stage's losses of one micro-step's microbatches (empty on other ranks), from
+        this rank's token ids and labels as `PipelineRunner.rank_shard` gives them."""
+        job, split = self.job, self.split
+        chunks = split.microbatches
+        inputs = inputs.tensor_split(chunks) if inputs is not None else [None] * chunks
+        labels = labels.tensor_split(chunks) if labels is not None else [None] * chunks
+        last = split.n_stages - 1
+        losses = []
+        for chunk_inputs, chunk_labels in zip(inputs, labels, strict=True):
+            hidden = chunk_inputs
+            for stage in sorted(self.parts):
+                if stage > 0 and split.rank_of_stage(stage - 1) != self.pp_rank:
+                    hidden = self._recv(stage)
+                with step_context(job):
+                    hidden = self.parts[stage](hidden)
+                    if stage == last:
+                        losses.append(microbatch_loss(job, hidden, chunk_labels))
+                if stage < last and split.rank_of_stage(stage + 1) != self.pp_rank:
+                    self._send(hidden, stage + 1)
+        return losses

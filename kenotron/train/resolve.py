@@ -17,7 +17,7 @@ import torch
 
 from kenotron.checkpoint import check_checkpoint_config
 from kenotron.config import ConfigError, JobConfig, validate_config
-from kenotron.data import build_tokenizer
+from kenotron.data import build_tokenizer, check_data_config
 from kenotron.models import ModelSpec, get_model_spec
 from kenotron.parallel.context.apply import cp_attention_kind
 from kenotron.parallel.dims import ParallelDims
@@ -84,12 +84,13 @@ def build_pipeline_split_from_config(meta_model: torch.nn.Module, cfg: JobConfig
     )
 
 
-def resolve_run(cfg: JobConfig, world_size: int, target: Target | None = None) -> ResolvedRun:
-    """Every check and choice that needs only the config, the world size, the tokenizer file and
-    the target machine (default: the GPU machine the config is planned for, Target.planned).
+def resolve_run(cfg: JobConfig, world_size: int, target: Target | None = None, check_data: bool = True) -> ResolvedRun:
+    """Every check and choice that needs only the config, the world size, the tokenizer file, the
+    data and the target machine (default: the GPU machine the config is planned for, Target.planned).
 
     Raises ConfigError (ParallelConfigError, PlanError and UnknownModelError are ConfigErrors)
-    with the fix in the message.
+    with the fix in the message. `check_data=False` leaves the data unopened: the estimator plans
+    jobs whose data lives on another machine.
     """
     validate_config(cfg)
     spec = get_model_spec(cfg.model.name)
@@ -108,7 +109,10 @@ def resolve_run(cfg: JobConfig, world_size: int, target: Target | None = None) -
     with torch.device("meta"):
         meta_model = spec.build(args)
     layout_for(spec).check(meta_model)  # the family's layout fits its model whatever the parallel layout
-    return resolve_layout(cfg, world_size, spec, args, meta_model, tokenizer, target or Target.planned(cfg))
+    run = resolve_layout(cfg, world_size, spec, args, meta_model, tokenizer, target or Target.planned(cfg))
+    if check_data:
+        check_data_config(cfg, tokenizer, args.vocab_size, run.global_batch_size)
+    return run
 
 
 def resolve_layout(cfg: JobConfig, world_size: int, spec: ModelSpec, args: Any, meta_model: torch.nn.Module,
@@ -132,8 +136,6 @@ def resolve_layout(cfg: JobConfig, world_size: int, spec: ModelSpec, args: Any, 
     # The kind of ring the target runs (the estimator builds a CUDA job's torch ring on its CPU mesh).
     plan.settings.cp_attention = cp_attention_kind(plan.settings.cp_attention, target.device_type)
     plan.settings.check(plan.layout.count_blocks(meta_model), dims.degrees())
-    if p.dp_mode == "zero1" and dims.dp == 1 and world_size > 1:
-        raise ConfigError("parallelism.dp_mode='zero1' needs a data-parallel degree > 1 (dp_shard or dp_replicate)")
     check_context_parallel(cfg, dims, spec, meta_model, target)
     if dims.pp > 1:
         check_compile(p.pp_schedule, cfg.compile.enable)

@@ -5,6 +5,7 @@ runs the same functions on fake tensors, with a `StepObserver` told where the st
     loss = forward_backward(job, microbatches)     # this rank's share of the step's mean loss
     grad_norm = clip_gradients(job)                # global L2 norm, before clipping
     optimizer_step(job)                            # every part's optimizer and LR schedule
+    val = eval_loss(job, microbatches)             # validation: forward and loss only
 
 The loss: every micro-batch's summed token cross-entropy is divided by the label tokens of
 the whole global batch, so each token weighs the same whatever the layout; data parallel
@@ -76,25 +77,57 @@ def step_context(job: Job) -> Iterator[None]:
         yield
 
 
-def label_tokens(job: Job) -> int:
-    """The loss's denominator: label tokens of the whole global batch."""
-    return job.run.global_batch_size * job.run.cfg.training.seq_len
+def label_tokens(job: Job, seq_len: int | None = None) -> int:
+    """The loss's denominator: label tokens of the whole global batch (of `seq_len`-token
+    sequences: a data stage may set a shorter one than training.seq_len)."""
+    return job.run.global_batch_size * (seq_len or job.run.cfg.training.seq_len)
 
 
 def microbatch_loss(job: Job, output: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """What a model part that ends in logits back-propagates for one micro-batch (or pipeline
     microbatch): its summed token loss over the global label count, times the data-parallel
-    averaging size."""
-    return cross_entropy_sum(output, labels) / label_tokens(job) * job.applied.data_parallel.averaging_size
+    averaging size. `labels` are this rank's part of every sequence: whole sequences, or under
+    context parallel the cp shard (the pipeline shards before its schedule splits the batch)."""
+    denominator = label_tokens(job, labels.shape[-1] * job.run.dims.cp)
+    return cross_entropy_sum(output, labels) / denominator * job.applied.data_parallel.averaging_size
 
 
 def check_label_tokens(job: Job, microbatches: Sequence[MicroBatch]) -> None:
     """Packed windows never hold ignored labels: each rank has its exact share of the global
-    count that the loss divides by. Anything else would need a global count: refuse it."""
-    expected = label_tokens(job) // job.run.dims.dp
+    count that the loss divides by. Anything else would need a global count: refuse it.
+    (Pipeline stages without the loss get no labels: nothing to check.)"""
+    if microbatches[0].labels is None:
+        return
+    expected = label_tokens(job, microbatches[0].labels.shape[-1]) // job.run.dims.dp
     local = sum(int((mb.labels != IGNORE_INDEX).sum()) for mb in microbatches)
     if local != expected:
         raise RuntimeError(f"expected {expected} label tokens per rank, got {local}")
+
+
+def microbatch_forward(job: Job, mb: MicroBatch, denominator: int) -> torch.Tensor:
+    """One micro-batch through the (unpipelined) model and the loss, inside step_context: its
+    summed token loss over `denominator`, this rank's share (context parallel included)."""
+    model, applied = job.model, job.applied
+    inputs = mb.inputs.to(job.device, non_blocking=True)
+    labels = mb.labels.to(job.device, non_blocking=True)
+    positions = None
+    if applied.sequence_sharder is not None:
+        # Context parallel: this rank's tokens and labels, and their global RoPE positions.
+        shard = applied.sequence_sharder.shard(inputs, labels)
+        inputs, labels, positions = shard.inputs, shard.labels, shard.positions
+    kwargs: dict[str, Any] = {}
+    if job.block_masks is not None:
+        kwargs["block_mask"] = job.block_masks(inputs)
+    elif positions is not None:
+        kwargs["positions"] = positions
+    out = model(inputs, **kwargs)
+    if job.fused_loss:
+        loss_sum = linear_cross_entropy_sum(
+            out, model.output.weight, labels, chunk_tokens=job.run.choices.loss_chunk_tokens,
+            compute_dtype=job.compute_dtype, chunk_fn=job.loss_chunk_fn,
+        )
+        return loss_sum / denominator
+    return cross_entropy_sum(out, labels) / denominator
 
 
 def forward_backward(job: Job, microbatches: Sequence[MicroBatch], observer: StepObserver = NO_OBSERVER) -> torch.Tensor:
@@ -110,32 +143,12 @@ def forward_backward(job: Job, microbatches: Sequence[MicroBatch], observer: Ste
     model, applied = job.model, job.applied
     total = torch.zeros((), device=job.device)
     n = len(microbatches)
+    denominator = label_tokens(job, microbatches[0].labels.shape[-1])
     for i in range(n):
         observer.set_phase("forward", i)
         applied.data_parallel.set_microstep(model, is_last=i == n - 1)
-        mb = microbatches[i]
-        inputs = mb.inputs.to(job.device, non_blocking=True)
-        labels = mb.labels.to(job.device, non_blocking=True)
-        positions = None
-        if applied.sequence_sharder is not None:
-            # Context parallel: this rank's tokens and labels, and their global RoPE positions.
-            shard = applied.sequence_sharder.shard(inputs, labels)
-            inputs, labels, positions = shard.inputs, shard.labels, shard.positions
-        kwargs: dict[str, Any] = {}
-        if job.block_masks is not None:
-            kwargs["block_mask"] = job.block_masks(inputs)
-        elif positions is not None:
-            kwargs["positions"] = positions
         with step_context(job):
-            out = model(inputs, **kwargs)
-            if job.fused_loss:
-                loss_sum = linear_cross_entropy_sum(
-                    out, model.output.weight, labels, chunk_tokens=job.run.choices.loss_chunk_tokens,
-                    compute_dtype=job.compute_dtype, chunk_fn=job.loss_chunk_fn,
-                )
-                loss = loss_sum / label_tokens(job)
-            else:
-                loss = cross_entropy_sum(out, labels) / label_tokens(job)
+            loss = microbatch_forward(job, microbatches[i], denominator)
             observer.end_forward()
             observer.set_phase("backward", i)
             # Data parallel averages gradients over ranks; the loss wants their sum.
@@ -143,6 +156,22 @@ def forward_backward(job: Job, microbatches: Sequence[MicroBatch], observer: Ste
         observer.end_backward()
         observer.mark_gradients(model.parameters())
         total += full_tensor(loss.detach())
+    return total
+
+
+@torch.no_grad()
+def eval_loss(job: Job, microbatches: Sequence[MicroBatch]) -> torch.Tensor:
+    """The step's forward and loss without backward, for validation: this rank's share of the
+    batch's mean token loss, as forward_backward returns it (summed over the data-, context- and
+    pipeline-parallel ranks it is the batch's mean loss). No gradient is touched. Under pipeline
+    parallel the schedule runs forward only (0 on ranks without the last stage)."""
+    if job.pipeline is not None:
+        return job.pipeline.eval_loss(microbatches)
+    total = torch.zeros((), device=job.device)
+    denominator = label_tokens(job, microbatches[0].labels.shape[-1])
+    for mb in microbatches:
+        with step_context(job):
+            total += full_tensor(microbatch_forward(job, mb, denominator))
     return total
 
 

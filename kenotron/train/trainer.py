@@ -3,7 +3,7 @@
     Trainer(cfg): resolve (every check and choice, before any process group)
                   -> process group -> build the job (train/job.py)
                   -> loader, metrics, checkpoint manager (maybe resume)
-    trainer.train(): batches -> train_step (train/step.py) -> log -> save
+    trainer.train(): batches -> train_step (train/step.py) -> log -> validate (eval_loss) -> save
 
 A notebook follows the same recipe by hand with the same functions: resolve_run, build_meshes,
 build_job, train_step.
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import faulthandler
 import logging
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ import torch.distributed as dist
 from kenotron.checkpoint import CheckpointManager, TrainState
 from kenotron.checkpoint.model_info import describe_model
 from kenotron.config import JobConfig
-from kenotron.data import MicroBatch, build_text_loader
+from kenotron.data import MicroBatch, ValidationSet, build_data_loader
 from kenotron.parallel.float8 import check_float8_available, use_fast_cpu_float8
 from kenotron.parallel.plan import Plan
 from kenotron.train.choices import Target
@@ -37,7 +38,7 @@ from kenotron.train.metrics import MetricsLogger
 from kenotron.train.resolve import ResolvedRun, resolve_run
 from kenotron.train.run_folder import check_run_folder, start_run_folder
 from kenotron.train.run_lock import lock_run_folders
-from kenotron.train.step import check_label_tokens, train_step
+from kenotron.train.step import check_label_tokens, eval_loss, train_step
 from kenotron.train.wandb_logger import wandb_sink
 from kenotron.train.watchdog import start_watchdog
 
@@ -82,12 +83,12 @@ class Trainer:
         self.flops_per_token = flops_per_token(self.job.matmul_params,
                                                self.run.spec.mixing_flops(args, cfg.training.seq_len))
         # -- loader, metrics, checkpoints --
-        d = cfg.data
-        self.loader = build_text_loader(
-            self.run.tokenizer, d.dataset, d.path, seq_len=cfg.training.seq_len,
-            global_batch_size=self.run.global_batch_size, local_batch_size=cfg.training.local_batch_size,
-            dp_rank=self.job.meshes.coordinate("dp"), dp_size=self.run.dims.dp, text_field=d.text_field,
-            split=d.split, add_bos=d.add_bos, synthetic_vocab_size=args.vocab_size,
+        self.loader = build_data_loader(cfg, self.run.tokenizer, vocab_size=args.vocab_size,
+                                        global_batch_size=self.run.global_batch_size, **self._data_layout())
+        self.validation = (
+            ValidationSet(cfg, self.run.tokenizer, vocab_size=args.vocab_size,
+                          global_batch_size=self.run.global_batch_size, **self._data_layout())
+            if cfg.validation.every else None
         )
         self.metrics = MetricsLogger(self.dump_folder, self.flops_per_token, self.world.world_size, self.device,
                                      write=self.is_rank0, tensorboard=cfg.metrics.tensorboard,
@@ -107,6 +108,17 @@ class Trainer:
                                                        cfg.training.max_norm))
         # The first step (compilation, autotuning) leaves the allocator's cache laid out for itself.
         self._empty_cache_pending = self.run.choices.empty_cache_after_first_step
+
+    def _data_layout(self) -> dict[str, Any]:
+        """This rank's place in the data: its dp rank and size, and what its pipeline stages use
+        (token ids on the first stage, and wherever document masks are built; labels on the last)."""
+        stage_ids = self.job.applied.stage_ids
+        n_stages = self.run.plan.pipeline.n_stages if stage_ids else 1
+        return {
+            "dp_rank": self.job.meshes.coordinate("dp"), "dp_size": self.run.dims.dp,
+            "feed_inputs": not stage_ids or 0 in stage_ids or self.cfg.data.document_masking,
+            "feed_labels": not stage_ids or n_stages - 1 in stage_ids,
+        }
 
     def _init_process_group(self) -> bool:
         """Join the job's process group (one more for FSDP's mixed precision on one device);
@@ -163,10 +175,11 @@ class Trainer:
         records: list[dict[str, Any]] = []
         window: list[torch.Tensor] = []
         window_start = self.step + 1
-        tokens_per_step = run.global_batch_size * cfg.training.seq_len
         self.metrics.reset_clock()
         while self.step < cfg.training.steps:
             loss, grad_norm = self.train_step(self.loader.next_step())
+            # A data stage may set its own sequence length.
+            tokens_per_step = run.global_batch_size * (self.loader.last_seq_len or cfg.training.seq_len)
             self.train_state.step += 1
             self.train_state.tokens_seen += tokens_per_step
             self.metrics.count(tokens_per_step)
@@ -179,9 +192,14 @@ class Trainer:
                 rec = self.metrics.record(
                     step=self.step, loss=losses[-1].item(), loss_avg=losses.mean().item(),
                     grad_norm=grad_norm.item(), lr=self._lr_of_step(self.step), tokens_seen=self.tokens_seen,
+                    extra=self._data_metrics(len(window)),
                 )
                 records.append(rec)
                 window, window_start = [], self.step + 1
+            if self.validation is not None and (
+                self.step % cfg.validation.every == 0 or self.step == cfg.training.steps
+            ):
+                records.append(self.validate())
             if self.checkpointer.should_save(self.step, last=self.step == cfg.training.steps):
                 self.guard.check()  # a diverged state is never saved
             self.checkpointer.maybe_save(self.step, last=self.step == cfg.training.steps)
@@ -192,11 +210,28 @@ class Trainer:
         self._finished = True
         return records
 
+    def validate(self) -> dict[str, Any]:
+        """The mean token loss over the validation batches (forward only, every rank), recorded."""
+        assert self.validation is not None
+        start = time.perf_counter()
+        losses = [eval_loss(self.job, microbatches) for microbatches in self.validation]
+        loss = self.global_losses(losses).mean().item()
+        tokens = len(losses) * self.run.global_batch_size * self.cfg.training.seq_len
+        return self.metrics.record_validation(step=self.step, loss=loss, tokens=tokens,
+                                              seconds=time.perf_counter() - start)
+
+    def _data_metrics(self, steps: int) -> dict[str, float]:
+        """data_wait_s (seconds per step the loop waited for its batch) and the tokens each dataset gave."""
+        out = {"data_wait_s": self.loader.take_wait_seconds() / max(steps, 1)}
+        out.update({f"tokens_seen/{name}": n for name, n in self.loader.tokens_by_dataset().items()})
+        return out
+
     def _lr_of_step(self, step: int) -> float:
         """The LR that optimizer step `step` used."""
         return self.cfg.optimizer.lr * self.job.schedule.lr_factor(step)
 
     def close(self) -> None:
+        self.loader.close()
         if self.watchdog is not None:
             self.watchdog.stop()
         if self._finished and self.job.early_gather is not None:

@@ -50,6 +50,9 @@ class WandbSink:
 
     def log(self, record: dict[str, Any]) -> None:
         scalars = {f"train/{k}": record[k] for k in SCALAR_KEYS if record.get(k) is not None}
+        # The data's keys (data_wait_s, tokens_seen/<dataset>) and a validation record's.
+        scalars.update({f"train/{k}": v for k, v in record.items() if k == "data_wait_s" or k.startswith("tokens_seen/")})
+        scalars.update({f"val/{k[4:]}": record[k] for k in ("val_loss", "val_ppl") if k in record})
         self.run.log(scalars, step=int(record["step"]))
 
     def close(self) -> None:

@@ -1,7 +1,9 @@
+import numpy as np
 import pytest
 import torch
 
-from kenotron.data.loader import GlobalBatchLoader, build_text_loader
+from kenotron.data.build import build_text_loader
+from kenotron.data.loader import GlobalBatchLoader
 from kenotron.data.packing import PackedWindows
 from kenotron.data.text_source import list_documents
 from kenotron.data.tokenizer import build_tokenizer
@@ -131,7 +133,11 @@ def test_other_argument_errors():
         GlobalBatchLoader(CountingWindows(SEQ_LEN), SEQ_LEN, 8, 2, 2, 2)
     with pytest.raises(ValueError, match="training.local_batch_size=0"):
         GlobalBatchLoader(CountingWindows(SEQ_LEN), SEQ_LEN, 8, 0, 0, 1)
-    loader = GlobalBatchLoader(CountingWindows(SEQ_LEN + 1), SEQ_LEN, 8, 2)
+    class FixedWindows:  # a sequential source of the wrong width that the loader cannot resize
+        def next_window(self):
+            return np.arange(SEQ_LEN + 2)
+
+    loader = GlobalBatchLoader(FixedWindows(), SEQ_LEN, 8, 2)
     with pytest.raises(ValueError, match=r"shape \(8,\), expected \(7,\)"):
         loader.next_step()
 

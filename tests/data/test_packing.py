@@ -75,12 +75,12 @@ def test_resume_is_exact(seq_len, read_ahead):
 
 def test_state_is_a_position_in_the_documents():
     windows = packer(seq_len=4)
-    assert windows.state_dict() == {"epoch": 0, "document_index": 0, "token_offset": 0}
+    assert windows.state_dict() == {"document": {"epoch": 0, "index": 0}, "token_offset": 0}
     windows.next_window()  # [BOS a b EOS BOS]: next window starts at "c" of document 1
-    assert windows.state_dict() == {"epoch": 0, "document_index": 1, "token_offset": 1}
+    assert windows.state_dict() == {"document": {"epoch": 0, "index": 1}, "token_offset": 1}
     for _ in range(20):
         windows.next_window()
-    assert windows.state_dict()["epoch"] >= 1
+    assert windows.state_dict()["document"]["epoch"] >= 1
 
 
 def test_resume_with_a_different_seq_len_continues_the_stream():
@@ -94,7 +94,7 @@ def test_resume_with_a_different_seq_len_continues_the_stream():
 
 def test_state_from_other_data_is_rejected():
     windows = packer(seq_len=4)
-    windows.load_state_dict({"epoch": 0, "document_index": 0, "token_offset": 99})
+    windows.load_state_dict({"document": {"epoch": 0, "index": 0}, "token_offset": 99})
     with pytest.raises(ValueError, match="token 99 of document 0.*has 4 tokens"):
         windows.next_window()
 

@@ -4,7 +4,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from kenotron.data.text_source import StreamedDocuments, list_documents, open_documents
+from kenotron.data.text_source import (
+    StreamedDocuments,
+    hf_stream_opener,
+    list_documents,
+    open_documents,
+)
 
 TEXTS = [f"document {i}: " + "word " * i for i in range(7)] + ["", "ünïcödé 🙂\nsecond line"]
 
@@ -33,62 +38,82 @@ def read(source, count):
     return [source.next_document().text for _ in range(count)]
 
 
-@pytest.fixture
-def cache_dir(tmp_path):
-    return str(tmp_path / "hf_cache")
-
-
 @pytest.mark.parametrize("kind", ["jsonl", "json", "parquet"])
 @pytest.mark.parametrize("dataset", ["explicit", "auto"])
-def test_local_records(tmp_path, cache_dir, kind, dataset):
+def test_local_records(tmp_path, kind, dataset):
     path = write_local(tmp_path, kind)
     name = kind if dataset == "explicit" else "auto"
-    source = open_documents(name, str(path), cache_dir=cache_dir)
-    assert source.num_documents == len(TEXTS)
+    source = open_documents(name, str(path))
     assert read(source, len(TEXTS)) == TEXTS
 
 
-@pytest.mark.parametrize("kind", ["jsonl", "parquet"])
-def test_resume_at_a_document_index(tmp_path, cache_dir, kind):
+@pytest.mark.parametrize("kind", ["jsonl", "json", "parquet"])
+def test_resume_at_a_saved_position(tmp_path, kind):
     path = str(write_local(tmp_path, kind))
-    source = open_documents(kind, path, cache_dir=cache_dir)
+    source = open_documents(kind, path)
     read(source, 4)
     state = source.state_dict()
-    assert state == {"epoch": 0, "index": 4}
-    resumed = open_documents(kind, path, cache_dir=cache_dir)
+    assert (state["epoch"], state["index"], state["file"]) == (0, 4, 0)
+    resumed = open_documents(kind, path)
     resumed.load_state_dict(state)
     assert read(resumed, 3) == TEXTS[4:7]
 
 
-def test_epochs_wrap_around(tmp_path, cache_dir):
-    source = open_documents("jsonl", str(write_jsonl(tmp_path / "d.jsonl")), cache_dir=cache_dir)
+def test_jsonl_position_is_a_byte_offset(tmp_path):
+    path = write_jsonl(tmp_path / "d.jsonl")
+    source = open_documents("jsonl", str(path))
+    document = [source.next_document() for _ in range(3)][-1]
+    with open(path, "rb") as f:
+        f.seek(document.position["offset"])
+        assert json.loads(f.readline())["text"] == TEXTS[2]
+
+
+def test_parquet_reads_row_groups(tmp_path):
+    path = tmp_path / "groups.parquet"
+    pq.write_table(pa.table({"text": [f"row {i}" for i in range(10)]}), path, row_group_size=3)
+    source = open_documents("parquet", str(path))
+    assert read(source, 12) == [f"row {i}" for i in range(10)] + ["row 0", "row 1"]
+    source.load_state_dict({"epoch": 0, "index": 7, "file": 0, "offset": 7})
+    assert read(source, 2) == ["row 7", "row 8"]
+
+
+def test_epochs_wrap_around(tmp_path):
+    source = open_documents("jsonl", str(write_jsonl(tmp_path / "d.jsonl")))
     documents = [source.next_document() for _ in range(len(TEXTS) + 2)]
     assert [d.text for d in documents] == TEXTS + TEXTS[:2]
     assert (documents[-1].epoch, documents[-1].index) == (1, 1)
-    assert source.state_dict() == {"epoch": 1, "index": 2}
+    assert source.state_dict()["epoch"] == 1 and source.state_dict()["index"] == 2
 
 
-def test_streaming_local_files_resume(tmp_path, cache_dir):
-    path = str(write_jsonl(tmp_path / "d.jsonl"))
-    source = open_documents("jsonl", path, streaming=True, cache_dir=cache_dir)
-    assert isinstance(source, StreamedDocuments)
-    assert read(source, len(TEXTS) + 1) == TEXTS + TEXTS[:1]
-    resumed = open_documents("jsonl", path, streaming=True, cache_dir=cache_dir)
-    resumed.load_state_dict({"epoch": 3, "index": 5})
-    document = resumed.next_document()
-    assert (document.epoch, document.index, document.text) == (3, 5, TEXTS[5])
+def test_streamed_hub_dataset_resumes_from_the_library_state(tmp_path):
+    """A streamed `datasets` dataset (local files stand in for the hub) resumes without re-reading."""
+    datasets = pytest.importorskip("datasets")
+    files = [str(write_jsonl(tmp_path / f"{i}.jsonl", [f"{i}-{j}" for j in range(5)])) for i in range(2)]
+
+    def load():
+        return datasets.load_dataset("json", data_files={"train": files}, split="train", streaming=True)
+
+    source = StreamedDocuments("stream", hf_stream_opener(load(), load, "text", "stream"))
+    assert read(source, 7) == ["0-0", "0-1", "0-2", "0-3", "0-4", "1-0", "1-1"]
+    state = source.state_dict()
+    assert state["stream"] is not None  # the library's own position, not a count to skip
+    resumed = StreamedDocuments("stream", hf_stream_opener(load(), load, "text", "stream"))
+    resumed.load_state_dict(state)
+    assert read(resumed, 5) == ["1-2", "1-3", "1-4", "0-0", "0-1"]
+    assert resumed.epoch == 1
 
 
-def test_text_files_give_one_document_per_paragraph(tmp_path, cache_dir):
+def test_text_files_give_one_document_per_paragraph(tmp_path):
     path = tmp_path / "book.txt"
     path.write_text("First paragraph,\nwrapped.\n\nSecond one.\n\nThird.\n")
-    source = open_documents("text", str(path), cache_dir=cache_dir)
-    assert read(source, 3) == ["First paragraph,\nwrapped.", "Second one.", "Third.\n"]
-    source.load_state_dict({"epoch": 0, "index": 2})
+    source = open_documents("text", str(path))
+    documents = [source.next_document() for _ in range(4)]
+    assert [d.text for d in documents] == ["First paragraph,\nwrapped.", "Second one.", "Third.\n", documents[0].text]
+    source.load_state_dict(documents[2].position)
     assert source.next_document().text == "Third.\n"
 
 
-def test_folder_of_files_in_sorted_order(tmp_path, cache_dir):
+def test_folder_of_files_in_sorted_order(tmp_path):
     folder = tmp_path / "shards"
     (folder / "sub").mkdir(parents=True)
     write_jsonl(folder / "b.jsonl", ["b0", "b1"])
@@ -97,7 +122,7 @@ def test_folder_of_files_in_sorted_order(tmp_path, cache_dir):
     (folder / "README.md").write_text("not data")
     (folder / ".cache").mkdir()
     write_jsonl(folder / ".cache" / "copy.jsonl", ["hidden"])
-    source = open_documents("auto", str(folder), cache_dir=cache_dir)
+    source = open_documents("auto", str(folder))
     assert read(source, 4) == ["a0", "b0", "b1", "c0"]
 
 
@@ -143,28 +168,44 @@ def test_auto_with_mixed_formats(tmp_path):
         open_documents("auto", str(tmp_path))
 
 
-def test_wrong_text_field(tmp_path, cache_dir):
+def test_wrong_text_field(tmp_path):
     path = str(write_jsonl(tmp_path / "d.jsonl"))
     message = r"data.text_field='content' is not a column.*\['id', 'text'\]"
     with pytest.raises(ValueError, match=message):
-        open_documents("jsonl", path, text_field="content", cache_dir=cache_dir)
+        open_documents("jsonl", path, text_field="content")
 
 
-def test_non_text_field(tmp_path, cache_dir):
+def test_non_text_field_fails_when_opened(tmp_path):
     path = str(write_jsonl(tmp_path / "d.jsonl"))
-    source = open_documents("jsonl", path, text_field="id", cache_dir=cache_dir)
     with pytest.raises(ValueError, match="data.text_field='id' .* holds int values"):
+        open_documents("jsonl", path, text_field="id")
+
+
+def test_invalid_file_contents(tmp_path):
+    path = tmp_path / "broken.jsonl"
+    path.write_text('{"text": "ok"}\n{not json\n')
+    source = open_documents("jsonl", str(path))
+    assert source.next_document().text == "ok"
+    with pytest.raises(ValueError, match=r"broken.jsonl' line 2 is not valid JSON \(Expecting property name.*; fix or "
+                                         r"remove that line"):
+        source.next_document()
+    path.write_text("just text, not json\n")
+    with pytest.raises(ValueError, match=r"line 1 is not valid JSON"):
+        open_documents("jsonl", str(path))  # the first document is read when the source opens
+    path.write_text('{"text": "ok"}\n[1, 2]\n')
+    source = open_documents("jsonl", str(path))
+    source.next_document()
+    with pytest.raises(ValueError, match=r"line 2 holds a JSON list, not an object with a text field"):
         source.next_document()
 
 
-def test_invalid_file_contents(tmp_path, cache_dir):
-    path = tmp_path / "broken.jsonl"
-    path.write_text('{"text": "ok"}\n{not json\n')
-    with pytest.raises(ValueError, match=r"broken.jsonl' line 2 is not valid JSON \(Expecting property name"):
-        open_documents("jsonl", str(path), cache_dir=cache_dir)
-    path.write_text("just text, not json\n")
-    with pytest.raises(ValueError, match=r"line 1 is not valid JSON"):
-        open_documents("jsonl", str(path), cache_dir=cache_dir)
+def test_empty_local_data(tmp_path):
+    (tmp_path / "empty.jsonl").write_text("\n\n")
+    with pytest.raises(ValueError, match=r"the file '.*empty.jsonl' is empty; give data holding at least one document"):
+        open_documents("jsonl", str(tmp_path / "empty.jsonl"))
+    (tmp_path / "blank.txt").write_text("\n\n\n\n ")
+    with pytest.raises(ValueError, match=r"blank.txt' is empty"):
+        open_documents("text", str(tmp_path / "blank.txt"))
 
 
 def test_a_path_given_as_dataset_name(tmp_path):

@@ -8,14 +8,20 @@ import pytest
 
 from kenotron.data.bpe_training import count_pieces, train_bpe, write_rank_file
 from kenotron.data.corpus import builtin_documents
+from kenotron.data.hf_tokenizer import HFTokenizer
+from kenotron.data.tiktoken_bpe import (
+    TiktokenTokenizer,
+    llama3_special_tokens,
+    read_rank_file,
+    sidecar_path,
+    write_sidecar,
+)
 from kenotron.data.tokenizer import (
     BUILTIN_TOKENIZER_FILE,
     LLAMA3_SPLIT_PATTERN,
-    TiktokenTokenizer,
     build_tokenizer,
-    llama3_special_tokens,
-    read_rank_file,
 )
+from tests.data.hf_files import write_hf_tokenizer
 
 ROUND_TRIP_TEXTS = [
     "",
@@ -141,10 +147,35 @@ def test_missing_tokenizer_file(tmp_path):
 
 
 def test_not_a_rank_file(tmp_path):
-    path = tmp_path / "tokenizer.json"
+    path = tmp_path / "tokenizer.model"
     path.write_text('{"model": {"type": "BPE"}}\n')
     with pytest.raises(ValueError, match="not '<base64 token> <rank>'"):
         build_tokenizer(str(path))
+
+
+def test_rank_file_without_a_known_split_pattern(tmp_path):
+    path = tiny_rank_file(tmp_path / "tiny.tiktoken")
+    sidecar_path(path).unlink()
+    with pytest.raises(ValueError, match=r"does not say which split pattern.*tiny.tiktoken.json"):
+        build_tokenizer(str(path))
+
+
+def test_rank_file_uses_the_split_pattern_it_was_built_with(tmp_path):
+    path = tiny_rank_file(tmp_path / "tiny.tiktoken")
+    assert build_tokenizer(str(path)).encode(" world") == [260, 261, 108, 100]  # " w", "or", "l", "d"
+    # A pattern that isolates spaces: " w" can no longer be merged.
+    write_sidecar(path, r"\p{L}+| ")
+    split = build_tokenizer(str(path))
+    assert split.split_pattern == r"\p{L}+| "
+    assert split.encode(" world") == [32, 119, 261, 108, 100]
+
+
+def test_rank_file_under_a_hub_folder_takes_the_pattern_of_its_tokenizer_json(tmp_path):
+    path = tiny_rank_file(tmp_path / "original" / "tokenizer.model")
+    sidecar_path(path).unlink()
+    write_hf_tokenizer(tmp_path / "hub", pattern=r"\p{L}+| ")
+    (tmp_path / "hub" / "tokenizer.json").rename(tmp_path / "tokenizer.json")
+    assert TiktokenTokenizer(path).split_pattern == r"\p{L}+| "
 
 
 def test_rank_file_without_all_bytes(tmp_path):
@@ -194,3 +225,58 @@ def test_training_script_reproduces_the_shipped_file(tmp_path):
     trained = train_bpe(builtin_documents(), len(shipped))
     write_rank_file(trained, tmp_path / "retrained.tiktoken")
     assert (tmp_path / "retrained.tiktoken").read_bytes() == BUILTIN_TOKENIZER_FILE.read_bytes()
+
+
+# -- Hugging Face tokenizer.json ------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def hf_builtin(tmp_path_factory):
+    """The built-in vocabulary written as a hub folder, read back through `tokenizers`."""
+    return build_tokenizer(str(write_hf_tokenizer(tmp_path_factory.mktemp("hub"))))
+
+
+def test_hub_folder_is_read_by_the_tokenizers_library(hf_builtin, builtin):
+    assert isinstance(hf_builtin, HFTokenizer)
+    assert (hf_builtin.vocab_size, hf_builtin.bos_id, hf_builtin.eos_id) == (
+        builtin.vocab_size, builtin.bos_id, builtin.eos_id,
+    )
+
+
+def test_hub_tokenizer_gives_the_ids_of_the_same_vocabulary_in_tiktoken(hf_builtin, builtin):
+    # tiktoken cuts runs over 25k characters first, so the last text is left out.
+    texts = ROUND_TRIP_TEXTS[:-1] + builtin_documents()[:200]
+    assert hf_builtin.encode_batch(texts) == builtin.encode_batch(texts)
+    for text in ROUND_TRIP_TEXTS:
+        assert hf_builtin.decode(hf_builtin.encode(text)) == text
+
+
+def test_hub_tokenizer_encodes_special_token_text_as_text(hf_builtin):
+    ids = hf_builtin.encode("<|end_of_text|>")
+    assert hf_builtin.eos_id not in ids and len(ids) > 1
+    assert hf_builtin.decode([hf_builtin.eos_id]) == "<|end_of_text|>"
+
+
+def test_tokenizer_json_file_itself_and_no_bos(tmp_path):
+    folder = write_hf_tokenizer(tmp_path / "qwen-like", bos=None, eos="<|eot_id|>")
+    tokenizer = build_tokenizer(str(folder / "tokenizer.json"))
+    assert tokenizer.bos_id is None and tokenizer.eos_id == 4080 + 9
+
+
+def test_hub_folder_without_config_finds_a_usual_eos_name(tmp_path):
+    folder = write_hf_tokenizer(tmp_path / "bare")
+    (folder / "tokenizer_config.json").unlink()
+    tokenizer = build_tokenizer(str(folder))
+    assert (tokenizer.bos_id, tokenizer.eos_id) == (None, 4081)
+
+
+def test_hub_config_naming_a_missing_token(tmp_path):
+    folder = write_hf_tokenizer(tmp_path / "mixed", eos="</s>")
+    with pytest.raises(ValueError, match="eos_token='</s>' is not a token of tokenizer.json"):
+        build_tokenizer(str(folder))
+
+
+def test_unreadable_tokenizer_json(tmp_path):
+    (tmp_path / "tokenizer.json").write_text('{"model": {"type": "BPE"}}')
+    with pytest.raises(ValueError, match="is not a Hugging Face tokenizer.json"):
+        build_tokenizer(str(tmp_path))

@@ -42,6 +42,7 @@ __all__ = [
     "RankError",
     "RankTimeout",
     "WorkerPool",
+    "close_pool",
     "get_pool",
     "multirank",
     "run_on_ranks",
@@ -419,6 +420,14 @@ def get_pool(world_size: int) -> WorkerPool:
             pool = WorkerPool(world_size)
             _pools[world_size] = pool
         return pool
+
+
+def close_pool(world_size: int) -> None:
+    """Stop the ``world_size`` pool if one runs (a large pool used by one test frees its memory)."""
+    with _lock:
+        pool = _pools.get(world_size)
+    if pool is not None:
+        pool.close()
 
 
 def run_on_ranks(

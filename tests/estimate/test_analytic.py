@@ -33,11 +33,13 @@ SHAPE = ["--model.flavor", "1B", "--model.n_layers", "4", "--training.seq_len", 
         (4, ["--training.local_batch_size", "1", "--parallelism.fsdp_reduce_dtype", "bfloat16"]),
         (4, ["--training.local_batch_size", "1", "--model.flavor", "8B", "--model.n_layers", "2"]),
         (4, ["--activation_checkpoint.offload_blocks", "1"]),
+        (4, ["--parallelism.dp_mode", "zero1", "--parallelism.cp", "2", "--training.global_batch_size", "4",
+             "--training.local_batch_size", "1"]),
     ],
     ids=["fsdp", "fsdp-full-ac", "fsdp-tp-selective", "fsdp-selective-every-2nd-matmul",
          "zero1-accumulation", "ddp", "one-gpu-autocast", "one-gpu-master-weights", "fsdp-cp2", "cp4-selective",
          "fsdp-bf16-reduce-peak-at-the-root-reduce-scatter", "fsdp-untied-peak-at-the-root-reduce-scatter",
-         "fsdp-first-block-offloaded"],
+         "fsdp-first-block-offloaded", "zero1-over-dp2-cp2"],
 )
 def test_analytic_peak_matches_the_fake_tensor_estimate(ngpu, overrides):
     report = estimate_memory(load_config("train_configs/debug.toml", SHAPE + overrides), ngpu, gpu_memory_gib=80)
@@ -69,8 +71,10 @@ PP_SHAPE = ["--model.flavor", "1B", "--model.n_layers", "8", "--training.seq_len
              "--training.local_batch_size", "4"]),
         (8, ["--parallelism.pp", "2", "--parallelism.tp", "2", "--training.local_batch_size", "4",
              "--activation_checkpoint.mode", "full"]),
+        (4, ["--parallelism.pp", "2", "--parallelism.cp", "2", "--training.local_batch_size", "4"]),
     ],
-    ids=["pp4-autocast", "pp2-fsdp2-selective", "pp2-fsdp2-accumulation", "pp2-ddp2", "pp2-fsdp2-tp2-full-ac"],
+    ids=["pp4-autocast", "pp2-fsdp2-selective", "pp2-fsdp2-accumulation", "pp2-ddp2", "pp2-fsdp2-tp2-full-ac",
+         "pp2-cp2-fsdp-over-cp"],
 )
 def test_analytic_pipeline_ranks_match_the_fake_tensor_estimate(ngpu, overrides):
     report = estimate_memory(load_config("train_configs/debug.toml", PP_SHAPE + overrides), ngpu, gpu_memory_gib=80)

@@ -120,11 +120,12 @@ def test_zero1_reports_the_fullest_ranks_optimizer_state():
         (4, ("--training.global_batch_size", "6"), ParallelConfigError),
         (4, ("--parallelism.cp", "4", "--training.seq_len", "100"), ParallelConfigError),
         (4, ("--parallelism.cp", "2", "--parallelism.tp", "2", "--training.seq_len", "260"), ParallelConfigError),
-        (4, ("--parallelism.cp", "2", "--parallelism.dp_mode", "zero1"), ConfigError),
+        (4, ("--parallelism.cp", "2", "--parallelism.pp", "2", "--training.seq_len", "258"), ParallelConfigError),
+        (4, ("--parallelism.tp", "4", "--parallelism.dp_mode", "zero1"), ConfigError),
         (4, ("--parallelism.cp", "3"), ParallelConfigError),
     ],
     ids=["tp-heads", "degrees", "flavor", "global-batch", "cp-seq-not-multiple-of-2cp", "cp-seq-not-multiple-of-2cp-tp",
-         "cp-zero1", "cp-degrees"],
+         "cp-pp-seq-not-multiple-of-2cp", "zero1-nothing-to-share-over", "cp-degrees"],
 )
 def test_bad_configs_raise_the_trainers_own_errors(ngpu, overrides, error):
     cfg = load_config(DEBUG, list(overrides))

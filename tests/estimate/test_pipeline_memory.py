@@ -88,6 +88,20 @@ def test_1f1b_keeps_more_microbatches_in_flight_on_the_first_stage():
     assert any("stage 0: 4, stage 1: 3, stage 2: 2, stage 3: 1" in note for note in report.notes)
 
 
+def test_context_parallel_inside_stages_halves_each_stages_activations_and_shards_it():
+    """PP 2 x CP 2 against PP 2: every pipeline rank holds half of each sequence (the replay feeds
+    it its shard, the stages' attention is the CP ring) and FSDP shards its stage over cp."""
+    args = ("--parallelism.pp", "2", "--training.local_batch_size", "8")
+    alone = estimate(2, *args)
+    cp = estimate(4, *args, "--parallelism.cp", "2")
+    for pp_rank, (a, b) in enumerate(zip(alone.ranks, cp.ranks)):
+        assert 0.4 < b.peak.activations / a.peak.activations < 0.6, (a.peak, b.peak)
+        assert b.peak.parameters == stage_static_bytes(4, pp_rank, [*args, "--parallelism.cp", "2"])
+        assert b.peak.parameters < 0.6 * a.peak.parameters
+    assert any("128 tokens per rank" in n for n in cp.notes)
+    assert any("8 microbatches of 1 x 256 (128 tokens of each sequence per cp rank)" in n for n in cp.notes)
+
+
 @pytest.mark.parametrize(
     "overrides",
     [

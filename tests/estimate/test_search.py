@@ -69,3 +69,19 @@ def test_pipeline_candidates_follow_the_trainers_rules_and_are_confirmed():
         if c.confirmed_peak is not None:
             assert c.analytic_peak == pytest.approx(c.confirmed_peak, rel=0.05)
     assert "1F1B" in format_search(result)
+
+
+def test_the_search_pairs_context_parallel_with_pipelines_and_with_zero1():
+    """cp runs inside pipeline stages and ZeRO-1 shares optimizer state over dp x cp: the planner
+    prices both kinds, and the trainer's resolve_run accepts their overrides as they are."""
+    from kenotron.train.resolve import resolve_run
+
+    args = ["--training.global_batch_size", "8"]
+    result = search_layouts(load_config("train_configs/debug.toml", args), 8, 80, top=1000, confirm=0)
+    pp_cp = [c for c in result.ranked if c.degrees["pp"] > 1 and c.degrees["cp"] > 1]
+    zero1_cp = [c for c in result.ranked if c.dp_mode == "zero1" and c.degrees["cp"] > 1]
+    assert pp_cp and zero1_cp
+    for c in (pp_cp[0], zero1_cp[0]):
+        run = resolve_run(load_config("train_configs/debug.toml", args + " ".join(c.overrides()).split()), 8)
+        assert run.dims.degrees() == c.degrees and run.plan.settings.dp_mode == c.dp_mode
+        assert (run.plan.pipeline is not None) == (c.degrees["pp"] > 1)

@@ -1,4 +1,5 @@
-"""The step-time model's data-parallel term follows the gradient reduction's dtype."""
+"""The step-time model: the data-parallel term follows the gradient reduction's dtype; pipeline and
+context-parallel terms follow what each rank sends."""
 
 from __future__ import annotations
 
@@ -30,3 +31,18 @@ def test_bf16_gradient_reduction_halves_the_reduced_bytes_of_fsdp_and_ddp(layout
         saved = 0.5 * 3 / 4 * local * 4 / hw.nvlink_bytes_per_s
     assert bf16 < fp32
     assert fp32 - bf16 == pytest.approx(saved, rel=1e-6)
+
+
+def _step(ngpu: int, *overrides: str):
+    run = resolve_run(load_config(DEBUG, ["--training.param_dtype", "bfloat16", *overrides]), ngpu)
+    return step_time(run, parameter_bytes(run, AnalyticModel(run).model), matmul_params=1, hw=Hardware())
+
+
+def test_context_parallel_inside_pipelines_halves_the_stage_messages_and_each_rank_runs_its_blocks_rings():
+    # Same microbatches (8 of one sequence), same bandwidths: a stage sends half of each sequence
+    # under cp 2, and a pp rank runs the CP ring in half of the blocks.
+    pp = _step(4, "--parallelism.pp", "2", "--parallelism.dp_shard", "2", "--training.local_batch_size", "8")
+    pp_cp = _step(4, "--parallelism.pp", "2", "--parallelism.cp", "2", "--training.local_batch_size", "8")
+    cp = _step(2, "--parallelism.cp", "2", "--training.local_batch_size", "8")
+    assert pp_cp.pipeline_p2p == pytest.approx(pp.pipeline_p2p / 2, rel=1e-9)
+    assert pp_cp.context_parallel == pytest.approx(cp.context_parallel / 2, rel=1e-9)

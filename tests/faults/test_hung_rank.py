@@ -20,7 +20,7 @@ def test_a_stopped_rank_is_named_before_the_collective_timeout_ends_the_job(tmp_
     job = start_job(2, tmp_path, ["--training.steps", "100000", "--parallelism.collective_timeout_s", "12"])
     seen: list[str] = []
     try:
-        wait_for_line(job, "step      3 ", 240, seen)
+        wait_for_line(job, "step      3/100000 ", 240, seen)
         victim = rank_pids(job.pid)[1]
         os.kill(victim, signal.SIGSTOP)
         stopped_at = time.monotonic()

@@ -73,9 +73,13 @@ def run_steps(
         name: tuple(local_tensor(p).shape) for name, p in named_parameters(trainer)
     }
     dtensors = sorted(name for name, p in named_parameters(trainer) if isinstance(p, DTensor))
+    # The parameters this rank's optimizers step (under ZeRO-1 the rank's own partition).
+    names = {id(p): name for name, p in named_parameters(trainer)}
+    stepped = sorted(names[id(p)] for o in job.torch_optimizers for g in o.param_groups for p in g["params"]
+                     if id(p) in names)
     return {
         "losses": losses, "norms": norms, "grads": grads if reports else None, "local_shapes": local_shapes,
-        "dtensor_params": dtensors,
+        "dtensor_params": dtensors, "optimizer_params": stepped,
         "grad_local_shapes": grad_local_shapes, "stage_ids": list(job.applied.stage_ids),
     }
 

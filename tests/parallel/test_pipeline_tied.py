@@ -23,6 +23,7 @@ LAYOUTS = {
     "1f1b_pp2": (2, ["--parallelism.pp", "2"]),  # copies on two ranks
     "zbv_pp2": (2, ["--parallelism.pp", "2", "--parallelism.pp_schedule", "ZBVZeroBubble"]),  # both on rank 0
     "1f1b_pp2_fsdp2": (4, ["--parallelism.pp", "2", "--parallelism.dp_shard", "2", "--training.local_batch_size", "2"]),
+    "1f1b_pp2_cp2": (4, ["--parallelism.pp", "2", "--parallelism.cp", "2"]),  # one pair of copies per cp rank
 }
 
 
