@@ -147,3 +147,17 @@ def test_logits_equal_transformers_both_directions():
     theirs = random_hf_model(SPEC, SMALL, seed=1)
     ours.load_state_dict(adapter.from_hf(theirs.state_dict(), SMALL), strict=True)
     assert max_logit_diff(ours, theirs, tokens) < 1e-4
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_pytorch_scan_compiles_on_cuda_and_equals_itself_eager():
+    # The chunked scan is the path of every GPU run whose sizes the Triton kernels do not take
+    # (tuning.ssm_kernel = torch): torch.compile must take it whole and change nothing.
+    inputs = [t.float().cuda().requires_grad_() for t in scan_inputs(length=300, heads=8, head_dim=16, state=32)]
+    eager = ssd_chunked(*inputs, 64)
+    compiled = torch.compile(ssd_chunked, fullgraph=True)(*inputs, 64)
+    torch.testing.assert_close(compiled, eager, rtol=1e-4, atol=1e-4)
+    dy = torch.randn_like(eager)
+    for got, want in zip(torch.autograd.grad(compiled, inputs, dy), torch.autograd.grad(eager, inputs, dy)):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4 * max(want.abs().max().item(), 1.0))
