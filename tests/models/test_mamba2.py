@@ -157,7 +157,10 @@ def test_pytorch_scan_compiles_on_cuda_and_equals_itself_eager():
     inputs = [t.float().cuda().requires_grad_() for t in scan_inputs(length=300, heads=8, head_dim=16, state=32)]
     eager = ssd_chunked(*inputs, 64)
     compiled = torch.compile(ssd_chunked, fullgraph=True)(*inputs, 64)
-    torch.testing.assert_close(compiled, eager, rtol=1e-4, atol=1e-4)
+    # Outputs reach ~160 here from terms that cancel: a fused kernel's other summation order
+    # moves an output by fp32 rounding of that scale (an H200 run: 1 of 76,800 values off by
+    # 1.9e-4, a tight absolute bound failing), so the bound follows the output's scale.
+    torch.testing.assert_close(compiled, eager, rtol=1e-4, atol=1e-5 * eager.abs().max().item())
     dy = torch.randn_like(eager)
     for got, want in zip(torch.autograd.grad(compiled, inputs, dy), torch.autograd.grad(eager, inputs, dy)):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4 * max(want.abs().max().item(), 1.0))
