@@ -269,16 +269,23 @@ def run_case(
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
         wall = time.perf_counter() - t0
         if proc.returncode != 0 or not os.path.exists(out):
-            lines = (proc.stdout + proc.stderr).strip().splitlines()
-            tail = lines[-15:]
-            # torchrun ends with its own failure summary; the cause (an out-of-memory error, say)
-            # is printed earlier by the rank that failed: put its first such line last.
-            cause = next((ln for ln in lines if "out of memory" in ln.lower() or "Error:" in ln), None)
-            if cause is not None and cause not in tail:
-                tail.append(cause.strip()[:300])
+            tail = failure_tail((proc.stdout + proc.stderr).strip().splitlines())
             return {"name": name, "error": "\n".join(tail), "wall_s": wall, "args": overrides}
         result = json.loads(Path(out).read_text())
     return {"name": name, **result, "wall_s": wall, "args": overrides}
+
+
+def failure_tail(lines: list[str]) -> list[str]:
+    """The last lines of a failed case's output, its cause last (the table shows the last line).
+
+    torchrun ends with its own failure summary, and torch.compile's errors with a hint about
+    TORCHDYNAMO_VERBOSE; the cause (an out-of-memory error, a compiler's exception) is printed
+    before them: its first such line goes last."""
+    tail = lines[-15:]
+    cause = next((ln for ln in lines if "out of memory" in ln.lower() or "Error:" in ln), None)
+    if cause is not None and (not tail or tail[-1] != cause):
+        tail.append(cause.strip()[:300])
+    return tail
 
 
 def format_row(r: dict) -> str:
