@@ -46,6 +46,8 @@ class SourceSpec:
     weight: float = 1.0
     text_field: str = "text"
     split: str = "train"
+    path_key: str = "data.path"
+    """The config key that holds `path`, for error messages."""
 
 
 def _default_name(dataset: str, path: str) -> str:
@@ -58,8 +60,9 @@ def source_specs(cfg: JobConfig) -> list[SourceSpec]:
     if not d.sources:
         return [SourceSpec(_default_name(d.dataset, d.path), d.dataset, d.path, 1.0, d.text_field, d.split)]
     specs = [
-        SourceSpec(s.name or _default_name(s.dataset, s.path), s.dataset, s.path, s.weight, s.text_field, s.split)
-        for s in d.sources
+        SourceSpec(s.name or _default_name(s.dataset, s.path), s.dataset, s.path, s.weight, s.text_field, s.split,
+                   f"data.sources[{i}].path")
+        for i, s in enumerate(d.sources)
     ]
     names = [s.name for s in specs]
     repeated = sorted({n for n in names if names.count(n) > 1})
@@ -115,7 +118,7 @@ def open_source(spec: SourceSpec, cfg: JobConfig, tokenizer: Tokenizer, vocab_si
         _warn_on_other_tokenizer(folder, tokenizer)
         return TokenizedWindows(folder, shuffle=cfg.data.shuffle, seed=cfg.data.seed, name=spec.name)
     try:
-        documents = open_documents(spec.dataset, spec.path, spec.text_field, spec.split)
+        documents = open_documents(spec.dataset, spec.path, spec.text_field, spec.split, spec.path_key)
     except ValueError as err:
         raise ConfigError(str(err)) from None
     return PackedWindows(documents, tokenizer, cfg.training.seq_len, add_bos=cfg.data.add_bos)
@@ -160,7 +163,7 @@ def check_data_config(cfg: JobConfig, tokenizer: Tokenizer, vocab_size: int, glo
 
 def _validation_spec(cfg: JobConfig) -> SourceSpec:
     v = cfg.validation
-    return SourceSpec("validation", v.dataset, v.path, 1.0, v.text_field, v.split)
+    return SourceSpec("validation", v.dataset, v.path, 1.0, v.text_field, v.split, "validation.path")
 
 
 def _check_validation_size(cfg: JobConfig, source: Any, global_batch_size: int, available: int | None = None) -> None:

@@ -14,12 +14,13 @@ from kenotron.errors import DataError
 _PEEK_BYTES = 1 << 16
 
 
-def check_not_empty(files: list[str], path: str) -> None:
-    """DataError when every one of `files` is empty (or holds only whitespace)."""
+def check_not_empty(files: list[str], where: str) -> None:
+    """DataError when every one of `files` is empty (or holds only whitespace); `where` names the
+    config key and its value (`validation.path='...'`)."""
     if any(_has_content(Path(f)) for f in files):
         return
     what = f"the file {files[0]!r} is" if len(files) == 1 else f"all {len(files)} data files under it are"
-    raise DataError(f"data.path={path!r}: {what} empty; give data holding at least one document")
+    raise DataError(f"{where}: {what} empty; give data holding at least one document")
 
 
 def _has_content(file: Path) -> bool:
@@ -30,7 +31,7 @@ def _has_content(file: Path) -> bool:
     return False
 
 
-def json_line_error(path: str, file: Path, offset: int, line: bytes, err: ValueError | None) -> DataError:
+def json_line_error(where: str, file: Path, offset: int, line: bytes, err: ValueError | None) -> DataError:
     """The one-line error for a JSON Lines record at byte `offset` of `file` that is not a JSON
     object (`err`: the decoder's error, None when it decoded to something else)."""
     with open(file, "rb") as f:
@@ -42,4 +43,4 @@ def json_line_error(path: str, file: Path, offset: int, line: bytes, err: ValueE
         what = f"is not valid JSON ({err}): {text[:60]!r}"
     else:
         what = f"holds a JSON {type(json.loads(line)).__name__}, not an object with a text field"
-    return DataError(f"data.path={path!r}: file {str(file)!r} line {number} {what}; fix or remove that line")
+    return DataError(f"{where}: file {str(file)!r} line {number} {what}; fix or remove that line")

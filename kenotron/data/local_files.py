@@ -89,9 +89,9 @@ def is_json_array(path: Path) -> bool:
 class LocalDocuments(DocumentSource):
     """Documents of local files, in file order; position = (file, offset) plus epoch and index."""
 
-    def __init__(self, name: str, files: list[Path], fmt: str, text_field: str, data_path: str = "") -> None:
+    def __init__(self, name: str, files: list[Path], fmt: str, text_field: str, where: str = "") -> None:
         super().__init__(name)
-        self.data_path = data_path or name
+        self.where = where or name  # the config key and path that errors name
         self.files = files
         self.format = fmt
         self.text_field = text_field
@@ -167,9 +167,9 @@ class LocalDocuments(DocumentSource):
             try:
                 record = json.loads(line)
             except ValueError as err:
-                raise json_line_error(self.data_path, path, self.offset - len(line), line, err) from None
+                raise json_line_error(self.where, path, self.offset - len(line), line, err) from None
             if not isinstance(record, dict):
-                raise json_line_error(self.data_path, path, self.offset - len(line), line, None)
+                raise json_line_error(self.where, path, self.offset - len(line), line, None)
             return self._text(record)
 
     def _read_paragraph(self) -> str | None:
@@ -244,11 +244,13 @@ class LocalDocuments(DocumentSource):
         return False
 
 
-def open_local_documents(dataset: str, path: str, text_field: str = "text") -> LocalDocuments:
-    """The documents of local files named by `data.dataset` and `data.path`."""
+def open_local_documents(dataset: str, path: str, text_field: str = "text", key: str = "data.path") -> LocalDocuments:
+    """The documents of local files named by `data.dataset` and `data.path` (`key`: the config key
+    that holds the path, named by errors)."""
     fmt, files = resolve_local_files(dataset, path)
-    check_not_empty([str(f) for f in files], path)
-    source = LocalDocuments(f"{fmt} files at {path!r}", files, fmt, text_field, path)
+    where = f"{key}={path!r}"
+    check_not_empty([str(f) for f in files], where)
+    source = LocalDocuments(f"{fmt} files at {path!r}", files, fmt, text_field, where)
     if fmt == "parquet":
         try:
             import pyarrow.parquet  # noqa: F401

@@ -245,8 +245,10 @@ def hf_stream_opener(
     return open_stream
 
 
-def open_documents(dataset: str, path: str = "", text_field: str = "text", split: str = "train") -> DocumentSource:
-    """The documents named by `data.dataset` and `data.path` (see the module docstring)."""
+def open_documents(dataset: str, path: str = "", text_field: str = "text", split: str = "train",
+                   key: str = "data.path") -> DocumentSource:
+    """The documents named by `data.dataset` and `data.path` (see the module docstring; `key`:
+    the config key that holds the path, named by errors)."""
     if dataset == "builtin":
         from kenotron.data.corpus import builtin_documents
 
@@ -254,7 +256,7 @@ def open_documents(dataset: str, path: str = "", text_field: str = "text", split
     if dataset in LOCAL_FORMATS or dataset == "auto":
         from kenotron.data.local_files import open_local_documents
 
-        return open_local_documents(dataset, path, text_field)
+        return open_local_documents(dataset, path, text_field, key)
     if not dataset:
         raise DataError(
             "data.dataset is empty; use 'builtin', 'tokenized', a local format (json, jsonl, parquet, text, "
