@@ -30,6 +30,19 @@ def flatten_state_dict(state: Mapping[str, Any], prefix: str = "") -> dict[str, 
     return flat
 
 
+def check_same_family(saved: Any, ours: Mapping[str, Any], path: str | Path) -> None:
+    """Raise CheckpointMismatchError when the checkpoint's model (its marker's model info) is of
+    another family than the model here (`ours`: this run's model info)."""
+    if not isinstance(saved, Mapping) or not saved.get("name") or not ours.get("name"):
+        return
+    if saved["name"] != ours["name"]:
+        flavor = f" {saved['flavor']}" if saved.get("flavor") else ""
+        raise CheckpointMismatchError(
+            f"checkpoint {path} holds a {saved['name']}{flavor} model but this run builds {ours['name']}; set "
+            f"model.name = {saved['name']!r} (and its flavor) to continue it, or load a {ours['name']} checkpoint"
+        )
+
+
 def check_state_fits(
     state_dict: Mapping[str, Any], metadata: Any, path: str | Path, model_info: str = "",
     model_keys: set[str] | None = None,

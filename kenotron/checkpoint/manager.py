@@ -30,7 +30,7 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 
 from kenotron.checkpoint import integrity
-from kenotron.checkpoint.checks import check_state_fits, flatten_state_dict
+from kenotron.checkpoint.checks import check_same_family, check_state_fits, flatten_state_dict
 from kenotron.checkpoint.diagnose import describe_save_failure, is_checkpoint_exception
 from kenotron.checkpoint.errors import (
     CheckpointError,
@@ -410,6 +410,7 @@ class CheckpointManager:
                 f"{path} holds no {absent[0]!r} part (it has {', '.join(sorted(saved_parts))}); add {absent[0]!r} "
                 f"to checkpoint.exclude_from_loading to start that part fresh"
             )
+        check_same_family(marker.get("model"), self.model_info, path)
         legacy = [n for n in names if n in ("lr_scheduler", "dataloader", "train_state")]
         if marker.get("format") in LEGACY_FORMAT_TAGS and legacy:
             raise CheckpointFormatError(

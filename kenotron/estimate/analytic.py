@@ -61,9 +61,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from kenotron.estimate.analytic_mamba import MambaDims, mamba_backward_scratch, mamba_block_activations
 from kenotron.estimate.analytic_moe import MoEShape, moe_activations, moe_backward_temporaries, moe_shape
 from kenotron.estimate.cp_ring_memory import attention_output_copy
 from kenotron.estimate.tracker import Breakdown, allocated_bytes
+from kenotron.models.common.mamba import MambaBlock
 from kenotron.models.common.norms import LayerNorm
 from kenotron.models.common.router import TopKRouter
 from kenotron.parallel.plan import fqn_matches, matching_modules
@@ -122,6 +124,8 @@ class ParameterBytes:
     """Buffers (RoPE tables)."""
     block_experts: int = 0
     """Of block_gathered, this rank's routed experts (under expert parallelism)."""
+    local_bf16: int = 0
+    """Σ local shards in bf16 (master weights), each rounded as allocated (small tensors: not half of `local`)."""
 
 
 def parameter_bytes(run: ResolvedRun, model: nn.Module) -> ParameterBytes:
@@ -141,6 +145,7 @@ def parameter_bytes(run: ResolvedRun, model: nn.Module) -> ParameterBytes:
         block_gathered=block, root_gathered=root, count=len(sharded),
         buffers=sum(allocated_bytes(b.numel() * b.element_size()) for b in model.buffers()) + _balance_state(model),
         block_experts=block_experts,
+        local_bf16=sum(allocated_bytes(r["bytes"] // 2) for r in sharded),
     )
 
 
@@ -199,6 +204,10 @@ class StepShape:
     """SwiGLU's gate is the fused Triton kernel (eager CUDA runs): silu(a) is not kept."""
     moe: MoEShape | None = None
     """The MoE feed-forward in place of the dense MLP (analytic_moe.py); None for a dense model."""
+    mamba_blocks: int = 0
+    """How many of the model's blocks are Mamba-2 blocks (analytic_mamba.py); the rest are attention blocks."""
+    mamba: MambaDims | None = None
+    """One rank's share of a Mamba mixer, when the model has Mamba blocks."""
 
     @classmethod
     def of(cls, run: ResolvedRun, block_kind: dict[str, bool]) -> StepShape:
@@ -216,17 +225,21 @@ class StepShape:
             head_dim=a.head_dim, vocab=a.vocab_size, layers=a.n_layers, compute=compute,
             residual=FP32 if autocast else compute, autocast=autocast, cp_output_copy=attention_output_copy(run),
             fused_gate=(block_kind["gated_mlp"] or moe is not None) and run.choices.eager_kernels == "triton",
-            moe=moe, **block_kind,
+            moe=moe, mamba=MambaDims.of(a, tp) if block_kind["mamba_blocks"] else None, **block_kind,
         )
 
 
-def block_kind(model: nn.Module, blocks: str) -> dict[str, bool]:
-    """Which variant of the decoder block the family uses (what the activation formula reads)."""
-    block = matching_modules(model, blocks)[0][1]
+def block_kind(model: nn.Module, blocks: str) -> dict:
+    """Which variant of the decoder block the family uses (what the activation formula reads),
+    and how many blocks are Mamba-2 blocks (the others' variant is read from the first of them)."""
+    found = [m for _, m in matching_modules(model, blocks)]
+    mamba = sum(isinstance(b, MambaBlock) for b in found)
+    block = next((b for b in found if not isinstance(b, MambaBlock)), found[0])
     return {
         "gated_mlp": hasattr(getattr(block, "feed_forward", None), "w3"),
         "qk_norm": getattr(getattr(block, "attention", None), "q_norm", None) is not None,
         "fp32_norm": isinstance(getattr(block, "attention_norm", None), LayerNorm),
+        "mamba_blocks": mamba,
     }
 
 
@@ -267,14 +280,39 @@ def block_activations(s: StepShape, mode: str, sp: bool, save_matmul_every: int 
     return residuals + matmul_inputs + attention + rope_tables + mlp
 
 
+def kinds_activations(s: StepShape, mode: str, sp: bool, save_matmul_every: int = 1) -> float:
+    """Mean bytes per block under AC `mode` over the model's blocks: its attention blocks and
+    its Mamba blocks (analytic_mamba.py), each kind's formula weighted by its count."""
+    if s.mamba is None:
+        return block_activations(s, mode, sp, save_matmul_every)
+    total = s.layers if s.layers else 1
+    mamba = mamba_block_activations(s, s.mamba, mode, sp, save_matmul_every)
+    if s.mamba_blocks >= s.layers:
+        return mamba
+    attention = block_activations(s, mode, sp, save_matmul_every)
+    return (s.mamba_blocks * mamba + (total - s.mamba_blocks) * attention) / total
+
+
+def backward_scratch(s: StepShape) -> int:
+    """A block's backward temporaries beyond its kept activations (the largest over the kinds of
+    block the model has): an attention block's MLP (or MoE layer's) and residual gradients, a Mamba block's scan."""
+    mlp = (moe_backward_temporaries(s.moe, s.dim, s.compute) if s.moe is not None
+           else 2 * allocated_bytes(s.tokens * s.ffn // s.tp * s.compute))
+    attention = mlp + 2 * allocated_bytes(s.tokens * s.dim * s.compute)
+    if s.mamba is None:
+        return attention
+    mamba = mamba_backward_scratch(s, s.mamba)
+    return mamba if s.mamba_blocks >= s.layers else max(mamba, attention)
+
+
 def activations_per_block(run: ResolvedRun, s: StepShape) -> float:
     """Mean bytes per block over the AC pattern."""
     ac = run.plan.settings.ac_mode
     sp = s.tp > 1 and run.plan.settings.sequence_parallel
     if ac == "every-n-layers":
         n = run.plan.settings.ac_every_n
-        return (block_activations(s, "full", sp) + (n - 1) * block_activations(s, "none", sp)) / n
-    return block_activations(s, ac, sp, run.plan.settings.ac_save_matmul_every)
+        return (kinds_activations(s, "full", sp) + (n - 1) * kinds_activations(s, "none", sp)) / n
+    return kinds_activations(s, ac, sp, run.plan.settings.ac_save_matmul_every)
 
 
 def loss_bytes(run: ResolvedRun, s: StepShape, fused: bool) -> tuple[int, int]:
@@ -353,7 +391,7 @@ def peak_breakdown(run: ResolvedRun, params: ParameterBytes, O: int, kind: dict[
     s = StepShape.of(run, kind)
     mw = master_weights(run)
     # Master weights: bf16 parameters and gradients (the fp32 masters are optimizer state, in O).
-    local = params.local // 2 if mw else params.local
+    local = params.local_bf16 if mw else params.local
     P = local + params.buffers
     extra_grad = replicated_embedding_gradient(run, s)
     G = local + extra_grad
@@ -369,13 +407,12 @@ def peak_breakdown(run: ResolvedRun, params: ParameterBytes, O: int, kind: dict[
         parameters=P, unsharded_parameters=gathered_bytes(run, params, s.layers, "forward"), gradients=accumulated,
         optimizer_state=O, activations=blocks + edges + kept, temporaries=loss_temp,
     )
-    T, c, t = s.tokens, s.compute, s.tp
+    c, t = s.compute, s.tp
     # A block's weight gradients in the matmul dtype, and (autocast, FSDP) their fp32 conversions.
     block_grad = params.block_gathered * (1 + (FP32 // c if c != FP32 and not mw else 0))
-    mlp_grads = moe_backward_temporaries(s.moe, s.dim, c) if s.moe is not None else 2 * allocated_bytes(T * s.ffn // t * c)
-    backward_temp = mlp_grads + 2 * allocated_bytes(T * s.dim * c) + block_grad
+    backward_temp = backward_scratch(s) + block_grad
     if run.plan.settings.ac_mode != "none":
-        backward_temp += block_activations(s, "none", t > 1 and run.plan.settings.sequence_parallel)
+        backward_temp += round(kinds_activations(s, "none", t > 1 and run.plan.settings.sequence_parallel))
     backward_moment = Breakdown(
         parameters=P, unsharded_parameters=gathered_bytes(run, params, s.layers, "backward"),
         gradients=accumulated if sharded_grads or not accumulated else G, optimizer_state=O,

@@ -43,13 +43,13 @@ from kenotron.estimate.analytic import (
     ParameterBytes,
     StepShape,
     activations_per_block,
-    block_activations,
+    backward_scratch,
     data_parallel_kind,
+    kinds_activations,
     loss_bytes,
     optimizer_state_bytes,
     parameter_bytes,
 )
-from kenotron.estimate.analytic_moe import moe_backward_temporaries
 from kenotron.estimate.tracker import Breakdown, allocated_bytes
 from kenotron.parallel.pipeline import stage_module
 from kenotron.train.resolve import ResolvedRun
@@ -133,11 +133,9 @@ def stage_peak(run: ResolvedRun, model: nn.Module, kind: dict[str, bool], stage:
                                  activations=kept - per_micro, temporaries=buffers + emb_grad))
     # Gradients are accumulated into the (whole) .grad that exists since the first backward: no
     # per-block gradient temporaries beyond the MLP's and the residual's activation gradients.
-    mlp_grads = (moe_backward_temporaries(s.moe, s.dim, c) if s.moe is not None
-                 else 2 * allocated_bytes(tokens * s.ffn // tp * c))
-    backward_temp = mlp_grads + 2 * allocated_bytes(tokens * s.dim * c)
+    backward_temp = backward_scratch(s)
     if run.plan.settings.ac_mode != "none":
-        backward_temp += block_activations(s, "none", sp)
+        backward_temp += round(kinds_activations(s, "none", sp))
     moments.append(Breakdown(parameters=P, unsharded_parameters=U, gradients=G, optimizer_state=O,
                              activations=kept, temporaries=buffers + backward_temp))
     if dp in ("fsdp", "hsdp"):

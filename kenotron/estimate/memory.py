@@ -40,6 +40,7 @@ from kenotron.estimate.fake_job import (
 from kenotron.estimate.report import MemoryReport, RankEstimate, phase_peaks
 from kenotron.estimate.tracker import StepMemoryTracker, TrackedStep
 from kenotron.parallel.dims import ParallelDims
+from kenotron.parallel.plan import matching_modules
 from kenotron.train.resolve import ResolvedRun, resolve_run
 from kenotron.train.step import train_step
 
@@ -101,9 +102,10 @@ def estimate_rank(
     """One rank class's estimate (with `model`'s analytic figures beside it) and how it was obtained."""
     n_layers = run.model_args.n_layers
     period = block_period(run.plan)
-    # Offloading makes the first blocks unlike the others: the line through two shallow models
-    # would not hold, so every block runs.
-    depths = None if full_depth or run.plan.settings.offload_blocks else shallow_depths(n_layers, period)
+    # Offloading makes the first blocks unlike the others, as a hybrid's attention blocks are unlike
+    # its Mamba blocks: the line through two shallow models would not hold, so every block runs.
+    mixed = len({type(m) for _, m in matching_modules(model.model, run.plan.layout.blocks)}) > 1
+    depths = None if full_depth or mixed or run.plan.settings.offload_blocks else shallow_depths(n_layers, period)
     if depths is None:
         step = track_step(run, None, rank_class.rank)
         peaks = peaks_by_place(step, n_layers, period)

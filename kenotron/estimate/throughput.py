@@ -1,7 +1,7 @@
 """A first-order model of step time, to rank the layouts the planner finds.
 
 Per optimizer step, on one rank (G global batch, s sequence, dp = dp_replicate·dp_shard,
-m micro-steps, t = tp, p = cp, q = pp, f = the trainer's FLOPs per token 6·N + 12·L·H·h·s):
+m micro-steps, t = tp, p = cp, q = pp, f = the trainer's FLOPs per token 6·N + M, train/flops.py):
 
   compute  = f · G·s / (dp · t · p · q) · r / (peak · e)   (f counts an MoE layer's active experts)
              r: recomputation factor of activation checkpointing (none 1, selective-op 1.05,
@@ -125,7 +125,7 @@ def step_time(run: ResolvedRun, params: ParameterBytes, matmul_params: int, hw: 
     a, t, d = run.model_args, run.cfg.training, run.dims
     tokens = run.global_batch_size * t.seq_len
     c = 2 if t.param_dtype == "bfloat16" else 4
-    per_token = flops_per_token(matmul_params, a.n_layers, a.n_heads, a.head_dim, t.seq_len)
+    per_token = flops_per_token(matmul_params, run.spec.mixing_flops(a, t.seq_len))
     compute = (per_token * tokens / (d.dp * d.tp * d.cp * d.pp) * recompute_factor(run)
                / (hw.peak_flops * hw.matmul_efficiency))
     bubble, p2p = pipeline_time(run, compute, c, hw)

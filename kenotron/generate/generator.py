@@ -1,4 +1,5 @@
-"""Autoregressive generation for a batch of prompts, with or without a KV cache.
+"""Autoregressive generation for a batch of prompts, with or without a cache (keys and values of
+attention layers, the recurrent state of Mamba layers: the model's `new_cache`).
 
 Prompts of different lengths are left-padded to a common length, so every sequence's next
 token sits in the same column and one forward call serves the whole batch; the padding is
@@ -16,6 +17,7 @@ from torch import nn
 
 from kenotron.generate.sampling import SamplingConfig, sample_next_token
 from kenotron.models.common.kv_cache import KVCache
+from kenotron.models.common.recurrent_cache import RecurrentCache
 from kenotron.progress import progress
 
 
@@ -46,7 +48,7 @@ def generate(
 ) -> list[list[int]]:
     """The new tokens of each prompt (up to `max_new_tokens`, stopping after `eos_id`, which
     is not included); `sampling` None is greedy. `model` is a kenotron CausalLM whose RoPE tables (`args.max_seq_len`)
-    cover the longest prompt plus `max_new_tokens`."""
+    cover the longest prompt plus `max_new_tokens`; its `new_cache` makes the cache."""
     args = model.args
     device = model.rope_cos.device
     tokens, token_mask = left_pad(prompts, pad_id, device)
@@ -60,10 +62,10 @@ def generate(
     padded = not bool(token_mask.all())
     mask_arg = token_mask if padded else None
 
-    cache: KVCache | None = None
+    cache: KVCache | RecurrentCache | None = None
     if use_cache:
         dtype = next(model.parameters()).dtype
-        cache = KVCache(len(model.layers), batch, total, args.n_kv_heads, args.head_dim, dtype=dtype, device=device)
+        cache = model.new_cache(batch, total, dtype=dtype, device=device)
         logits = model(tokens, kv_cache=cache, token_mask=mask_arg)[:, -1]
     else:
         logits = model(tokens, token_mask=mask_arg)[:, -1]

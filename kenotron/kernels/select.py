@@ -60,6 +60,23 @@ def resolve_eager_kernels(choice: str, device_type: str, compiled: bool, triton_
     return "triton"
 
 
+SSM_KERNELS = ("auto", "triton", "torch")
+
+
+def resolve_ssm_kernel(choice: str, device_type: str, unsupported: str = "", triton_present: bool | None = None) -> str:
+    """"triton" or "torch" for `tuning.ssm_kernel` (Mamba-2's scan: kenotron/kernels/ssd_op.py or
+    the PyTorch chunked scan). `unsupported` names the model's sizes the kernels do not take
+    ("" when they take them all): auto falls back to torch then, "triton" is a ConfigError."""
+    resolved = resolve_triton_choice("tuning.ssm_kernel", choice, SSM_KERNELS, device_type, _present(triton_present),
+                                     fallback="torch")
+    if resolved == "triton" and unsupported:
+        if choice == "triton":
+            raise ConfigError(f"tuning.ssm_kernel='triton' does not take {unsupported} (the kernels need chunk, head "
+                              f"and state sizes that are powers of two from 16, chunks up to 256); use 'auto' or 'torch'")
+        return "torch"
+    return resolved
+
+
 LOSS_KERNELS = ("auto", "triton", "compiled", "torch")
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from kenotron.models.llama3 import LLAMA3_SPEC
+from kenotron.models.mamba2 import MAMBA2_SPEC
 from kenotron.models.mistral import MISTRAL_SPEC
 from kenotron.models.mixtral import MIXTRAL_SPEC
 from kenotron.models.qwen2 import QWEN2_SPEC
@@ -15,7 +16,7 @@ from kenotron.models.starcoder2 import STARCODER2_SPEC
 MODEL_SPECS: dict[str, ModelSpec] = {
     spec.name: spec
     for spec in (LLAMA3_SPEC, QWEN2_SPEC, QWEN3_SPEC, MISTRAL_SPEC, STARCODER2_SPEC, QWEN3_MOE_SPEC, MIXTRAL_SPEC,
-                 QWEN2_MOE_SPEC)
+                 QWEN2_MOE_SPEC, MAMBA2_SPEC)
 }
 
 

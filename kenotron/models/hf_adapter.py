@@ -1,9 +1,11 @@
 """Hugging Face state-dict adapters: kenotron names and args <-> transformers names and config.json.
 
-An adapter only renames keys; it never copies, transposes or permutes a tensor (kenotron's
-RoPE already uses HF's "rotate half" layout). So it works unchanged on sharded DTensors and
-on the placeholder tensors of a DCP load plan, and its per-key functions (`to_hf_key`,
-`from_hf_key`) can drive a storage reader/writer that streams one tensor at a time.
+An adapter renames keys; it never transposes a tensor (kenotron's RoPE already uses HF's
+"rotate half" layout). Its per-key functions (`to_hf_key`, `from_hf_key`) can drive a storage
+reader/writer that streams one tensor at a time. A family may also list tensors whose rows it
+stores in another order (`reorder`: Mamba-2's in-projection, grouped for tensor parallel);
+those are reordered one tensor at a time on full (gathered) tensors, which is what every
+conversion path here hands the adapter.
 
 Each family fills an `HFAdapter` in its own `hf.py` and attaches it to its `ModelSpec`.
 
@@ -33,7 +35,9 @@ from kenotron.models.hf_experts import (
 )
 
 _LAYER_KEY = re.compile(r"^layers\.(\d+)\.(.+)$")
-_HF_LAYER_KEY = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
+
+RowOrder = Callable[[torch.Tensor, Any, bool], torch.Tensor]
+"""(tensor, the family's args, to_hf) -> the tensor with its rows in HF's order (to_hf) or kenotron's."""
 
 # Keys that old checkpoints carry but that are recomputed, not learned.
 _IGNORED_HF_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -64,6 +68,12 @@ class HFAdapter:
     """{kenotron key suffix of a tensor stacked over experts: its per-expert HF key suffixes ("{e}" = expert), in row order}."""
     zero_keys: tuple[str, ...] = ()
     """Kenotron key suffixes inside a block that HF lacks: zero on import, must be zero on export."""
+    hf_layer_prefix: str = "model.layers"
+    """Where the blocks live in the HF state dict ("backbone.layers" for Mamba-2)."""
+    reorder: Mapping[str, RowOrder] = dataclasses.field(default_factory=dict)
+    """{kenotron key suffix inside a block: how its rows convert} for tensors stored in another row order."""
+    check_export: Callable[[Any], None] | None = None
+    """Raises HFConversionError for args that the HF class cannot represent (called by `to_hf`)."""
 
     # -- config ---------------------------------------------------------------------------------
 
@@ -91,16 +101,16 @@ class HFAdapter:
         """The HF name of a kenotron parameter name."""
         match = _LAYER_KEY.match(key)
         if match and match.group(2) in self.layer_keys:
-            return f"model.layers.{match.group(1)}.{self.layer_keys[match.group(2)]}"
+            return f"{self.hf_layer_prefix}.{match.group(1)}.{self.layer_keys[match.group(2)]}"
         if match and match.group(2) in self.expert_keys:  # named by its first per-expert part
-            return f"model.layers.{match.group(1)}.{self.expert_keys[match.group(2)][0]}"
+            return f"{self.hf_layer_prefix}.{match.group(1)}.{self.expert_keys[match.group(2)][0]}"
         if key in self.top_keys:
             return self.top_keys[key]
         raise HFConversionError(f"{key!r} has no Hugging Face name in the {self.model_type} adapter")
 
     def from_hf_key(self, hf_key: str) -> str:
         """The kenotron name of an HF parameter name."""
-        match = _HF_LAYER_KEY.match(hf_key)
+        match = re.match(rf"^{re.escape(self.hf_layer_prefix)}\.(\d+)\.(.+)$", hf_key)
         if match:
             for ours, theirs in self.layer_keys.items():
                 if theirs == match.group(2):
@@ -120,13 +130,21 @@ class HFAdapter:
 
     # -- state dicts ----------------------------------------------------------------------------
 
+    def _reordered(self, key: str, value: torch.Tensor, args: Any, to_hf: bool) -> torch.Tensor:
+        match = _LAYER_KEY.match(key)
+        order = self.reorder.get(match.group(2)) if match else None
+        # Non-tensor values pass as they are: callers map names through `to_hf({name: name})`.
+        return order(value, args, to_hf) if order is not None and isinstance(value, torch.Tensor) else value
+
     def to_hf(self, state_dict: Mapping[str, torch.Tensor], args: Any) -> dict[str, torch.Tensor]:
         """kenotron state dict -> HF state dict; the same tensor objects, renamed (stacked experts:
-        views of each expert).
+        views of each expert; `reorder`'s tensors: reordered copies).
 
         With tied embeddings the output projection is left out, as HF stores only
         `model.embed_tokens.weight` then.
         """
+        if self.check_export is not None:
+            self.check_export(args)
         out: dict[str, torch.Tensor] = {}
         for key, value in state_dict.items():
             if _tied(args) and key == "output.weight":
@@ -141,9 +159,9 @@ class HFAdapter:
                     )
                 continue
             if suffix in self.expert_keys:
-                out.update(split_experts(value, f"model.layers.{match.group(1)}.", self.expert_keys[suffix]))
+                out.update(split_experts(value, f"{self.hf_layer_prefix}.{match.group(1)}.", self.expert_keys[suffix]))
                 continue
-            out[self.to_hf_key(key)] = value
+            out[self.to_hf_key(key)] = self._reordered(key, value, args, to_hf=True)
         return out
 
     def hf_names(self, key: str, shape: tuple[int, ...], args: Any) -> dict[str, tuple[int, ...]]:
@@ -158,7 +176,7 @@ class HFAdapter:
         if suffix in self.expert_keys:
             parts = self.expert_keys[suffix]
             piece = (shape[1] // len(parts), *shape[2:])
-            return {f"model.layers.{match.group(1)}.{t.format(e=e)}": piece for e in range(shape[0]) for t in parts}
+            return {f"{self.hf_layer_prefix}.{match.group(1)}.{t.format(e=e)}": piece for e in range(shape[0]) for t in parts}
         return {self.to_hf_key(key): tuple(shape)}
 
     def from_hf(self, hf_state_dict: Mapping[str, torch.Tensor], args: Any) -> dict[str, torch.Tensor]:
@@ -174,7 +192,8 @@ class HFAdapter:
                 continue
             expert = self._expert_of(key)
             if expert is None:
-                out[self.from_hf_key(key)] = value
+                ours = self.from_hf_key(key)
+                out[ours] = self._reordered(ours, value, args, to_hf=False)
             else:
                 ours, e, part = expert
                 pieces.setdefault(ours, {})[e, part] = value
@@ -189,7 +208,7 @@ class HFAdapter:
                 out[f"layers.{layer}.{suffix}"] = torch.zeros(args.moe.n_experts)
         if _tied(args):
             if "tok_embeddings.weight" not in out:
-                raise HFConversionError("a model with tied embeddings needs 'model.embed_tokens.weight'")
+                raise HFConversionError(f"a model with tied embeddings needs {self.top_keys['tok_embeddings.weight']!r}")
             out["output.weight"] = out["tok_embeddings.weight"]
         return out
 
@@ -219,7 +238,7 @@ class HFAdapter:
 
     def _expert_of(self, hf_key: str) -> tuple[str, int, int] | None:
         """(kenotron key, expert, part) of a per-expert HF key, or None."""
-        match = _HF_LAYER_KEY.match(hf_key)
+        match = re.match(rf"^{re.escape(self.hf_layer_prefix)}\.(\d+)\.(.+)$", hf_key)
         if not match or not self.expert_keys:
             return None
         hit = match_expert_key(match.group(2), self.expert_keys)

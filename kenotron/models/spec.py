@@ -18,6 +18,18 @@ class UnknownModelError(ConfigError):
     """A model name or flavor that the registry does not have."""
 
 
+def attention_tp_divisors(args: Any) -> dict[str, int]:
+    """What tensor parallel splits in an attention decoder: heads, key/value heads, the MLP, the vocabulary."""
+    sizes = {"n_heads": args.n_heads, "n_kv_heads": args.n_kv_heads, "ffn_dim": getattr(args, "ffn_dim", None),
+             "vocab_size": args.vocab_size}
+    return {name: size for name, size in sizes.items() if size is not None}  # MoE families: no dense MLP
+
+
+def attention_mixing_flops(args: Any, seq_len: int) -> float:
+    """12·L·H·d·T: attention's score and value products per trained token (train/flops.py)."""
+    return 12.0 * args.n_layers * args.n_heads * args.head_dim * seq_len
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     """A model family: its nn.Module class, its argument dataclass and its named sizes.
@@ -40,6 +52,20 @@ class ModelSpec:
     """FQN pattern of the MoE feed-forward modules (models/common/moe.py); empty for a dense family."""
     experts: str = ""
     """FQN pattern of their routed experts (the modules expert parallelism shards)."""
+    tp_styles_for: Callable[[Any], dict[str, str]] | None = None
+    """The styles of a flavor whose modules depend on its args (a hybrid's attention blocks);
+    None: every flavor has `tp_styles`."""
+    attention_modules: str | None = "layers.*.attention"
+    """FQN pattern of the attention modules (whose attention context parallel replaces); None: none."""
+    tp_divisors: Callable[[Any], dict[str, int]] = attention_tp_divisors
+    """args -> {dimension name: size} that the tensor-parallel degree must divide."""
+    mixing_flops: Callable[[Any, int], float] = attention_mixing_flops
+    """(args, seq_len) -> training FLOPs per token of the sequence mixing that 6·N does not count
+    (attention's scores and values; Mamba-2's scan): see kenotron/train/flops.py."""
+    no_context_parallel: str = ""
+    """Why context parallel cannot split this family's sequences ("" = it can)."""
+    no_document_masking: str = ""
+    """Why data.document_masking cannot keep this family's documents apart ("" = it can)."""
 
     check_args: Callable[[Any], None] = check_decoder_args
     """Raises ConfigError (naming `model.<field>` keys) for args that do not make a valid model."""
@@ -61,6 +87,10 @@ class ModelSpec:
             args = dataclasses.replace(args, max_seq_len=max_seq_len)
         self.check_args(args)
         return args
+
+    def tp_styles_of(self, args: Any) -> dict[str, str]:
+        """The tensor-parallel styles of the model `args` builds."""
+        return dict(self.tp_styles_for(args) if self.tp_styles_for is not None else self.tp_styles)
 
     def build(self, args: Any) -> nn.Module:
         """Construct the model on the current default device (use `torch.device("meta")`)."""

@@ -3,8 +3,8 @@
 Modes (`activation_checkpoint.mode`):
 - none:            keep every activation.
 - full:            keep only each block's input; recompute the whole block in backward.
-- selective-op:    recompute only cheap ops: matmul outputs, attention outputs and
-                   collectives are saved, elementwise ops and norms are recomputed
+- selective-op:    recompute only cheap ops: matmul outputs, attention outputs, Mamba's scan
+                   outputs and collectives are saved, elementwise ops and norms are recomputed
                    (roughly half of full AC's recompute is avoided for a fraction of the memory).
 - every-n-layers:  full checkpointing of one block in every `every_n`.
 
@@ -24,6 +24,9 @@ import torch
 import torch.utils.checkpoint as ckpt
 from torch import nn
 
+# Registers kenotron::ssd_scan (Mamba-2's Triton scan), whose output the selective policy keeps.
+from kenotron.kernels import ssd_op  # noqa: F401
+
 # Registers kenotron::fa4_forward (FlashAttention-4, model.attention_backend = "flash_attn"), whose
 # output the selective policy keeps like SDPA's; the module imports no FA4 code until it runs.
 from kenotron.models.common import flash_attention4  # noqa: F401
@@ -41,7 +44,7 @@ _SAVED_ATEN_OPS = (
 _SAVED_COLLECTIVES = ("reduce_scatter_tensor", "all_gather_into_tensor", "all_reduce", "all_to_all_single")
 # flash-attn's forward (model.attention_backend = "flash_attn"), a custom op once the package is imported.
 _SAVED_FLASH_ATTN_OPS = ("_flash_attn_forward",)
-_SAVED_KENOTRON_OPS = ("fa4_forward",)
+_SAVED_KENOTRON_OPS = ("fa4_forward", "ssd_scan")
 
 
 def _ops_to_save() -> set:

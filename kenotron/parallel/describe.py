@@ -1,7 +1,7 @@
 """What a plan does to each parameter on a mesh shape, computed without a process group.
 
 The placements follow what `Plan.apply` produces: tensor parallel shards a weight on dim 0
-(colwise, embedding, output) or dim 1 (rowwise); FSDP then shards dim 0 of that local piece
+(colwise, embedding, output, a module's own parameters under channels) or dim 1 (rowwise); FSDP then shards dim 0 of that local piece
 over dp_shard x cp (and replicates over dp_replicate); DDP and ZeRO-1 replicate parameters.
 Under expert parallelism an expert weight is sharded over ep on dim 0 (the experts), then
 FSDP-sharded over the dp_shard x cp / ep ranks ep leaves (shown as S(0) in dp_shard: "efsdp");
@@ -28,7 +28,7 @@ MESH_DIMS = ("dp_replicate", "dp_shard", "cp", "ep", "tp")
 
 def _tp_shard_dim(style: str | None, param_name: str) -> int | None:
     """Dimension tensor parallel splits this parameter on, or None if replicated on tp."""
-    if style in ("colwise", "embedding", "output"):
+    if style in ("colwise", "embedding", "output", "channels"):
         return 0
     if style == "rowwise":
         return 1 if param_name == "weight" else None

@@ -16,6 +16,7 @@ FSDP-sharded over efsdp (x dp_replicate); "dp_shard" becomes the view efsdp x dp
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -147,11 +148,11 @@ class ParallelDims:
             )
         return global_batch_size // per_micro
 
-    def check_model(self, *, n_heads: int, n_kv_heads: int, ffn_dim: int | None, vocab_size: int, n_layers: int) -> None:
-        """Tensor/pipeline degrees against the model's dimensions (`ffn_dim` None: no MLP that tp splits)."""
+    def check_model(self, tp_divisors: Mapping[str, int], n_layers: int) -> None:
+        """Tensor/pipeline degrees against the model's dimensions: `tp_divisors` ({name: size},
+        the family's ModelSpec.tp_divisors) are what tensor parallel splits."""
         tp = self.tp
-        widths = (("n_heads", n_heads), ("n_kv_heads", n_kv_heads), ("ffn_dim", ffn_dim), ("vocab_size", vocab_size))
-        for name, value in ((n, v) for n, v in widths if v is not None):
+        for name, value in tp_divisors.items():
             if value % tp != 0:
                 valid = [d for d in _divisors(value) if d <= max(value, 1)][:12]
                 raise ParallelConfigError(f"tp={tp} does not divide {name}={value}; use one of {valid}")

@@ -16,7 +16,7 @@ from torch import nn
 
 from kenotron.errors import ConfigError
 
-TP_STYLES = ("embedding", "colwise", "rowwise", "norm", "block_input", "output", "head_norm")
+TP_STYLES = ("embedding", "colwise", "rowwise", "norm", "block_input", "output", "head_norm", "channels")
 
 
 class PlanError(ConfigError):
@@ -47,8 +47,9 @@ class ModelLayout:
     """FQN pattern of the transformer blocks: the units of FSDP, activation checkpointing and compile."""
     fsdp_units: list[str] = field(default_factory=lambda: ["layers.*"])
     """Module FQN patterns that each become one FSDP unit (the root module is always the last unit)."""
-    attention_modules: str = "layers.*.attention"
-    """FQN pattern of the attention modules whose `attention_fn` context parallel replaces."""
+    attention_modules: str | None = "layers.*.attention"
+    """FQN pattern of the attention modules whose `attention_fn` context parallel replaces (None: the
+    model has none, e.g. Mamba-2)."""
     sequence_parallel_off: list[str] = field(default_factory=list)
     """Block FQN patterns that run without sequence parallel although it is on (or with it, if off)."""
     moe_modules: str = ""
@@ -64,7 +65,7 @@ class ModelLayout:
             ("fsdp_units", self.fsdp_units),
             ("sequence_parallel_off", self.sequence_parallel_off),
             ("blocks", [self.blocks]),
-            ("attention_modules", [self.attention_modules]),
+            ("attention_modules", [self.attention_modules] if self.attention_modules is not None else []),
             ("moe_modules", [self.moe_modules] if self.moe_modules else []),
             ("experts", [self.experts] if self.experts else []),
         ):

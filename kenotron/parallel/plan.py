@@ -245,13 +245,15 @@ class AppliedPlan:
         return plan.settings.loss_parallel and bool(plan.layout.tp_styles) and self.meshes.get("tp") is not None
 
 
-def layout_for(spec: Any) -> ModelLayout:
-    """A family's layout, from its ModelSpec."""
-    return ModelLayout(tp_styles=dict(spec.tp_styles), blocks=spec.blocks, fsdp_units=[spec.blocks],
-                       moe_modules=spec.moe_modules, experts=spec.experts)
+def layout_for(spec: Any, args: Any = None) -> ModelLayout:
+    """A family's layout, from its ModelSpec (and the args of the model, for families whose
+    modules depend on them; None: the spec's default styles)."""
+    styles = spec.tp_styles_of(args) if args is not None else dict(spec.tp_styles)
+    return ModelLayout(tp_styles=styles, blocks=spec.blocks, fsdp_units=[spec.blocks],
+                       attention_modules=spec.attention_modules, moe_modules=spec.moe_modules, experts=spec.experts)
 
 
-def plan_for(spec: Any, settings: ParallelSettings | None = None, **setting_fields: Any) -> Plan:
-    """The family's default plan (its layout) with `settings`, or default settings with fields overridden."""
+def plan_for(spec: Any, settings: ParallelSettings | None = None, args: Any = None, **setting_fields: Any) -> Plan:
+    """The family's default plan (its layout for `args`) with `settings`, or default settings with fields overridden."""
     settings = settings or ParallelSettings()
-    return Plan(layout_for(spec), dataclasses.replace(settings, **setting_fields))
+    return Plan(layout_for(spec, args), dataclasses.replace(settings, **setting_fields))

@@ -81,6 +81,25 @@ class ReplicatedOverShards(ParallelStyle):
         return distribute_module(module, device_mesh, input_fn=to_dtensor, output_fn=to_local)
 
 
+class ShardedChannels(ParallelStyle):
+    """A module's own per-channel parameters split along dim 0 over tp, each rank computing on its
+    channels only (local tensors in and out, no communication).
+
+    For what sits between a colwise and a rowwise projection and acts channel by channel: a
+    depthwise convolution, the Mamba scan's per-head A_log / D / dt bias, a norm over groups of
+    channels. The module reads its parameters through `kenotron.dtensor.local_tensor`; their
+    gradients come back as Shard(0) DTensors like the parameters. Children keep their own styles.
+    """
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        for name, param in list(module.named_parameters(recurse=False)):
+            if param.shape[0] % device_mesh.size():
+                raise ValueError(f"tp={device_mesh.size()} does not divide {name}'s {param.shape[0]} channels")
+            sharded = distribute_tensor(param, device_mesh, [Shard(0)], src_data_rank=None)
+            module.register_parameter(name, nn.Parameter(sharded, requires_grad=param.requires_grad))
+        return module
+
+
 class VocabParallelEmbedding(ParallelStyle):
     """Embedding rows split over tp; each rank looks up the ids it holds, the partial rows are summed.
 
@@ -136,6 +155,8 @@ def style_object(style: str, module: nn.Module, *, sp: bool, loss_parallel: bool
             desired_input_layouts=_first_input(Replicate(), arity),
             use_local_output=True,
         )
+    if style == "channels":
+        return ShardedChannels()
     if style == "head_norm":
         # Applied to (batch, seq, heads, head_dim) with the heads split over tp.
         return ReplicatedOverShards(shard_dim=2)

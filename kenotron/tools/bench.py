@@ -52,6 +52,10 @@ _MOE_30B_4L = [
     "--config", "train_configs/qwen3_moe_30b_a3b.toml", "--model.n_layers", "4", "--training.local_batch_size", "4",
     "--training.seq_len", "4096", "--activation_checkpoint.mode", "none",
 ]
+_MAMBA2_13B = [
+    "--model.name", "mamba2", "--model.flavor", "1.3B", "--training.seq_len", "2048", "--training.local_batch_size", "8",
+    "--training.param_dtype", "bfloat16",
+]
 
 # Named sets of cases: the shapes of the reference figures (see docs/performance.md).
 PRESETS: dict[str, dict[str, list[str]]] = {
@@ -100,6 +104,11 @@ PRESETS: dict[str, dict[str, list[str]]] = {
         "8B b2x8192 FSDP4 compiled selective-AC mm-every-2 float8": _8B_FSDP + [
             "--tuning.ac_save_matmul_every", "2", "--float8.enable", "true",
         ],
+    },
+    # Mamba-2 1.3B against mamba_ssm's own model: scripts/bench_mamba2.py runs these beside it.
+    "h200-1gpu-mamba2": {
+        "1.3B b8x2048 compiled": _MAMBA2_13B + ["--compile.enable", "true"],
+        "1.3B b8x2048 eager": _MAMBA2_13B + ["--compile.enable", "false"],
     },
     # The same 1B step fed from synthetic ids, a tokenized folder and raw JSON Lines (both written
     # from the built-in corpus before the cases run): the data path must cost nothing.
@@ -270,16 +279,23 @@ def run_case(
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
         wall = time.perf_counter() - t0
         if proc.returncode != 0 or not os.path.exists(out):
-            lines = (proc.stdout + proc.stderr).strip().splitlines()
-            tail = lines[-15:]
-            # torchrun ends with its own failure summary; the cause (an out-of-memory error, say)
-            # is printed earlier by the rank that failed: put its first such line last.
-            cause = next((ln for ln in lines if "out of memory" in ln.lower() or "Error:" in ln), None)
-            if cause is not None and cause not in tail:
-                tail.append(cause.strip()[:300])
+            tail = failure_tail((proc.stdout + proc.stderr).strip().splitlines())
             return {"name": name, "error": "\n".join(tail), "wall_s": wall, "args": overrides}
         result = json.loads(Path(out).read_text())
     return {"name": name, **result, "wall_s": wall, "args": overrides}
+
+
+def failure_tail(lines: list[str]) -> list[str]:
+    """The last lines of a failed case's output, its cause last (the table shows the last line).
+
+    torchrun ends with its own failure summary, and torch.compile's errors with a hint about
+    TORCHDYNAMO_VERBOSE; the cause (an out-of-memory error, a compiler's exception) is printed
+    before them: its first such line goes last."""
+    tail = lines[-15:]
+    cause = next((ln for ln in lines if "out of memory" in ln.lower() or "Error:" in ln), None)
+    if cause is not None and (not tail or tail[-1] != cause):
+        tail.append(cause.strip()[:300])
+    return tail
 
 
 def format_row(r: dict) -> str:

@@ -26,9 +26,11 @@ from kenotron.kernels.select import (
     resolve_expert_kernel,
     resolve_grad_norm_kernel,
     resolve_loss_kernel,
+    resolve_ssm_kernel,
     triton_importable,
 )
 from kenotron.models.common.flash_attention import cuda_major
+from kenotron.models.common.mamba import unsupported_scan_sizes
 from kenotron.parallel.dims import ParallelDims
 from kenotron.train.attention_backend import auto_picks_flash_attn, check_attention, resolve_attention_backend
 
@@ -67,6 +69,8 @@ class Choices:
     """auto (SDPA, cuDNN first on CUDA), an SDPA kernel, flex or flash_attn."""
     eager_kernels: str
     """"triton" or "torch": RoPE and SwiGLU in uncompiled blocks."""
+    ssm_kernel: str
+    """"triton" or "torch": Mamba-2's scan."""
     fused_loss: bool
     """The chunked output-projection + cross-entropy replaces the output layer."""
     loss_kernel: str
@@ -137,6 +141,7 @@ def resolve_choices(cfg: JobConfig, dims: ParallelDims, target: Target, meta_mod
         device_type=device_type,
         attention_backend=attention,
         eager_kernels=resolve_eager_kernels(u.eager_kernels, device_type, cfg.compile.enable, target.triton),
+        ssm_kernel=resolve_ssm_kernel(u.ssm_kernel, device_type, unsupported_scan_sizes(meta_model), target.triton),
         # DoReMi's proxy needs per-token losses (train/doremi.py), which the fused loss never forms.
         fused_loss=uses_fused_loss(u.loss, dims.tp > 1, dims.pp > 1, meta_model) and not cfg.doremi.reference,
         loss_kernel=resolve_loss_kernel(u.loss_kernel, device_type, cfg.compile.enable, target.triton),

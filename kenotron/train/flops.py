@@ -1,13 +1,25 @@
 """Model FLOPs per token and device peak FLOP/s, for TFLOP/s and MFU.
 
-FLOPs per trained token (forward + backward) = 6·N + 12·L·H·d·T, where
+FLOPs per trained token (forward + backward) = 6·N + M, where
 - N counts the parameters that take part in matrix products: every parameter except the
   input embedding table (a lookup). A tied embedding counts once, as the output projection.
   In an MoE layer a token goes through k of the E routed experts: they count k/E of their
   parameters (the active parameters; router and shared experts count whole).
-- 12·L·H·d·T is attention's score and value products (L layers, H query heads of size d,
-  sequence length T), counted over the full T x T matrix as is customary (not halved for
-  the causal mask), so figures compare with other trainers that use the same formula.
+  (Mamba-2's depthwise convolution, K multiply-adds per channel and token, is counted here
+  through its weights, as are the small per-channel parameters of every family.)
+- M is the sequence mixing that no parameter accounts for, the family's
+  `ModelSpec.mixing_flops(args, T)`:
+  - attention: 12·L·H·d·T, the score and value products (L layers, H query heads of size d,
+    sequence length T), counted over the full T x T matrix as is customary (not halved for
+    the causal mask), so figures compare with other trainers that use the same formula;
+  - Mamba-2's SSD scan, per Mamba layer (Q chunk size, H heads of P channels, G groups, N
+    state size; models/common/ssd.py): 3 x (2·Q·N·G + 2·Q·P·H + 4·N·P·H). Forward, per token:
+    the C·B^T scores inside its chunk (2·Q·N per group), those scores applied to dt·x (2·Q·P
+    per head), the chunk's state (2·N·P per head) and the output read from the entering state
+    (2·N·P per head); backward twice that. The Q x Q products are counted whole, as attention's
+    are. Independent of T: Mamba-2 1.3B (Q 256, H 64, P 64, G 1, N 128) adds 12.8 MFLOP per
+    layer and token to 6·N = 8.1 GFLOP (48 layers: +7.6%).
+  A hybrid adds each kind over its own layers.
 
 MFU = achieved model FLOP/s / peak dense bf16 FLOP/s of the device. The peak comes from the
 table below, matched on the device name; an unknown device has no peak and reports no MFU
@@ -78,6 +90,6 @@ def active_matmul_params(model: nn.Module) -> int:
     return total
 
 
-def flops_per_token(n_matmul_params: int, n_layers: int, n_heads: int, head_dim: int, seq_len: int) -> float:
-    """6·N + 12·L·H·d·T: training FLOPs per token."""
-    return 6.0 * n_matmul_params + 12.0 * n_layers * n_heads * head_dim * seq_len
+def flops_per_token(n_matmul_params: int, mixing_flops: float) -> float:
+    """6·N + M: training FLOPs per token (M: the family's `ModelSpec.mixing_flops(args, seq_len)`)."""
+    return 6.0 * n_matmul_params + mixing_flops

@@ -6,7 +6,7 @@
     loss, grad_norm = train_step(job, microbatches)          # kenotron/train/step.py
 
 `build_job` follows the recipe's order: model on the meta device, the resolved kernels put
-in place (attention, eager RoPE/SwiGLU), `plan.apply` (pipeline split -> TP/SP -> CP -> AC ->
+in place (attention, eager RoPE/SwiGLU, Mamba's scan), `plan.apply` (pipeline split -> TP/SP -> CP -> AC ->
 compile -> FSDP), materialize and initialize (seeded identically on every rank), one optimizer
 and LR scheduler per model part, the pipeline executor, the early all-gather and the loss.
 The trainer calls it as it is; the memory estimator calls it under its fake process group
@@ -26,6 +26,7 @@ from torch import nn
 
 from kenotron.data import MicroBatch
 from kenotron.models.common.eager_kernels import use_eager_kernels, use_expert_kernel
+from kenotron.models.common.mamba import use_scan_kernel
 from kenotron.models.common.parametrization import spectral_lr_scales
 from kenotron.parallel.dims import Meshes
 from kenotron.parallel.early_gather import EarlyGather
@@ -167,6 +168,7 @@ def build_job(
     use_attention_kernel(model, choices.attention_backend, device)
     use_eager_kernels(model, choices.eager_kernels)
     use_expert_kernel(model, choices.expert_kernel)
+    use_scan_kernel(model, choices.ssm_kernel)
     if hooks.meta_model is not None:
         hooks.meta_model(model)
     n_params, n_matmul = sum(p.numel() for p in model.parameters()), active_matmul_params(model)

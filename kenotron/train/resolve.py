@@ -47,11 +47,16 @@ class ResolvedRun:
     """The tokenizer, built once (its vocabulary was checked against the model's)."""
 
 
-def check_context_parallel(cfg: JobConfig, dims: ParallelDims, meta_model: torch.nn.Module, target: Target) -> None:
-    """What context parallel (cp > 1) cannot run: its attention is plain causal attention over
-    the whole sequence; torch's ring runs the fused CUDA kernels only."""
+def check_context_parallel(cfg: JobConfig, dims: ParallelDims, spec: ModelSpec, meta_model: torch.nn.Module,
+                           target: Target) -> None:
+    """What context parallel (cp > 1) cannot run: families whose sequence mixing it cannot split,
+    anything but plain causal attention over the whole sequence; torch's ring runs the fused
+    CUDA kernels only."""
     if dims.cp == 1:
         return
+    if spec.no_context_parallel:
+        raise ConfigError(f"parallelism.cp={dims.cp} is not supported by model.name={spec.name!r}: "
+                          f"{spec.no_context_parallel}; use parallelism.cp=1")
     t, u = cfg.training, cfg.tuning
     window = window_shorter_than(meta_model, t.seq_len)
     if window is not None:
@@ -169,6 +174,9 @@ def resolve_run(cfg: JobConfig, world_size: int, target: Target | None = None, c
             f"set --model.vocab_size {tokenizer.vocab_size} (or larger) or use a smaller tokenizer"
         )
     check_checkpoint_config(cfg.checkpoint)
+    if cfg.data.document_masking and spec.no_document_masking:
+        raise ConfigError(f"data.document_masking=true is not supported by model.name={spec.name!r}: "
+                          f"{spec.no_document_masking}; set data.document_masking=false")
     with torch.device("meta"):
         meta_model = spec.build(args)
     layout_for(spec).check(meta_model)  # the family's layout fits its model whatever the parallel layout
@@ -198,8 +206,7 @@ def resolve_layout(cfg: JobConfig, world_size: int, spec: ModelSpec, args: Any, 
     dims = ParallelDims.from_degrees(world_size, dp_replicate=p.dp_replicate, dp_shard=p.dp_shard, cp=p.cp, tp=p.tp,
                                      pp=p.pp, ep=p.ep)
     # An MoE layer's width is not split by tensor parallel (it runs on this rank's sequence shard).
-    dims.check_model(n_heads=args.n_heads, n_kv_heads=args.n_kv_heads, ffn_dim=getattr(args, "ffn_dim", None),
-                     vocab_size=args.vocab_size, n_layers=args.n_layers)
+    dims.check_model(spec.tp_divisors(args), n_layers=args.n_layers)
     dims.check_seq_len(t.seq_len, sequence_parallel=p.sequence_parallel or spec.is_moe)
     check_expert_parallel(cfg, dims, spec, args)
     global_batch = t.global_batch_size if t.global_batch_size != -1 else t.local_batch_size * dims.dp
@@ -209,11 +216,11 @@ def resolve_layout(cfg: JobConfig, world_size: int, spec: ModelSpec, args: Any, 
                           "compiler); turn it off or enable both")
     if dims.tp > 1 and not spec.tp_styles:
         raise ConfigError(f"model.name={spec.name!r} has no tensor-parallel plan yet; use parallelism.tp=1")
-    plan = Plan(layout_for(spec), ParallelSettings.from_config(cfg))
+    plan = Plan(layout_for(spec, args), ParallelSettings.from_config(cfg))
     # The kind of ring the target runs (the estimator builds a CUDA job's torch ring on its CPU mesh).
     plan.settings.cp_attention = cp_attention_kind(plan.settings.cp_attention, target.device_type)
     plan.settings.check(plan.layout.count_blocks(meta_model), dims.degrees())
-    check_context_parallel(cfg, dims, meta_model, target)
+    check_context_parallel(cfg, dims, spec, meta_model, target)
     if dims.pp > 1:
         check_compile(p.pp_schedule, cfg.compile.enable)
         plan.pipeline = build_pipeline_split_from_config(meta_model, cfg, dims.pp, spec.blocks)

@@ -80,8 +80,8 @@ class Trainer:
         if self.job.pipeline is not None and self.is_rank0:
             logger.info("%s", self.run.plan.pipeline)
         args = self.run.model_args
-        self.flops_per_token = flops_per_token(self.job.matmul_params, args.n_layers, args.n_heads, args.head_dim,
-                                               cfg.training.seq_len)
+        self.flops_per_token = flops_per_token(self.job.matmul_params,
+                                               self.run.spec.mixing_flops(args, cfg.training.seq_len))
         # -- loader, metrics, checkpoints --
         self.loader = build_data_loader(cfg, self.run.tokenizer, vocab_size=args.vocab_size,
                                         global_batch_size=self.run.global_batch_size, **self._data_layout())

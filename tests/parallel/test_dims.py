@@ -35,10 +35,10 @@ def test_non_positive_degrees_are_rejected():
 def test_tp_must_divide_heads_kv_heads_ffn_and_vocab():
     dims = ParallelDims.from_degrees(3, tp=3)
     with pytest.raises(ParallelConfigError, match=r"tp=3 does not divide n_heads=32; use one of \[1, 2, 4, 8, 16, 32\]"):
-        dims.check_model(n_heads=32, n_kv_heads=8, ffn_dim=14336, vocab_size=128256, n_layers=32)
+        dims.check_model({"n_heads": 32, "n_kv_heads": 8, "ffn_dim": 14336, "vocab_size": 128256}, n_layers=32)
     dims = ParallelDims.from_degrees(16, tp=16)
     with pytest.raises(ParallelConfigError, match=r"tp=16 does not divide n_kv_heads=8; use one of \[1, 2, 4, 8\]"):
-        dims.check_model(n_heads=32, n_kv_heads=8, ffn_dim=14336, vocab_size=128256, n_layers=32)
+        dims.check_model({"n_heads": 32, "n_kv_heads": 8, "ffn_dim": 14336, "vocab_size": 128256}, n_layers=32)
 
 
 def test_seq_len_must_split_over_tp_and_cp():

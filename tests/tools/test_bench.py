@@ -36,6 +36,16 @@ def test_a_failing_case_reports_the_cause_on_its_last_line():
     assert "failed:" in format_row(row)
 
 
+def test_a_compile_failure_shows_the_compilers_error_not_dynamos_hint_last():
+    from kenotron.tools.bench import failure_tail
+
+    lines = ["step 1", "torch._dynamo.exc.BackendCompilerFailed: backend='inductor' raised:",
+             "RuntimeError: Triton compilation failed", "",
+             "Set TORCHDYNAMO_VERBOSE=1 for the internal stack trace (please do this especially if you're reporting a bug"]
+    assert failure_tail(lines)[-1] == "RuntimeError: Triton compilation failed"
+    assert failure_tail(["ValueError: bad"]) == ["ValueError: bad"]
+
+
 def test_profile_summary_groups_kernels_by_kind_and_reports_idle_time():
     from kenotron.tools.kernel_profile import summarize_kernels
 

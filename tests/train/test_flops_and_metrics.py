@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
 import torch
 
 from kenotron.models import get_model_spec
+from kenotron.models.spec import attention_mixing_flops
 from kenotron.train.flops import flops_per_token, matmul_params, peak_flops
 from kenotron.train.metrics import RECORD_KEYS, MetricsLogger, format_record
 
@@ -28,15 +30,31 @@ def test_matmul_params_excludes_the_input_embedding_only():
 def test_reference_mfu_figures_are_reproduced_by_the_formula():
     # The project's reference rows (1xH200): 1B shape b4 x 4096 at 59.4k tok/s is 54.3% MFU,
     # and the 8B width with 8 layers, b2 x 8192 at 35.7k tok/s is 60.8% MFU.
-    f1b = flops_per_token(matmul_params(meta_model("1B")), 16, 32, 64, 4096)
+    f1b = flops_per_token(matmul_params(meta_model("1B")), 12.0 * 16 * 32 * 64 * 4096)
     assert 100 * f1b * 59.4e3 / 989e12 == pytest.approx(54.3, abs=0.1)
-    f8 = flops_per_token(matmul_params(meta_model("8B", n_layers=8)), 8, 32, 128, 8192)
+    f8 = flops_per_token(matmul_params(meta_model("8B", n_layers=8)), 12.0 * 8 * 32 * 128 * 8192)
     assert 100 * f8 * 35.7e3 / 989e12 == pytest.approx(60.8, abs=0.1)
 
 
 def test_flops_formula_by_hand():
     # 6 N + 12 L H d T with N=1000, L=2, H=4, d=8, T=16
-    assert flops_per_token(1000, 2, 4, 8, 16) == 6 * 1000 + 12 * 2 * 4 * 8 * 16
+    args = get_model_spec("llama3").model_args("debug", n_layers=2)
+    args = dataclasses.replace(args, dim=32, n_heads=4)  # head_dim 8
+    assert flops_per_token(1000, attention_mixing_flops(args, 16)) == 6 * 1000 + 12 * 2 * 4 * 8 * 16
+
+
+def test_mamba2_scan_flops_by_hand_and_hybrid_layers_counted_as_attention():
+    spec = get_model_spec("mamba2")
+    args = spec.model_args("1.3B")  # Q 256, 64 heads of 64, 1 group, state 128
+    per_layer = 3 * (2 * 256 * 128 * 1 + 2 * 256 * 64 * 64 + 4 * 128 * 64 * 64)
+    assert spec.mixing_flops(args, 2048) == 48 * per_layer == 48 * 12_779_520
+    # The scan is linear in the sequence: its FLOPs per token do not grow with it.
+    assert spec.mixing_flops(args, 8192) == spec.mixing_flops(args, 2048)
+    hybrid = spec.model_args("hybrid-1.3B")  # 4 attention layers of 16 heads of 128
+    assert spec.mixing_flops(hybrid, 2048) == 44 * per_layer + 12 * 4 * 16 * 128 * 2048
+    with torch.device("meta"):
+        n = matmul_params(spec.build(args))
+    assert n == 1_343_757_312  # tied: the embedding counted once, as the output projection
 
 
 def test_peak_table_matches_specific_names_first_and_never_guesses():
@@ -92,6 +110,6 @@ def test_moe_flops_count_active_parameters_as_the_reference_does():
     active = active_matmul_params(model)
     experts = 4 * 128 * 3 * 768 * 2048
     assert matmul_params(model) - active == experts - experts * 8 // 128
-    per_token = flops_per_token(active, 4, 32, 128, 4096)
+    per_token = flops_per_token(active, 12.0 * 4 * 32 * 128 * 4096)
     assert per_token == 4_037_658_624
     assert round(100 * 76_514 * per_token / 989e12, 1) == 31.2

@@ -146,6 +146,18 @@ class CausalLM(nn.Module):
         Generation: with `kv_cache` the tokens continue the cached ones (positions follow
         `kv_cache.length`); `token_mask` (batch, seq) marks real tokens, False for the left
         padding of shorter prompts."""
+        cos, sin, attn_mask = self._prepare(tokens, positions, kv_cache, token_mask, block_mask)
+        h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
+        for name, layer in self.layers.items():
+            h = self._attention_layer(layer, int(name), h, cos, sin, attn_mask, kv_cache, block_mask)
+        return self._finish(h, kv_cache, tokens.shape[1])
+
+    def _prepare(
+        self, tokens: torch.Tensor, positions: torch.Tensor | None, kv_cache: KVCache | None,
+        token_mask: torch.Tensor | None, block_mask: BlockMask | None, *, attention: bool = True,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """(cos, sin, attention mask) of this call, and the cache's slots reserved for its tokens.
+        `attention=False` (a model without attention layers) skips the mask."""
         if block_mask is not None and (kv_cache is not None or token_mask is not None):
             raise ValueError("block_mask is for training: it does not combine with kv_cache or token_mask")
         # The sequence length comes from the token ids, never from a hidden state that
@@ -161,22 +173,35 @@ class CausalLM(nn.Module):
         if kv_cache is not None:
             kv_cache.append(seqlen, token_mask)
         attn_mask = None
-        if block_mask is None:
+        if block_mask is None and attention:
             attn_mask = self._attention_mask(seqlen, positions, kv_cache, token_mask, tokens.device)
+        return cos, sin, attn_mask
 
-        h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
-        for name, layer in self.layers.items():
-            if block_mask is not None:
-                h = layer(h, cos, sin, block_mask=block_mask)
-            elif attn_mask is None and kv_cache is None:
-                h = layer(h, cos, sin)
-            else:
-                layer_cache = kv_cache.layer(int(name)) if kv_cache is not None else None
-                h = layer(h, cos, sin, attn_mask=attn_mask, kv_cache=layer_cache)
+    @staticmethod
+    def _attention_layer(
+        layer: nn.Module, index: int, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+        attn_mask: torch.Tensor | None, kv_cache: KVCache | None, block_mask: BlockMask | None,
+    ) -> torch.Tensor:
+        """One decoder block, given only the arguments its path needs (the fast path takes none)."""
+        if block_mask is not None:
+            return layer(h, cos, sin, block_mask=block_mask)
+        if attn_mask is None and kv_cache is None:
+            return layer(h, cos, sin)
+        layer_cache = kv_cache.layer(index) if kv_cache is not None else None
+        return layer(h, cos, sin, attn_mask=attn_mask, kv_cache=layer_cache)
+
+    def _finish(self, h: torch.Tensor, kv_cache: KVCache | None, seqlen: int) -> torch.Tensor:
+        """Mark the cache's reserved slots filled; the final norm and the output projection."""
         if kv_cache is not None:
             kv_cache.advance(seqlen)
         h = self.norm(h) if self.norm is not None else h
         return self.output(h) if self.output is not None else h
+
+    def new_cache(self, batch: int, max_len: int, *, dtype: torch.dtype = torch.float32,
+                  device: torch.device | str | None = None) -> KVCache:
+        """An empty generation cache for `batch` sequences of up to `max_len` tokens."""
+        args = self.args
+        return KVCache(len(self.layers), batch, max_len, args.n_kv_heads, args.head_dim, dtype=dtype, device=device)
 
     def _attention_mask(
         self, seqlen: int, positions: torch.Tensor | None, kv_cache: KVCache | None,

@@ -11,6 +11,7 @@ bit-identical to the single-device ones for the same device type.
 
 from __future__ import annotations
 
+import math
 import zlib
 from dataclasses import dataclass
 from typing import Literal
@@ -23,12 +24,22 @@ from torch import nn
 class InitSpec:
     """Distribution of one parameter's initial values."""
 
-    kind: Literal["normal", "trunc_normal", "ones", "zeros"]
-    """normal(0, std), normal(0, std) truncated at +-3 std, all ones, or all zeros."""
+    kind: Literal["normal", "trunc_normal", "ones", "zeros", "uniform", "log_uniform", "softplus_inverse"]
+    """normal(0, std), normal(0, std) truncated at +-3 std, all ones, all zeros, uniform on
+    [low, high], log of a uniform draw on [low, high] (Mamba's A_log), or the softplus inverse of
+    exp(uniform on [log low, log high]) floored at `floor` (Mamba's dt bias: softplus(bias) is
+    then log-uniform between low and high)."""
     std: float = 0.0
     """Standard deviation for the normal kinds."""
+    low: float = 0.0
+    """Lower bound of the uniform kinds."""
+    high: float = 0.0
+    """Upper bound of the uniform kinds."""
+    floor: float = 0.0
+    """softplus_inverse: the smallest value softplus(parameter) starts at."""
 
 
+RANDOM_KINDS = ("normal", "trunc_normal", "uniform", "log_uniform", "softplus_inverse")
 ONES = InitSpec("ones")
 ZEROS = InitSpec("zeros")
 
@@ -39,6 +50,10 @@ def trunc_normal(std: float) -> InitSpec:
 
 def normal(std: float) -> InitSpec:
     return InitSpec("normal", std)
+
+
+def uniform(low: float, high: float) -> InitSpec:
+    return InitSpec("uniform", low=low, high=high)
 
 
 def param_seed(seed: int, fqn: str) -> int:
@@ -55,8 +70,17 @@ def fill_(tensor: torch.Tensor, spec: InitSpec, generator: torch.Generator | Non
         nn.init.normal_(tensor, 0.0, spec.std, generator=generator)
     elif spec.kind == "trunc_normal":
         nn.init.trunc_normal_(tensor, 0.0, spec.std, -3 * spec.std, 3 * spec.std, generator=generator)
+    elif spec.kind == "uniform":
+        nn.init.uniform_(tensor, spec.low, spec.high, generator=generator)
+    elif spec.kind == "log_uniform":
+        tensor.copy_(torch.empty_like(tensor, dtype=torch.float32).uniform_(spec.low, spec.high, generator=generator)
+                     .log())
+    elif spec.kind == "softplus_inverse":
+        draw = torch.empty_like(tensor, dtype=torch.float32).uniform_(generator=generator)
+        value = torch.exp(draw * (math.log(spec.high) - math.log(spec.low)) + math.log(spec.low)).clamp(min=spec.floor)
+        tensor.copy_(value + torch.log(-torch.expm1(-value)))  # softplus(value + log(1 - e^-value)) = value
     else:
-        raise ValueError(f"unknown init kind {spec.kind!r}; use normal, trunc_normal, ones or zeros")
+        raise ValueError(f"unknown init kind {spec.kind!r}; use one of {', '.join(RANDOM_KINDS + ('ones', 'zeros'))}")
 
 
 @torch.no_grad()
@@ -70,7 +94,7 @@ def init_parameters(model: nn.Module, specs: dict[str, InitSpec], seed: int) -> 
         spec = specs[fqn]
         device = param.device_mesh.device_type if isinstance(param, DTensor) else param.device
         generator = None
-        if spec.kind in ("normal", "trunc_normal"):
+        if spec.kind in RANDOM_KINDS:
             generator = torch.Generator(device=device).manual_seed(param_seed(seed, fqn))
         if isinstance(param, DTensor):
             full = torch.empty(param.shape, dtype=param.dtype, device=device)

@@ -71,6 +71,9 @@ def apply_context_parallel(model: nn.Module, cp_mesh: DeviceMesh, plan: Plan) ->
     """Replace `attention_fn` of every attention module; return how to slice the batches."""
     from kenotron.parallel.model_layout import PlanError, matching_modules
 
+    if plan.layout.attention_modules is None:
+        raise PlanError("plan.layout.attention_modules is None: this model has no attention for context parallel to "
+                        "split; use parallelism.cp=1")
     modules = matching_modules(model, plan.layout.attention_modules)
     if not modules:
         raise PlanError(f"plan.layout.attention_modules={plan.layout.attention_modules!r} matches no module of the model")

@@ -1,0 +1,30 @@
+"""Mamba-2 family (and hybrids with attention layers): model, flavors, HF adapter and spec."""
+
+from kenotron.models.mamba2.flavors import MAMBA2_FLAVORS
+from kenotron.models.mamba2.hf import MAMBA2_HF_ADAPTER
+from kenotron.models.mamba2.model import Mamba2, Mamba2Args
+from kenotron.models.mamba2.parallel_hints import (
+    MAMBA2_TP_STYLES,
+    NO_CONTEXT_PARALLEL,
+    NO_DOCUMENT_MASKING,
+    mamba2_mixing_flops,
+    mamba2_tp_divisors,
+    mamba2_tp_styles,
+)
+from kenotron.models.spec import ModelSpec
+
+MAMBA2_SPEC = ModelSpec(
+    name="mamba2",
+    model_cls=Mamba2,
+    flavors=MAMBA2_FLAVORS,
+    hf_adapter=MAMBA2_HF_ADAPTER,
+    tp_styles=MAMBA2_TP_STYLES,
+    tp_styles_for=mamba2_tp_styles,
+    attention_modules=None,
+    tp_divisors=mamba2_tp_divisors,
+    mixing_flops=mamba2_mixing_flops,
+    no_context_parallel=NO_CONTEXT_PARALLEL,
+    no_document_masking=NO_DOCUMENT_MASKING,
+)
+
+__all__ = ["MAMBA2_FLAVORS", "MAMBA2_HF_ADAPTER", "MAMBA2_SPEC", "Mamba2", "Mamba2Args"]

@@ -1,0 +1,151 @@
+"""Mamba-2 (and hybrids): embedding -> Mamba blocks (and, at `attention_layers`, Llama's
+attention + SwiGLU block) -> RMSNorm -> output. The mixer is models/common/mamba.py; the
+decoder around it (tied embeddings, init, pipeline-friendly names) is common/decoder.py's."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.nn.attention.flex_attention import BlockMask
+
+from kenotron.errors import ConfigError
+from kenotron.models.common.attention import GQAttention
+from kenotron.models.common.decoder import CausalLM, DecoderBlock
+from kenotron.models.common.init import InitSpec, normal
+from kenotron.models.common.mamba import Mamba2Mixer, MambaBlock, MixerShape
+from kenotron.models.common.mlp import SwiGLU
+from kenotron.models.common.norms import RMSNorm
+from kenotron.models.common.recurrent_cache import RecurrentCache
+
+
+@dataclass(frozen=True)
+class Mamba2Args:
+    """Dimensions of a Mamba-2 model (transformers' Mamba2Config names in brackets)."""
+
+    dim: int = 2048
+    """Width of the residual stream (hidden_size)."""
+    n_layers: int = 48
+    """Blocks (num_hidden_layers)."""
+    vocab_size: int = 50288
+    """Embedding rows (vocab_size); the published models pad GPT-NeoX's 50277 to a multiple of 16."""
+    ssm_state: int = 128
+    """State size N of every head (state_size)."""
+    ssm_head_dim: int = 64
+    """Channels per SSM head (head_dim); heads = expand * dim / ssm_head_dim."""
+    expand: int = 2
+    """Inner width of the mixer over the model's width (expand)."""
+    ssm_groups: int = 1
+    """Groups of heads sharing one B and one C (n_groups); tensor parallel splits whole groups."""
+    conv_kernel: int = 4
+    """Width of the causal depthwise convolution (conv_kernel)."""
+    chunk_size: int = 256
+    """Positions per chunk of the chunked scan (chunk_size)."""
+    conv_bias: bool = True
+    """Bias on the convolution (use_conv_bias)."""
+    proj_bias: bool = False
+    """Biases on the in- and out-projections (use_bias)."""
+    norm_eps: float = 1e-5
+    """Epsilon of every RMSNorm, the gated one included (layer_norm_epsilon)."""
+    a_init_range: tuple[float, float] = (1.0, 16.0)
+    """A = -exp(A_log) starts uniform on minus this range (mamba_ssm's A_init_range)."""
+    dt_init_range: tuple[float, float] = (0.001, 0.1)
+    """softplus(dt_bias) starts log-uniform on this range (time_step_min, time_step_max)."""
+    dt_init_floor: float = 1e-4
+    """...and at least this (time_step_floor)."""
+    tie_embeddings: bool = True
+    """Share the input embedding with the output projection (tie_word_embeddings)."""
+    max_seq_len: int = 4096
+    """Length of the RoPE tables of the attention layers; the trainer sets it to training.seq_len."""
+    attention_layers: tuple[int, ...] = ()
+    """Indices of the layers that are attention + SwiGLU blocks instead of Mamba blocks (hybrids)."""
+    n_heads: int = 16
+    """Query heads of the attention layers."""
+    n_kv_heads: int = 8
+    """Key/value heads of the attention layers."""
+    head_dim: int = 128
+    """Size of each attention head."""
+    ffn_dim: int = 0
+    """Hidden width of the attention layers' SwiGLU MLP (needed when attention_layers is set)."""
+    rope_theta: float = 10000.0
+    """RoPE base of the attention layers."""
+
+    def __post_init__(self) -> None:
+        inner = self.expand * self.dim
+        if inner % self.ssm_head_dim or (inner // self.ssm_head_dim) % self.ssm_groups:
+            raise ConfigError(
+                f"mamba2: expand * dim = {inner} must split into heads of ssm_head_dim={self.ssm_head_dim} whose "
+                f"count divides into ssm_groups={self.ssm_groups}; change ssm_head_dim or ssm_groups"
+            )
+        outside = [i for i in self.attention_layers if not 0 <= i < self.n_layers]
+        if outside:
+            raise ConfigError(
+                f"mamba2: attention_layers={list(self.attention_layers)} names layer {outside[0]}, but the model has "
+                f"{self.n_layers} layers (model.n_layers); use indices 0..{self.n_layers - 1}"
+            )
+        if self.attention_layers and self.ffn_dim <= 0:
+            raise ConfigError("mamba2: a hybrid (attention_layers set) needs ffn_dim > 0 for its attention blocks' MLP")
+
+    @property
+    def ssm_heads(self) -> int:
+        return self.expand * self.dim // self.ssm_head_dim
+
+    def mixer_shape(self) -> MixerShape:
+        return MixerShape(self.dim, self.ssm_heads, self.ssm_head_dim, self.ssm_groups, self.ssm_state,
+                          self.conv_kernel, self.chunk_size)
+
+
+def mamba2_block(layer_id: int, args: Mamba2Args) -> nn.Module:
+    """Layer `layer_id`: Llama's attention block at the hybrid's attention indices, else a Mamba block."""
+    if layer_id in args.attention_layers:
+        return DecoderBlock(
+            layer_id,
+            attention_norm=RMSNorm(args.dim, args.norm_eps),
+            attention=GQAttention(args.dim, args.n_heads, args.n_kv_heads, args.head_dim),
+            ffn_norm=RMSNorm(args.dim, args.norm_eps),
+            feed_forward=SwiGLU(args.dim, args.ffn_dim),
+        )
+    mixer = Mamba2Mixer(
+        args.mixer_shape(), norm_eps=args.norm_eps, conv_bias=args.conv_bias, proj_bias=args.proj_bias,
+        a_init=args.a_init_range, dt_init=(*args.dt_init_range, args.dt_init_floor),
+        out_std_divisor=math.sqrt(args.n_layers),
+    )
+    return MambaBlock(layer_id, args.dim, args.norm_eps, mixer)
+
+
+class Mamba2(CausalLM):
+    """tokens (batch, seq) -> logits (batch, seq, vocab); see CausalLM."""
+
+    def __init__(self, args: Mamba2Args) -> None:
+        super().__init__(args, mamba2_block, RMSNorm(args.dim, args.norm_eps))
+
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None, *, kv_cache: RecurrentCache | None = None,
+                token_mask: torch.Tensor | None = None, block_mask: BlockMask | None = None) -> torch.Tensor:
+        """As CausalLM.forward; `kv_cache` is a RecurrentCache (`new_cache`), `token_mask` marks left padding."""
+        cos, sin, attn_mask = self._prepare(tokens, positions, kv_cache, token_mask, block_mask,
+                                            attention=bool(self.args.attention_layers))
+        h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
+        for name, layer in self.layers.items():
+            if isinstance(layer, MambaBlock):
+                state = kv_cache.layer(int(name)) if kv_cache is not None else None
+                h = layer(h, state=state, token_mask=token_mask)
+            else:
+                h = self._attention_layer(layer, int(name), h, cos, sin, attn_mask, kv_cache, block_mask)
+        return self._finish(h, kv_cache, tokens.shape[1])
+
+    def new_cache(self, batch: int, max_len: int, *, dtype: torch.dtype = torch.float32,
+                  device: torch.device | str | None = None) -> RecurrentCache:
+        a = self.args
+        s = a.mixer_shape()
+        ssm = {int(name): (s.conv_kernel, s.conv_channels, s.heads, s.head_dim, s.state)
+               for name, layer in self.layers.items() if isinstance(layer, MambaBlock)}
+        return RecurrentCache(ssm, sorted(a.attention_layers), batch, max_len, a.n_kv_heads, a.head_dim, dtype=dtype,
+                              device=device)
+
+    def param_init_specs(self) -> dict[str, InitSpec]:
+        specs = super().param_init_specs()
+        if self.tok_embeddings is not None:  # mamba_ssm's initializer_range
+            specs["tok_embeddings.weight"] = normal(0.02)
+        return specs
