@@ -59,6 +59,16 @@ def _convert(info: FieldInfo, value: Any, *, from_cli: bool) -> Any:
             raise ConfigError(f"{info.key} expects a table such as {{a = 1.0, b = 2.0}}, got {value!r}")
         sub = FieldInfo(info.section, info.name, inner, None, "")
         return {str(k): _convert(replace(sub, name=f"{info.name}.{k}"), v, from_cli=False) for k, v in table.items()}
+    if origin is tuple:  # args fields such as tuple[int, ...] (a hybrid's layers) or tuple[float, float]
+        if not isinstance(value, list):
+            raise ConfigError(f"{info.key} expects a list such as [1, 2], got {value!r}")
+        types_ = typing.get_args(typ)
+        if len(types_) == 2 and types_[1] is Ellipsis:
+            types_ = (types_[0],) * len(value)
+        elif len(types_) != len(value):
+            raise ConfigError(f"{info.key} expects a list of {len(types_)} values, got {value!r}")
+        return tuple(_convert(FieldInfo(info.section, info.name, t, None, ""), v, from_cli=False)
+                     for t, v in zip(types_, value, strict=True))
     if origin is list:
         (inner,) = typing.get_args(typ)
         if from_cli and isinstance(value, str):

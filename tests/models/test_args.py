@@ -33,6 +33,8 @@ def test_every_field_of_every_family_can_be_set_from_the_command_line():
                 text, want = "123.5", 123.5
             elif current is None or isinstance(current, RopeScaling):
                 continue  # covered by the tests below
+            elif isinstance(current, tuple):
+                continue  # lists: the hybrid test below
             elif dataclasses.is_dataclass(current):  # a nested table (MoE families' moe): its first field
                 inner = dataclasses.fields(current)[0].name
                 cfg = load_config(None, ["--model.name", name, f"--model.{f.name}.{inner}", str(getattr(current, inner) * 2)])
@@ -123,3 +125,17 @@ def test_the_estimator_and_the_planner_take_the_configured_shape():
     assert result.ranked and "dim=512" in result.model
     with pytest.raises(ConfigError, match=r"model.n_kv_heads=3 does not divide"):
         search_layouts(load_config("train_configs/debug.toml", ["--model.n_kv_heads", "3"]), 2, 1.0)
+
+
+def test_a_list_field_sets_a_hybrid_layout_and_its_length_and_types_are_checked():
+    mamba = MODEL_SPECS["mamba2"]
+    cfg = load_config(None, ["--model.name", "mamba2", "--model.attention_layers", "[1]", "--model.ffn_dim", "128",
+                             "--model.a_init_range", "[2.0, 8.0]"])
+    args = mamba.model_args("debug", cfg.model.args)
+    assert args.attention_layers == (1,) and args.a_init_range == (2.0, 8.0)
+    with pytest.raises(ConfigError, match=r"model.a_init_range expects a list of 2 values, got \[1.0\]"):
+        mamba.model_args("debug", {"a_init_range": [1.0]})
+    with pytest.raises(ConfigError, match="model.attention_layers expects an integer"):
+        mamba.model_args("debug", {"attention_layers": ["one"]})
+    with pytest.raises(ConfigError, match=r"model.ssm_state=0 must be positive"):
+        mamba.model_args("debug", {"ssm_state": 0})

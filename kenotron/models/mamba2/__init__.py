@@ -2,7 +2,7 @@
 
 from kenotron.models.mamba2.flavors import MAMBA2_FLAVORS
 from kenotron.models.mamba2.hf import MAMBA2_HF_ADAPTER
-from kenotron.models.mamba2.model import Mamba2, Mamba2Args
+from kenotron.models.mamba2.model import Mamba2, Mamba2Args, check_mamba2_args
 from kenotron.models.mamba2.parallel_hints import (
     MAMBA2_TP_STYLES,
     NO_CONTEXT_PARALLEL,
@@ -25,6 +25,7 @@ MAMBA2_SPEC = ModelSpec(
     mixing_flops=mamba2_mixing_flops,
     no_context_parallel=NO_CONTEXT_PARALLEL,
     no_document_masking=NO_DOCUMENT_MASKING,
+    check_args=check_mamba2_args,
 )
 
 __all__ = ["MAMBA2_FLAVORS", "MAMBA2_HF_ADAPTER", "MAMBA2_SPEC", "Mamba2", "Mamba2Args"]

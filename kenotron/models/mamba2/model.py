@@ -12,6 +12,7 @@ from torch import nn
 from torch.nn.attention.flex_attention import BlockMask
 
 from kenotron.errors import ConfigError
+from kenotron.models.args import check_decoder_args
 from kenotron.models.common.attention import GQAttention
 from kenotron.models.common.decoder import CausalLM, DecoderBlock
 from kenotron.models.common.init import InitSpec, normal
@@ -95,6 +96,17 @@ class Mamba2Args:
     def mixer_shape(self) -> MixerShape:
         return MixerShape(self.dim, self.ssm_heads, self.ssm_head_dim, self.ssm_groups, self.ssm_state,
                           self.conv_kernel, self.chunk_size)
+
+
+def check_mamba2_args(args: Mamba2Args) -> None:
+    """The shape checks of the config's `model.<field>` values (Mamba2Args checks the rest when
+    built); a hybrid's attention blocks get the decoder families' checks too."""
+    for name in ("dim", "n_layers", "vocab_size", "ssm_state", "ssm_head_dim", "expand", "ssm_groups", "conv_kernel",
+                 "chunk_size", "norm_eps", "max_seq_len"):
+        if not getattr(args, name) > 0:
+            raise ConfigError(f"model.{name}={getattr(args, name)} must be positive")
+    if args.attention_layers:
+        check_decoder_args(args)
 
 
 def mamba2_block(layer_id: int, args: Mamba2Args) -> nn.Module:
