@@ -138,7 +138,8 @@ def check_run_folder(cfg: JobConfig) -> FolderState:
     resumes = ck.enable and ck.load_step != 0 and (bool(state.complete_steps) or bool(ck.remote_folder))
     fix = f"use a new folder (--job.dump_folder {free_folder(folder)})"
     if resumes:
-        changed = _differences(state.previous_config or {}, now, IDENTITY_KEYS)
+        # Without a config.toml (a folder of checkpoints only) there is nothing to compare with.
+        changed = _differences(state.previous_config, now, IDENTITY_KEYS) if state.previous_config is not None else []
         if changed:
             raise ConfigError(
                 f"job.dump_folder={str(folder)!r} holds a run of another model or data ({'; '.join(changed[:3])}): "
