@@ -2,13 +2,17 @@
 # DoReMi end to end on CPU: a reference model on given domain weights, a proxy that learns the
 # weights with group DRO, a main run on the learned weights, and the plots. OUT is the output
 # folder (default outputs/example-doremi); extra arguments (--section.key value) go to every run.
+# --tiny (first): each run 4 steps of a one-block model on three sequences of 32 tokens a step.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+source examples/lib.sh
 export CONFIG_FILE=examples/doremi/config.toml NPROC=${NPROC:-1}
 OUT=${OUT:-outputs/example-doremi}
-train() {  # one process needs no launcher: the training process itself, as run_train.sh would start it
-    if [[ "$NPROC" == 1 ]]; then python -m kenotron.train --config "$CONFIG_FILE" "$@"; else ./run_train.sh "$@"; fi
-}
+if [[ "${1:-}" == --tiny ]]; then  # (three sequences: a proxy's step sees every domain)
+    shift
+    set -- "${TINY[@]}" --training.local_batch_size 3 --training.steps 4 --metrics.log_freq 2 \
+        --lr_scheduler.warmup_steps 1 "$@"
+fi
 
 # The domains: the built-in corpus' two parts as JSON Lines files, and random tokens.
 python -c "from kenotron.data.sample_data import write_domain_data; write_domain_data('$OUT/data')"

@@ -2,9 +2,19 @@
 # A local S3 server (moto, from the dev extra), a run of 20 steps that uploads its checkpoints and
 # deletes the local copies, then a restart that resumes from the bucket and finishes the 40 steps.
 # OUT is the run folder (default outputs/example-s3); extra arguments (--section.key value) go
-# to both runs.
+# to both runs. --tiny (first): the same in 4 steps of a one-block model, saving at steps 2 and 4.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+source examples/lib.sh
+export CONFIG_FILE=examples/s3/config.toml NPROC=${NPROC:-1}
+OUT=${OUT:-outputs/example-s3}
+STOP=20 END=40
+if [[ "${1:-}" == --tiny ]]; then
+    shift
+    STOP=2 END=4
+    set -- "${TINY[@]}" --checkpoint.interval 2 --metrics.log_freq 2 --lr_scheduler.warmup_steps 1 "$@"
+fi
+
 # moto accepts any credentials; against a real store, boto3 reads them from the usual places.
 export AWS_ACCESS_KEY_ID=example AWS_SECRET_ACCESS_KEY=example AWS_DEFAULT_REGION=us-east-1
 PORT=$(python -c "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])")
@@ -24,11 +34,9 @@ else:
     sys.exit(f"no S3 server answered at {sys.argv[1]}")
 PY
 
-export CONFIG_FILE=examples/s3/config.toml NPROC=${NPROC:-1}
-OUT=${OUT:-outputs/example-s3}
 RUN=(--job.dump_folder "$OUT" --checkpoint.remote_endpoint_url "$ENDPOINT")
-./run_train.sh "${RUN[@]}" --training.steps 20 "$@"  # uploads step 20, then deletes the local copy
-./run_train.sh "${RUN[@]}" "$@"                      # downloads step 20 and trains to step 40
+train "${RUN[@]}" --training.steps "$STOP" "$@"  # uploads step 20, then deletes the local copy
+train "${RUN[@]}" --training.steps "$END" "$@"   # downloads step 20 and trains to step 40
 python - "$ENDPOINT" <<'PY'
 import sys, boto3
 listing = boto3.client("s3", endpoint_url=sys.argv[1]).list_objects_v2(Bucket="kenotron-example")

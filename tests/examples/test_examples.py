@@ -1,5 +1,6 @@
 """The examples/ folders: the index lists every one, and each example's README command (its
-run.sh, about a minute on CPU) runs here, on a smaller model, and does what the README says."""
+run.sh, about a minute on CPU) runs here as `run.sh --tiny` (the same runs, fewer steps of a
+smaller model: seconds) and does what the README says."""
 
 from __future__ import annotations
 
@@ -14,16 +15,17 @@ import pytest
 
 ROOT = Path(__file__).parents[2]
 EXAMPLES = ROOT / "examples"
-# The README commands shrunk for the suite: one block of 32 tokens, two sequences a step.
-SMALL = ["--model.n_layers", "1", "--training.seq_len", "32", "--training.local_batch_size", "2"]
 
 
 def run_example(name: str, out: Path, *args: str) -> str:
-    """`bash examples/<name>/run.sh` as its README gives it, into `out`; returns the output."""
+    """`bash examples/<name>/run.sh --tiny` (its README's command, shrunk), into `out`; returns the output."""
     readme = (EXAMPLES / name / "README.md").read_text()
     assert f"bash examples/{name}/run.sh" in readme, f"examples/{name}/README.md does not give its command"
-    env = {**os.environ, "OUT": str(out), "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run(["bash", f"examples/{name}/run.sh", *args], cwd=ROOT, env=env, capture_output=True,
+    # One thread per process: these models are too small to gain from a second one, and on a busy
+    # two-core machine OpenMP's waiting threads make every step several times slower.
+    env = {**os.environ, "OUT": str(out), "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+           "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(["bash", f"examples/{name}/run.sh", "--tiny", *args], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=600, check=False)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-4000:]
@@ -44,39 +46,38 @@ def test_the_index_lists_every_example_folder():
 
 
 def test_async_checkpoint_example_saves_in_the_background_and_resumes(tmp_path):
-    output = run_example("async-checkpoint", tmp_path, *SMALL)
+    output = run_example("async-checkpoint", tmp_path)
     assert "Received async checkpoint request" in output  # the writer process got the saves
-    assert re.search(r"checkpoint \S+step-000040 complete", output)
-    assert "loaded step-000040 (model, optimizer, lr_scheduler, dataloader, train_state)" in output
-    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step-000040", "step-000060"]
-    assert metric_steps(tmp_path)[-1] == 60
+    assert re.search(r"checkpoint \S+step-000004 complete", output)
+    assert "loaded step-000004 (model, optimizer, lr_scheduler, dataloader, train_state)" in output
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step-000004", "step-000006"]
+    assert metric_steps(tmp_path)[-1] == 6
 
 
 def test_s3_example_uploads_and_resumes_from_the_bucket(tmp_path):
     pytest.importorskip("moto.server")
     pytest.importorskip("boto3")
-    output = run_example("s3", tmp_path, *SMALL)
-    assert "uploaded step-000020 to s3://kenotron-example/debug-run" in output
-    assert "loaded step-000020" in output
-    assert "complete checkpoints in s3://kenotron-example/debug-run: step-000020, step-000040" in output
-    assert metric_steps(tmp_path)[-1] == 40
-    # The restart found no local copy of step 20 (deleted after its upload): it came from the bucket.
-    assert not (tmp_path / "checkpoints" / "step-000040").exists()
+    output = run_example("s3", tmp_path)
+    assert "uploaded step-000002 to s3://kenotron-example/debug-run" in output
+    assert "loaded step-000002" in output
+    assert "complete checkpoints in s3://kenotron-example/debug-run: step-000002, step-000004" in output
+    assert metric_steps(tmp_path)[-1] == 4
+    # Local copies are deleted after their upload (so the restart found step 2 in the bucket only).
+    assert not (tmp_path / "checkpoints" / "step-000004").exists()
 
 
 def test_mup_example_runs_a_flat_coordinate_check_and_trains_wide(tmp_path):
     pytest.importorskip("matplotlib")
-    output = run_example("mup", tmp_path, *SMALL, "--training.steps", "4", "--metrics.log_freq", "2")
+    output = run_example("mup", tmp_path)
     assert (tmp_path / "coord_check.png").stat().st_size > 10_000
     exponents = json.loads((tmp_path / "coord_check.json").read_text())["spectral_mup"]["exponents"]
-    assert all(abs(v) < 0.15 for name, v in exponents["3"].items() if name != "logits"), exponents
-    assert "spectral_mup step 3" in output
+    assert all(abs(v) < 0.15 for name, v in exponents["2"].items() if name != "logits"), exponents
+    assert "spectral_mup step 2" in output
     assert metric_steps(tmp_path / "wide")[-2:] == [2, 4]  # (step 1 is always recorded)
 
 
 def test_doremi_example_learns_domain_weights_and_trains_on_them(tmp_path):
-    output = run_example("doremi", tmp_path, *SMALL, "--training.local_batch_size", "3", "--training.steps", "4",
-                         "--metrics.log_freq", "2")
+    output = run_example("doremi", tmp_path)
     weights = json.loads((tmp_path / "proxy" / "doremi_weights.json").read_text())["weights"]
     assert sorted(weights) == ["noise", "reference", "stdlib"] and sum(weights.values()) == pytest.approx(1.0)
     assert f"--doremi.reference {tmp_path}/reference/checkpoints/step-000004" in output or \

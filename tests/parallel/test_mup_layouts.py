@@ -13,9 +13,9 @@ from tests.distributed.pool import run_on_ranks
 from tests.parallel.parity import full, named_parameters
 
 MUP = [
-    "--model.n_layers", "2", "--model.dim", "128", "--model.n_heads", "4", "--model.n_kv_heads", "2",
+    "--model.n_layers", "1", "--model.dim", "128", "--model.n_heads", "4", "--model.n_kv_heads", "2",
     "--model.ffn_dim", "384", "--model.parametrization", "spectral_mup", "--training.seq_len", "32",
-    "--training.global_batch_size", "8", "--training.local_batch_size", "4", "--optimizer.lr", "1e-2",
+    "--training.global_batch_size", "4", "--training.local_batch_size", "2", "--optimizer.lr", "1e-2",
     "--lr_scheduler.warmup_steps", "0", "--lr_scheduler.decay", "constant", "--metrics.tensorboard", "false",
 ]
 
@@ -40,7 +40,7 @@ def one_rank(tmp_path_factory):
 
 
 @pytest.mark.parametrize(("layout", "overrides"), [
-    ("tp2", ["--parallelism.tp", "2", "--training.local_batch_size", "8"]),
+    ("tp2", ["--parallelism.tp", "2", "--training.local_batch_size", "4"]),
     ("fsdp2", []),
 ])
 def test_spectral_mup_init_and_rates_match_one_rank(layout, overrides, one_rank, tmp_path):

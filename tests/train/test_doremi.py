@@ -1,6 +1,7 @@
 """DoReMi (kenotron/train/doremi.py): the domain-weight update against a hand computation, the
 per-domain sums, and reference -> proxy -> main through the trainer on the built-in corpus split
-into domains plus a domain of random tokens; the checks before any process group."""
+into domains plus a domain of random tokens; a proxy under data parallel (2 ranks) against the
+one-rank proxy; the checks before any process group."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from kenotron.config import ConfigError, load_config
 from kenotron.data.sample_data import write_domain_data
 from kenotron.train.doremi import DomainWeights, domain_sums
 from kenotron.train.resolve import resolve_run
-from kenotron.train.trainer import Trainer
+from kenotron.train.trainer import Trainer, run_training
+from tests.distributed.pool import run_on_ranks
 
 TINY = [
     "--model.n_layers", "1", "--training.seq_len", "32", "--training.local_batch_size", "6",
@@ -133,19 +135,71 @@ def test_reference_proxy_main_learns_weights_that_drop_the_noise_and_the_next_ru
         assert abs(seen[name] - w * total) < 2, (seen, weights)
 
 
-def test_a_resumed_proxy_learns_the_same_weights_as_one_run(reference):
+PROXY_STEPS = 4
+
+
+def _proxy_args(sources: str, checkpoint: str) -> list[str]:
+    """A 4-step proxy with a record every step."""
+    return ["--data.sources", sources, "--training.steps", str(PROXY_STEPS), "--doremi.reference", checkpoint,
+            "--metrics.log_freq", "1"]
+
+
+def _proxy(folder: str, sources: str, checkpoint: str, overrides: list[str]) -> None:
+    """One proxy run (on every rank of a pool, or in this process)."""
+    run_training(load_config(None, [*TINY, "--job.dump_folder", folder, *_proxy_args(sources, checkpoint),
+                                    *overrides]))
+
+
+def _read(folder: Path) -> tuple[dict, list[dict]]:
+    """doremi_weights.json and the metrics records of a run."""
+    records = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    return json.loads((folder / "doremi_weights.json").read_text()), records
+
+
+@pytest.fixture(scope="module")
+def one_rank_proxy(reference):
     root, data, checkpoint = reference
-    common = ["--data.sources", _sources(data), "--training.steps", "4", "--doremi.reference", str(checkpoint),
-              "--checkpoint.enable", "true", "--checkpoint.interval", "2"]
-    _train(root / "whole", *common)
-    _train(root / "halves", *common, stop_after=2)
-    _train(root / "halves", *common)
-    whole, halves = (json.loads((root / r / "doremi_weights.json").read_text()) for r in ("whole", "halves"))
-    assert halves == whole
+    _proxy(str(root / "whole"), _sources(data), str(checkpoint), [])
+    return _read(root / "whole")
+
+
+def test_a_resumed_proxy_learns_the_same_weights_as_one_run(reference, one_rank_proxy):
+    root, data, checkpoint = reference
+    saving = ["--checkpoint.enable", "true", "--checkpoint.interval", "2"]
+    args = _proxy_args(_sources(data), str(checkpoint)) + saving
+    _train(root / "halves", *args, stop_after=2)
+    _train(root / "halves", *args)
+    assert _read(root / "halves")[0] == one_rank_proxy[0]
+
+
+@pytest.mark.parametrize("layout", [
+    ["--training.local_batch_size", "3"],  # FSDP 2
+    ["--parallelism.dp_replicate", "2", "--parallelism.dp_shard", "1", "--training.local_batch_size", "3"],  # DDP
+], ids=["fsdp2", "ddp2"])
+def test_a_data_parallel_proxy_learns_the_weights_and_logs_the_losses_of_one_rank(layout, reference,
+                                                                                 one_rank_proxy, tmp_path):
+    _, data, checkpoint = reference
+    run_on_ranks(2, _proxy, str(tmp_path), _sources(data), str(checkpoint), layout)
+    (weights, records), (ref_weights, ref_records) = _read(tmp_path), one_rank_proxy
+    assert weights["steps"] == ref_weights["steps"] == PROXY_STEPS
+    for key in ("weights", "last"):
+        assert weights[key] == pytest.approx(ref_weights[key], abs=1e-6), key
+    assert [r["step"] for r in records] == [r["step"] for r in ref_records] == list(range(1, PROXY_STEPS + 1))
+    per_domain = ("domain_loss/", "reference_loss/", "excess_loss/", "domain_weight/", "domain_weight_avg/")
+    for rec, ref in zip(records, ref_records, strict=True):
+        keys = ["loss", "grad_norm"] + [k for k in ref if k.startswith(per_domain)]  # grad_norm: the DRO gradient's scale
+        assert len(keys) == 2 + 5 * 3
+        for key in keys:  # fp32 reductions in another order: equal to ~1e-6
+            assert rec[key] == pytest.approx(ref[key], abs=1e-5), (rec["step"], key, rec[key], ref[key])
 
 
 def _resolve(*overrides: str) -> None:
-    resolve_run(load_config(None, [*TINY, *overrides]), 1)
+    """resolve_run (every check before a process group); a refusal is one line."""
+    try:
+        resolve_run(load_config(None, [*TINY, *overrides]), 1)
+    except ConfigError as err:
+        assert "\n" not in str(err), str(err)
+        raise
 
 
 def test_doremi_settings_are_checked_before_training(reference, tmp_path):
@@ -163,6 +217,14 @@ def test_doremi_settings_are_checked_before_training(reference, tmp_path):
         _resolve(*ref)
     with pytest.raises(ConfigError, match="doremi.step_size=0.0 must be > 0"):
         _resolve(*uniform, *ref, "--doremi.step_size", "0")
+    for smoothing in ("-0.1", "1.5"):
+        with pytest.raises(ConfigError, match=rf"doremi.smoothing={float(smoothing)} must lie in \[0, 1\]"):
+            _resolve(*uniform, *ref, "--doremi.smoothing", smoothing)
+    with pytest.raises(ConfigError, match="tuning.loss='fused' does not combine with DoReMi"):
+        _resolve(*uniform, *ref, "--tuning.loss", "fused")
+    loader = ["--data.loader", "examples.custom-dataloader.loader:build"]  # refused before it is imported
+    with pytest.raises(ConfigError, match="which a custom data.loader replaces; drop data.loader"):
+        _resolve(*uniform, *ref, *loader)
     with pytest.raises(ConfigError, match=r"at least 3"):
         _resolve(*uniform, *ref, "--training.local_batch_size", "2")
     weights = tmp_path / "w.json"
@@ -171,3 +233,7 @@ def test_doremi_settings_are_checked_before_training(reference, tmp_path):
         _resolve(*uniform, "--data.weights_from", str(weights))
     with pytest.raises(ConfigError, match="data.sources is empty"):
         _resolve("--data.weights_from", str(weights))
+    learned = tmp_path / "learned.json"
+    learned.write_text(json.dumps({"weights": {"reference": 0.5, "stdlib": 0.3, "noise": 0.2}}))
+    with pytest.raises(ConfigError, match="data.loader replaces it with a custom loader; drop one of them"):
+        _resolve(*uniform, "--data.weights_from", str(learned), *loader)
