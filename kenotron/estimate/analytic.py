@@ -61,6 +61,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from kenotron.estimate.analytic_loss import loss_bytes
 from kenotron.estimate.analytic_mamba import MambaDims, mamba_backward_scratch, mamba_block_activations
 from kenotron.estimate.analytic_moe import MoEShape, moe_activations, moe_backward_temporaries, moe_shape
 from kenotron.estimate.cp_ring_memory import attention_output_copy
@@ -313,43 +314,6 @@ def activations_per_block(run: ResolvedRun, s: StepShape) -> float:
         n = run.plan.settings.ac_every_n
         return (kinds_activations(s, "full", sp) + (n - 1) * kinds_activations(s, "none", sp)) / n
     return kinds_activations(s, ac, sp, run.plan.settings.ac_save_matmul_every)
-
-
-def loss_bytes(run: ResolvedRun, s: StepShape, fused: bool) -> tuple[int, int]:
-    """(kept for backward, temporaries at the loss' peak) of the fused chunked or the plain loss."""
-    V, d, c = s.vocab // s.tp, s.dim, s.compute
-    if fused:
-        chunk = min(run.choices.loss_chunk_tokens, s.tokens)
-        logits = allocated_bytes(chunk * V * c)
-        # The Triton kernel writes a chunk's gradient over its logits; PyTorch's softmax and the
-        # compiled step give it a second logits-sized buffer.
-        in_place = run.choices.loss_kernel == "triton"
-        gradient = 0 if in_place else logits
-        if s.tokens <= chunk:
-            # One chunk: the weight gradient is the chunk's product itself, kept in the matmul
-            # dtype; it does not exist yet while the logits and their gradient are alive.
-            grad_w = allocated_bytes(V * d * c)
-            kept = allocated_bytes(s.tokens * d * c) + grad_w
-            temp = max(logits + gradient - grad_w, logits)
-        else:
-            # Several: an fp32 accumulator (kept), and each chunk's product while it is added.
-            kept = allocated_bytes(s.tokens * d * c) + allocated_bytes(V * d * FP32)
-            temp = max(logits + gradient, logits + allocated_bytes(V * d * c))
-        if s.tokens > chunk:  # the previous chunk's gradient outlives the next chunk's logits and log-softmax
-            second = allocated_bytes(min(chunk, s.tokens - chunk) * V * c)
-            temp = max(temp, allocated_bytes(chunk * V * c) + second + (0 if in_place else second))
-        if s.autocast:  # the fp32 hidden states and output weight are cast for the chunks
-            temp += allocated_bytes(s.tokens * d * 2) + allocated_bytes(V * d * 2)
-        # The loss' backward, with every activation still alive: the scaled weight and hidden-state
-        # gradients, each written once in its parameter's / activation's dtype (one Triton pass
-        # each on CUDA; fp32 under autocast). With few tokens this outweighs the forward.
-        wide = FP32 if s.autocast else c
-        backward = allocated_bytes(V * d * wide) + allocated_bytes(s.tokens * d * wide)
-        return kept, max(temp, backward)
-    logits = allocated_bytes(s.tokens * V * c)
-    fp32 = allocated_bytes(s.tokens * V * FP32)
-    vocab_parallel = s.tp > 1 and run.plan.settings.loss_parallel
-    return logits + fp32, (3 if vocab_parallel else 2) * fp32
 
 
 def gathered_bytes(run: ResolvedRun, params: ParameterBytes, layers: int, moment: str) -> int:

@@ -24,7 +24,7 @@ Peak = max of these moments, all after the first backward (gradients there):
              (2·T·F·c/t + 2·T·d·c), and the recomputed block's activations under AC
   loss (last stage, n_s = 1): + the final norm's output, the plain loss's kept logits and
              log-softmax and one more logits-sized tensor the simulation keeps at the loss's
-             backward (fp32 under autocast); temporaries the loss's (analytic.loss_bytes)
+             backward (fp32 under autocast); temporaries the loss's (analytic_loss.loss_bytes)
   embedding backward (first stage): n_s − 1 microbatches in flight, and the embedding's dense
              gradient V·d (fp32 without data parallel, else the compute dtype) as a temporary
   gradient reduction (FSDP/HSDP): the root's fp32 gradient copied for the reduce-scatter, its
@@ -46,10 +46,10 @@ from kenotron.estimate.analytic import (
     backward_scratch,
     data_parallel_kind,
     kinds_activations,
-    loss_bytes,
     optimizer_state_bytes,
     parameter_bytes,
 )
+from kenotron.estimate.analytic_loss import loss_bytes
 from kenotron.estimate.tracker import Breakdown, allocated_bytes
 from kenotron.parallel.pipeline import stage_module
 from kenotron.train.resolve import ResolvedRun
