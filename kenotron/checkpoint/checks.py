@@ -107,7 +107,7 @@ def _dimension_hint(key: str, stored: tuple, ours: tuple) -> str:
     expert_tensor = ".experts." in key or key.endswith(("router.gate.weight", "router.expert_bias"))
     if expert_tensor and stored and ours and stored[0] != ours[0]:
         return (f"The checkpoint's MoE layers have {stored[0]} experts, the model here {ours[0]}: set "
-                f"moe.n_experts={stored[0]} (or 0 for the flavor's)")
+                f"model.moe.n_experts={stored[0]}")
     return "Build the model with the dimensions it was saved with (model.flavor, model.vocab_size, model.n_layers)"
 
 

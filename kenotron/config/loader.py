@@ -25,7 +25,18 @@ def _suggest(word: str, candidates: Sequence[str]) -> str:
     return f"; did you mean '{close[0]}'?" if close else ""
 
 
+MOVED_KEYS = {
+    "moe.n_experts": "model.moe.n_experts",
+    "moe.top_k": "model.moe.top_k",
+}
+"""Keys that left the public config: {old key: the key that replaces it}."""
+
+
 def _unknown_key(key: str) -> ConfigError:
+    if key in MOVED_KEYS:
+        new = MOVED_KEYS[key]
+        return ConfigError(f"{key} moved to {new} (the model's shape is set in one place, under [model]): use "
+                           f"--{new} N, or {new.removeprefix('model.')} = N under [model]")
     fields = all_fields(JobConfig)
     section = key.split(".", 1)[0]
     if "." not in key or section not in section_classes(JobConfig):

@@ -267,11 +267,7 @@ class Parallelism:
 
 @dataclass
 class MoE:
-    n_experts: int = 0
-    """Routed experts per MoE layer; 0 keeps the flavor's (MoE families only)."""
-
-    top_k: int = 0
-    """Experts each token is routed to; 0 keeps the flavor's (MoE families only)."""
+    """How MoE families train (load balancing). The experts' shape is the model's: model.moe.n_experts, model.moe.top_k, model.moe.ffn_dim."""
 
     aux_loss_coef: float = 0.001
     """Weight of the load-balancing auxiliary loss (Switch/Mixtral/Qwen form, over each micro-batch of all data-parallel ranks, averaged over layers); 0 turns it off."""

@@ -35,8 +35,11 @@ def answer_info_flags(argv: list[str], prog: str = "python -m kenotron.train") -
         return True
     if "--list-models" in argv:
         for name, spec in MODEL_SPECS.items():
-            fields = [f.name for f in dataclasses.fields(next(iter(spec.flavors.values())))
-                      if f.name not in SET_BY_THE_TRAINER]
+            flavor = next(iter(spec.flavors.values()))
+            # A nested table (an MoE family's moe) with its own fields: `moe.n_experts` and the like.
+            fields = [f"{f.name} ({', '.join(g.name for g in dataclasses.fields(value))})"
+                      if dataclasses.is_dataclass(value := getattr(flavor, f.name)) else f.name
+                      for f in dataclasses.fields(flavor) if f.name not in SET_BY_THE_TRAINER]
             print(f"{name}: {', '.join(spec.flavors)}\n  model.<field>: {', '.join(fields)}")
         return True
     return False

@@ -93,20 +93,10 @@ def check_parametrization(cfg: JobConfig, args: Any, meta_model: torch.nn.Module
     matrix_fans(meta_model)
 
 
-def model_overrides(cfg: JobConfig) -> dict[str, Any]:
-    """The config's `model.<field>` values, with [moe]'s n_experts and top_k (when set) as the
-    args' `moe.n_experts` / `moe.top_k`."""
-    overrides = dict(cfg.model.args)
-    moe = {name: value for name in ("n_experts", "top_k") if (value := getattr(cfg.moe, name))}
-    if moe:
-        overrides["moe"] = {**overrides.get("moe", {}), **moe}
-    return overrides
-
-
 def check_moe_config(cfg: JobConfig, spec: ModelSpec) -> None:
     """[moe] values that are invalid, or set for a family without experts."""
     m, default = cfg.moe, MoE()
-    for name in ("n_experts", "top_k", "aux_loss_coef", "z_loss_coef", "bias_update_rate"):
+    for name in ("aux_loss_coef", "z_loss_coef", "bias_update_rate"):
         if getattr(m, name) < 0:
             raise ConfigError(f"moe.{name}={getattr(m, name)} must be >= 0")
     if spec.is_moe:
@@ -124,8 +114,8 @@ def check_moe_config(cfg: JobConfig, spec: ModelSpec) -> None:
 def check_moe_args(args: Any) -> None:
     moe = getattr(args, "moe", None)
     if moe is not None and not 1 <= moe.top_k <= moe.n_experts:
-        raise ConfigError(f"moe.top_k={moe.top_k} must lie in [1, n_experts={moe.n_experts}] (each token picks "
-                          f"top_k distinct experts); use at most {moe.n_experts} or set moe.n_experts")
+        raise ConfigError(f"model.moe.top_k={moe.top_k} must lie in [1, n_experts={moe.n_experts}] (each token "
+                          f"picks top_k distinct experts); use at most {moe.n_experts} or set model.moe.n_experts")
 
 
 def check_expert_parallel(cfg: JobConfig, dims: ParallelDims, spec: ModelSpec, args: Any) -> None:
@@ -165,7 +155,7 @@ def resolve_run(cfg: JobConfig, world_size: int, target: Target | None = None, c
     validate_config(cfg)
     spec = get_model_spec(cfg.model.name)
     check_moe_config(cfg, spec)
-    args = spec.model_args(cfg.model.flavor, model_overrides(cfg), max_seq_len=cfg.training.seq_len)
+    args = spec.model_args(cfg.model.flavor, cfg.model.args, max_seq_len=cfg.training.seq_len)
     check_moe_args(args)
     tokenizer = build_tokenizer(cfg.tokenizer.path)
     if tokenizer.vocab_size > args.vocab_size:

@@ -27,18 +27,48 @@ def test_ep_must_fit_the_data_parallel_ranks_it_borrows():
     with pytest.raises(ConfigError, match=r"parallelism.ep=4 cannot be taken from dp_shard x cp = 2 x 1.*\[1, 2\]"):
         resolve(4, *MOE, "--parallelism.ep", "4", "--parallelism.tp", "2")
     with pytest.raises(ConfigError, match=r"use one of \[1, 2, 4\]"):
-        resolve(4, *MOE, "--parallelism.ep", "8", "--moe.n_experts", "16")
+        resolve(4, *MOE, "--parallelism.ep", "8", "--model.moe.n_experts", "16")
 
 
 def test_top_k_larger_than_the_expert_count():
-    with pytest.raises(ConfigError, match=r"moe.top_k=9 must lie in \[1, n_experts=8\]"):
-        resolve(1, *MOE, "--moe.top_k", "9")
+    with pytest.raises(ConfigError, match=r"model.moe.top_k=9 must lie in \[1, n_experts=8\]"):
+        resolve(1, *MOE, "--model.moe.top_k", "9")
 
 
-@pytest.mark.parametrize("field", [["--moe.top_k", "2"], ["--moe.aux_loss_coef", "0.01"], ["--parallelism.ep", "2"]])
+def test_the_expert_shape_set_under_model_changes_the_built_model(tmp_path):
+    path = tmp_path / "moe.toml"
+    path.write_text('[model]\nname = "qwen3_moe"\nmoe.n_experts = 16\n')
+    from_toml = resolve_run(load_config(path, ["--training.device", "cpu"]), 1)
+    from_cli = resolve(1, *MOE, "--model.moe.n_experts", "16", "--model.moe.top_k", "4")
+    assert (from_toml.model_args.moe.n_experts, from_toml.model_args.moe.top_k) == (16, 2)  # top_k: the flavor's
+    assert (from_cli.model_args.moe.n_experts, from_cli.model_args.moe.top_k) == (16, 4)
+    with torch.device("meta"):
+        model = from_cli.spec.build(from_cli.model_args)
+    router = model.layers["0"].feed_forward.router
+    assert (router.n_experts, router.top_k, router.gate.weight.shape[0]) == (16, 4, 16)
+
+
+@pytest.mark.parametrize("key", ["n_experts", "top_k"])
+def test_the_expert_shape_under_moe_names_its_new_key(key, tmp_path):
+    moved = rf"^moe.{key} moved to model.moe.{key} \(.*\): use --model.moe.{key} N, or moe.{key} = N under \[model\]$"
+    with pytest.raises(ConfigError, match=moved):
+        load_config(None, [*MOE, f"--moe.{key}", "4"])
+    path = tmp_path / "old.toml"
+    path.write_text(f'[model]\nname = "qwen3_moe"\n\n[moe]\n{key} = 4\n')
+    with pytest.raises(ConfigError, match=moved):
+        load_config(path)
+
+
+@pytest.mark.parametrize("field", [["--moe.bias_update_rate", "0.01"], ["--moe.aux_loss_coef", "0.01"],
+                                   ["--parallelism.ep", "2"]])
 def test_moe_fields_on_a_dense_family(field):
     with pytest.raises(ConfigError, match=r"set, but model.name='llama3' has no experts; .*qwen3_moe"):
         resolve(2, "--model.name", "llama3", *field)
+
+
+def test_an_expert_shape_on_a_dense_family_names_its_fields():
+    with pytest.raises(ConfigError, match=r"unknown config key 'model.moe' \(llama3's fields: dim, "):
+        resolve(2, "--model.name", "llama3", "--model.moe.n_experts", "8")
 
 
 def test_ep_needs_fsdp():

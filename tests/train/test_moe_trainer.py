@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 
 from kenotron.checkpoint.errors import CheckpointMismatchError
+from kenotron.checkpoint.folders import step_folder_name
+from kenotron.config import ConfigError
 from tests.distributed.pool import run_on_ranks
 from tests.train.short_run import read_records, short_run_args, train_short_run
 
@@ -92,5 +94,13 @@ def test_ep2_checkpoint_resumes_on_one_rank_and_another_expert_count_is_refused(
     train_short_run(N_LAYERS, MOE + resume, str(tmp_path))
     resumed = read_records(tmp_path)[-1]  # steps 5 (the first of this launch) and 6
     assert resumed["step"] == 6 and abs(resumed["loss"] - ep2[-1]["loss"]) < 1e-5
-    with pytest.raises(CheckpointMismatchError, match="MoE layers have 8 experts, the model here 4: set moe.n_experts=8"):
-        train_short_run(N_LAYERS, MOE + resume + ["--moe.n_experts", "4"], str(tmp_path))
+    # Another expert count is another model: the run folder refuses to resume it, and its weights
+    # refuse to start a model of 4 experts, naming the count to set.
+    fewer = ["--model.moe.n_experts", "4"]
+    with pytest.raises(ConfigError, match=r"holds a run of another model or data \(model.moe \(flavor\) -> "):
+        train_short_run(N_LAYERS, MOE + resume + fewer, str(tmp_path))
+    start = ["--checkpoint.enable", "true", "--checkpoint.initial_load_path",
+             str(tmp_path / "checkpoints" / step_folder_name(4))]
+    with pytest.raises(CheckpointMismatchError, match="MoE layers have 8 experts, the model here 4: set "
+                                                      "model.moe.n_experts=8"):
+        train_short_run(N_LAYERS, MOE + start + fewer, str(tmp_path / "fresh"))
