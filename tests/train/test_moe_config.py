@@ -128,3 +128,11 @@ def test_a_router_sending_most_tokens_to_one_expert_for_100_steps_is_reported(tr
         ("MoE router of layer 1 has collapsed: one expert took over 90% of the tokens for 100 steps; raise "
         "moe.aux_loss_coef or moe.bias_update_rate, or lower optimizer.lr")
     ]
+
+
+def test_list_models_names_the_fields_of_an_moe_familys_expert_shape(capsys):
+    from kenotron.train.__main__ import answer_info_flags
+
+    assert answer_info_flags(["--list-models"])
+    listing = capsys.readouterr().out
+    assert "moe (n_experts, top_k, ffn_dim," in listing.split("qwen3_moe:")[1].split("\n")[1]
