@@ -1,8 +1,9 @@
-"""Text generation from kenotron models: sampling, a batched generator with a KV cache, and the
-models to run it on (a flavor, a kenotron checkpoint, a Hugging Face folder). Imports `models`
-and `checkpoint`; neither imports this."""
+"""Text generation from kenotron models: sampling, a batched generator with a cache (attention
+keys and values, Mamba layers' recurrent state), and the models to run it on (a flavor, a
+kenotron checkpoint, a Hugging Face folder). Imports `models` and `checkpoint`; neither imports
+this."""
 
-from kenotron.generate.generator import generate, left_pad
+from kenotron.generate.generator import cache_description, generate, left_pad
 from kenotron.generate.loading import (
     build_kenotron_model,
     load_checkpoint_model,
@@ -13,6 +14,7 @@ from kenotron.generate.sampling import SamplingConfig, sample_next_token
 __all__ = [
     "SamplingConfig",
     "build_kenotron_model",
+    "cache_description",
     "generate",
     "left_pad",
     "load_checkpoint_model",

@@ -1,4 +1,5 @@
-"""`kenotron generate` (scripts/run_generate.py): text from a run, a checkpoint or an HF folder, with a KV cache.
+"""`kenotron generate` (scripts/run_generate.py): text from a run, a checkpoint or an HF folder, with a cache
+(attention keys and values; a Mamba model's recurrent state).
 
     kenotron generate --run outputs/debug --prompt "def fib(n):" --max-new-tokens 64
     kenotron generate --hf hf_out --prompt "def fib(n):" --temperature 0.8 --top-k 50 --top-p 0.95
@@ -35,6 +36,7 @@ from kenotron.checkpoint.locate import find_checkpoint
 from kenotron.generate import (
     SamplingConfig,
     build_kenotron_model,
+    cache_description,
     generate,
     load_checkpoint_model,
     load_hf_model,
@@ -186,7 +188,7 @@ def main(argv: list[str] | None = None, prog: str = "kenotron generate") -> list
         print(f"--- [{i}] {prefix!r}\n{shown}")
     n_new = sum(len(o) for o in outputs)
     print(f"{n_new} tokens in {elapsed:.2f} s ({n_new / elapsed:.1f} tokens/s, batch {len(prompts)}, {device}, "
-          f"{'no cache' if args.no_cache else 'KV cache'})", file=sys.stderr)
+          f"{'no cache' if args.no_cache else cache_description(model)})", file=sys.stderr)
     return outputs
 
 

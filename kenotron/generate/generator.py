@@ -92,5 +92,11 @@ def generate(
     return [_until_eos(row, eos_id) for row in new_tokens.tolist()]
 
 
+def cache_description(model: nn.Module) -> str:
+    """What `generate`'s cache holds for `model`, in words: an attention KV cache, a Mamba model's
+    recurrent state cache, or both for a hybrid (the model's `new_cache`, built on the meta device)."""
+    return model.new_cache(1, 1, device="meta").description
+
+
 def _until_eos(row: list[int], eos_id: int | None) -> list[int]:
     return row[: row.index(eos_id)] if eos_id is not None and eos_id in row else row

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from kenotron.generate import build_kenotron_model, generate
+from kenotron.generate.cli import main as generate_cli
 from kenotron.models import get_model_spec
 from kenotron.models.mamba2 import Mamba2Args
 from tests.models.hf_parity import hf_model, random_kenotron_model
@@ -51,3 +52,15 @@ def test_greedy_equals_transformers_generate():
                                eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
     assert generate(ours, [prompt], max_new_tokens=16) == [expected]
     assert len(set(expected)) > 2  # the weights give a varied continuation, not one repeated token
+
+
+@pytest.mark.parametrize(("model", "flavor", "cache"), [
+    ("mamba2", "debug", "recurrent state cache)"),
+    ("mamba2", "debug-hybrid", "recurrent state cache + attention KV cache)"),
+    ("llama3", "debug", "attention KV cache)"),
+])
+def test_generate_names_the_cache_of_the_family(model, flavor, cache, capsys):
+    generate_cli(["--model", model, "--flavor", flavor, "--prompt-ids", "1 2 3", "--max-new-tokens", "2",
+                  "--device", "cpu"])
+    summary = capsys.readouterr().err.strip().splitlines()[-1]
+    assert summary.endswith(f"batch 1, cpu, {cache}"), summary

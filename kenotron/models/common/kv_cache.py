@@ -35,6 +35,9 @@ class LayerKVCache:
 class KVCache:
     """Keys and values of every layer for `batch` sequences of up to `max_len` tokens."""
 
+    description = "attention KV cache"
+    """What the cache holds, in words (for messages)."""
+
     def __init__(
         self, n_layers: int, batch: int, max_len: int, n_kv_heads: int, head_dim: int, *,
         dtype: torch.dtype = torch.float32, device: torch.device | str | None = None,
@@ -55,7 +58,7 @@ class KVCache:
         """Reserve the next `seqlen` slots; `token_mask` (batch, seqlen) marks real tokens (None: all)."""
         if self.length + seqlen > self.max_len:
             raise ValueError(
-                f"the KV cache holds {self.max_len} tokens and {self.length} are used: {seqlen} more do not fit; "
+                f"the generation cache holds {self.max_len} tokens and {self.length} are used: {seqlen} more do not fit; "
                 f"build it (and the model's max_seq_len) with max_len >= prompt length + new tokens"
             )
         if token_mask is not None:

@@ -36,6 +36,11 @@ class RecurrentCache:
         }
 
     @property
+    def description(self) -> str:
+        """What the cache holds, in words (for messages): a hybrid's attention layers add a KV cache."""
+        return "recurrent state cache" + (" + attention KV cache" if self._kv_index else "")
+
+    @property
     def length(self) -> int:
         """Tokens fed so far (the position of the next one)."""
         return self.kv.length
