@@ -17,9 +17,10 @@ from kenotron.models.llama3.hf import LLAMA_LAYER_KEYS, LLAMA_TOP_KEYS
 from kenotron.models.mistral.model import MistralArgs
 
 
-def mistral_args_from_hf_config(config: dict[str, Any]) -> MistralArgs:
+def mistral_args_from_hf_config(config: dict[str, Any], family: str = "mistral") -> MistralArgs:
+    """`family`: the name errors give (Mixtral's adapter reads its decoder fields through this one)."""
     require(config, "hidden_act", "silu", "the MLP is SwiGLU")
-    require_derived_head_dim(config, "mistral")
+    require_derived_head_dim(config, family)
     theta, scaling = rope_from_hf_config(config, default_theta=10000.0)
     if scaling is not None:
         require(config, "rope_scaling", None, "Mistral uses plain RoPE")

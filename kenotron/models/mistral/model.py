@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from torch import nn
+
 from kenotron.models.common.attention import GQAttention
 from kenotron.models.common.decoder import CausalLM, DecoderBlock
 from kenotron.models.common.mlp import SwiGLU
@@ -44,7 +46,7 @@ class MistralArgs:
 
 
 class MistralBlock(DecoderBlock):
-    """RMSNorm -> grouped-query attention, RMSNorm -> SwiGLU (the window is the model's mask)."""
+    """RMSNorm -> grouped-query attention, RMSNorm -> the feed-forward (SwiGLU); the window is the model's mask."""
 
     def __init__(self, layer_id: int, args: MistralArgs) -> None:
         super().__init__(
@@ -52,8 +54,13 @@ class MistralBlock(DecoderBlock):
             attention_norm=RMSNorm(args.dim, args.norm_eps),
             attention=GQAttention(args.dim, args.n_heads, args.n_kv_heads, args.head_dim),
             ffn_norm=RMSNorm(args.dim, args.norm_eps),
-            feed_forward=SwiGLU(args.dim, args.ffn_dim),
+            feed_forward=self.feed_forward_for(args),
         )
+
+    @staticmethod
+    def feed_forward_for(args: MistralArgs) -> nn.Module:
+        """The block's feed-forward; Mixtral's block (a subclass) puts its experts here."""
+        return SwiGLU(args.dim, args.ffn_dim)
 
 
 class Mistral(CausalLM):

@@ -9,47 +9,27 @@ from __future__ import annotations
 from typing import Any
 
 from kenotron.models.common.moe import MoEArgs
-from kenotron.models.hf_adapter import (
-    HFAdapter,
-    require,
-    require_derived_head_dim,
-    rope_from_hf_config,
-    rope_to_hf_config,
-)
+from kenotron.models.hf_adapter import HFAdapter
 from kenotron.models.llama3.hf import LLAMA_TOP_KEYS
+from kenotron.models.mistral.hf import hf_config_from_mistral_args, mistral_args_from_hf_config
+from kenotron.models.mistral.model import MistralArgs
 from kenotron.models.mixtral.model import MixtralArgs
-from kenotron.models.qwen3_moe.hf import ATTENTION_KEYS, ROUTER_BIAS, moe_decoder_fields, moe_hf_config_fields
+from kenotron.models.qwen3_moe.hf import ATTENTION_KEYS, ROUTER_BIAS, dense_twin, with_experts
+
+MIXTRAL_DEFAULTS = {"rope_theta": 1_000_000.0, "rms_norm_eps": 1e-5}
+"""Where Mixtral's config.json leaves these out, transformers' MixtralConfig values (not Mistral's)."""
 
 
 def mixtral_args_from_hf_config(config: dict[str, Any]) -> MixtralArgs:
-    require(config, "hidden_act", "silu", "the experts are SwiGLU")
-    require_derived_head_dim(config, "mixtral")
-    theta, scaling = rope_from_hf_config(config, default_theta=1_000_000.0)
-    if scaling is not None:
-        require(config, "rope_scaling", None, "Mixtral uses plain RoPE")
-    return MixtralArgs(
-        **moe_decoder_fields(config),
-        moe=MoEArgs(n_experts=config["num_local_experts"], top_k=config["num_experts_per_tok"],
-                    ffn_dim=config["intermediate_size"]),
-        norm_eps=config.get("rms_norm_eps", 1e-5),
-        rope_theta=theta,
-        sliding_window=config.get("sliding_window") or None,
-    )
+    # Mistral's decoder; its intermediate_size is the experts' width (Mixtral has no dense MLP).
+    dense = mistral_args_from_hf_config({**MIXTRAL_DEFAULTS, **config}, family="mixtral")
+    moe = MoEArgs(n_experts=config["num_local_experts"], top_k=config["num_experts_per_tok"], ffn_dim=dense.ffn_dim)
+    return with_experts(dense, MixtralArgs, moe)
 
 
 def hf_config_from_mixtral_args(args: MixtralArgs) -> dict[str, Any]:
-    fields = moe_hf_config_fields(args)
-    for key in ("decoder_sparse_step", "mlp_only_layers"):  # Qwen-MoE's; Mixtral has experts in every block
-        del fields[key]
-    return {
-        **fields,
-        "num_local_experts": args.moe.n_experts,
-        "num_experts_per_tok": args.moe.top_k,
-        "rms_norm_eps": args.norm_eps,
-        "hidden_act": "silu",
-        "sliding_window": args.sliding_window,
-        **rope_to_hf_config(args.rope_theta, None),
-    }
+    return {**hf_config_from_mistral_args(dense_twin(args, MistralArgs)), "num_local_experts": args.moe.n_experts,
+            "num_experts_per_tok": args.moe.top_k}
 
 
 MIXTRAL_HF_ADAPTER = HFAdapter(

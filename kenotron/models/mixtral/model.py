@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kenotron.models.common.attention import GQAttention
-from kenotron.models.common.decoder import CausalLM, DecoderBlock
+from kenotron.models.common.decoder import CausalLM
 from kenotron.models.common.moe import MoE, MoEArgs
 from kenotron.models.common.norms import RMSNorm
+from kenotron.models.mistral.model import MistralBlock
 
 
 @dataclass(frozen=True)
@@ -43,17 +43,12 @@ class MixtralArgs:
         return self.dim // self.n_heads
 
 
-class MixtralBlock(DecoderBlock):
-    """RMSNorm -> grouped-query attention, RMSNorm -> MoE (the window is the model's mask)."""
+class MixtralBlock(MistralBlock):
+    """Mistral's block with an MoE feed-forward (the window is the model's mask)."""
 
-    def __init__(self, layer_id: int, args: MixtralArgs) -> None:
-        super().__init__(
-            layer_id,
-            attention_norm=RMSNorm(args.dim, args.norm_eps),
-            attention=GQAttention(args.dim, args.n_heads, args.n_kv_heads, args.head_dim),
-            ffn_norm=RMSNorm(args.dim, args.norm_eps),
-            feed_forward=MoE(args.dim, args.moe),
-        )
+    @staticmethod
+    def feed_forward_for(args: MixtralArgs) -> MoE:  # type: ignore[override]
+        return MoE(args.dim, args.moe)
 
 
 class Mixtral(CausalLM):

@@ -23,10 +23,11 @@ QKV_BIAS_KEYS = {
 }
 
 
-def qwen2_args_from_hf_config(config: dict[str, Any]) -> Qwen2Args:
+def qwen2_args_from_hf_config(config: dict[str, Any], family: str = "qwen2") -> Qwen2Args:
+    """`family`: the name errors give (Qwen2-MoE's adapter reads its decoder fields through this one)."""
     require(config, "hidden_act", "silu", "the MLP is SwiGLU")
     require(config, "use_sliding_window", False, "Qwen2's optional sliding window is not implemented")
-    require_derived_head_dim(config, "qwen2")
+    require_derived_head_dim(config, family)
     theta, scaling = rope_from_hf_config(config, default_theta=1_000_000.0)
     if scaling is not None:
         require(config, "rope_scaling", None, "Qwen2 uses plain RoPE")

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from torch import nn
+
 from kenotron.models.common.attention import GQAttention
 from kenotron.models.common.decoder import CausalLM, DecoderBlock
 from kenotron.models.common.mlp import SwiGLU
@@ -46,7 +48,7 @@ class Qwen2Args:
 
 
 class Qwen2Block(DecoderBlock):
-    """RMSNorm -> grouped-query attention with q/k/v bias, RMSNorm -> SwiGLU."""
+    """RMSNorm -> grouped-query attention with q/k/v bias, RMSNorm -> the feed-forward (SwiGLU)."""
 
     def __init__(self, layer_id: int, args: Qwen2Args) -> None:
         super().__init__(
@@ -54,8 +56,13 @@ class Qwen2Block(DecoderBlock):
             attention_norm=RMSNorm(args.dim, args.norm_eps),
             attention=GQAttention(args.dim, args.n_heads, args.n_kv_heads, args.head_dim, bias=True),
             ffn_norm=RMSNorm(args.dim, args.norm_eps),
-            feed_forward=SwiGLU(args.dim, args.ffn_dim),
+            feed_forward=self.feed_forward_for(args),
         )
+
+    @staticmethod
+    def feed_forward_for(args: Qwen2Args) -> nn.Module:
+        """The block's feed-forward; Qwen2-MoE's block (a subclass) puts its experts here."""
+        return SwiGLU(args.dim, args.ffn_dim)
 
 
 class Qwen2(CausalLM):

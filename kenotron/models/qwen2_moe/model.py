@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kenotron.models.common.attention import GQAttention
-from kenotron.models.common.decoder import CausalLM, DecoderBlock
+from kenotron.models.common.decoder import CausalLM
 from kenotron.models.common.moe import MoE, MoEArgs
 from kenotron.models.common.norms import RMSNorm
+from kenotron.models.qwen2.model import Qwen2Block
 
 
 @dataclass(frozen=True)
@@ -44,17 +44,12 @@ class Qwen2MoEArgs:
         return self.dim // self.n_heads
 
 
-class Qwen2MoEBlock(DecoderBlock):
-    """RMSNorm -> grouped-query attention with q/k/v bias, RMSNorm -> MoE with a gated shared expert."""
+class Qwen2MoEBlock(Qwen2Block):
+    """Qwen2's block (q/k/v bias) with an MoE feed-forward and its gated shared expert."""
 
-    def __init__(self, layer_id: int, args: Qwen2MoEArgs) -> None:
-        super().__init__(
-            layer_id,
-            attention_norm=RMSNorm(args.dim, args.norm_eps),
-            attention=GQAttention(args.dim, args.n_heads, args.n_kv_heads, args.head_dim, bias=True),
-            ffn_norm=RMSNorm(args.dim, args.norm_eps),
-            feed_forward=MoE(args.dim, args.moe),
-        )
+    @staticmethod
+    def feed_forward_for(args: Qwen2MoEArgs) -> MoE:  # type: ignore[override]
+        return MoE(args.dim, args.moe)
 
 
 class Qwen2MoE(CausalLM):

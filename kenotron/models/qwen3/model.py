@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from torch import nn
+
 from kenotron.models.common.attention import GQAttention
 from kenotron.models.common.decoder import CausalLM, DecoderBlock
 from kenotron.models.common.mlp import SwiGLU
@@ -41,7 +43,7 @@ class Qwen3Args:
 
 
 class Qwen3Block(DecoderBlock):
-    """RMSNorm -> grouped-query attention with per-head q/k RMSNorm, RMSNorm -> SwiGLU."""
+    """RMSNorm -> grouped-query attention with per-head q/k RMSNorm, RMSNorm -> the feed-forward (SwiGLU)."""
 
     def __init__(self, layer_id: int, args: Qwen3Args) -> None:
         super().__init__(
@@ -51,8 +53,13 @@ class Qwen3Block(DecoderBlock):
                 args.dim, args.n_heads, args.n_kv_heads, args.head_dim, qk_norm_eps=args.norm_eps
             ),
             ffn_norm=RMSNorm(args.dim, args.norm_eps),
-            feed_forward=SwiGLU(args.dim, args.ffn_dim),
+            feed_forward=self.feed_forward_for(args),
         )
+
+    @staticmethod
+    def feed_forward_for(args: Qwen3Args) -> nn.Module:
+        """The block's feed-forward; Qwen3-MoE's block (a subclass) puts its experts here."""
+        return SwiGLU(args.dim, args.ffn_dim)
 
 
 class Qwen3(CausalLM):

@@ -2,28 +2,24 @@
 
 Every block here is an MoE block: checkpoints with dense layers in between (decoder_sparse_step
 > 1 or mlp_only_layers) are refused. Experts are stored per expert on the hub
-(`mlp.experts.E.gate_proj.weight`) and stacked here (models/hf_experts.py).
+(`mlp.experts.E.gate_proj.weight`) and stacked here (models/hf_experts.py). The rest of
+config.json is Qwen3's, translated by its adapter (`with_experts`, `dense_twin`: Mixtral and
+Qwen2-MoE do the same with Mistral's and Qwen2's).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from types import SimpleNamespace
-from typing import Any
+from typing import Any, TypeVar
 
 from kenotron.models.common.moe import MoEArgs
-from kenotron.models.hf_adapter import (
-    HFAdapter,
-    decoder_fields_from_hf_config,
-    head_dim_from_hf_config,
-    hf_config_decoder_fields,
-    require,
-    rope_from_hf_config,
-    rope_to_hf_config,
-)
+from kenotron.models.hf_adapter import HFAdapter, require
 from kenotron.models.llama3.hf import LLAMA_LAYER_KEYS, LLAMA_TOP_KEYS
-from kenotron.models.qwen3.hf import QK_NORM_KEYS
+from kenotron.models.qwen3.hf import QK_NORM_KEYS, hf_config_from_qwen3_args, qwen3_args_from_hf_config
+from kenotron.models.qwen3.model import Qwen3Args
 from kenotron.models.qwen3_moe.model import Qwen3MoEArgs
+
+T = TypeVar("T")
 
 ATTENTION_KEYS = {k: v for k, v in LLAMA_LAYER_KEYS.items() if not k.startswith("feed_forward.")}
 ROUTER_BIAS = ("feed_forward.router.expert_bias",)
@@ -45,54 +41,44 @@ def expert_count(config: dict[str, Any]) -> int:
     return int(config.get("num_experts") or config["num_local_experts"])
 
 
-def moe_decoder_fields(config: dict[str, Any]) -> dict[str, Any]:
-    """The shared decoder fields without the dense MLP width (no block here has a dense MLP)."""
-    fields = decoder_fields_from_hf_config(config, tie_default=False)
-    del fields["ffn_dim"]
-    return fields
+def with_experts(dense: Any, moe_cls: type[T], moe: MoEArgs) -> T:
+    """An MoE family's args from its dense twin's (read from config.json by the dense adapter):
+    the same fields but the dense MLP width, which no block here has, and the experts' `moe`."""
+    fields = {f.name: getattr(dense, f.name) for f in dataclasses.fields(dense) if f.name != "ffn_dim"}
+    return moe_cls(**fields, moe=moe)
+
+
+def dense_twin(args: Any, dense_cls: type[T]) -> T:
+    """The reverse of `with_experts`, for the dense adapter to write config.json from: the expert
+    width stands in as ffn_dim (config.json's intermediate_size, which sizes dense MLPs)."""
+    fields = {f.name: getattr(args, f.name) for f in dataclasses.fields(args) if f.name != "moe"}
+    return dense_cls(**fields, ffn_dim=args.moe.ffn_dim)
+
+
+EVERY_LAYER_MOE = {"decoder_sparse_step": 1, "mlp_only_layers": []}
+"""What a Qwen-MoE config.json says when every block is an MoE block."""
+
+
+def qwen_moe_args_from_hf_config(config: dict[str, Any], **shared: Any) -> MoEArgs:
+    """The MoE layer of a Qwen-MoE config.json (`shared`: the shared expert's fields, Qwen2-MoE's)."""
+    return MoEArgs(n_experts=expert_count(config), top_k=config["num_experts_per_tok"],
+                   ffn_dim=config["moe_intermediate_size"], norm_topk=bool(config.get("norm_topk_prob", False)),
+                   **shared)
+
+
+def qwen_moe_hf_config_fields(moe: MoEArgs) -> dict[str, Any]:
+    """The reverse of `qwen_moe_args_from_hf_config` (the routed experts; every block an MoE block)."""
+    return {**EVERY_LAYER_MOE, "moe_intermediate_size": moe.ffn_dim, "num_experts": moe.n_experts,
+            "num_experts_per_tok": moe.top_k, "norm_topk_prob": moe.norm_topk}
 
 
 def qwen3_moe_args_from_hf_config(config: dict[str, Any]) -> Qwen3MoEArgs:
-    require(config, "hidden_act", "silu", "the experts are SwiGLU")
-    require(config, "attention_bias", False, "Qwen3's projections have no bias")
-    require(config, "use_sliding_window", False, "Qwen3's optional sliding window is not implemented")
     require_every_layer_moe(config)
-    theta, scaling = rope_from_hf_config(config, default_theta=1_000_000.0)
-    if scaling is not None:
-        require(config, "rope_scaling", None, "Qwen3-MoE uses plain RoPE")
-    return Qwen3MoEArgs(
-        **moe_decoder_fields(config),
-        head_dim=head_dim_from_hf_config(config),
-        moe=MoEArgs(
-            n_experts=expert_count(config), top_k=config["num_experts_per_tok"],
-            ffn_dim=config["moe_intermediate_size"], norm_topk=bool(config.get("norm_topk_prob", False)),
-        ),
-        norm_eps=config.get("rms_norm_eps", 1e-6),
-        rope_theta=theta,
-    )
-
-
-def moe_hf_config_fields(args: Any) -> dict[str, Any]:
-    """Decoder fields of an MoE family's config.json. intermediate_size sizes dense MLPs, which
-    no block has: the expert width stands in."""
-    fields = {f.name: getattr(args, f.name) for f in dataclasses.fields(args)}
-    view = SimpleNamespace(**{**fields, "head_dim": args.head_dim, "ffn_dim": args.moe.ffn_dim})
-    return {**hf_config_decoder_fields(view), "decoder_sparse_step": 1, "mlp_only_layers": []}
+    return with_experts(qwen3_args_from_hf_config(config), Qwen3MoEArgs, qwen_moe_args_from_hf_config(config))
 
 
 def hf_config_from_qwen3_moe_args(args: Qwen3MoEArgs) -> dict[str, Any]:
-    return {
-        **moe_hf_config_fields(args),
-        "moe_intermediate_size": args.moe.ffn_dim,
-        "num_experts": args.moe.n_experts,
-        "num_experts_per_tok": args.moe.top_k,
-        "norm_topk_prob": args.moe.norm_topk,
-        "rms_norm_eps": args.norm_eps,
-        "hidden_act": "silu",
-        "attention_bias": False,
-        "use_sliding_window": False,
-        **rope_to_hf_config(args.rope_theta, None),
-    }
+    return {**hf_config_from_qwen3_args(dense_twin(args, Qwen3Args)), **qwen_moe_hf_config_fields(args.moe)}
 
 
 QWEN3_MOE_HF_ADAPTER = HFAdapter(

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kenotron.models.common.attention import GQAttention
-from kenotron.models.common.decoder import CausalLM, DecoderBlock
+from kenotron.models.common.decoder import CausalLM
 from kenotron.models.common.moe import MoE, MoEArgs
 from kenotron.models.common.norms import RMSNorm
+from kenotron.models.qwen3.model import Qwen3Block
 
 
 @dataclass(frozen=True)
@@ -40,19 +40,12 @@ class Qwen3MoEArgs:
     """Length of the RoPE tables; the trainer sets it to training.seq_len."""
 
 
-class Qwen3MoEBlock(DecoderBlock):
-    """RMSNorm -> grouped-query attention with per-head q/k RMSNorm, RMSNorm -> MoE."""
+class Qwen3MoEBlock(Qwen3Block):
+    """Qwen3's block (per-head q/k RMSNorm) with an MoE feed-forward."""
 
-    def __init__(self, layer_id: int, args: Qwen3MoEArgs) -> None:
-        super().__init__(
-            layer_id,
-            attention_norm=RMSNorm(args.dim, args.norm_eps),
-            attention=GQAttention(
-                args.dim, args.n_heads, args.n_kv_heads, args.head_dim, qk_norm_eps=args.norm_eps
-            ),
-            ffn_norm=RMSNorm(args.dim, args.norm_eps),
-            feed_forward=MoE(args.dim, args.moe),
-        )
+    @staticmethod
+    def feed_forward_for(args: Qwen3MoEArgs) -> MoE:  # type: ignore[override]
+        return MoE(args.dim, args.moe)
 
 
 class Qwen3MoE(CausalLM):
