@@ -7,14 +7,13 @@ too: a save that did not hold the state of its step would change the resumed los
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
 from kenotron.config import load_config
-from kenotron.train.trainer import Trainer
 from tests.distributed.pool import run_on_ranks
+from tests.train.short_run import read_records, train_until
 
 STEPS, STOP_AFTER = 4, 2
 COMMON = [
@@ -25,35 +24,13 @@ COMMON = [
 ]
 
 
-class _Stopped(Exception):
-    """Ends a run after a step, the way a killed job would (the loop is left mid-way)."""
-
-
 def train(folder: str, overrides: list[str], stop_after: int = 0) -> None:
-    """Run the trainer (on every rank of the pool, or in this process); optionally stop after
-    step `stop_after`, at the moment it would fetch the next batch."""
-    cfg = load_config(None, COMMON + ["--job.dump_folder", folder] + overrides)
-    trainer = Trainer(cfg)
-    if stop_after:
-        next_step = trainer.loader.next_step
-
-        def next_step_or_stop():
-            if trainer.step == stop_after:
-                raise _Stopped
-            return next_step()
-
-        trainer.loader.next_step = next_step_or_stop
-    try:
-        trainer.train()
-    except _Stopped:
-        pass
-    finally:
-        trainer.close()
+    """Run the trainer (on every rank of the pool, or in this process); see train_until."""
+    train_until(load_config(None, COMMON + ["--job.dump_folder", folder] + overrides), stop_after)
 
 
 def losses_by_step(folder: Path) -> dict[int, float]:
-    records = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
-    return {r["step"]: r["loss"] for r in records}
+    return {r["step"]: r["loss"] for r in read_records(folder)}
 
 
 LAYOUTS = {

@@ -4,13 +4,11 @@ same losses bit for bit."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from kenotron.config import load_config
 from kenotron.data.sample_data import write_sample_data
-from kenotron.train.trainer import Trainer
+from tests.train.short_run import read_records, train_until
 
 G, SEQ, STEPS = 4, 32, 4
 
@@ -18,10 +16,6 @@ G, SEQ, STEPS = 4, 32, 4
 @pytest.fixture(scope="module")
 def sample(tmp_path_factory):
     return write_sample_data(tmp_path_factory.mktemp("sample"), workers=1)
-
-
-class _Stopped(Exception):
-    pass
 
 
 def train(folder, sample, stop_after=0, checkpoint=False):
@@ -36,23 +30,8 @@ def train(folder, sample, stop_after=0, checkpoint=False):
         "--checkpoint.interval", "2", "--checkpoint.async_mode", "disabled", "--job.dump_folder", str(folder),
         "--training.device", "cpu",
     ])
-    trainer = Trainer(cfg)
-    if stop_after:
-        next_step = trainer.loader.next_step
-
-        def next_step_or_stop():
-            if trainer.step == stop_after:
-                raise _Stopped
-            return next_step()
-
-        trainer.loader.next_step = next_step_or_stop
-    try:
-        trainer.train()
-    except _Stopped:
-        pass
-    finally:
-        trainer.close()
-    return [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    train_until(cfg, stop_after)
+    return read_records(folder)
 
 
 def test_blend_and_stages_through_the_trainer_resume_bitwise(sample, tmp_path):

@@ -1,13 +1,15 @@
-"""A six-step debug-model training run and its metrics.jsonl, shared by the multi-rank trainer
-tests (run on every rank through tests.distributed.pool.run_on_ranks, so module-level)."""
+"""Trainer runs shared by the trainer tests: a six-step debug-model run, a run stopped after a
+step the way a killed job stops, and the records a run wrote to metrics.jsonl. Module-level, so
+tests.distributed.pool.run_on_ranks can run them on every rank."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
-from kenotron.config import load_config
-from kenotron.train.trainer import run_training
+from kenotron.config import JobConfig, load_config
+from kenotron.train.trainer import Trainer, run_training
 
 
 def short_run_args(n_layers: int) -> list[str]:
@@ -21,6 +23,32 @@ def short_run_args(n_layers: int) -> list[str]:
 
 def train_short_run(n_layers: int, overrides: list[str], folder: str) -> None:
     run_training(load_config(None, short_run_args(n_layers) + ["--job.dump_folder", folder] + overrides))
+
+
+class Stopped(Exception):
+    """Ends a run after a step, the way a killed job would (the loop is left mid-way)."""
+
+
+def train_until(cfg: JobConfig, stop_after: int = 0) -> Any:
+    """Train `cfg` (on every rank of the pool, or in this process) and return what Trainer.train
+    returns; with `stop_after`, stop after that step, at the moment the trainer would fetch the
+    next batch, and return None. The trainer is closed either way."""
+    trainer = Trainer(cfg)
+    if stop_after:
+        next_step = trainer.loader.next_step
+
+        def next_step_or_stop():
+            if trainer.step == stop_after:
+                raise Stopped
+            return next_step()
+
+        trainer.loader.next_step = next_step_or_stop
+    try:
+        return trainer.train()
+    except Stopped:
+        return None
+    finally:
+        trainer.close()
 
 
 def read_records(folder: Path) -> list[dict]:

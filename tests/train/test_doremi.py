@@ -16,8 +16,9 @@ from kenotron.config import ConfigError, load_config
 from kenotron.data.sample_data import write_domain_data
 from kenotron.train.doremi import DomainWeights, domain_sums
 from kenotron.train.resolve import resolve_run
-from kenotron.train.trainer import Trainer, run_training
+from kenotron.train.trainer import run_training
 from tests.distributed.pool import run_on_ranks
+from tests.train.short_run import read_records, train_until
 
 TINY = [
     "--model.n_layers", "1", "--training.seq_len", "32", "--training.local_batch_size", "6",
@@ -72,27 +73,8 @@ def _sources(data: dict[str, Path], weights: dict[str, float] | None = None) -> 
     return "[" + ", ".join(tables) + "]"
 
 
-class _Stopped(Exception):
-    """Ends a run after a step, as a killed job would."""
-
-
 def _train(folder: Path, *overrides: str, stop_after: int = 0) -> list[dict]:
-    trainer = Trainer(load_config(None, [*TINY, "--job.dump_folder", str(folder), *overrides]))
-    if stop_after:
-        next_step = trainer.loader.next_step
-
-        def next_step_or_stop():
-            if trainer.step == stop_after:
-                raise _Stopped
-            return next_step()
-
-        trainer.loader.next_step = next_step_or_stop
-    try:
-        return trainer.train()
-    except _Stopped:
-        return []
-    finally:
-        trainer.close()
+    return train_until(load_config(None, [*TINY, "--job.dump_folder", str(folder), *overrides]), stop_after) or []
 
 
 @pytest.fixture(scope="module")
@@ -152,7 +134,7 @@ def _proxy(folder: str, sources: str, checkpoint: str, overrides: list[str]) -> 
 
 def _read(folder: Path) -> tuple[dict, list[dict]]:
     """doremi_weights.json and the metrics records of a run."""
-    records = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    records = read_records(folder)
     return json.loads((folder / "doremi_weights.json").read_text()), records
 
 

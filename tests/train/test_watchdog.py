@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
+from collections.abc import Iterator
 
 from kenotron.train.watchdog import KEY_PREFIX, ProgressWatchdog
 
@@ -37,43 +39,36 @@ def test_a_rank_whose_heartbeat_stops_is_named_as_stopped():
     assert "its last one at step 3" in dog.diagnosis
 
 
-def test_a_live_rank_behind_in_steps_is_named_as_stuck_inside_the_step():
-    store = DictStore()
+@contextlib.contextmanager
+def beating(store: DictStore, step: int) -> Iterator[None]:
+    """Rank 1 alive at `step` while the block runs: a heartbeat every 0.1 s from a thread."""
     done = threading.Event()
 
     def beat() -> None:
         n = 0
         while not done.is_set():
             n += 1
-            store.set(KEY_PREFIX + "1", f"{n} 3 otherhost 4242")
+            store.set(KEY_PREFIX + "1", f"{n} {step} otherhost 4242")
             time.sleep(0.1)
 
     thread = threading.Thread(target=beat)
     thread.start()
     try:
-        dog = watch(store, lambda: 4, 3.0)
+        yield
     finally:
         done.set()
         thread.join()
+
+
+def test_a_live_rank_behind_in_steps_is_named_as_stuck_inside_the_step():
+    store = DictStore()
+    with beating(store, step=3):
+        dog = watch(store, lambda: 4, 3.0)
     assert dog.diagnosis.startswith("rank 1 (pid 4242 on otherhost) is alive but still at step 3")
 
 
 def test_ranks_stalled_alike_are_not_suspected():
     store = DictStore()
-    done = threading.Event()
-
-    def beat() -> None:
-        n = 0
-        while not done.is_set():
-            n += 1
-            store.set(KEY_PREFIX + "1", f"{n} 4 otherhost 4242")  # alive, at the same step (a long compile)
-            time.sleep(0.1)
-
-    thread = threading.Thread(target=beat)
-    thread.start()
-    try:
+    with beating(store, step=4):  # alive, at the same step as this rank (a long compile)
         dog = watch(store, lambda: 4, 3.0)
-    finally:
-        done.set()
-        thread.join()
     assert dog.diagnosis == ""
