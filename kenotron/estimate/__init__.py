@@ -11,6 +11,7 @@
 - cuda_kernels.py  stand-ins for CUDA kernels whose memory differs from the CPU path
 - analytic.py    the closed-form model (the planner's first pass)
 - throughput.py  the step-time model that ranks layouts
+- step_compute.py  its compute side: kernels, loss, accumulation, optimizer, pipeline schedules
 - search.py      the planner (--search)
 - report.py      the report, as text and JSON
 """

@@ -429,6 +429,7 @@ class AnalyticModel:
         self._optimizer: dict[tuple, int] = {}
         self._stages: dict[tuple, tuple[ParameterBytes, int]] = {}
         """Pipeline stages' (parameter bytes, optimizer bytes), by stage units and layout."""
+        self._units: list | None = None
 
     @property
     def parameter_count(self) -> int:
@@ -446,6 +447,14 @@ class AnalyticModel:
         if key not in self._optimizer:
             self._optimizer[key] = optimizer_state_bytes(run, self.model, params)
         return self._optimizer[key]
+
+    def units(self, run: ResolvedRun) -> list:
+        """The model's top-level modules with their work, for the throughput model (step_compute.py)."""
+        from kenotron.estimate.step_compute import model_units  # step_compute builds on this module
+
+        if self._units is None:
+            self._units = model_units(self.model, run.plan.layout.blocks)
+        return self._units
 
     def fused_loss(self, run: ResolvedRun) -> bool:
         """The trainer's choice of loss for this layout."""

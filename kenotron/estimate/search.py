@@ -35,7 +35,6 @@ from kenotron.estimate.throughput import Hardware, StepTime, step_time
 from kenotron.parallel.dims import ParallelConfigError, ParallelDims, expert_parallel_degrees
 from kenotron.progress import progress_bar
 from kenotron.train.choices import Target
-from kenotron.train.flops import active_matmul_params
 from kenotron.train.resolve import ResolvedRun, resolve_layout, resolve_run
 
 AC_CHOICES = ("none", "selective-op", "full")
@@ -170,7 +169,6 @@ def enumerate_candidates(
     base: ResolvedRun, model: AnalyticModel, ngpu: int, global_batch: int, hw: Hardware
 ) -> list[Candidate]:
     """Every valid candidate, priced (analytic memory, modelled step time)."""
-    n_matmul = active_matmul_params(model.model)
     moe = getattr(base.model_args, "moe", None)
     out = []
     # Every tp x pp x cp that divides the world (cp inside pipeline stages too); the trainer's own
@@ -203,7 +201,7 @@ def enumerate_candidates(
                     degrees = {**dims.degrees(), "ep": ep}
                     out.append(Candidate(
                         degrees, dp_mode, ac, local, run.grad_accum_steps, model.peak(run).total,
-                        step_time(run, model.parameters(run), n_matmul, hw),
+                        step_time(run, model, hw),
                     ))
     return out
 

@@ -1,11 +1,20 @@
 """A first-order model of step time, to rank the layouts the planner finds.
 
 Per optimizer step, on one rank (G global batch, s sequence, dp = dp_replicate·dp_shard,
-m micro-steps, t = tp, p = cp, q = pp, f = the trainer's FLOPs per token 6·N + M, train/flops.py):
+m micro-steps of b sequences, t = tp, p = cp, q = pp, T = b·s/p the rank's tokens per micro-step):
 
-  compute  = f · G·s / (dp · t · p · q) · r / (peak · e)   (f counts an MoE layer's active experts)
-             r: recomputation factor of activation checkpointing (none 1, selective-op 1.05,
-             full 4/3, every-n-layers 1 + 1/(3n)); e: share of peak the matmuls reach.
+  compute  = m · (kernels + loss + accumulation) of a micro-step over the whole model
+             (step_compute.py: matmuls at e_mm of the peak, attention at e_attn, Mamba's scan
+             at e_scan, the elementwise kernels (κ times a block's saved activations), the loss
+             and fp32 gradient accumulation at the memory bandwidth B_mem; activation
+             checkpointing's reruns per kind of work: `recompute`)
+  pipeline = m · (µ · max C_r + (Σ C_r − max C_r) / v) in place of compute (pipeline parallel, µ
+             microbatches of T/µ tokens, v stages per rank, C_r the seconds per microbatch of pp
+             rank r over its stages): `compute` is the slowest rank's busy time, `pipeline_bubble`
+             the fill and drain through the other ranks (step_compute.py)
+  optimizer = P · (32 + 6 under autocast) / B_mem on the rank with the most parameters P
+             (AdamW and the gradient norm; ZeRO-1: its partition, then its broadcast of the updated
+             parameters, exposed; pipeline: its stages')
   tp       = m · L/q · k · 2·(t-1)/t · T·d·c / B_tp        (not overlapped; k = 8 collectives per
              block per micro-step: 2 all-gathers + 2 reduce-scatters forward and backward, 12 with
              full AC's recomputation; B_tp the bandwidth of the TP group)
@@ -14,54 +23,72 @@ m micro-steps, t = tp, p = cp, q = pp, f = the trainer's FLOPs per token 6·N + 
              blocks of b·s/p tokens, and the fp32 k/v gradients passed on at each of its p steps;
              the same volume with the alltoall rotation. The attention kernels' lower efficiency
              on split blocks, which costs more than this traffic on H200, is not modelled)
-  bubble   = compute · (q-1)/µ    (pipeline parallel, 1F1B with µ microbatches per schedule step:
-             a step lasts µ + q − 1 microbatch slots of which µ compute, so (q−1)/(µ+q−1) of it idle)
-  p2p      = m · (µ + q − 1) · 2 · b_µ·s/p·d·c_r / B_pp   (pipeline parallel: each slot of the critical
-             path waits for one activation sent forward and one gradient sent back, b_µ·s/p·d·c_r
-             bytes each (c_r: 4 under autocast's fp32 residual stream; s/p: the rank's context-parallel
-             share), taken as exposed: torch's schedule posts them between the compute of consecutive
-             slots; / t under sequence parallel)
+  p2p      = m · (v·µ + q − 1) · 2 · b_µ·s/p·d·c_r / B_pp   (pipeline parallel: each slot of the
+             critical path waits for one activation sent forward and one gradient sent back,
+             b_µ·s/p·d·c_r bytes each (c_r: 4 under autocast's fp32 residual stream), taken as
+             exposed: torch's schedule posts them between the compute of consecutive slots; / t
+             under sequence parallel)
   fsdp     = m · (n-1)/n · (a·U + P_full) / B_fsdp   (a = 2 all-gathers of the compute copies U
              per micro-step, 1 with reshard `never` or under pipeline parallel, whose stages stay
              gathered through the schedule step; one reduce-scatter of the fp32 gradients, P_full
-             bytes; n = dp_shard·cp; under pipeline parallel U and P_full are a stage's, the model's / q)
-  replicas = 2·(r-1)/r · P_local / B_dp once per step      (HSDP / DDP all-reduce of the rank's
-             fp32 gradients; ZeRO-1, r = dp·cp, adds its broadcast of the updated parameters)
+             bytes; n = dp_shard·cp; under pipeline parallel U and P_full are a stage's, the model's / q);
+             its copies (each all-gather's copy-out reads and writes U, the reduce-scatter's copy-in
+             reads the gradients and writes P_full) are added to compute at B_mem
+  replicas = 2·(r-1)/r · P_local / B_dp once per step      (HSDP / DDP / ZeRO-1 all-reduce of the
+             rank's fp32 gradients; ZeRO-1's r = dp·cp)
   ep       = m · L/q · 4·(e-1)/e · T·k·d·c / B_ep   (expert parallel, e = ep: each MoE layer's k
              copies of the rank's tokens go out to their experts and back, in forward and again in
              backward; not overlapped; analytic_moe.py)
-  step     = compute + bubble + p2p + tp + cp + ep + max(0, fsdp + replicas - compute)  (data-parallel
-             traffic overlaps compute)
+  step     = compute + bubble + p2p + tp + cp + ep + optimizer + max(0, fsdp + replicas − compute)
+             (data-parallel traffic overlaps compute)
   tokens/s per GPU = G·s / step / world
 
 A group's bandwidth is the NVLink figure while it fits in one node (its size times the
 product of the inner mesh dimensions is at most gpus_per_node), the network's otherwise.
-The constants are ballpark figures for H100/H200 nodes; the ranking, not the absolute
-numbers, is what the planner uses.
+The constants are H200 figures (`Hardware`); e_mm, e_attn, e_scan and κ are fitted to the
+measured rows of docs/performance.md and docs/parallelism.md (scripts/fit_throughput.py;
+docs/estimation.md, Throughput model), and tests/estimate/test_throughput_rows.py holds the
+model to those rows.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kenotron.estimate.analytic import ParameterBytes, data_parallel_kind, zero1_ranks
+from kenotron.estimate.analytic import AnalyticModel, data_parallel_kind, zero1_ranks
 from kenotron.estimate.analytic_moe import all_to_all_seconds
-from kenotron.train.flops import flops_per_token
+from kenotron.estimate.step_compute import (
+    Rates,
+    Recompute,
+    Unit,
+    accumulate_seconds,
+    kernel_seconds,
+    optimizer_seconds,
+    rates,
+    schedule_seconds,
+)
 from kenotron.train.resolve import ResolvedRun
-
-RECOMPUTE_FACTOR = {"none": 1.0, "selective-op": 1.05, "full": 4 / 3}
-"""Extra compute of activation checkpointing: full AC reruns each block's forward (a third of
-its forward + backward FLOPs); selective-op reruns only element-wise ops and norms."""
 
 
 @dataclass(frozen=True)
 class Hardware:
-    """The cluster the throughput model assumes."""
+    """The cluster the throughput model assumes (one H200 SXM per GPU)."""
 
     peak_flops: float = 989e12
     """Dense bf16 FLOP/s of one GPU (H100 / H200 SXM)."""
-    matmul_efficiency: float = 0.55
-    """Share of the peak the model's step reaches (docs/performance.md)."""
+    matmul_efficiency: float = 0.68
+    """Share of the peak the matmuls reach (fitted; the profiles measure 0.69-0.72)."""
+    attention_efficiency: float = 0.71
+    """Share of the peak attention reaches, its FLOPs counted as train/flops.py counts them (the
+    whole score matrix, twice what a causal kernel computes; fitted)."""
+    scan_efficiency: float = 0.046
+    """Share of the peak Mamba-2's scan reaches, with the memory-bound work around it (fitted)."""
+    elementwise_passes: float = 6.2
+    """Bytes the elementwise kernels of a block move (norms, SwiGLU, RoPE, residual adds, forward
+    and backward), in units of the bytes the block keeps for backward without AC (fitted; the
+    profiles give 5-6)."""
+    memory_bytes_per_s: float = 4.0e12
+    """Bandwidth a streaming kernel reaches (the Triton AdamW: 3.95-4.13 TB/s on H200)."""
     gpus_per_node: int = 8
     """GPUs joined by NVLink."""
     nvlink_bytes_per_s: float = 360e9
@@ -75,7 +102,8 @@ class StepTime:
     """Modelled seconds of one optimizer step and what they are made of."""
 
     compute: float
-    """Matmul time including recomputation."""
+    """Kernel time including recomputation, the loss and gradient accumulation (under pipeline
+    parallel: the slowest rank's)."""
     tensor_parallel: float
     """TP collectives (on the critical path)."""
     data_parallel: float
@@ -87,16 +115,19 @@ class StepTime:
     world: int
     """GPUs."""
     pipeline_bubble: float = 0.0
-    """1F1B's idle time: the fill and drain slots of every schedule step."""
+    """The schedule's fill and drain through the ranks other than the slowest."""
     pipeline_p2p: float = 0.0
     """Activations and gradients passed between pipeline stages (on the critical path)."""
     expert_parallel: float = 0.0
     """Expert parallelism's all-to-alls (on the critical path)."""
+    optimizer: float = 0.0
+    """The optimizer step (after the backward, on the critical path), with ZeRO-1's broadcast of
+    the updated parameters."""
 
     @property
     def seconds(self) -> float:
         return (self.compute + self.pipeline_bubble + self.pipeline_p2p + self.tensor_parallel + self.context_parallel
-                + self.expert_parallel + max(0.0, self.data_parallel - self.compute))
+                + self.expert_parallel + self.optimizer + max(0.0, self.data_parallel - self.compute))
 
     @property
     def tokens_per_s_per_gpu(self) -> float:
@@ -108,29 +139,42 @@ def _bandwidth(group_size: int, inner: int, hw: Hardware) -> float:
     return hw.nvlink_bytes_per_s if group_size * inner <= hw.gpus_per_node else hw.network_bytes_per_s
 
 
-def recompute_factor(run: ResolvedRun) -> float:
-    mode = run.plan.settings.ac_mode
+def recompute(run: ResolvedRun) -> Recompute:
+    """What activation checkpointing reruns: full AC each block's forward (a third of its forward
+    and backward work); selective-op the elementwise kernels' forward, and with save_matmul_every
+    k also (k-1)/k of the forward's matmuls; every-n-layers full AC on one block in n."""
+    mode, settings = run.plan.settings.ac_mode, run.plan.settings
+    if mode == "full":
+        return Recompute(4 / 3, 4 / 3, 4 / 3)
     if mode == "every-n-layers":
-        return 1 + (RECOMPUTE_FACTOR["full"] - 1) / run.plan.settings.ac_every_n
-    if mode == "selective-op" and run.plan.settings.ac_save_matmul_every > 1:
-        # Recomputed matmuls: (k-1)/k of the forward's matmul FLOPs (a third of forward+backward).
-        k = run.plan.settings.ac_save_matmul_every
-        return RECOMPUTE_FACTOR[mode] + (RECOMPUTE_FACTOR["full"] - 1) * (k - 1) / k
-    return RECOMPUTE_FACTOR[mode]
+        share = 1 + 1 / (3 * settings.ac_every_n)
+        return Recompute(share, share, share)
+    if mode == "selective-op":
+        k = settings.ac_save_matmul_every
+        return Recompute(1 + (k - 1) / (3 * k), 1.0, 4 / 3)
+    return Recompute(1.0, 1.0, 1.0)
 
 
-def step_time(run: ResolvedRun, params: ParameterBytes, matmul_params: int, hw: Hardware | None = None) -> StepTime:
-    """The model above for one resolved run; `matmul_params` is N of the FLOP formula."""
+def step_time(run: ResolvedRun, model: AnalyticModel, hw: Hardware | None = None) -> StepTime:
+    """The model above for one resolved run of `model`'s family and size."""
     hw = hw or Hardware()
+    params = model.parameters(run)
     a, t, d = run.model_args, run.cfg.training, run.dims
     tokens = run.global_batch_size * t.seq_len
     c = 2 if t.param_dtype == "bfloat16" else 4
-    per_token = flops_per_token(matmul_params, run.spec.mixing_flops(a, t.seq_len))
-    compute = (per_token * tokens / (d.dp * d.tp * d.cp * d.pp) * recompute_factor(run)
-               / (hw.peak_flops * hw.matmul_efficiency))
-    bubble, p2p = pipeline_time(run, compute, c, hw)
-
     micro_tokens = t.local_batch_size * t.seq_len
+    units = model.units(run)
+    r = rates(run, units, model.kind, recompute(run), hw)
+    local = params.local / 4  # this rank's parameters (params.local counts fp32 bytes)
+    if run.plan.pipeline is not None and d.pp > 1:
+        compute, bubble, optimizer = pipeline_compute(run, units, r, local / model.parameter_count, hw)
+        p2p = pipeline_p2p(run, c, hw)
+    else:
+        compute = run.grad_accum_steps * kernel_seconds(run, units, r, micro_tokens // d.cp, hw)
+        compute += (run.grad_accum_steps - 1) * accumulate_seconds(local, hw)
+        updated = local / zero1_ranks(run) if data_parallel_kind(run) == "zero1" else local
+        bubble, p2p, optimizer = 0.0, 0.0, optimizer_seconds(run, updated, hw)
+
     layers = a.n_layers / d.pp  # under pipeline parallel a rank runs its stages' blocks only
     tp_time = 0.0
     if d.tp > 1:
@@ -155,31 +199,54 @@ def step_time(run: ResolvedRun, params: ParameterBytes, matmul_params: int, hw: 
         reduced = params.local * shard * reduce_scale
         per_micro = (shard - 1) / shard * (gathers * gathered + reduced) * stage
         dp_time += run.grad_accum_steps * per_micro / _bandwidth(shard, d.tp, hw)
+        # Copies beside the compute: each all-gather's copy-out reads and writes the gathered
+        # weights, the reduce-scatter's copy-in reads the gradients and writes them in the reduce dtype.
+        compute += run.grad_accum_steps * (2 * gathers * gathered + gathered + reduced) * stage / hw.memory_bytes_per_s
     replicas = d.dp_replicate if kind in ("hsdp", "ddp") else (zero1_ranks(run) if kind == "zero1" else 1)
     if replicas > 1:
         inner = d.tp * (shard if kind == "hsdp" else 1)
         all_reduce = 2 * (replicas - 1) / replicas * params.local * reduce_scale
-        if kind == "zero1":
-            all_reduce += (replicas - 1) / replicas * params.local
         dp_time += all_reduce * stage / _bandwidth(replicas, inner, hw)
+        if kind == "zero1":  # the owners' broadcast of the updated parameters follows the optimizer step
+            optimizer += (replicas - 1) / replicas * params.local / _bandwidth(replicas, inner, hw)
     # ep is taken from dp_shard x cp, inside tp: its group spans ep x tp ranks.
     ep_time = all_to_all_seconds(run, _bandwidth(d.ep, d.tp, hw), micro_tokens // d.cp)
-    return StepTime(compute, tp_time, dp_time, cp_time, tokens, d.world_size, bubble, p2p, ep_time)
+    return StepTime(compute, tp_time, dp_time, cp_time, tokens, d.world_size, bubble, p2p, ep_time, optimizer)
 
 
-def pipeline_time(run: ResolvedRun, compute: float, c: int, hw: Hardware) -> tuple[float, float]:
-    """(bubble, point-to-point) seconds of a 1F1B pipeline per optimizer step (0, 0 without pp). Other
-    schedules are priced as 1F1B (the planner searches 1F1B only)."""
+def pipeline_compute(run: ResolvedRun, units: list[Unit], r: Rates, held: float,
+                     hw: Hardware) -> tuple[float, float, float]:
+    """(the slowest rank's busy seconds, the fill and drain, the optimizer) of a pipeline step
+    (step_compute.py): every rank runs its stages' units on each microbatch, adds each
+    microbatch's weight gradients to its fp32 ones, and updates its stages' parameters; `held`
+    is the share of each parameter a rank holds (1 / its data-parallel and TP sharding)."""
+    split, d, t = run.plan.pipeline, run.dims, run.cfg.training
+    by_name = {u.name: u for u in units}
+    tokens = t.local_batch_size // split.microbatches * t.seq_len // d.cp
+    per_rank, rank_params = [], []
+    for rank in range(split.pp):
+        stages = [[by_name[n] for n in split.stages[s]] for s in split.local_stages(rank)]
+        share = held * sum(u.params for stage in stages for u in stage)  # a tied embedding on both ends
+        per_rank.append(sum(kernel_seconds(run, stage, r, tokens, hw) for stage in stages)
+                        + accumulate_seconds(share, hw))
+        rank_params.append(share)
+    v = split.n_stages // split.pp
+    schedule = schedule_seconds(per_rank, split.microbatches, v)
+    busy = split.microbatches * max(per_rank)
+    optimizer = max(optimizer_seconds(run, p, hw) for p in rank_params)
+    return run.grad_accum_steps * busy, run.grad_accum_steps * (schedule - busy), optimizer
+
+
+def pipeline_p2p(run: ResolvedRun, c: int, hw: Hardware) -> float:
+    """Point-to-point seconds of a pipeline step: (v·µ + q − 1) slots, each waiting for one
+    activation and one gradient."""
     d, t, split = run.dims, run.cfg.training, run.plan.pipeline
-    if d.pp == 1 or split is None:
-        return 0.0, 0.0
     mu = split.microbatches
-    bubble = compute * (d.pp - 1) / mu
     residual = 4 if c == 2 and data_parallel_kind(run) == "none" else c  # autocast keeps the residual in fp32
     message = t.local_batch_size // mu * (t.seq_len // d.cp) * run.model_args.dim * residual
     if d.tp > 1 and run.plan.settings.sequence_parallel:
         message //= d.tp
     # pp is the outermost mesh dimension: neighbouring stages are world/pp ranks apart.
     bandwidth = _bandwidth(d.pp, d.world_size // d.pp, hw)
-    p2p = run.grad_accum_steps * (mu + d.pp - 1) * 2 * message / bandwidth
-    return bubble, p2p
+    slots = split.n_stages // split.pp * mu + d.pp - 1
+    return run.grad_accum_steps * slots * 2 * message / bandwidth

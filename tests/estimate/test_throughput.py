@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from kenotron.config import load_config
-from kenotron.estimate.analytic import AnalyticModel, parameter_bytes
+from kenotron.estimate.analytic import AnalyticModel
 from kenotron.estimate.throughput import Hardware, step_time
 from kenotron.train.resolve import resolve_run
 
@@ -15,8 +15,8 @@ DEBUG = "train_configs/debug.toml"
 
 def _dp_seconds(ngpu: int, *overrides: str) -> tuple[float, int]:
     run = resolve_run(load_config(DEBUG, ["--training.param_dtype", "bfloat16", *overrides]), ngpu)
-    params = parameter_bytes(run, AnalyticModel(run).model)
-    return step_time(run, params, matmul_params=1, hw=Hardware()).data_parallel, params.local
+    model = AnalyticModel(run)
+    return step_time(run, model, hw=Hardware()).data_parallel, model.parameters(run).local
 
 
 @pytest.mark.parametrize("layout", [["--parallelism.dp_shard", "4"],
@@ -35,7 +35,7 @@ def test_bf16_gradient_reduction_halves_the_reduced_bytes_of_fsdp_and_ddp(layout
 
 def _step(ngpu: int, *overrides: str):
     run = resolve_run(load_config(DEBUG, ["--training.param_dtype", "bfloat16", *overrides]), ngpu)
-    return step_time(run, parameter_bytes(run, AnalyticModel(run).model), matmul_params=1, hw=Hardware())
+    return step_time(run, AnalyticModel(run), hw=Hardware())
 
 
 def test_context_parallel_inside_pipelines_halves_the_stage_messages_and_each_rank_runs_its_blocks_rings():

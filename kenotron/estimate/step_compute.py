@@ -1,0 +1,156 @@
+"""The compute side of the step-time model (throughput.py): what one rank's kernels cost in an
+optimizer step, unit by unit, and how the stages of a pipeline add up.
+
+Work per token of a unit (a top-level module: the embedding, a block, the final norm, the output):
+  6·N_u matmul FLOPs (N_u its matmul parameters, an MoE layer's routed experts at top_k /
+  n_experts: train/flops.py), and per block its share of the family's mixing FLOPs, split into
+  what grows with the sequence (attention's 12·H·h·s, on attention blocks) and what does not
+  (Mamba-2's scan, on Mamba blocks).
+Seconds of a micro-step of T tokens on one rank over a set of units U (tp splits every product
+and the vocabulary; cp the tokens; r_* the reruns of activation checkpointing, Recompute):
+  kernels  = T/tp · (6·N_U·r_mm / e_mm + (A_U / e_attn + S_U / e_scan)·r_attn) / peak
+             + T · B_U · κ · E · r_elem / B_mem   (B_U the blocks in U, E the bytes a block keeps
+             for backward without AC per token (analytic.py): the elementwise kernels between the
+             products move κ times that)
+  loss     = T · V/tp · β / B_mem where U holds the output layer: memory-bound, β bytes per logit
+             (fused chunked loss 8: its Triton chunk kernel and scaling passes, 4.6 ms per 8B-width
+             step of 16,384 × 128,256 logits on H200; plain loss 48: the fp32 copy of the logits,
+             log-softmax, its backward and the cast back, each pass reading and writing them)
+  accumulate = P_U · 18 / B_mem for every microbatch whose weight gradients are added in fp32 to
+             unsharded ones (pipeline stages, accumulation without FSDP): the bf16 gradient cast
+             to fp32 (6 bytes a parameter) and added (12)
+Per step and rank: P · (32 + 6 under autocast) / B_mem: AdamW reads the parameter, gradient and
+  both moments and writes three of them (28 bytes, docs/performance.md), the gradient norm reads
+  the gradient again (4), autocast casts every weight to bf16 once (6).
+A pipeline of µ microbatches per schedule step, C_r the seconds per microbatch of pp rank r over
+its v stages: schedule step = µ · max C_r + (Σ C_r − max C_r) / v. The slowest rank sets the
+pace of the steady state; the fill and the drain pass once through every other rank, in v
+pieces under the looped schedules. With equal ranks this is 1F1B's (µ + pp − 1) slots. The
+output layer and the loss (about 4.5 blocks of Llama-3.2-1B at seq 4096) make the last stage the
+slowest under the trainer's default split, which counts them as one block.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from torch import nn
+
+from kenotron.estimate.analytic import StepShape, kinds_activations
+from kenotron.models.common.mamba import MambaBlock
+from kenotron.parallel.pipeline import pipeline_units
+from kenotron.train.flops import active_matmul_params
+from kenotron.train.resolve import ResolvedRun
+
+if TYPE_CHECKING:
+    from kenotron.estimate.throughput import Hardware
+
+FUSED_LOSS_BYTES = 8
+"""Bytes moved per logit by the fused chunked loss (forward and backward)."""
+PLAIN_LOSS_BYTES = 48
+"""Bytes moved per logit by the plain loss (fp32 copy, log-softmax, its backward, the cast back)."""
+ACCUMULATE_BYTES = 18
+"""Bytes per parameter and microbatch of adding a bf16 weight gradient to an fp32 one."""
+OPTIMIZER_BYTES = 32
+"""Bytes per parameter and step of AdamW (28) and the gradient norm (4)."""
+AUTOCAST_CAST_BYTES = 6
+"""Bytes per parameter and step of autocast's one bf16 copy of every weight."""
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One top-level module of the model, as the pipeline split names it."""
+
+    name: str
+    matmul_params: int
+    """Parameters in matrix products (active ones for MoE: train/flops.py)."""
+    params: int
+    """All its parameters (what the optimizer updates)."""
+    kind: str
+    """attention (an attention block), mamba (a Mamba-2 block) or edge (embedding, norm, output)."""
+    output: bool = False
+    """Holds the output projection (the loss runs after it)."""
+
+
+def model_units(model: nn.Module, blocks: str) -> list[Unit]:
+    """The units of a (meta) model in forward order."""
+    before, block_names, after = pipeline_units(model, blocks)
+    output = after[-1] if after else block_names[-1]
+    out = []
+    for name in before + block_names + after:
+        module = model.get_submodule(name)
+        kind = "edge" if name not in block_names else "mamba" if isinstance(module, MambaBlock) else "attention"
+        out.append(Unit(name, active_matmul_params(module), sum(p.numel() for p in module.parameters()), kind,
+                        name == output))
+    return out
+
+
+@dataclass(frozen=True)
+class Recompute:
+    """Factors on each kind of work from activation checkpointing's reruns (throughput.recompute)."""
+
+    matmul: float
+    attention: float
+    """Attention and the scan."""
+    elementwise: float
+
+
+@dataclass(frozen=True)
+class Rates:
+    """Seconds per token of each kind of work on one rank (1/tp of every product)."""
+
+    matmul: float
+    """Per matmul parameter."""
+    attention: float
+    """Per attention block."""
+    scan: float
+    """Per Mamba block."""
+    elementwise: float
+    """Per block: the memory-bound kernels between the products."""
+
+
+def rates(run: ResolvedRun, units: list[Unit], kind: dict, recompute: Recompute, hw: Hardware) -> Rates:
+    """The rates of `run`'s layout; `kind` is analytic.block_kind's (what the activation formula reads)."""
+    a, s = run.model_args, run.cfg.training.seq_len
+    mixing = run.spec.mixing_flops(a, s)
+    scan = run.spec.mixing_flops(a, 0)  # the part that does not grow with the sequence
+    n_attention = sum(u.kind == "attention" for u in units) or 1
+    n_mamba = sum(u.kind == "mamba" for u in units) or 1
+    per_flop = 1 / (hw.peak_flops * run.dims.tp)
+    shape = StepShape.of(run, kind)
+    sp = run.dims.tp > 1 and run.plan.settings.sequence_parallel
+    activations = kinds_activations(shape, "none", sp) / shape.tokens  # bytes a block keeps per token, without AC
+    return Rates(6 * per_flop * recompute.matmul / hw.matmul_efficiency,
+                 (mixing - scan) / n_attention * per_flop * recompute.attention / hw.attention_efficiency,
+                 scan / n_mamba * per_flop * recompute.attention / hw.scan_efficiency,
+                 hw.elementwise_passes * activations * recompute.elementwise / hw.memory_bytes_per_s)
+
+
+def kernel_seconds(run: ResolvedRun, units: list[Unit], r: Rates, tokens: int, hw: Hardware) -> float:
+    """Seconds of one forward and backward of `tokens` (this rank's) through `units`."""
+    per_token = sum(u.matmul_params * r.matmul + (r.attention if u.kind == "attention" else 0.0)
+                    + (r.scan if u.kind == "mamba" else 0.0) + (r.elementwise if u.kind != "edge" else 0.0)
+                    for u in units)
+    seconds = tokens * per_token
+    if any(u.output for u in units):
+        per_logit = FUSED_LOSS_BYTES if run.choices.fused_loss else PLAIN_LOSS_BYTES
+        seconds += tokens * run.model_args.vocab_size / run.dims.tp * per_logit / hw.memory_bytes_per_s
+    return seconds
+
+
+def accumulate_seconds(params: float, hw: Hardware) -> float:
+    """One microbatch's fp32 gradient accumulation over `params` (this rank's) parameters."""
+    return params * ACCUMULATE_BYTES / hw.memory_bytes_per_s
+
+
+def optimizer_seconds(run: ResolvedRun, params: float, hw: Hardware) -> float:
+    """The optimizer step (and autocast's weight casts) over `params` (this rank's) parameters."""
+    per_param = OPTIMIZER_BYTES + (AUTOCAST_CAST_BYTES if run.choices.precision == "autocast" else 0)
+    return params * per_param / hw.memory_bytes_per_s
+
+
+def schedule_seconds(rank_seconds: list[float], microbatches: int, stages_per_rank: int) -> float:
+    """One schedule step: µ · max C_r + (Σ C_r − max C_r) / v (module docstring)."""
+    slowest = max(rank_seconds)
+    return microbatches * slowest + (sum(rank_seconds) - slowest) / stages_per_rank
