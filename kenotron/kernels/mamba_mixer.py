@@ -7,9 +7,10 @@ models/common/mamba.py's layout) where it lies, so nothing is sliced out or conc
 - `_conv_forward_kernel`  silu(conv(x, B, C columns of proj)) into `act`, laid out [x | B | C]
                           (heads' x in head order, then every group's B, then every group's C),
                           so that the scan reads x, B and C as plain strided views.
-- `_conv_backward_kernel` recomputes the convolution around each position and writes the
-                          input's gradient into the same columns of `dproj`; per-tile partial
-                          sums of the weight's and bias's gradients (added up by the caller).
+- `_conv_slope_kernel`   backward: recomputes the convolution, the gradient before SiLU
+                          (into a buffer laid out as act), per-tile partial sums of the weight's
+                          and bias's gradients (added up by the caller);
+  `_conv_input_grad_kernel` then the input's gradient, into the same columns of `dproj`.
 - `_gated_norm_forward_kernel`  out = RMSNorm(y * silu(z)) * w per group, and 1/rms per row and group.
 - `_gated_norm_backward_kernel` dy, dz (into dproj's z columns), per-program partial sums of dw.
 
@@ -70,11 +71,43 @@ def _conv_forward_kernel(proj_ptr, w_ptr, bias_ptr, act_ptr, seqlen, channels, s
 
 
 @triton.jit
-def _conv_backward_kernel(proj_ptr, w_ptr, bias_ptr, dact_ptr, dproj_ptr, dw_part_ptr, db_part_ptr, seqlen, channels,
-                          s_p_b, s_p_l, s_a_b, s_a_l,
-                          GROUP_ROWS: tl.constexpr, HEAD_ROWS: tl.constexpr, NSTATE: tl.constexpr,
-                          NGROUPS: tl.constexpr, KERNEL: tl.constexpr, HAS_BIAS: tl.constexpr,
-                          BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
+def _conv_slope_kernel(proj_ptr, w_ptr, bias_ptr, dact_ptr, dpre_ptr, dw_part_ptr, db_part_ptr, seqlen, channels,
+                       s_p_b, s_p_l, s_a_b, s_a_l,
+                       GROUP_ROWS: tl.constexpr, HEAD_ROWS: tl.constexpr, NSTATE: tl.constexpr,
+                       NGROUPS: tl.constexpr, KERNEL: tl.constexpr, HAS_BIAS: tl.constexpr,
+                       BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
+    """Backward, first pass: the gradient before SiLU, dpre_t = dout_t silu'(pre_t) (pre recomputed),
+    into `dpre` (act's layout), and the tile's partial sums of the weight's and bias's gradients."""
+    pid_bt, pid_c = tl.program_id(0), tl.program_id(1)
+    n_t = tl.cdiv(seqlen, BLOCK_T)
+    b = pid_bt // n_t
+    t = (pid_bt % n_t) * BLOCK_T + tl.arange(0, BLOCK_T)
+    c = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
+    cmask = c < channels
+    src, dst = _xbc_columns(c, GROUP_ROWS, HEAD_ROWS, NSTATE, NGROUPS)
+    inside = (t < seqlen)[:, None] & cmask[None, :]
+    pre = _conv_pre(proj_ptr, w_ptr, bias_ptr, b, t, c, src, cmask, seqlen, s_p_b, s_p_l, KERNEL, HAS_BIAS,
+                    BLOCK_T, BLOCK_C)
+    g = tl.load(dact_ptr + b * s_a_b + t[:, None] * s_a_l + dst[None, :], mask=inside, other=0.0).to(tl.float32)
+    sig = tl.sigmoid(pre)
+    dpre = g * sig * (1.0 + pre * (1.0 - sig))
+    tl.store(dpre_ptr + b * s_a_b + t[:, None] * s_a_l + dst[None, :], dpre.to(dpre_ptr.dtype.element_ty), mask=inside)
+    # out_t = silu(sum_k w_k x_{t-K+1+k} + bias): w_k's gradient sums x_{t-K+1+k} dpre_t.
+    part = pid_bt * KERNEL * channels
+    for k in tl.static_range(KERNEL):
+        ts = t - (KERNEL - 1) + k
+        xv = tl.load(proj_ptr + b * s_p_b + ts[:, None] * s_p_l + src[None, :],
+                     mask=((ts >= 0) & (ts < seqlen))[:, None] & cmask[None, :], other=0.0)
+        tl.store(dw_part_ptr + part + k * channels + c, tl.sum(xv.to(tl.float32) * dpre, axis=0), mask=cmask)
+    tl.store(db_part_ptr + pid_bt * channels + c, tl.sum(dpre, axis=0), mask=cmask)
+
+
+@triton.jit
+def _conv_input_grad_kernel(w_ptr, dpre_ptr, dproj_ptr, seqlen, channels, s_p_b, s_p_l, s_a_b, s_a_l,
+                            GROUP_ROWS: tl.constexpr, HEAD_ROWS: tl.constexpr, NSTATE: tl.constexpr,
+                            NGROUPS: tl.constexpr, KERNEL: tl.constexpr, BLOCK_T: tl.constexpr,
+                            BLOCK_C: tl.constexpr):
+    """Backward, second pass: x_s receives w_k dpre_{s+K-1-k}, written into dproj's x, B and C columns."""
     pid_bt, pid_c = tl.program_id(0), tl.program_id(1)
     n_t = tl.cdiv(seqlen, BLOCK_T)
     b = pid_bt // n_t
@@ -83,25 +116,11 @@ def _conv_backward_kernel(proj_ptr, w_ptr, bias_ptr, dact_ptr, dproj_ptr, dw_par
     cmask = c < channels
     src, dst = _xbc_columns(c, GROUP_ROWS, HEAD_ROWS, NSTATE, NGROUPS)
     dx = tl.zeros((BLOCK_T, BLOCK_C), dtype=tl.float32)
-    # out_t = silu(pre_t), pre_t = sum_k w_k x_{t-K+1+k}: x_s receives w_k dpre_{s+K-1-k}, so the
-    # tile needs dpre at s .. s+K-1, recomputed here from proj (cheaper than storing it).
     for j in tl.static_range(KERNEL):
         tj = t + j
-        pre = _conv_pre(proj_ptr, w_ptr, bias_ptr, b, tj, c, src, cmask, seqlen, s_p_b, s_p_l, KERNEL, HAS_BIAS, BLOCK_T, BLOCK_C)
-        g = tl.load(dact_ptr + b * s_a_b + tj[:, None] * s_a_l + dst[None, :],
-                    mask=(tj < seqlen)[:, None] & cmask[None, :], other=0.0).to(tl.float32)
-        sig = tl.sigmoid(pre)
-        dpre = g * sig * (1.0 + pre * (1.0 - sig))
+        dpre = tl.load(dpre_ptr + b * s_a_b + tj[:, None] * s_a_l + dst[None, :],
+                       mask=(tj < seqlen)[:, None] & cmask[None, :], other=0.0).to(tl.float32)
         dx += dpre * tl.load(w_ptr + c * KERNEL + (KERNEL - 1 - j), mask=cmask, other=0.0).to(tl.float32)[None, :]
-        if j == 0:
-            # The tile's own positions: their shares of the weight's and the bias's gradients.
-            part = pid_bt * KERNEL * channels
-            for k in tl.static_range(KERNEL):
-                ts = t - (KERNEL - 1) + k
-                xv = tl.load(proj_ptr + b * s_p_b + ts[:, None] * s_p_l + src[None, :],
-                             mask=((ts >= 0) & (ts < seqlen))[:, None] & cmask[None, :], other=0.0)
-                tl.store(dw_part_ptr + part + k * channels + c, tl.sum(xv.to(tl.float32) * dpre, axis=0), mask=cmask)
-            tl.store(db_part_ptr + pid_bt * channels + c, tl.sum(dpre, axis=0), mask=cmask)
     tl.store(dproj_ptr + b * s_p_b + t[:, None] * s_p_l + src[None, :], dx.to(dproj_ptr.dtype.element_ty),
              mask=(t < seqlen)[:, None] & cmask[None, :])
 

@@ -149,7 +149,7 @@ def mamba_mixer_backward(dout: Tensor, proj: Tensor, y: Tensor, rstd: Tensor, co
                          ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """(dproj, dconv_weight, dconv_bias, dA, dD, d dt_bias, dnorm_weight) of `mamba_mixer`'s out
     (dconv_bias is computed, and ignored by autograd, when the convolution has no bias)."""
-    from kenotron.kernels.mamba_mixer import _conv_backward_kernel, _gated_norm_backward_kernel
+    from kenotron.kernels.mamba_mixer import _conv_input_grad_kernel, _conv_slope_kernel, _gated_norm_backward_kernel
 
     dout = dout.contiguous()
     s = _sizes(proj, D, head_dim, state)
@@ -178,11 +178,16 @@ def mamba_mixer_backward(dout: Tensor, proj: Tensor, y: Tensor, rstd: Tensor, co
     tiles = s.b * triton_cdiv(s.l, _CONV_BLOCK_T)
     dw_part = torch.empty(tiles, kernel, s.channels, dtype=torch.float32, device=proj.device)
     db_part = torch.empty(tiles, s.channels, dtype=torch.float32, device=proj.device)
-    _conv_backward_kernel[(tiles, triton_cdiv(s.channels, _CONV_BLOCK_C))](
-        proj, conv_weight, conv_bias if conv_bias is not None else conv_weight, dact, dproj, dw_part, db_part, s.l,
+    grid = (tiles, triton_cdiv(s.channels, _CONV_BLOCK_C))
+    dpre = act  # the recomputed convolution is not needed any more: its buffer takes the gradient before SiLU
+    _conv_slope_kernel[grid](
+        proj, conv_weight, conv_bias if conv_bias is not None else conv_weight, dact, dpre, dw_part, db_part, s.l,
         s.channels, *proj.stride()[:2], *dact.stride()[:2], **_constants(s), NSTATE=s.state, KERNEL=kernel,
         HAS_BIAS=conv_bias is not None, BLOCK_T=_CONV_BLOCK_T, BLOCK_C=_CONV_BLOCK_C)
-    dconv_w = dw_part.sum(0).t().to(conv_weight.dtype)
+    _conv_input_grad_kernel[grid](
+        conv_weight, dpre, dproj, s.l, s.channels, *proj.stride()[:2], *dact.stride()[:2], **_constants(s),
+        NSTATE=s.state, KERNEL=kernel, BLOCK_T=_CONV_BLOCK_T, BLOCK_C=_CONV_BLOCK_C)
+    dconv_w = dw_part.sum(0).t().contiguous().to(conv_weight.dtype)
     dconv_b = db_part.sum(0).to(conv_bias.dtype if conv_bias is not None else conv_weight.dtype)
     return dproj, dconv_w, dconv_b, dA, dD, dbias, dnorm_part.sum(0).to(norm_weight.dtype)
 
