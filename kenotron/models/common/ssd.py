@@ -59,7 +59,10 @@ def ssd_chunked(
     dt = F.softplus(dt.float() + dt_bias.float())  # (b, l, h)
     # Padding positions get dt = 0: no decay and no input, so the final state is the last real one's.
     xd = _chunked((x.float() * dt[..., None]).view(b, length, groups, per_group, head_dim), chunk_size)
-    cs = torch.cumsum(_chunked((dt * A.float()).view(b, length, groups, per_group), chunk_size), dim=2)
+    # The cumulative sum runs along the last, contiguous dimension: Inductor's CUDA code for a scan
+    # along an inner dimension (its split scan) failed to generate for these layouts (torch 2.11).
+    decay_steps = _chunked((dt * A.float()).view(b, length, groups, per_group), chunk_size)  # (b, c, Q, g, k)
+    cs = torch.cumsum(decay_steps.movedim(2, -1).contiguous(), dim=-1).movedim(-1, 2)
     Bc, Cc = _chunked(B.float(), chunk_size), _chunked(C.float(), chunk_size)  # (b, c, Q, g, n)
     Q = chunk_size
 
