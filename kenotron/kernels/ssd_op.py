@@ -1,11 +1,13 @@
-"""The Triton SSD scan as a PyTorch custom op with its backward: `ssd_scan(x, dt, A, B, C, D, dt_bias,
-chunk_size)`, a drop-in for models/common/ssd.py's `ssd_chunked` on CUDA.
+"""The Triton SSD scan: its launchers (`scan_forward`, `scan_backward`, which the Mamba mixer op
+runs between its convolution and its gated norm: mamba_mixer_op.py), and the scan alone as a
+PyTorch custom op with its backward, `ssd_scan(x, dt, A, B, C, D, dt_bias, chunk_size)`, with
+models/common/ssd.py's `ssd_chunked` semantics (the tests and `scripts/bench_mamba2.py --rows
+scan` compare it with that scan and with mamba_ssm's).
 
 A custom op (torch.library) rather than an autograd.Function: torch.compile keeps it whole
-inside a compiled block (no graph break, so blocks compile with fullgraph=True), and under a
-FakeTensorMode it runs its fake implementations, which allocate what the real ones do, so
-the memory estimator sees the kernels' own buffers. Only the inputs are saved for backward;
-the per-chunk states are recomputed there.
+(no graph break), and under a FakeTensorMode it runs its fake implementation, whose kernels'
+buffers the estimator books through kernels/workspace.py. Only the inputs are saved for
+backward; the per-chunk states are recomputed there.
 
 Shapes it takes: chunk size, head size and state size powers of two of at least 16 (every
 published Mamba-2: 256, 64 and 128), heads a multiple of groups (`supports` says whether a
