@@ -23,7 +23,7 @@ class Tuning:
     """RoPE and SwiGLU in uncompiled blocks: triton (fused kernels; CUDA) or torch (PyTorch ops); auto: triton on CUDA when it imports."""
 
     ssm_kernel: Literal["auto", "triton", "torch"] = "auto"
-    """Mamba-2's scan in training: triton (kenotron's SSD kernels; CUDA) or torch (the chunked PyTorch scan); auto: triton on CUDA when the model's sizes allow."""
+    """Mamba-2's mixer in training: triton (kenotron's op: convolution, SSD scan and gated norm in Triton kernels; CUDA) or torch (PyTorch ops, the chunked scan); auto: triton on CUDA when the model's sizes allow."""
 
     loss: Literal["auto", "plain", "fused"] = "auto"
     """plain: logits then cross-entropy; fused: both in token chunks without full logits; auto: fused unless tensor or pipeline parallel applies."""

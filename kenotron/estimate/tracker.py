@@ -46,6 +46,7 @@ from torch.utils._pytree import tree_leaves
 from torch.utils.weak import WeakIdKeyDictionary
 
 from kenotron.dtensor import local_tensor
+from kenotron.kernels.workspace import scratch_buffers
 
 ALLOCATION_GRANULE = 512
 """The CUDA caching allocator rounds every block up to a multiple of 512 bytes."""
@@ -314,6 +315,12 @@ class StepMemoryTracker(TorchDispatchMode):
             origin = self._origin(func)
             for storage in new:
                 self._add(storage, origin)
+            # Buffers a kenotron kernel allocates and frees inside its op: all held while it runs.
+            device = next(t.device for t in tree_leaves(out) if isinstance(t, torch.Tensor))
+            scratch = [torch.empty(n, dtype=torch.uint8, device=device) for n in scratch_buffers(func, args, kwargs)]
+            for buffer in scratch:
+                self._add(buffer.untyped_storage(), origin)
+            del scratch
         return out
 
     # -- module and block positions ------------------------------------------------------

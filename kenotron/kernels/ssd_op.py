@@ -1,11 +1,13 @@
-"""The Triton SSD scan as a PyTorch custom op with its backward: `ssd_scan(x, dt, A, B, C, D, dt_bias,
-chunk_size)`, a drop-in for models/common/ssd.py's `ssd_chunked` on CUDA.
+"""The Triton SSD scan: its launchers (`scan_forward`, `scan_backward`, which the Mamba mixer op
+runs between its convolution and its gated norm: mamba_mixer_op.py), and the scan alone as a
+PyTorch custom op with its backward, `ssd_scan(x, dt, A, B, C, D, dt_bias, chunk_size)`, with
+models/common/ssd.py's `ssd_chunked` semantics (the tests and `scripts/bench_mamba2.py --rows
+scan` compare it with that scan and with mamba_ssm's).
 
 A custom op (torch.library) rather than an autograd.Function: torch.compile keeps it whole
-inside a compiled block (no graph break, so blocks compile with fullgraph=True), and under a
-FakeTensorMode it runs its fake implementations, which allocate what the real ones do, so
-the memory estimator sees the kernels' own buffers. Only the inputs are saved for backward;
-the per-chunk states are recomputed there.
+(no graph break), and under a FakeTensorMode it runs its fake implementation, whose kernels'
+buffers the estimator books through kernels/workspace.py. Only the inputs are saved for
+backward; the per-chunk states are recomputed there.
 
 Shapes it takes: chunk size, head size and state size powers of two of at least 16 (every
 published Mamba-2: 256, 64 and 128), heads a multiple of groups (`supports` says whether a
@@ -17,7 +19,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["ssd_scan", "supports"]
+from kenotron.kernels.workspace import register_scratch
+
+__all__ = ["scan_backward", "scan_forward", "scan_scratch", "ssd_scan", "supports"]
 
 
 def supports(chunk_size: int, head_dim: int, state: int) -> bool:
@@ -68,27 +72,32 @@ def _run_forward_kernels(x, dt, A, B, C, dt_bias, s, buf) -> None:
         CHUNK=s["chunk"], HEADDIM=s["p"], NSTATE=s["n"], BLOCK_N=s["block_n"], BLOCK_K=s["block"], PRECISION=prec)
 
 
-@torch.library.custom_op("kenotron::ssd_scan", mutates_args=())
-def ssd_scan(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor, dt_bias: Tensor,
-             chunk_size: int) -> Tensor:
-    """y (b, l, heads, head_dim) of the scan; see ssd_chunked for the arguments."""
+def scan_forward(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor, dt_bias: Tensor, chunk_size: int,
+                 y: Tensor) -> None:
+    """Write the scan's output into `y` (b, l, heads, head_dim; any strides with the last one 1)."""
     from kenotron.kernels.ssd import _output_kernel
 
-    x, dt, B, C = _last_contiguous(x, dt, B, C)
     s = _sizes(x, B, chunk_size)
     buf = _forward_buffers(x, s)
     _run_forward_kernels(x, dt, A, B, C, dt_bias, s, buf)
-    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     _output_kernel[(s["b"] * s["nc"] * s["h"], s["chunk"] // s["block"])](
         x, C, buf["cb"], buf["dt"], buf["cs"], buf["states"], D, y, s["l"], s["h"], s["g"], s["nc"],
         *x.stride()[:3], *C.stride()[:3], *y.stride()[:3], CHUNK=s["chunk"], HEADDIM=s["p"], NSTATE=s["n"],
         BLOCK=s["block"], BLOCK_K=s["block_n"], PRECISION=_precision(x))
+
+
+@torch.library.custom_op("kenotron::ssd_scan", mutates_args=())
+def ssd_scan(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor, dt_bias: Tensor,
+             chunk_size: int) -> Tensor:
+    """y (b, l, heads, head_dim) of the scan; see ssd_chunked for the arguments."""
+    x, dt, B, C = _last_contiguous(x, dt, B, C)
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    scan_forward(x, dt, A, B, C, D, dt_bias, chunk_size, y)
     return y
 
 
 @ssd_scan.register_fake
 def _ssd_scan_fake(x, dt, A, B, C, D, dt_bias, chunk_size):
-    _forward_buffers(x, _sizes(x, B, chunk_size))  # the kernels' workspace, for the estimator's count
     return torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
 
@@ -119,10 +128,10 @@ def _gathered(part: Tensor, s: dict[str, int]) -> Tensor:
     return total.reshape(s["b"], s["nc"] * s["chunk"], s["g"], s["n"])[:, : s["l"]]
 
 
-@torch.library.custom_op("kenotron::ssd_scan_backward", mutates_args=())
-def ssd_scan_backward(dy: Tensor, x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor, dt_bias: Tensor,
-                      chunk_size: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """(dx, ddt, dA, dB, dC, dD, d dt_bias) of `ssd_scan`."""
+def scan_backward(dy: Tensor, x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor, dt_bias: Tensor,
+                  chunk_size: int, dx: Tensor, ddt_raw: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Write the gradients of x and dt into `dx` and `ddt_raw` (any strides with the last one 1, in
+    x's and dt's dtypes); return (dA, dB, dC, dD, d dt_bias), dB and dC as fp32 (b, l, groups, N) views."""
     from kenotron.kernels.ssd_backward import (
         _b_grad_kernel,
         _c_grad_kernel,
@@ -132,7 +141,6 @@ def ssd_scan_backward(dy: Tensor, x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C
         _x_grad_kernel,
     )
 
-    dy, x, dt, B, C = _last_contiguous(dy, x, dt, B, C)
     s = _sizes(x, B, chunk_size)
     buf = _forward_buffers(x, s)
     _run_forward_kernels(x, dt, A, B, C, dt_bias, s, buf)
@@ -146,7 +154,6 @@ def ssd_scan_backward(dy: Tensor, x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C
         dy, x, buf["cb"], buf["dt"], buf["cs"], grad["dcb"], grad["dcs_part"], grad["dsrc_part"], s["l"], s["h"], s["g"],
         s["nc"],
         *dy.stride()[:3], *x.stride()[:3], CHUNK=chunk, HEADDIM=s["p"], BLOCK=block, PRECISION=prec)
-    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     _x_grad_kernel[(s["b"] * s["nc"] * s["h"], blocks)](
         x, dy, B, buf["cb"], buf["dt"], buf["cs"], grad["dstates"], D, dx, grad["ddt"], grad["ddt_state"], grad["dD_part"],
         grad["dlast_part"], s["l"], s["h"], s["g"], s["nc"], *x.stride()[:3], *dy.stride()[:3], *B.stride()[:3],
@@ -160,7 +167,6 @@ def ssd_scan_backward(dy: Tensor, x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C
     _b_grad_kernel[grid](
         x, B, C, grad["dcb"], buf["dt"], buf["cs"], grad["dstates"], grad["dB_part"], s["l"], s["h"], s["g"], s["nc"],
         split_heads, *x.stride()[:3], *C.stride()[:3], **sizes, BLOCK=block, PRECISION=prec, num_warps=8)
-    ddt_raw = torch.empty(dt.shape, dtype=dt.dtype, device=dt.device)
     _dt_grad_kernel[(s["b"] * s["h"], s["nc"])](
         dt, dt_bias, A, buf["dt"], grad["ddt"], grad["ddt_state"], grad["dcs_part"], grad["dsrc_part"], grad["dcs_off"],
         grad["dlast_part"], grad["ddecay"],
@@ -169,15 +175,31 @@ def ssd_scan_backward(dy: Tensor, x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C
     dA = grad["dA_part"].sum((0, 2)).to(A.dtype)
     dD = grad["dD_part"].sum((0, 1, 3)).to(D.dtype)
     dbias = grad["dbias_part"].sum((0, 2)).to(dt_bias.dtype)
-    dB = _gathered(grad["dB_part"], s).to(B.dtype).contiguous()
-    dC = _gathered(grad["dC_part"], s).to(C.dtype).contiguous()
-    return dx, ddt_raw, dA, dB, dC, dD, dbias
+    return dA, _gathered(grad["dB_part"], s), _gathered(grad["dC_part"], s), dD, dbias
+
+
+def scan_scratch(x: Tensor, B: Tensor, chunk_size: int, backward: bool) -> list[int]:
+    """Bytes of each buffer the kernels of one direction allocate and free (made on the meta
+    device, which allocates nothing): the estimator's count (kernels/workspace.py)."""
+    meta = torch.empty(0, device="meta")
+    s = _sizes(x, B, chunk_size)
+    buffers = [*_forward_buffers(meta, s).values(), *(_backward_buffers(meta, s).values() if backward else ())]
+    return [t.nbytes for t in buffers]
+
+
+@torch.library.custom_op("kenotron::ssd_scan_backward", mutates_args=())
+def ssd_scan_backward(dy: Tensor, x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor, dt_bias: Tensor,
+                      chunk_size: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """(dx, ddt, dA, dB, dC, dD, d dt_bias) of `ssd_scan`."""
+    dy, x, dt, B, C = _last_contiguous(dy, x, dt, B, C)
+    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    ddt_raw = torch.empty(dt.shape, dtype=dt.dtype, device=dt.device)
+    dA, dB, dC, dD, dbias = scan_backward(dy, x, dt, A, B, C, D, dt_bias, chunk_size, dx, ddt_raw)
+    return dx, ddt_raw, dA, dB.to(B.dtype).contiguous(), dC.to(C.dtype).contiguous(), dD, dbias
 
 
 @ssd_scan_backward.register_fake
 def _ssd_scan_backward_fake(dy, x, dt, A, B, C, D, dt_bias, chunk_size):
-    s = _sizes(x, B, chunk_size)
-    _forward_buffers(x, s), _backward_buffers(x, s)  # the kernels' workspace, for the estimator's count
     like = [x, dt, A, B, C, D, dt_bias]
     return tuple(torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in like)
 
@@ -193,3 +215,6 @@ def _backward(ctx, dy):
 
 
 ssd_scan.register_autograd(_backward, setup_context=_setup_context)
+register_scratch("kenotron::ssd_scan", lambda x, dt, A, B, C, D, dt_bias, chunk: scan_scratch(x, B, chunk, False))
+register_scratch("kenotron::ssd_scan_backward",
+                 lambda dy, x, dt, A, B, C, D, dt_bias, chunk: scan_scratch(x, B, chunk, True))

@@ -24,8 +24,8 @@ import torch
 import torch.utils.checkpoint as ckpt
 from torch import nn
 
-# Registers kenotron::ssd_scan (Mamba-2's Triton scan), whose output the selective policy keeps.
-from kenotron.kernels import ssd_op  # noqa: F401
+# Registers kenotron::mamba_mixer (Mamba-2's Triton mixer op), whose outputs the selective policy keeps.
+from kenotron.kernels import mamba_mixer_op  # noqa: F401
 
 # Registers kenotron::fa4_forward (FlashAttention-4, model.attention_backend = "flash_attn"), whose
 # output the selective policy keeps like SDPA's; the module imports no FA4 code until it runs.
@@ -44,7 +44,7 @@ _SAVED_ATEN_OPS = (
 _SAVED_COLLECTIVES = ("reduce_scatter_tensor", "all_gather_into_tensor", "all_reduce", "all_to_all_single")
 # flash-attn's forward (model.attention_backend = "flash_attn"), a custom op once the package is imported.
 _SAVED_FLASH_ATTN_OPS = ("_flash_attn_forward",)
-_SAVED_KENOTRON_OPS = ("fa4_forward", "ssd_scan")
+_SAVED_KENOTRON_OPS = ("fa4_forward", "mamba_mixer")
 
 
 def _ops_to_save() -> set:

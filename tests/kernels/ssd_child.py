@@ -1,6 +1,7 @@
 """Run by test_ssd.py in a child process with TRITON_INTERPRET=1 (Triton's CPU interpreter): the
 Triton SSD scan against the PyTorch chunked scan, values and every gradient, on strided inputs
-like the mixer's; then a whole Mamba-2 model with the kernel installed. Exits non-zero on a mismatch."""
+like the mixer's; the mixer's Triton op (convolution, scan, gated norm) against the mixer's
+PyTorch path; then a whole Mamba-2 model with the op installed. Exits non-zero on a mismatch."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import torch
 
 from kenotron.kernels.ssd_op import ssd_scan
 from kenotron.models import get_model_spec
-from kenotron.models.common.mamba import use_scan_kernel
+from kenotron.models.common.mamba import Mamba2Mixer, MixerShape, use_scan_kernel
 from kenotron.models.common.ssd import ssd_chunked
 
 
@@ -49,6 +50,33 @@ def check_scan(length: int, chunk: int) -> None:
         torch.testing.assert_close(got, want, rtol=1e-4, atol=2e-5 * max(scale, 1.0), msg=lambda m, n=name: f"{n}: {m}")
 
 
+def check_mixer(groups: int, conv_bias: bool, length: int, compiled: bool = False) -> None:
+    """One mixer, its input and every parameter's gradient: the Triton op against the PyTorch path."""
+    shape = MixerShape(dim=32, heads=4, head_dim=16, groups=groups, state=16, conv_kernel=4, chunk_size=16)
+    mixers = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        mixer = Mamba2Mixer(shape, norm_eps=1e-5, conv_bias=conv_bias, proj_bias=False, a_init=(1.0, 16.0),
+                            dt_init=(0.001, 0.1, 1e-4), out_std_divisor=1.0)
+        for p in mixer.parameters():
+            torch.nn.init.uniform_(p, -0.5, 0.5) if p.dim() > 1 else torch.nn.init.uniform_(p, 0.5, 1.5)
+        mixers.append(mixer)
+    plain, fast = mixers
+    use_scan_kernel(fast, "triton")
+    x = torch.randn(2, length, 32, generator=torch.Generator().manual_seed(1))
+    xs = [x.clone().requires_grad_(), x.clone().requires_grad_()]
+    # Compiled, Inductor checks that the op's outputs (its gradients too) have the fake's strides.
+    a, b = plain(xs[0]), (torch.compile(fast, fullgraph=True) if compiled else fast)(xs[1])
+    torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)
+    dy = torch.randn_like(a)
+    a.backward(dy)
+    b.backward(dy)
+    torch.testing.assert_close(xs[1].grad, xs[0].grad, rtol=1e-4, atol=2e-5 * max(xs[0].grad.abs().max().item(), 1.0))
+    for (name, p), q in zip(plain.named_parameters(), fast.parameters()):
+        scale = max(p.grad.abs().max().item(), 1.0)
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=2e-5 * scale, msg=lambda m, n=name: f"{n}: {m}")
+
+
 def check_model() -> None:
     spec = get_model_spec("mamba2")
     # The debug flavor at half its width (8 heads of 32 in 4 groups, chunks of 32) and a small
@@ -60,7 +88,7 @@ def check_model() -> None:
         model.to_empty(device="cpu")
         model.init_weights(seed=0)
     use_scan_kernel(fast, "triton")
-    assert fast.layers["0"].mixer.ssm.scan_fn is ssd_scan
+    assert fast.layers["0"].mixer.triton_op and not plain.layers["0"].mixer.triton_op
     tokens = torch.randint(0, 256, (1, 80), generator=torch.Generator().manual_seed(0))  # 2 chunks and a part
     a, b = plain(tokens), fast(tokens)
     torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4)
@@ -73,6 +101,8 @@ def check_model() -> None:
 if __name__ == "__main__":
     check_scan(40, 16)  # 3 chunks, the last partial, one block each
     check_scan(200, 128)  # 2 chunks of 2 x 2 blocks, the last partial
+    check_mixer(groups=1, conv_bias=False, length=45)  # 3 chunks and a part; 2 convolution tiles, the last partial
+    check_mixer(groups=2, conv_bias=True, length=20, compiled=True)
     check_model()
     print("ok")
     sys.exit(0)

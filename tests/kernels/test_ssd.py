@@ -64,3 +64,35 @@ def test_bf16_on_cuda_stays_within_bf16_rounding_of_the_fp32_pytorch_scan():
         errors[name] = ((got.float() - want).abs().max() / want.abs().max()).item()
     print(errors)
     assert all(errors[k] <= bounds[k] for k in bounds), errors
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_mixer_op_in_bf16_on_cuda_stays_within_bf16_rounding_of_the_fp32_pytorch_mixer():
+    import copy
+
+    from kenotron.models.common.mamba import Mamba2Mixer, MixerShape, use_scan_kernel
+
+    torch.manual_seed(0)
+    shape = MixerShape(dim=256, heads=8, head_dim=64, groups=2, state=128, conv_kernel=4, chunk_size=256)
+    ref = Mamba2Mixer(shape, norm_eps=1e-5, conv_bias=True, proj_bias=False, a_init=(1.0, 16.0),
+                      dt_init=(0.001, 0.1, 1e-4), out_std_divisor=1.0).cuda()
+    for p in ref.parameters():
+        torch.nn.init.uniform_(p, -0.3, 0.3) if p.dim() > 1 else torch.nn.init.uniform_(p, 0.5, 1.5)
+    fast = copy.deepcopy(ref).bfloat16()
+    ref = copy.deepcopy(fast).float()  # the same bf16-rounded weights: what differs is the arithmetic
+    use_scan_kernel(fast, "triton")
+    x = torch.randn(2, 700, 256, device="cuda").bfloat16().float()
+    x_ref, x_fast = x.clone().requires_grad_(), x.bfloat16().requires_grad_()
+    y_ref, y_fast = ref(x_ref), fast(x_fast)
+    dy = torch.randn_like(y_ref)
+    y_ref.backward(dy)
+    y_fast.backward(dy.bfloat16())
+
+    def rel(got, want):
+        return ((got.float() - want).abs().max() / want.abs().max()).item()
+
+    errors = {"y": rel(y_fast, y_ref), "dx": rel(x_fast.grad, x_ref.grad)}
+    errors.update({name: rel(q.grad, p.grad) for (name, p), q in zip(ref.named_parameters(), fast.parameters())})
+    print(errors)
+    assert max(errors.values()) < 3e-2, errors

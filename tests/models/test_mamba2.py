@@ -164,3 +164,26 @@ def test_pytorch_scan_compiles_on_cuda_and_equals_itself_eager():
     dy = torch.randn_like(eager)
     for got, want in zip(torch.autograd.grad(compiled, inputs, dy), torch.autograd.grad(eager, inputs, dy)):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4 * max(want.abs().max().item(), 1.0))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_130m_block_with_the_pytorch_scan_compiles_on_cuda_and_equals_itself_eager():
+    # tuning.ssm_kernel = torch inside a compiled block: the 130M shape (24 heads of 64, one
+    # group, state 128, chunks of 256), whose within-chunk cumulative sum Inductor once failed
+    # to generate code for (its split scan along an inner dimension).
+    args = dataclasses.replace(SPEC.model_args("130M", max_seq_len=1024), n_layers=1, vocab_size=256)
+    with torch.device("meta"):
+        model = SPEC.build(args)
+    model.to_empty(device="cuda")
+    model.init_weights(seed=0)
+    block = model.layers["0"]
+    x = torch.randn(2, 1024, args.dim, device="cuda", requires_grad=True)
+    eager = block(x)
+    compiled = torch.compile(block, fullgraph=True)(x)
+    torch.testing.assert_close(compiled, eager, rtol=1e-4, atol=1e-4 * eager.abs().max().item())
+    dy = torch.randn_like(eager)
+    got = torch.autograd.grad(compiled, [x, *block.parameters()], dy)
+    want = torch.autograd.grad(eager, [x, *block.parameters()], dy)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-3, atol=1e-4 * max(w.abs().max().item(), 1.0))

@@ -19,7 +19,6 @@ the same code runs on a rank's heads and groups. Nothing else here knows about p
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -96,16 +95,12 @@ class GatedRMSNorm(nn.Module):
         return f"{self.dim}, group_size={self.group_size}, eps={self.eps}"
 
 
-ScanFn = Callable[..., torch.Tensor]
-"""(x, dt, A, B, C, D, dt_bias, chunk_size) -> y: ssd_chunked's signature and semantics."""
-
-
 class SSDScan(nn.Module):
     """The scan's per-head parameters (A_log, D, dt bias) and the scan itself.
 
-    Training runs `scan_fn` (ssd_chunked by default; the trainer may install a Triton kernel,
-    kenotron/kernels/select.py); generation runs the PyTorch chunked form with a carried state
-    and the one-token recurrence."""
+    Training runs ssd_chunked (the whole mixer runs kenotron's Triton op instead when the trainer
+    installs it, `use_scan_kernel`); generation runs the chunked form with a carried state and
+    the one-token recurrence."""
 
     def __init__(self, heads: int, chunk_size: int, *, a_init: tuple[float, float], dt_init: tuple[float, float, float]):
         super().__init__()
@@ -115,15 +110,17 @@ class SSDScan(nn.Module):
         self.A_log = nn.Parameter(torch.empty(heads))
         self.D = nn.Parameter(torch.empty(heads))
         self.dt_bias = nn.Parameter(torch.empty(heads))
-        self.scan_fn: ScanFn = ssd_chunked
+
+    def parameters_for_scan(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(A, D, dt bias) of this rank's heads, A = -exp(A_log) in fp32."""
+        return -torch.exp(local_tensor(self.A_log).float()), local_tensor(self.D), local_tensor(self.dt_bias)
 
     def forward(self, x: torch.Tensor, dt: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
                 state: SSMLayerState | None = None) -> torch.Tensor:
         """x (b, l, heads, head_dim), dt (b, l, heads), B and C (b, l, groups, N) -> y like x."""
-        A = -torch.exp(local_tensor(self.A_log).float())
-        D, dt_bias = local_tensor(self.D), local_tensor(self.dt_bias)
+        A, D, dt_bias = self.parameters_for_scan()
         if state is None:
-            return self.scan_fn(x, dt, A, B, C, D, dt_bias, self.chunk_size)
+            return ssd_chunked(x, dt, A, B, C, D, dt_bias, self.chunk_size)
         if x.shape[1] == 1:
             return ssd_step(state.ssm, x[:, 0], dt[:, 0], A, B[:, 0], C[:, 0], D, dt_bias)[:, None]
         y, final = ssd_chunked(x, dt, A, B, C, D, dt_bias, self.chunk_size, initial_state=state.ssm,
@@ -184,6 +181,8 @@ class Mamba2Mixer(nn.Module):
         self.ssm = SSDScan(s.heads, s.chunk_size, a_init=a_init, dt_init=dt_init)
         self.norm = GatedRMSNorm(s.inner, s.inner // s.groups, norm_eps)
         self.out_proj = nn.Linear(s.inner, s.dim, bias=proj_bias)
+        self.triton_op = False
+        """Whether training runs kenotron's Triton op between the projections (`use_scan_kernel`)."""
 
     def forward(self, x: torch.Tensor, *, state: SSMLayerState | None = None,
                 token_mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -192,6 +191,8 @@ class Mamba2Mixer(nn.Module):
         s = self.shape
         bsz, length, _ = x.shape
         proj = self.in_proj(x)
+        if self.triton_op and state is None and token_mask is None:
+            return self.out_proj(self._triton_mixer(proj))
         group_heads = s.heads // s.groups
         head_rows = group_heads * s.head_dim
         # The groups this rank holds (all of them without tensor parallel).
@@ -214,6 +215,18 @@ class Mamba2Mixer(nn.Module):
                      dt.reshape(bsz, length, groups * group_heads), B, C, state)
         y = self.norm(y.reshape(bsz, length, -1), z.reshape(bsz, length, -1))
         return self.out_proj(y)
+
+    def _triton_mixer(self, proj: torch.Tensor) -> torch.Tensor:
+        """The convolution, scan and gated norm in kenotron's one op (kernels/mamba_mixer_op.py)."""
+        from kenotron.kernels.mamba_mixer_op import mamba_mixer
+
+        s, conv = self.shape, self.conv1d
+        A, D, dt_bias = self.ssm.parameters_for_scan()
+        weight = local_tensor(conv.weight)[:, 0].to(proj.dtype)
+        bias = local_tensor(conv.bias).to(proj.dtype) if conv.bias is not None else None
+        out, _, _ = mamba_mixer(proj, weight, bias, A, D, dt_bias, local_tensor(self.norm.weight).to(proj.dtype),
+                                s.head_dim, s.state, s.chunk_size, self.norm.eps)
+        return out
 
     def param_init_specs(self) -> dict[str, InitSpec]:
         # mamba_ssm's: nn.Linear's default (uniform, bound 1/sqrt(fan_in)) for the in-projection,
@@ -264,12 +277,9 @@ def unsupported_scan_sizes(model: nn.Module) -> str:
 
 
 def use_scan_kernel(model: nn.Module, kernel: str) -> None:
-    """With kernel == "triton", every Mamba scan of `model` runs kenotron's SSD kernels (the
-    trainer's choice, resolved once: kenotron/kernels/select.py)."""
-    if kernel != "triton":
-        return
-    from kenotron.kernels.ssd_op import ssd_scan
-
+    """With kernel == "triton", every Mamba mixer of `model` runs its convolution, scan and gated
+    norm in kenotron's Triton op in training (the trainer's choice, resolved once:
+    kenotron/kernels/select.py)."""
     for module in model.modules():
-        if isinstance(module, SSDScan):
-            module.scan_fn = ssd_scan
+        if isinstance(module, Mamba2Mixer):
+            module.triton_op = kernel == "triton"

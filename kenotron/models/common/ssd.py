@@ -33,6 +33,18 @@ def _chunked(t: torch.Tensor, chunk: int) -> torch.Tensor:
     return t.view(t.shape[0], -1, chunk, *t.shape[2:])
 
 
+def _cumsum_by_doubling(t: torch.Tensor) -> torch.Tensor:
+    """Inclusive cumulative sum along the last dimension in log2(n) shifted additions
+    (Hillis-Steele). Not torch.cumsum: inside a compiled block on CUDA, Inductor's code for that
+    scan (its split scan) fails to generate at the published chunk sizes (torch 2.11); additions
+    compile everywhere, and their tree order sums as precisely as a sequential one."""
+    shift = 1
+    while shift < t.shape[-1]:
+        t = t + F.pad(t[..., :-shift], (shift, 0))
+        shift *= 2
+    return t
+
+
 def ssd_chunked(
     x: torch.Tensor,
     dt: torch.Tensor,
@@ -59,7 +71,8 @@ def ssd_chunked(
     dt = F.softplus(dt.float() + dt_bias.float())  # (b, l, h)
     # Padding positions get dt = 0: no decay and no input, so the final state is the last real one's.
     xd = _chunked((x.float() * dt[..., None]).view(b, length, groups, per_group, head_dim), chunk_size)
-    cs = torch.cumsum(_chunked((dt * A.float()).view(b, length, groups, per_group), chunk_size), dim=2)
+    decay_steps = _chunked((dt * A.float()).view(b, length, groups, per_group), chunk_size)  # (b, c, Q, g, k)
+    cs = _cumsum_by_doubling(decay_steps.movedim(2, -1)).movedim(-1, 2)
     Bc, Cc = _chunked(B.float(), chunk_size), _chunked(C.float(), chunk_size)  # (b, c, Q, g, n)
     Q = chunk_size
 
