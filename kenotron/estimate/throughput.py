@@ -81,9 +81,9 @@ class Hardware:
     attention_efficiency: float = 0.71
     """Share of the peak attention reaches, its FLOPs counted as train/flops.py counts them (the
     whole score matrix, twice what a causal kernel computes; fitted)."""
-    scan_efficiency: float = 0.046
+    scan_efficiency: float = 0.074
     """Share of the peak Mamba-2's scan reaches, with the memory-bound work around it (fitted)."""
-    elementwise_passes: float = 6.2
+    elementwise_passes: float = 6.1
     """Bytes the elementwise kernels of a block move (norms, SwiGLU, RoPE, residual adds, forward
     and backward), in units of the bytes the block keeps for backward without AC (fitted; the
     profiles give 5-6)."""
