@@ -37,6 +37,18 @@ def _xbc_columns(c, GROUP_ROWS: tl.constexpr, HEAD_ROWS: tl.constexpr, NSTATE: t
 
 
 @triton.jit
+def _conv_tile(pid_bt, pid_c, seqlen, channels, GROUP_ROWS: tl.constexpr, HEAD_ROWS: tl.constexpr,
+               NSTATE: tl.constexpr, NGROUPS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
+    """A convolution program's tile: its sequence b, positions t, channels c (valid where cmask)
+    and their columns in proj and act."""
+    n_t = tl.cdiv(seqlen, BLOCK_T)
+    t = (pid_bt % n_t) * BLOCK_T + tl.arange(0, BLOCK_T)
+    c = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
+    src, dst = _xbc_columns(c, GROUP_ROWS, HEAD_ROWS, NSTATE, NGROUPS)
+    return pid_bt // n_t, t, c, c < channels, src, dst
+
+
+@triton.jit
 def _conv_pre(proj_ptr, w_ptr, bias_ptr, b, t, c, src, cmask, seqlen, s_p_b, s_p_l,
               KERNEL: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
     """The convolution before SiLU at positions t (BLOCK_T) and channels c (BLOCK_C), in fp32."""
@@ -57,13 +69,9 @@ def _conv_forward_kernel(proj_ptr, w_ptr, bias_ptr, act_ptr, seqlen, channels, s
                          GROUP_ROWS: tl.constexpr, HEAD_ROWS: tl.constexpr, NSTATE: tl.constexpr,
                          NGROUPS: tl.constexpr, KERNEL: tl.constexpr, HAS_BIAS: tl.constexpr,
                          BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
-    pid_bt, pid_c = tl.program_id(0), tl.program_id(1)
-    n_t = tl.cdiv(seqlen, BLOCK_T)
-    b = pid_bt // n_t
-    t = (pid_bt % n_t) * BLOCK_T + tl.arange(0, BLOCK_T)
-    c = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
-    cmask = c < channels
-    src, dst = _xbc_columns(c, GROUP_ROWS, HEAD_ROWS, NSTATE, NGROUPS)
+    pid_bt = tl.program_id(0)
+    b, t, c, cmask, src, dst = _conv_tile(pid_bt, tl.program_id(1), seqlen, channels, GROUP_ROWS, HEAD_ROWS, NSTATE,
+                                          NGROUPS, BLOCK_T, BLOCK_C)
     pre = _conv_pre(proj_ptr, w_ptr, bias_ptr, b, t, c, src, cmask, seqlen, s_p_b, s_p_l, KERNEL, HAS_BIAS, BLOCK_T, BLOCK_C)
     out = pre * tl.sigmoid(pre)
     tl.store(act_ptr + b * s_a_b + t[:, None] * s_a_l + dst[None, :], out.to(act_ptr.dtype.element_ty),
@@ -78,13 +86,9 @@ def _conv_slope_kernel(proj_ptr, w_ptr, bias_ptr, dact_ptr, dpre_ptr, dw_part_pt
                        BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
     """Backward, first pass: the gradient before SiLU, dpre_t = dout_t silu'(pre_t) (pre recomputed),
     into `dpre` (act's layout), and the tile's partial sums of the weight's and bias's gradients."""
-    pid_bt, pid_c = tl.program_id(0), tl.program_id(1)
-    n_t = tl.cdiv(seqlen, BLOCK_T)
-    b = pid_bt // n_t
-    t = (pid_bt % n_t) * BLOCK_T + tl.arange(0, BLOCK_T)
-    c = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
-    cmask = c < channels
-    src, dst = _xbc_columns(c, GROUP_ROWS, HEAD_ROWS, NSTATE, NGROUPS)
+    pid_bt = tl.program_id(0)
+    b, t, c, cmask, src, dst = _conv_tile(pid_bt, tl.program_id(1), seqlen, channels, GROUP_ROWS, HEAD_ROWS, NSTATE,
+                                          NGROUPS, BLOCK_T, BLOCK_C)
     inside = (t < seqlen)[:, None] & cmask[None, :]
     pre = _conv_pre(proj_ptr, w_ptr, bias_ptr, b, t, c, src, cmask, seqlen, s_p_b, s_p_l, KERNEL, HAS_BIAS,
                     BLOCK_T, BLOCK_C)
@@ -108,13 +112,9 @@ def _conv_input_grad_kernel(w_ptr, dpre_ptr, dproj_ptr, seqlen, channels, s_p_b,
                             NGROUPS: tl.constexpr, KERNEL: tl.constexpr, BLOCK_T: tl.constexpr,
                             BLOCK_C: tl.constexpr):
     """Backward, second pass: x_s receives w_k dpre_{s+K-1-k}, written into dproj's x, B and C columns."""
-    pid_bt, pid_c = tl.program_id(0), tl.program_id(1)
-    n_t = tl.cdiv(seqlen, BLOCK_T)
-    b = pid_bt // n_t
-    t = (pid_bt % n_t) * BLOCK_T + tl.arange(0, BLOCK_T)
-    c = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
-    cmask = c < channels
-    src, dst = _xbc_columns(c, GROUP_ROWS, HEAD_ROWS, NSTATE, NGROUPS)
+    pid_bt = tl.program_id(0)
+    b, t, c, cmask, src, dst = _conv_tile(pid_bt, tl.program_id(1), seqlen, channels, GROUP_ROWS, HEAD_ROWS, NSTATE,
+                                          NGROUPS, BLOCK_T, BLOCK_C)
     dx = tl.zeros((BLOCK_T, BLOCK_C), dtype=tl.float32)
     for j in tl.static_range(KERNEL):
         tj = t + j
