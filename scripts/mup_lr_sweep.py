@@ -2,6 +2,7 @@
 
     python scripts/mup_lr_sweep.py                       # widths 64,128,256,512; PNG in docs/images
     python scripts/mup_lr_sweep.py --widths 64,256 --lrs 1e-3,3e-3,1e-2 --steps 40 --out sweep.png
+    python scripts/mup_lr_sweep.py --widths 512 --json w512.json ...; python scripts/mup_lr_sweep.py --load w*.json
 
 Trains every (width, learning rate) pair on the built-in corpus (kenotron/tools/lr_sweep.py),
 prints the final loss table and each width's best learning rate, and plots final loss against
@@ -31,6 +32,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--tail", type=int, default=20, help="a run's score: its mean loss over this many last steps")
     p.add_argument("--out", type=Path, default=Path("docs/images/mup_lr_sweep.png"), help="PNG to write")
     p.add_argument("--json", type=Path, default=None, help="also write every loss curve here")
+    p.add_argument("--load", type=Path, nargs="+", default=None,
+                   help="train nothing: merge the --json files of earlier runs (e.g. one per width, run in parallel)")
     p.add_argument("overrides", nargs="*", help="more --section.key value pairs for every run (after --)")
     return p
 
@@ -60,6 +63,21 @@ def plot(sweeps: dict[str, LRSweep], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def load_sweeps(paths: list[Path], tail: int) -> dict[str, LRSweep]:
+    """The sweeps of several --json files (same learning rates and steps, any widths), merged."""
+    sweeps: dict[str, LRSweep] = {}
+    for path in paths:
+        data = json.loads(path.read_text())
+        for p, by_width in data["losses"].items():
+            sweep = sweeps.setdefault(p, LRSweep(p, [], [float(x) for x in data["lrs"]], data["steps"], tail))
+            for w, by_lr in by_width.items():
+                sweep.widths.append(int(w))
+                sweep.losses[int(w)] = {float(lr): curve for lr, curve in by_lr.items()}
+    for sweep in sweeps.values():
+        sweep.widths.sort()
+    return sweeps
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     widths = [int(w) for w in args.widths.split(",")]
@@ -70,7 +88,12 @@ def main(argv: list[str] | None = None) -> int:
     def progress(sweep: LRSweep, width: int, lr: float) -> None:
         print(f"{sweep.parametrization} width {width} lr {lr:.0e}: {sweep.final(width, lr):.3f}", flush=True)
 
-    sweeps = {p: lr_sweep(widths, lrs, p, args.steps, args.tail, common, progress) for p in PARAMETRIZATIONS}
+    if args.load:
+        sweeps = load_sweeps(args.load, args.tail)
+        first = next(iter(sweeps.values()))
+        widths, lrs, args.steps = first.widths, first.lrs, first.steps
+    else:
+        sweeps = {p: lr_sweep(widths, lrs, p, args.steps, args.tail, common, progress) for p in PARAMETRIZATIONS}
     for p, sweep in sweeps.items():
         print(f"{p}: final loss (mean of the last {args.tail} of {args.steps} steps)")
         print("  width " + "".join(f"{lr:>10.0e}" for lr in lrs) + "   best lr")
