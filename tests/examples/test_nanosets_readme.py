@@ -1,0 +1,46 @@
+"""examples/nanosets/README.md's try-it commands run as written: the one-liner writes the sample
+corpus and its tokenized folder, and the training command trains on that folder (a few steps)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).parents[2]
+README = ROOT / "examples" / "nanosets" / "README.md"
+
+
+def readme_command(starts: str) -> str:
+    """The README's command line that begins with `starts`."""
+    lines = [line.strip() for line in README.read_text().splitlines() if line.strip().startswith(starts)]
+    assert len(lines) == 1, f"examples/nanosets/README.md has {len(lines)} commands starting {starts!r}"
+    return lines[0]
+
+
+def test_the_readme_writes_the_sample_data_and_trains_on_its_tokenized_folder(tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    write = shlex.split(readme_command("python -c"), comments=True)
+    assert write[0] == "python"
+    # Run where the user's shell would leave the folder: relative to the working directory.
+    proc = subprocess.run([sys.executable, *write[1:]], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    folder = re.search(r"write_sample_data\('([^']+)'\)", write[2]).group(1)
+    assert (tmp_path / folder / "corpus.jsonl").is_file()
+
+    train = shlex.split(readme_command("./run_train.sh"), comments=True)
+    path = train[train.index("--data.path") + 1]
+    assert path == f"{folder}/tokenized", "the training command reads another folder than the one-liner writes"
+    # run_train.sh runs from the repository root: give it the folder the one-liner wrote; a few
+    # steps (later flags win) into a folder of the test's.
+    train[train.index("--data.path") + 1] = str(tmp_path / path)
+    proc = subprocess.run(["bash", str(ROOT / "run_train.sh"), *train[1:], "--training.steps", "3",
+                           "--job.dump_folder", str(tmp_path / "out")], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=300, check=False)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    assert (tmp_path / "out" / "metrics.jsonl").is_file()
