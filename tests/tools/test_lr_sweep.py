@@ -1,0 +1,45 @@
+"""scripts/mup_lr_sweep.py (docs/mup.md's sweep) end to end on a tiny grid: it trains every
+(parametrization, width, learning rate) run, prints each width's best learning rate, writes the
+curves and the plot; `--load` of those curves prints the same table without training."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).parents[2]
+TINY = ["--widths", "64", "--lrs", "1e-3,1e-1", "--steps", "3", "--tail", "2", "--", "--training.seq_len", "16",
+        "--training.local_batch_size", "2"]
+
+
+def sweep(*args: str) -> str:
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "mup_lr_sweep.py"), *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
+def tables(output: str) -> list[str]:
+    """The printed tables: the lines after the per-run progress lines."""
+    return [line for line in output.splitlines() if line.startswith(("standard:", "spectral_mup:", "  "))]
+
+
+def test_the_sweep_trains_every_run_and_load_reprints_its_table(tmp_path):
+    curves, plot = tmp_path / "w64.json", tmp_path / "sweep.png"
+    trained = sweep(*TINY[:8], "--json", str(curves), "--out", str(plot), *TINY[8:])
+    data = json.loads(curves.read_text())
+    assert set(data["losses"]) == {"standard", "spectral_mup"}
+    for by_width in data["losses"].values():
+        runs = by_width["64"]
+        assert len(runs) == 2 and all(len(curve) == 3 and all(math.isfinite(v) for v in curve) for curve in runs.values())
+    assert plot.stat().st_size > 0
+    rows = tables(trained)
+    assert len(rows) == 6 and rows[2].split()[0] == "64"  # per parametrization: title, header, width 64
+    loaded = sweep("--load", str(curves), "--tail", "2", "--out", str(tmp_path / "again.png"))
+    assert tables(loaded) == rows
