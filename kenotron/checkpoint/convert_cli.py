@@ -6,11 +6,13 @@
     kenotron convert to-kenotron Llama-3.2-1B ckpt --dtype bfloat16
     ./run_train.sh --checkpoint.enable true --checkpoint.initial_load_path ckpt/step-000000
 
-to-hf takes a run folder, its checkpoints/ folder or one step folder, and writes the weights
-(streamed one safetensors file at a time), config.json, the tokenizer the run trained with
-(tokenizer.json, tokenizer.model) and generation_config.json (BOS/EOS). The model family and
-its dimensions come from the checkpoint's completion marker (to-hf) or config.json (to-kenotron).
-One process; no GPU needed.
+to-kenotron streams: each kenotron tensor is built from the HF tensors it needs, read one at a
+time, and written to the checkpoint before the next, so the host memory it needs is about the
+largest tensor (its source and copy with --dtype), not the model. to-hf takes a run folder, its checkpoints/ folder or one step
+folder, and writes the weights (streamed one safetensors file at a time), config.json, the
+tokenizer the run trained with (tokenizer.json, tokenizer.model) and generation_config.json
+(BOS/EOS). The model family and its dimensions come from the checkpoint's completion marker
+(to-hf) or config.json (to-kenotron). One process; no GPU needed.
 """
 
 from __future__ import annotations

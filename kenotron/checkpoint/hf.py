@@ -8,7 +8,9 @@
 
 The DCP route is the one for large models: `hf_to_checkpoint` once, then train with
 `--checkpoint.initial_load_path ckpt/step-000000`, and DCP gives each rank its own shard under
-whatever plan the run uses. Key and config translation is the family's adapter (models/*/hf.py).
+whatever plan the run uses. Both conversions stream, one tensor at a time (hf_to_checkpoint:
+checkpoint/hf_import.py; checkpoint_to_hf: one safetensors file at a time), so neither needs
+the model in host memory. Key and config translation is the family's adapter (models/*/hf.py).
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
@@ -27,32 +28,23 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
 )
 
-from kenotron.checkpoint.errors import CheckpointFormatError, CheckpointMismatchError
-from kenotron.checkpoint.folders import check_checkpoint, step_folder_name, write_marker
+from kenotron.checkpoint.errors import CheckpointFormatError
+from kenotron.checkpoint.folders import check_checkpoint
 from kenotron.checkpoint.hf_files import (
     DEFAULT_SHARD_BYTES,
-    open_weights,
     plan_shards,
     read_hf_config,
     write_hf_folder,
     write_hf_shards,
 )
+from kenotron.checkpoint.hf_import import HFWeights, hf_to_checkpoint, spec_for_hf_config
 from kenotron.checkpoint.hf_tokenizer import write_hf_tokenizer
-from kenotron.checkpoint.model_info import describe_model, model_from_info
+from kenotron.checkpoint.model_info import model_from_info
 from kenotron.checkpoint.trust import load_state
 from kenotron.models import MODEL_SPECS, ModelSpec
 
-
-def spec_for_hf_config(config: Mapping[str, Any]) -> ModelSpec:
-    """The registered family whose adapter converts this config.json (by model_type)."""
-    model_type = config.get("model_type")
-    known = {spec.hf_adapter.model_type: spec for spec in MODEL_SPECS.values() if spec.hf_adapter is not None}
-    if model_type not in known:
-        supported = ", ".join(f"{t} ({s.name})" for t, s in sorted(known.items()))
-        raise CheckpointFormatError(
-            f"config.json has model_type={model_type!r}, which kenotron cannot convert; supported: {supported}"
-        )
-    return known[model_type]
+__all__ = ["checkpoint_to_hf", "hf_to_checkpoint", "load_hf_model", "load_hf_weights", "read_hf_state_dict", "save_hf",
+           "spec_for_hf_config"]
 
 
 def _distributed() -> bool:
@@ -60,33 +52,11 @@ def _distributed() -> bool:
 
 
 def read_hf_state_dict(hf_dir: str | Path, spec: ModelSpec, args: Any, expected: Mapping[str, torch.Size]) -> dict:
-    """The folder's weights under kenotron names, after checking them against `expected`
-    ({kenotron name: global shape}): the first missing, extra or mismatching parameter is named."""
-    adapter = spec.hf_adapter
-    with open_weights(hf_dir) as slices:
-        shapes = adapter.from_hf_shapes({k: tuple(s.get_shape()) for k, s in slices.items()}, args)
-        if args.tie_embeddings:
-            shapes.pop("output.weight", None)  # HF may store the tied copy too; the embedding is the one
-        wanted = {k: tuple(v) for k, v in expected.items() if not (args.tie_embeddings and k == "output.weight")}
-        for key, shape in wanted.items():
-            if key not in shapes:
-                raise CheckpointMismatchError(
-                    f"{hf_dir} has no weight for parameter {key!r} ({adapter.to_hf_key(key)!r}); its config.json "
-                    f"does not describe its weights, or the download is incomplete"
-                )
-            if shapes[key] != shape:
-                raise CheckpointMismatchError(
-                    f"parameter {key!r} ({adapter.to_hf_key(key)!r}) has shape {shapes[key]} in {hf_dir} but {shape} "
-                    f"in the model here; build the model from that folder's config.json"
-                )
-        extra = [k for k in shapes if k not in wanted]
-        if extra:
-            raise CheckpointMismatchError(
-                f"{hf_dir} holds {adapter.to_hf_key(extra[0])!r}, which the model here lacks; build the model from "
-                f"that folder's config.json"
-            )
-        hf_state = {k: s[:] for k, s in slices.items() if not adapter.is_ignored_hf_key(k)}
-    return adapter.from_hf(hf_state, args)
+    """The folder's weights under kenotron names, all in memory, after checking them against
+    `expected` ({kenotron name: global shape}): the first missing, extra or mismatching parameter is named."""
+    weights = HFWeights(hf_dir, spec, args)
+    weights.check(expected)
+    return {key: weights.tensor(key) for key in weights.sources}
 
 
 def load_hf_weights(model_parts: Sequence[nn.Module], hf_dir: str | Path) -> None:
@@ -110,7 +80,8 @@ def load_hf_model(hf_dir: str | Path, *, max_seq_len: int = 0, dtype: torch.dtyp
                   device: str | torch.device = "cpu") -> nn.Module:
     """A ready kenotron model (one process) from a transformers folder: the family and the
     dimensions come from its config.json. `max_seq_len` (0: the config's
-    max_position_embeddings) sizes the RoPE tables."""
+    max_position_embeddings) sizes the RoPE tables. The weights are copied in one tensor at a
+    time: the model and one converted tensor are in memory, never a second copy of the model."""
     config = read_hf_config(hf_dir)
     spec = spec_for_hf_config(config)
     args = spec.hf_adapter.args_from_hf_config(config, max_seq_len=max_seq_len)
@@ -118,9 +89,12 @@ def load_hf_model(hf_dir: str | Path, *, max_seq_len: int = 0, dtype: torch.dtyp
         model = spec.build(args)
     model.to_empty(device=device)
     model.init_buffers(device)
-    expected = {k: v.shape for k, v in model.state_dict().items()}
-    state = read_hf_state_dict(hf_dir, spec, args, expected)
-    model.load_state_dict(state, strict=True)
+    targets = model.state_dict()
+    weights = HFWeights(hf_dir, spec, args)
+    weights.check({k: v.shape for k, v in targets.items()})  # every key of the model, and no other
+    with torch.no_grad():
+        for key, target in targets.items():
+            target.copy_(weights.tensor(key))
     return model.to(dtype=dtype) if dtype != torch.float32 else model
 
 
@@ -145,29 +119,6 @@ def _write(state: Mapping[str, torch.Tensor], spec: ModelSpec, args: Any, out_di
         tensors = {k: v.to(dtype) for k, v in tensors.items()}
     config = {**spec.hf_adapter.hf_config_from_args(args), "torch_dtype": str(next(iter(tensors.values())).dtype)[6:]}
     return write_hf_folder(out_dir, config, tensors, max_shard_bytes)
-
-
-def hf_to_checkpoint(hf_dir: str | Path, out_folder: str | Path, *, step: int = 0, dtype: torch.dtype | None = None,
-                     max_seq_len: int = 0) -> Path:
-    """Convert a transformers folder into a DCP model-only checkpoint `out_folder/step-NNNNNN`
-    (one process), loadable under any plan with checkpoint.initial_load_path."""
-    config = read_hf_config(hf_dir)
-    spec = spec_for_hf_config(config)
-    args = spec.hf_adapter.args_from_hf_config(config, max_seq_len=max_seq_len)
-    with torch.device("meta"):
-        expected = {k: v.shape for k, v in spec.build(args).state_dict().items()}
-    state = read_hf_state_dict(hf_dir, spec, args, expected)
-    if dtype is not None:
-        state = {k: v.to(dtype) for k, v in state.items()}
-    path = Path(out_folder) / step_folder_name(step)
-    path.mkdir(parents=True, exist_ok=True)
-    dcp.save({"model": state}, checkpoint_id=str(path), no_dist=True)
-    stored = str(next(iter(state.values())).dtype).removeprefix("torch.")
-    write_marker(path, {
-        "step": step, "parts": ["model"], "model_only": True, "dtype": stored, "world_size": 1,
-        "model": describe_model(spec, args), "torch": torch.__version__, "source": str(hf_dir),
-    })
-    return path
 
 
 def checkpoint_to_hf(checkpoint_dir: str | Path, out_dir: str | Path, *, dtype: torch.dtype | None = None,

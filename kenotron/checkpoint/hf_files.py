@@ -1,15 +1,18 @@
 """Hugging Face model folders on disk: config.json and safetensors weights, single or sharded.
 
-Reading is lazy (`safe_open` maps the files; a tensor is read when asked for), so shapes can be
-checked before any weight is loaded. Writing follows transformers' layout: `model.safetensors`,
+Reading is lazy: `index_weights` reads the files' headers only (names, shapes, dtypes), so
+shapes are checked before any weight is loaded, and `read_weight` reads one tensor, opening its
+file for it alone. safetensors maps a file and gives tensors over the mapping; the pages a
+tensor touched stay resident while the file is open, so a handle kept open over a whole
+conversion would end up holding every tensor read through it. Writing follows transformers' layout: `model.safetensors`,
 or `model-0000i-of-0000n.safetensors` plus `model.safetensors.index.json` above a shard size.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import ExitStack, contextmanager
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +26,21 @@ SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 DEFAULT_SHARD_BYTES = 5 * 2**30
 """Largest safetensors file written (transformers' default is 5 GB too)."""
+
+
+_DTYPES = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool,
+}
+
+
+def _dtype(name: str, key: str) -> torch.dtype:
+    """The torch dtype of safetensors' dtype name (a file header's)."""
+    if name not in _DTYPES:
+        raise CheckpointFormatError(f"{key!r} is stored as {name}, which kenotron does not read; "
+                                    f"convert the folder to float32, bfloat16 or float16")
+    return _DTYPES[name]
 
 
 def _safetensors() -> Any:
@@ -66,15 +84,38 @@ def weight_files(hf_dir: str | Path) -> dict[str, Path]:
     )
 
 
-@contextmanager
-def open_weights(hf_dir: str | Path) -> Iterator[dict[str, Any]]:
-    """{HF key: lazy slice}; `.get_shape()` reads no data, `[:]` reads the tensor."""
+@dataclass(frozen=True)
+class StoredWeight:
+    """Where an HF tensor is and what it is, from its file's header."""
+
+    path: Path
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+
+def index_weights(hf_dir: str | Path) -> dict[str, StoredWeight]:
+    """{HF key: StoredWeight} of the folder's weights, in its index's order; reads no tensor."""
     safetensors = _safetensors()
     files = weight_files(hf_dir)
-    with ExitStack() as stack:
-        handles = {path: stack.enter_context(safetensors.safe_open(str(path), framework="pt"))
-                   for path in set(files.values())}
-        yield {key: handles[path].get_slice(key) for key, path in files.items()}
+    stored: dict[str, StoredWeight] = {}
+    for path in sorted(set(files.values())):
+        with safetensors.safe_open(str(path), framework="pt") as f:
+            names = f.keys()  # safe_open is not a mapping: it has keys() but no __iter__
+            for key in names:
+                piece = f.get_slice(key)
+                stored[key] = StoredWeight(path, tuple(piece.get_shape()), _dtype(piece.get_dtype(), key))
+    missing = [key for key in files if key not in stored]
+    if missing:
+        raise CheckpointFormatError(f"{files[missing[0]]} lacks {missing[0]!r}, which the folder's index lists "
+                                    f"there; download the whole folder again")
+    return {key: stored[key] for key in files}
+
+
+def read_weight(key: str, stored: StoredWeight) -> torch.Tensor:
+    """The tensor `key`, its file opened for it alone (module docstring): once the tensor is
+    dropped, nothing of the file stays in this process's memory."""
+    with _safetensors().safe_open(str(stored.path), framework="pt") as f:
+        return f.get_tensor(key)
 
 
 def plan_shards(nbytes: Mapping[str, int], max_shard_bytes: int = DEFAULT_SHARD_BYTES) -> list[list[str]]:

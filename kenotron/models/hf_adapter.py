@@ -1,8 +1,10 @@
 """Hugging Face state-dict adapters: kenotron names and args <-> transformers names and config.json.
 
 An adapter renames keys; it never transposes a tensor (kenotron's RoPE already uses HF's
-"rotate half" layout). Its per-key functions (`to_hf_key`, `from_hf_key`) can drive a storage
-reader/writer that streams one tensor at a time. A family may also list tensors whose rows it
+"rotate half" layout). It converts one tensor at a time, which is how the converters stream:
+`to_hf_key` and `hf_names` name what an export writes; `from_hf_sources` says which HF tensors
+each kenotron tensor is built from and `from_hf_tensor` builds it, reading them when needed.
+`to_hf` and `from_hf` do whole state dicts. A family may also list tensors whose rows it
 stores in another order (`reorder`: Mamba-2's in-projection, grouped for tensor parallel);
 those are reordered one tensor at a time on full (gathered) tensors, which is what every
 conversion path here hands the adapter.
@@ -19,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,10 +30,10 @@ import torch
 from kenotron.models.common.rope import RopeScaling
 from kenotron.models.hf_experts import (
     ExpertKeyError,
+    expert_sources,
     match_expert_key,
     split_experts,
     stack_experts,
-    stacked_shape,
 )
 
 _LAYER_KEY = re.compile(r"^layers\.(\d+)\.(.+)$")
@@ -179,62 +181,60 @@ class HFAdapter:
             return {f"{self.hf_layer_prefix}.{match.group(1)}.{t.format(e=e)}": piece for e in range(shape[0]) for t in parts}
         return {self.to_hf_key(key): tuple(shape)}
 
-    def from_hf(self, hf_state_dict: Mapping[str, torch.Tensor], args: Any) -> dict[str, torch.Tensor]:
-        """HF state dict -> kenotron state dict that `model.load_state_dict(..., strict=True)` takes.
-
-        With tied embeddings `output.weight` is the embedding tensor itself (whether or not the
-        checkpoint also stored an `lm_head.weight`). Per-expert tensors are stacked (copied).
-        """
-        out: dict[str, Any] = {}
-        pieces: dict[str, dict[tuple[int, int], Any]] = {}
-        for key, value in hf_state_dict.items():
+    def from_hf_sources(self, hf_keys: Iterable[str], args: Any) -> dict[str, tuple[str, ...]]:
+        """{kenotron key: the HF keys it is built from} for a checkpoint holding `hf_keys`: one,
+        renamed; every expert's parts of a stacked tensor, in row order; none for a router bias
+        HF lacks (zeros); the embedding for a tied output (whether or not the checkpoint also
+        stores an `lm_head.weight`). In `from_hf`'s order: the checkpoint's, then the stacked
+        tensors, the zeros and a tied output."""
+        out: dict[str, tuple[str, ...]] = {}
+        pieces: dict[str, dict[tuple[int, int], str]] = {}
+        for key in hf_keys:
             if self.is_ignored_hf_key(key):
                 continue
             expert = self._expert_of(key)
             if expert is None:
-                ours = self.from_hf_key(key)
-                out[ours] = self._reordered(ours, value, args, to_hf=False)
+                out[self.from_hf_key(key)] = (key,)
             else:
                 ours, e, part = expert
-                pieces.setdefault(ours, {})[e, part] = value
+                pieces.setdefault(ours, {})[e, part] = key
         for ours, parts in pieces.items():
             suffix = _LAYER_KEY.match(ours).group(2)
             try:
-                out[ours] = stack_experts(parts, args.moe.n_experts, len(self.expert_keys[suffix]), ours)
+                out[ours] = expert_sources(parts, args.moe.n_experts, len(self.expert_keys[suffix]), ours)
             except ExpertKeyError as e:
                 raise HFConversionError(str(e)) from e
         for layer in self._layers_of(out):
             for suffix in self.zero_keys:
-                out[f"layers.{layer}.{suffix}"] = torch.zeros(args.moe.n_experts)
+                out[f"layers.{layer}.{suffix}"] = ()
         if _tied(args):
             if "tok_embeddings.weight" not in out:
                 raise HFConversionError(f"a model with tied embeddings needs {self.top_keys['tok_embeddings.weight']!r}")
             out["output.weight"] = out["tok_embeddings.weight"]
         return out
 
-    def from_hf_shapes(self, hf_shapes: Mapping[str, tuple[int, ...]], args: Any) -> dict[str, tuple[int, ...]]:
-        """{kenotron key: shape} that `from_hf` would give for HF tensors of these shapes."""
-        out: dict[str, tuple[int, ...]] = {}
-        pieces: dict[str, dict[tuple[int, int], tuple[int, ...]]] = {}
-        for key, shape in hf_shapes.items():
-            if self.is_ignored_hf_key(key):
-                continue
-            expert = self._expert_of(key)
-            if expert is None:
-                out[self.from_hf_key(key)] = tuple(shape)
-            else:
-                ours, e, part = expert
-                pieces.setdefault(ours, {})[e, part] = tuple(shape)
-        for ours, parts in pieces.items():
-            suffix = _LAYER_KEY.match(ours).group(2)
+    def from_hf_tensor(self, key: str, sources: tuple[str, ...], read: Callable[[str], torch.Tensor],
+                       args: Any) -> torch.Tensor:
+        """The kenotron tensor `key` from its HF `sources` (`from_hf_sources`), each read with
+        `read(hf_key)` when it is needed: a renamed tensor is the one read (rows reordered where
+        the family says so), a stacked one is filled one expert at a time (a copy)."""
+        match = _LAYER_KEY.match(key)
+        suffix = match.group(2) if match else None
+        if suffix in self.zero_keys:
+            return torch.zeros(args.moe.n_experts)
+        if suffix in self.expert_keys:
             try:
-                out[ours] = stacked_shape(parts, args.moe.n_experts, len(self.expert_keys[suffix]), ours)
+                return stack_experts(sources, len(self.expert_keys[suffix]), read, key)
             except ExpertKeyError as e:
                 raise HFConversionError(str(e)) from e
-        for layer in self._layers_of(out):
-            for suffix in self.zero_keys:
-                out[f"layers.{layer}.{suffix}"] = (args.moe.n_experts,)
-        return out
+        return self._reordered(key, read(sources[0]), args, to_hf=False)
+
+    def from_hf(self, hf_state_dict: Mapping[str, torch.Tensor], args: Any) -> dict[str, torch.Tensor]:
+        """HF state dict -> kenotron state dict that `model.load_state_dict(..., strict=True)` takes
+        (`from_hf_sources` and `from_hf_tensor` over the whole dict). With tied embeddings
+        `output.weight` is the embedding tensor itself."""
+        sources = self.from_hf_sources(hf_state_dict, args)
+        return {k: self.from_hf_tensor(k, s, hf_state_dict.__getitem__, args) for k, s in sources.items()}
 
     def _expert_of(self, hf_key: str) -> tuple[str, int, int] | None:
         """(kenotron key, expert, part) of a per-expert HF key, or None."""

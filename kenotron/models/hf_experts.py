@@ -8,14 +8,14 @@ stacked tensor with "{e}" for the expert index, in row order:
 
     {"feed_forward.experts.w13": ("mlp.experts.{e}.gate_proj.weight", "mlp.experts.{e}.up_proj.weight")}
 
-Export slices the stacked tensor (views, no copy); import stacks (a copy).
+Export slices the stacked tensor (views, no copy); import stacks (a copy), one expert at a time.
 """
 
 from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
@@ -51,21 +51,32 @@ def split_experts(stacked: torch.Tensor, prefix: str, parts: tuple[str, ...]) ->
     }
 
 
-def stack_experts(pieces: Mapping[tuple[int, int], torch.Tensor], n_experts: int, n_parts: int, name: str) -> torch.Tensor:
-    """The stacked tensor from {(expert, part): 2-D tensor}, every expert and part present."""
+def expert_sources(pieces: Mapping[tuple[int, int], str], n_experts: int, n_parts: int, name: str) -> tuple[str, ...]:
+    """The per-expert keys of a stacked tensor, {(expert, part): HF key}, in its row order
+    (expert 0's parts, expert 1's, ...), every expert and part present."""
     _check_complete(set(pieces), n_experts, n_parts, name)
-    return torch.stack([torch.cat([pieces[e, i] for i in range(n_parts)]) for e in range(n_experts)])
+    return tuple(pieces[e, i] for e in range(n_experts) for i in range(n_parts))
 
 
-def stacked_shape(shapes: Mapping[tuple[int, int], tuple[int, ...]], n_experts: int, n_parts: int,
-                  name: str) -> tuple[int, ...]:
-    """The stacked tensor's shape from the per-expert shapes (which must agree)."""
-    _check_complete(set(shapes), n_experts, n_parts, name)
-    first = [shapes[0, i] for i in range(n_parts)]
-    for (e, i), shape in shapes.items():
-        if shape != first[i]:
-            raise ExpertKeyError(f"{name}: expert {e} has shape {shape}, expert 0 has {first[i]}")
-    return (n_experts, sum(s[0] for s in first), *first[0][1:])
+def stack_experts(keys: Sequence[str], n_parts: int, read: Callable[[str], torch.Tensor], name: str) -> torch.Tensor:
+    """The stacked (experts, rows, cols) tensor of the per-expert `keys` (as `expert_sources`
+    orders them), each read with `read` and copied in: besides the result, one expert's parts
+    at most are in memory. The experts must agree in shape."""
+    n_experts = len(keys) // n_parts
+    out: torch.Tensor | None = None
+    for e in range(n_experts):
+        pieces = [read(k) for k in keys[e * n_parts:(e + 1) * n_parts]]
+        if out is None:
+            shapes = [tuple(p.shape) for p in pieces]
+            out = pieces[0].new_empty((n_experts, sum(s[0] for s in shapes), *shapes[0][1:]))
+        row = 0
+        for piece, shape in zip(pieces, shapes, strict=True):
+            if tuple(piece.shape) != shape:
+                raise ExpertKeyError(f"{name}: expert {e} has shape {tuple(piece.shape)}, expert 0 has {shape}")
+            out[e, row:row + shape[0]] = piece
+            row += shape[0]
+        del pieces  # copied into `out`
+    return out
 
 
 def _check_complete(present: set[tuple[int, int]], n_experts: int, n_parts: int, name: str) -> None:

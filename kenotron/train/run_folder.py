@@ -1,6 +1,6 @@
 """One run, one folder: `job.dump_folder` holds exactly one run's config, records and checkpoints.
 
-    check_run_folder(cfg)              # every rank, before any process group: ConfigError on a mix
+    check_run_folder(cfg)              # every rank, before any process group (Trainer(cfg) does): ConfigError on a mix
     purge = start_run_folder(cfg, 40)  # rank 0, once the checkpoint is loaded (step 40 or 0)
 
 What a launch does with the folder it is given:

@@ -1,6 +1,6 @@
 """The training loop: the recipe, then the loop.
 
-    Trainer(cfg): resolve (every check and choice, before any process group)
+    Trainer(cfg): check the run folder, resolve (every check and choice, before any process group)
                   -> process group -> build the job (train/job.py)
                   -> loader, metrics, checkpoint manager (maybe resume)
     trainer.train(): batches -> train_step (train/step.py) -> log -> validate (eval_loss) -> save
@@ -54,6 +54,7 @@ class Trainer:
         self.world = WorldInfo.from_env()
         self.is_rank0 = self.world.rank == 0
         # -- resolve: every check and choice, on every rank, before any process group --
+        check_run_folder(cfg)  # job.dump_folder holds no other run (train/run_folder.py): the CLI's path and a notebook's
         self.device = pick_device(cfg.training.device, self.world, cfg.tuning.expandable_segments)
         if cfg.float8.enable:
             check_float8_available()  # this machine's torchao (the estimator plans float8 jobs without it)
@@ -269,7 +270,6 @@ def run_training(cfg: JobConfig) -> list[dict[str, Any]]:
     setup_logging(rank)
     if not faulthandler.is_enabled():
         faulthandler.enable(all_threads=True)  # a rank killed by a signal (SIGABRT, SIGSEGV) prints its stacks
-    check_run_folder(cfg)
     trainer = Trainer(cfg)
     try:
         return trainer.train()

@@ -1,5 +1,6 @@
 """One run, one folder (kenotron/train/run_folder.py): a resume keeps every step once in
-metrics.jsonl and TensorBoard, a different config never mixes into a used folder."""
+metrics.jsonl and TensorBoard, a different config never mixes into a used folder, whether the run
+starts from the CLI or from `Trainer(cfg)` in a notebook."""
 
 from __future__ import annotations
 
@@ -7,9 +8,11 @@ import json
 from pathlib import Path
 
 import pytest
+import torch.distributed as dist
 
 from kenotron.checkpoint.folders import step_folder_name, write_marker
 from kenotron.config import ConfigError, config_to_toml, load_config
+from kenotron.train import trainer as trainer_module
 from kenotron.train.metrics import MetricsLogger
 from kenotron.train.run_folder import check_run_folder, start_run_folder
 from tests.checkpoint.test_trainer_resume import train
@@ -73,6 +76,32 @@ def test_a_resume_must_keep_the_model_shape_set_on_top_of_the_flavor(tmp_path):
         check_run_folder(_cfg(run, "--checkpoint.enable", "true", "--model.dim", "256"))
     with pytest.raises(ConfigError, match=r"another model or data \(model.dim 128 -> \(flavor\)\)"):
         check_run_folder(_cfg(run, "--checkpoint.enable", "true"))
+
+
+def test_a_trainer_built_directly_refuses_a_folder_of_another_model_with_the_cli_error(tmp_path):
+    run = tmp_path / "run"
+    _fake_run(run, _cfg(run, "--checkpoint.enable", "true", "--model.dim", "128"), [1, 2], checkpoints=[2])
+    cfg = _cfg(run, "--checkpoint.enable", "true", "--model.dim", "256")
+    with pytest.raises(ConfigError) as cli:
+        check_run_folder(cfg)
+    with pytest.raises(ConfigError, match=r"another model or data \(model.dim 128 -> 256\)") as direct:
+        trainer_module.Trainer(cfg)  # the notebook path
+    assert str(direct.value) == str(cli.value)
+    assert not dist.is_initialized()  # refused before any process group
+
+
+class _Resolved(Exception):
+    """Stops a launch at the first step after the run-folder check."""
+
+
+def test_the_cli_path_checks_the_run_folder_once(tmp_path, monkeypatch):
+    calls = []
+    check = trainer_module.check_run_folder
+    monkeypatch.setattr(trainer_module, "check_run_folder", lambda cfg: calls.append(cfg) or check(cfg))
+    monkeypatch.setattr(trainer_module, "resolve_run", lambda *a, **k: (_ for _ in ()).throw(_Resolved()))
+    with pytest.raises(_Resolved):
+        trainer_module.run_training(_cfg(tmp_path / "run"))
+    assert len(calls) == 1
 
 
 def test_a_resume_drops_the_records_after_the_resumed_step(tmp_path):
