@@ -73,13 +73,14 @@ def test_triton_adamw_on_cuda_equals_torch_fused_adamw():
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
 
 
-def test_a_gpu_job_with_triton_is_planned_on_a_cpu_machine_and_refused_by_its_trainer_here():
+def test_a_gpu_job_with_triton_is_planned_on_a_cpu_machine_and_refused_by_its_trainer_here(tmp_path):
     from kenotron.train.resolve import resolve_run
     from kenotron.train.trainer import Trainer
 
     if torch.cuda.is_available():
         pytest.skip("checks the CPU-only machine's behaviour")
-    cfg = load_config(None, ["--tuning.adamw_implementation", "triton"])
+    # A folder of the test's own: the Trainer first checks its run folder (the default ./outputs may hold a run).
+    cfg = load_config(None, ["--tuning.adamw_implementation", "triton", "--job.dump_folder", str(tmp_path)])
     resolve_run(cfg, world_size=1)  # estimation.py's view: planned for a GPU machine
     with pytest.raises(ConfigError, match="tuning.adamw_implementation='triton' needs a CUDA device"):
         Trainer(cfg)

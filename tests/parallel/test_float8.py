@@ -47,14 +47,15 @@ def test_missing_torchao_is_refused_with_the_install_command(monkeypatch):
         check_float8_available()
 
 
-def test_the_trainer_refuses_float8_without_torchao_before_any_process_group(monkeypatch):
+def test_the_trainer_refuses_float8_without_torchao_before_any_process_group(monkeypatch, tmp_path):
     import torch.distributed as dist
 
     from kenotron.train.trainer import Trainer
 
     monkeypatch.setattr(float8.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ConfigError, match="float8.enable=true needs torchao"):
-        Trainer(load_config(None, ["--float8.enable", "true", "--training.device", "cpu"]))
+        Trainer(load_config(None, ["--float8.enable", "true", "--training.device", "cpu",
+                                   "--job.dump_folder", str(tmp_path)]))
     assert not dist.is_initialized()
 
 
