@@ -85,7 +85,8 @@ def test_streamed_checkpoint_equals_the_in_memory_conversion_and_the_exported_mo
     for key, item in reference_meta.items():
         assert streamed_meta[key] == item, key  # size, dtype, chunks
         assert torch.equal(streamed[key], reference[key]), key
-    assert (out / "__0_0.distcp").read_bytes() == (tmp_path / "reference" / "__0_0.distcp").read_bytes()
+    # Not the file's bytes: they equal the reference's on torch 2.13, but torch 2.11's own writer lays
+    # out the same records with other bytes (both read back to the tensors compared above).
     exported = {f"model.{k}": v for k, v in model.state_dict().items()}
     assert set(streamed) == set(exported)
     for key, value in exported.items():
