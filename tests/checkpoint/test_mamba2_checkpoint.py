@@ -16,7 +16,7 @@ from kenotron.models import get_model_spec
 from kenotron.models.mamba2 import Mamba2Args
 from scripts.convert_hf import main as convert_hf
 from tests.checkpoint.tiny import build_model, tiny_args
-from tests.models.hf_parity import random_hf_model
+from tests.models.hf_parity import needs_grouped_mamba2_norm, random_hf_model
 
 transformers = pytest.importorskip("transformers")
 
@@ -31,6 +31,7 @@ def hf_logits(model) -> torch.Tensor:
         return model(input_ids=TOKENS).logits
 
 
+@needs_grouped_mamba2_norm
 def test_hf_folder_loads_and_round_trips_through_a_kenotron_checkpoint(tmp_path):
     theirs = random_hf_model(SPEC, SMALL)
     theirs.save_pretrained(tmp_path / "hf")

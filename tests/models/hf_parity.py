@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import torch
 
 from kenotron.models.spec import ModelSpec
@@ -49,3 +50,17 @@ def max_logit_diff(ours: torch.nn.Module, theirs: torch.nn.Module, tokens: torch
         a = ours(tokens)
         b = theirs(input_ids=tokens).logits
     return (a - b).abs().max().item()
+
+
+def _transformers_version() -> tuple[int, ...]:
+    import transformers
+
+    return tuple(int(part) for part in transformers.__version__.split(".")[:2] if part.isdigit())
+
+
+needs_grouped_mamba2_norm = pytest.mark.skipif(
+    _transformers_version() < (5, 23),
+    reason="transformers < 5.23 normalizes Mamba2's gated norm over all B/C groups at once (fixed in 5.23); "
+           "kenotron and mamba_ssm normalize each group, which these multi-group configs test",
+)
+"""For the tests that compare a Mamba-2 model of several groups with transformers' (the GPU image has 5.17)."""

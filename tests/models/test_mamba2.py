@@ -16,7 +16,13 @@ from kenotron.models.common.ssd import ssd_chunked, ssd_step
 from kenotron.models.hf_adapter import HFConversionError
 from kenotron.models.mamba2 import Mamba2Args
 from kenotron.models.mamba2.hf import regroup
-from tests.models.hf_parity import hf_model, max_logit_diff, random_hf_model, random_kenotron_model
+from tests.models.hf_parity import (
+    hf_model,
+    max_logit_diff,
+    needs_grouped_mamba2_norm,
+    random_hf_model,
+    random_kenotron_model,
+)
 
 SPEC = get_model_spec("mamba2")
 # Two B/C groups (so the adapter's reordering is exercised), chunks shorter than the sequence.
@@ -134,6 +140,7 @@ def test_hybrids_and_dt_limits_are_refused_by_the_adapter():
         adapter.args_from_hf_config(config)
 
 
+@needs_grouped_mamba2_norm
 def test_logits_equal_transformers_both_directions():
     pytest.importorskip("transformers")
     adapter = SPEC.hf_adapter
