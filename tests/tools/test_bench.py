@@ -13,8 +13,14 @@ from tests.models.fake_flash_attn4 import fake_flash_attn4
 TINY = ["--training.device", "cpu", "--training.seq_len", "32", "--training.local_batch_size", "2"]
 
 
-def test_a_case_trains_in_its_own_process_and_reports_speed_and_loss():
-    row = run_case("tiny", TINY, ngpu=1, warmup=1, steps=2, timeout=300)
+@pytest.fixture(scope="module")
+def stream_row() -> dict:
+    """One case with the default (stream) timing; a process of its own takes seconds, so the tests share it."""
+    return run_case("tiny", TINY, ngpu=1, warmup=1, steps=2, timeout=300)
+
+
+def test_a_case_trains_in_its_own_process_and_reports_speed_and_loss(stream_row):
+    row = stream_row
     assert "error" not in row, row.get("error")
     assert row["tokens_per_sec"] > 0 and row["step_time_s"] > 0
     assert math.isfinite(row["loss_last"]) and row["world_size"] == 1
@@ -22,9 +28,9 @@ def test_a_case_trains_in_its_own_process_and_reports_speed_and_loss():
     assert format_row(row).startswith("| tiny | ")
 
 
-def test_sync_timing_gives_the_same_losses_as_stream_timing():
+def test_sync_timing_gives_the_same_losses_as_stream_timing(stream_row):
     # Timing must not change what trains: the same seed gives the same losses either way.
-    stream = run_case("stream", TINY, ngpu=1, warmup=1, steps=2, timeout=300)
+    stream = stream_row
     synced = run_case("sync", TINY, ngpu=1, warmup=1, steps=2, timeout=300, timing="sync")
     assert synced["timing"] == "sync" and synced["step_time_s"] > 0
     assert (synced["loss_first"], synced["loss_last"]) == (stream["loss_first"], stream["loss_last"])
