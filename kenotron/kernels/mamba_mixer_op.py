@@ -75,6 +75,10 @@ def _scan_views(act: Tensor, proj: Tensor, s: _Sizes) -> tuple[Tensor, Tensor, T
     return x, dt, B, C
 
 
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
 def _constants(s: _Sizes) -> dict[str, int]:
     return {"GROUP_ROWS": s.group_rows, "HEAD_ROWS": s.head_rows, "NGROUPS": s.groups}
 
@@ -83,16 +87,12 @@ def _conv_forward(proj: Tensor, weight: Tensor, bias: Tensor | None, s: _Sizes) 
     from kenotron.kernels.mamba_mixer import _conv_forward_kernel
 
     act = torch.empty(s.b, s.l, s.channels, dtype=proj.dtype, device=proj.device)
-    grid = (s.b * triton_cdiv(s.l, _CONV_BLOCK_T), triton_cdiv(s.channels, _CONV_BLOCK_C))
+    grid = (s.b * _cdiv(s.l, _CONV_BLOCK_T), _cdiv(s.channels, _CONV_BLOCK_C))
     _conv_forward_kernel[grid](
         proj, weight, bias if bias is not None else weight, act, s.l, s.channels, *proj.stride()[:2], *act.stride()[:2],
         **_constants(s), NSTATE=s.state, KERNEL=weight.shape[1], HAS_BIAS=bias is not None,
         BLOCK_T=_CONV_BLOCK_T, BLOCK_C=_CONV_BLOCK_C)
     return act
-
-
-def triton_cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def _norm_block(s: _Sizes) -> int:
@@ -138,7 +138,7 @@ def _scratch(proj: Tensor, D: Tensor, head_dim: int, state: int, chunk_size: int
     held = [act.nbytes]
     if backward:
         held += [act.nbytes, s.b * s.l * s.inner * c, s.b * s.l * s.heads * c,
-                 triton_cdiv(s.b * s.l, _NORM_ROWS_PER_PROGRAM) * s.inner * 4]
+                 _cdiv(s.b * s.l, _NORM_ROWS_PER_PROGRAM) * s.inner * 4]
     return held + scan_scratch(x, B, chunk_size, backward)
 
 
@@ -156,7 +156,7 @@ def mamba_mixer_backward(dout: Tensor, proj: Tensor, y: Tensor, rstd: Tensor, co
     dproj = torch.empty_like(proj)
     # The gated norm: the scan output's gradient, and z's into dproj.
     dy = torch.empty_like(y)
-    programs = triton_cdiv(s.b * s.l, _NORM_ROWS_PER_PROGRAM)
+    programs = _cdiv(s.b * s.l, _NORM_ROWS_PER_PROGRAM)
     dnorm_part = torch.empty(programs, s.inner, dtype=torch.float32, device=proj.device)
     _gated_norm_backward_kernel[(programs, s.groups)](
         dout, y, proj, norm_weight, rstd, dy, dproj, dnorm_part, s.b * s.l, s.inner, s.inner, proj.stride(1), s.inner,
@@ -175,10 +175,10 @@ def mamba_mixer_backward(dout: Tensor, proj: Tensor, y: Tensor, rstd: Tensor, co
         ddt.view(s.b, s.l, s.groups, heads_per_group))
     # The convolution: x's, B's and C's input columns of dproj, and partial sums of its parameters' gradients.
     kernel = conv_weight.shape[1]
-    tiles = s.b * triton_cdiv(s.l, _CONV_BLOCK_T)
+    tiles = s.b * _cdiv(s.l, _CONV_BLOCK_T)
     dw_part = torch.empty(tiles, kernel, s.channels, dtype=torch.float32, device=proj.device)
     db_part = torch.empty(tiles, s.channels, dtype=torch.float32, device=proj.device)
-    grid = (tiles, triton_cdiv(s.channels, _CONV_BLOCK_C))
+    grid = (tiles, _cdiv(s.channels, _CONV_BLOCK_C))
     dpre = act  # the recomputed convolution is not needed any more: its buffer takes the gradient before SiLU
     _conv_slope_kernel[grid](
         proj, conv_weight, conv_bias if conv_bias is not None else conv_weight, dact, dpre, dw_part, db_part, s.l,
