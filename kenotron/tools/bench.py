@@ -124,6 +124,25 @@ PRESETS: dict[str, dict[str, list[str]]] = {
         "Qwen3-30B-A3B width 4L b4x4096 compiled": _MOE_30B_4L + ["--compile.enable", "true"],
         "Qwen3-30B-A3B width 4L b4x4096 eager": _MOE_30B_4L + ["--compile.enable", "false"],
     },
+    # Weak scaling (issue 33): the same per-GPU shapes as the 1-GPU rows, on 2 and 4 GPUs over
+    # NCCL (`--ngpu 2` / `--ngpu 4`); "1gpu-scaling" gives the 1-GPU figures they divide by.
+    "1gpu-scaling": {
+        "1B b4x4096 compiled": _1B + ["--compile.enable", "true"],
+        "Qwen3-30B-A3B width 4L b4x4096 compiled": _MOE_30B_4L + ["--compile.enable", "true"],
+    },
+    "2gpu-scaling": {
+        "1B b4x4096 FSDP2 compiled": _1B + ["--compile.enable", "true"],
+        "1B b4x4096 DDP2 compiled": _1B + ["--compile.enable", "true", "--parallelism.dp_replicate", "2",
+                                           "--parallelism.dp_shard", "1"],
+        "Qwen3-30B-A3B width 4L b4x4096 FSDP2 compiled": _MOE_30B_4L + ["--compile.enable", "true"],
+        "Qwen3-30B-A3B width 4L b4x4096 EP2 compiled": _MOE_30B_4L + ["--compile.enable", "true",
+                                                                      "--parallelism.ep", "2"],
+    },
+    "4gpu-scaling": {
+        "1B b4x4096 FSDP4 compiled": _1B + ["--compile.enable", "true"],
+        "Qwen3-30B-A3B width 4L b4x4096 EP4 compiled": _MOE_30B_4L + ["--compile.enable", "true",
+                                                                      "--parallelism.ep", "4"],
+    },
     "cpu-smoke": {
         "debug fp32": ["--training.local_batch_size", "2", "--training.seq_len", "64"],
         "debug fp32 plain loss": ["--training.local_batch_size", "2", "--training.seq_len", "64", "--tuning.loss", "plain"],
@@ -158,6 +177,40 @@ def _profile(trainer, steps: int = 3, rows: int = 30) -> tuple[str, list[dict]]:
         f"{e.key} {e.cpu_time_total / 1e3 / steps:.1f} ({e.count // steps}x)" for e in runtime)
     kernels = device_kernels(prof)
     return top + "\n" + host + "\n" + summarize_kernels(kernels, steps, wall_us).table(), top_kernels(kernels, steps)
+
+
+def _timeline(trainer, folder: str, steps: int = 3) -> str:
+    """Profile `steps` more steps on every rank, write each rank's trace into `folder`
+    (rank{r}.json.gz) and return step_timeline's tables of rank 0's and the last rank's."""
+    import gzip
+    import shutil as _shutil
+
+    import torch
+    import torch.distributed as dist
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    from kenotron.tools.step_timeline import STEP_RANGE, analyse, read_trace
+
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            with record_function(STEP_RANGE):
+                trainer.train_step(trainer.loader.next_step())
+        torch.cuda.synchronize()
+    raw = Path(folder) / f"rank{rank}.json"
+    prof.export_chrome_trace(str(raw))
+    with open(raw, "rb") as src, gzip.open(f"{raw}.gz", "wb") as dst:
+        _shutil.copyfileobj(src, dst)
+    raw.unlink()
+    if dist.is_initialized():
+        dist.barrier()
+    if rank != 0:
+        return ""
+    ranks = sorted({0, world - 1})
+    return "\n".join(analyse(read_trace(Path(folder) / f"rank{r}.json.gz")).table(f"rank {r}") for r in ranks)
 
 
 def _trace(trainer) -> str:
@@ -208,7 +261,7 @@ def time_steps(trainer, warmup: int, steps: int, timing: str) -> tuple[list[floa
 
 
 def run_worker(out_path: str, warmup: int, steps: int, overrides: list[str], profile: bool = False,
-               timing: str = "stream", trace: bool = False) -> None:
+               timing: str = "stream", trace: bool = False, timeline: str | None = None) -> None:
     """Inside one case's process (every rank): build the trainer, time the steps, write JSON."""
     import torch
     import torch.distributed as dist
@@ -253,6 +306,8 @@ def run_worker(out_path: str, warmup: int, steps: int, overrides: list[str], pro
         result["profile"], result["kernels"] = _profile(trainer)
     if trace:
         result["trace"] = _trace(trainer)
+    if timeline and device.type == "cuda":
+        result["timeline"] = _timeline(trainer, timeline)
     if world.rank == 0:
         Path(out_path).write_text(json.dumps(result))
     trainer.close()
@@ -260,7 +315,7 @@ def run_worker(out_path: str, warmup: int, steps: int, overrides: list[str], pro
 
 def run_case(
     name: str, overrides: list[str], ngpu: int, warmup: int, steps: int, timeout: float, profile: bool = False,
-    timing: str = "stream", trace: bool = False,
+    timing: str = "stream", trace: bool = False, timeline: str | None = None,
 ) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "result.json")
@@ -268,6 +323,9 @@ def run_case(
                   "--timing", timing]
         worker += ["--profile"] if profile else []
         worker += ["--trace"] if trace else []
+        if timeline:
+            # One folder per case: the traces of every rank (bench's --timeline DIR).
+            worker += ["--timeline", os.path.join(timeline, "".join(c if c.isalnum() else "_" for c in name))]
         # A benchmark keeps no run: its config, records and checkpoints go to the temporary folder
         # (the case's own overrides come after, so a case may still name a folder).
         worker += ["--", "--job.dump_folder", os.path.join(tmp, "run")]
@@ -335,12 +393,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", action="store_true", help="print the top CUDA kernels of each case")
     parser.add_argument("--trace", action="store_true",
                         help="print per-block forward/backward times of one more step and the memory pools by stream")
+    parser.add_argument("--timeline", metavar="DIR",
+                        help="write every rank's trace of 3 more steps under DIR and print where the step's time goes: "
+                             "compute, each collective and its exposed part (kenotron/tools/step_timeline.py)")
     parser.add_argument("--timing", choices=["stream", "sync"], default="stream",
                         help="stream: steps back to back, timed by CUDA events; sync: synchronize around each step")
     args, rest = parser.parse_known_args(argv)
     if args.worker:
         run_worker(args.worker, args.warmup, args.steps, [a for a in rest if a != "--"], args.profile, args.timing,
-                   args.trace)
+                   args.trace, args.timeline)
         return 0
     cases: dict[str, list[str]] = {}
     for preset in args.preset:
@@ -368,10 +429,10 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for name, overrides in cases.items():
         row = run_case(name, overrides + extra, args.ngpu, args.warmup, args.steps, args.timeout, args.profile,
-                       args.timing, args.trace)
+                       args.timing, args.trace, args.timeline)
         rows.append(row)
         print(format_row(row), flush=True)
-        for text in ("profile", "trace"):
+        for text in ("profile", "trace", "timeline"):
             if row.get(text):
                 print(row.pop(text), flush=True)
     if args.json:
