@@ -21,7 +21,8 @@ Per step (averaged over the traced steps):
 - host synchronizations (stream, event and device synchronizes, synchronous memcpys: an
   `.item()` or `.tolist()` shows here) and stream waits (`cudaStreamWaitEvent`), counted.
 
-A step is the span of a `kenotron_step` range (bench.py puts one around each traced step).
+A step is the span of a `kenotron_step` range (bench.py puts one around each traced step): on
+the device, from its start to the next step's; runtime calls count in its host-side range.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ MATMUL = re.compile(r"gemm|nvjet|cutlass|xmma|cublas|sm90_xmma|wgmma", re.IGNORE
 FSDP_COPY = re.compile(r"CopyFunctor|foreach_copy|chunk_cat|split_with_sizes", re.IGNORECASE)
 HOST_SYNC = re.compile(r"^cuda(StreamSynchronize|EventSynchronize|DeviceSynchronize|Memcpy)$")
 STREAM_WAIT = "cudaStreamWaitEvent"
+HOST_BLOCK_US = 500.0
 DEVICE_CATEGORIES = {"kernel", "gpu_memcpy", "gpu_memset"}
 
 Interval = tuple[float, float]
@@ -148,23 +150,30 @@ class StepTimeline:
         return {k: v for k, v in self.__dict__.items()}
 
 
-def _step_spans(events: list[dict]) -> list[Interval]:
-    """Device spans of the traced steps (the GPU-side ranges), else the host-side ranges."""
-    for category in ("gpu_user_annotation", "user_annotation"):
-        spans = [(e["ts"], e["ts"] + e["dur"]) for e in events
-                 if e.get("cat") == category and e.get("name") == STEP_RANGE and "dur" in e]
-        if spans:
-            return sorted(spans)
-    return []
+def _step_spans(events: list[dict], device: list[dict]) -> tuple[list[Interval], list[Interval]]:
+    """(device spans, host spans) of the traced steps.
+
+    The profiler's device-side range of a step ends before kernels launched inside nested
+    ranges (the optimizer's), so a step's device span runs from its range's start to the next
+    step's (the last one to the trace's last kernel). Without device-side ranges (a CPU run),
+    the host-side ranges serve for both."""
+    host = sorted((e["ts"], e["ts"] + e["dur"]) for e in events
+                  if e.get("cat") == "user_annotation" and e.get("name") == STEP_RANGE and "dur" in e)
+    starts = sorted(e["ts"] for e in events
+                    if e.get("cat") == "gpu_user_annotation" and e.get("name") == STEP_RANGE and "dur" in e)
+    if not starts:
+        return host, host
+    end = max((e["ts"] + e["dur"] for e in device), default=starts[-1])
+    return [(a, b) for a, b in zip(starts, [*starts[1:], end])], host
 
 
 def analyse(trace: dict) -> StepTimeline:
     """The per-step breakdown of one rank's Chrome trace (torch.profiler's export)."""
     events = trace["traceEvents"] if isinstance(trace, dict) else trace
-    steps = _step_spans(events)
+    device = [e for e in events if e.get("cat") in DEVICE_CATEGORIES and "dur" in e]
+    steps, host_steps = _step_spans(events, device)
     if not steps:
         raise ValueError(f"the trace has no '{STEP_RANGE}' range: profile the steps inside record_function('{STEP_RANGE}')")
-    device = [e for e in events if e.get("cat") in DEVICE_CATEGORIES and "dur" in e]
     runtime = [e for e in events if e.get("cat") == "cuda_runtime" and "dur" in e]
     optimizer_spans = [(e["ts"], e["ts"] + e["dur"]) for e in events
                        if e.get("cat") == "gpu_user_annotation" and str(e.get("name", "")).startswith("Optimizer.step")]
@@ -172,7 +181,7 @@ def analyse(trace: dict) -> StepTimeline:
     collective_sum: dict[str, float] = defaultdict(float)
     exposed_sum: dict[str, float] = defaultdict(float)
     calls: dict[str, float] = defaultdict(float)
-    for lo, hi in steps:
+    for (lo, hi), (host_lo, host_hi) in zip(steps, host_steps, strict=False):
         inside = [e for e in device if e["ts"] < hi and e["ts"] + e["dur"] > lo]
         by_kind: dict[str, list[Interval]] = defaultdict(list)
         compute: list[Interval] = []
@@ -213,8 +222,10 @@ def analyse(trace: dict) -> StepTimeline:
                 out.tail += end - last_matmul
                 out.tail_exposed += length(minus(clip(comm, last_matmul, end), compute))
         for e in runtime:
-            if lo <= e["ts"] < hi:
-                if HOST_SYNC.match(e["name"]):
+            if host_lo <= e["ts"] < host_hi:  # host calls: the step's host-side range
+                # A runtime call that blocks the host for long (a device-to-host copy waits for the
+                # stream) is a synchronization whatever its name.
+                if HOST_SYNC.match(e["name"]) or e["dur"] > HOST_BLOCK_US:
                     out.host_syncs += 1
                     out.host_sync_us += e["dur"]
                 elif e["name"] == STREAM_WAIT:

@@ -17,20 +17,23 @@ def _kernel(name: str, ts: float, dur: float, stream: int = 7) -> dict:
 
 def _trace() -> dict:
     """One 100 us step: an all-gather alone at the start (10 us exposed), a matmul 10..60 with a
-    reduce-scatter 50..70 under it (10 us exposed after it), the optimizer 75..95 and an idle gap
-    70..75 and 95..100, one stream synchronize and two stream waits on the host."""
+    reduce-scatter 50..70 under it (10 us exposed after it), the optimizer 75..95, idle gaps
+    70..75 and 95..99, one stream synchronize and two stream waits on the host."""
     return {"traceEvents": [
-        {"cat": "gpu_user_annotation", "name": STEP_RANGE, "ts": 0.0, "dur": 100.0},
+        # The device-side step range ends before the optimizer's kernels (a nested range's): the
+        # step runs to the trace's last kernel. Host calls count inside the host-side range.
+        {"cat": "gpu_user_annotation", "name": STEP_RANGE, "ts": 0.0, "dur": 70.0},
+        {"cat": "user_annotation", "name": STEP_RANGE, "ts": -5.0, "dur": 20.0},
         _kernel("ncclDevKernel_AllGather_RING_LL(ncclDevComm*)", 0.0, 10.0, stream=20),
         _kernel("sm90_xmma_gemm_bf16bf16_bf16f32", 10.0, 50.0),
         _kernel("ncclDevKernel_ReduceScatter_Sum_f32_RING_LL", 50.0, 20.0, stream=21),
         {"cat": "gpu_user_annotation", "name": "Optimizer.step#AdamW.step", "ts": 75.0, "dur": 20.0},
         _kernel("multi_tensor_apply_kernel<FusedAdamMathFunctor>", 75.0, 20.0),
+        _kernel("last_kernel", 99.0, 1.0),
         {"cat": "cuda_runtime", "name": "cudaStreamSynchronize", "ts": 5.0, "dur": 3.0},
         {"cat": "cuda_runtime", "name": "cudaStreamWaitEvent", "ts": 6.0, "dur": 0.1},
         {"cat": "cuda_runtime", "name": "cudaStreamWaitEvent", "ts": 7.0, "dur": 0.1},
-        # outside the step: ignored
-        _kernel("ncclDevKernel_AllReduce_Sum_f32", 200.0, 50.0),
+        {"cat": "cuda_runtime", "name": "cudaStreamSynchronize", "ts": 30.0, "dur": 50.0},  # outside the host range
     ]}
 
 
@@ -51,8 +54,8 @@ def test_exposed_time_is_collective_time_without_compute():
     assert t.steps == 1 and t.wall == 100.0
     assert t.collective == {"all-gather": 10.0, "reduce-scatter": 20.0}
     assert t.exposed == {"all-gather": 10.0, "reduce-scatter": 10.0}
-    assert t.compute == 70.0  # the matmul and the optimizer kernel
-    assert t.idle == 10.0  # 70..75 and 95..100
+    assert t.compute == 71.0  # the matmul, the optimizer kernel and the last kernel
+    assert t.idle == 9.0  # 70..75 and 95..99
     assert (t.head, t.head_exposed) == (10.0, 10.0)
     assert (t.tail, t.tail_exposed) == (15.0, 10.0)  # last matmul ends at 60, optimizer starts at 75
     assert t.optimizer == 20.0
