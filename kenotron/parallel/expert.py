@@ -4,10 +4,10 @@ For every module of `plan.layout.moe_modules` (models/common/moe.py):
 
 - Expert parallel (an "ep" mesh dimension, borrowed from dp_shard x cp; parallel/dims.py):
   the expert weights become DTensors sharded over ep on the expert dimension (each rank holds
-  n_experts / ep experts), and the layer's dispatcher becomes `AllToAllDispatcher`: each rank
-  groups its token copies by expert, sends each rank the copies of its experts (the copy counts
-  are exchanged first, so the splits may be uneven), computes what it received, and sends the
-  results back. FSDP then shards the expert weights over the data-parallel ranks ep leaves
+  n_experts / ep experts), and the layer's dispatcher becomes `AllToAllDispatcher`: each token
+  travels once to each rank that holds one of its experts (the row counts are exchanged first,
+  so the splits may be uneven), which computes its experts there, weights and sums them, and
+  sends one row back (parallel/expert_dispatch.py). FSDP then shards the expert weights over the data-parallel ranks ep leaves
   ("efsdp", parallel/data.py).
 - Tensor parallel (a "tp" dimension): the MoE layer has no tensor-parallel split. It runs on
   this rank's shard of the sequence (under sequence parallel the residual stream is split
@@ -30,9 +30,17 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import PrepareModuleInput, PrepareModuleOutput, parallelize_module
 
-from kenotron.models.common.experts import GroupedExperts, gather_rows, group_by_expert, sum_rows
+from kenotron.models.common.experts import GroupedExperts, copy_weights, gather_rows, sum_rows
 from kenotron.models.common.moe import MoE, expert_alignment
 from kenotron.models.common.router import RouterOutput
+from kenotron.parallel.expert_dispatch import (
+    CombineRows,
+    SelectRows,
+    destinations,
+    padded_rows,
+    received_grouping,
+    send_order,
+)
 from kenotron.parallel.model_layout import matching_modules
 
 if TYPE_CHECKING:
@@ -43,7 +51,8 @@ SEQ = Shard(1)
 
 
 class AllToAllDispatcher:
-    """The expert-parallel dispatcher: token copies travel to the rank of their expert and back."""
+    """The expert-parallel dispatcher: each token travels once to each rank holding one of its
+    experts and back (parallel/expert_dispatch.py)."""
 
     def __init__(self, group: dist.ProcessGroup, ep: int) -> None:
         self.group, self.ep = group, ep
@@ -51,35 +60,47 @@ class AllToAllDispatcher:
         """Take every split as even instead of exchanging the counts: the memory estimator's
         planning, on fake tensors whose values do not exist (the trainer never sets it)."""
 
-    def _splits(self, counts: torch.Tensor, copies: int) -> tuple[torch.Tensor, list[int], list[int]]:
-        """(copies received per [source rank, local expert], copies sent per rank, received per rank)."""
-        if self.assume_balanced:
-            even = [copies // self.ep] * self.ep
-            return torch.full_like(counts, copies // counts.shape[0]), even, even
-        received = torch.empty_like(counts)
-        dist.all_to_all_single(received, counts, group=self.group)
-        local = counts.shape[0] // self.ep
-        return received, counts.view(self.ep, local).sum(1).tolist(), received.view(self.ep, local).sum(1).tolist()
+    def _sizes(self, present: torch.Tensor, expert_ids: torch.Tensor, n_experts: int, align: int
+               ) -> tuple[list[int], list[int], int]:
+        """(rows sent per rank, rows received per rank, rows of the experts' grouped buffer), read
+        on the host at once: the one synchronization of the layer."""
+        tokens, k = expert_ids.shape
+        local = n_experts // self.ep
+        if self.assume_balanced:  # every token to every rank, its pairs spread evenly
+            return [tokens] * self.ep, [tokens] * self.ep, tokens * k + local * (align - 1)
+        pairs = torch.bincount(expert_ids.reshape(-1), minlength=n_experts).view(self.ep, local)
+        header = torch.cat([present.sum(0).unsqueeze(1), pairs], 1)
+        received = torch.empty_like(header)
+        dist.all_to_all_single(received, header, group=self.group)
+        real_rows = padded_rows(received[:, 1:].sum(0), align)
+        sizes = torch.cat([header[:, 0], received[:, 0], real_rows.view(1)]).tolist()
+        return sizes[:self.ep], sizes[self.ep:2 * self.ep], sizes[-1]
 
     def __call__(self, x: torch.Tensor, r: RouterOutput, experts: GroupedExperts) -> torch.Tensor:
         from torch.distributed._functional_collectives import all_to_all_single_autograd
 
-        n_experts, k = experts.n_experts, r.experts.shape[1]
-        local = n_experts // self.ep
-        by_expert = group_by_expert(r.experts.reshape(-1), n_experts, k)
-        send = gather_rows(x, by_expert)  # copies ordered by expert, hence by destination rank
-        received, send_splits, recv_splits = self._splits(by_expert.counts, by_expert.copies)
-        recv = all_to_all_single_autograd(send, recv_splits, send_splits, self.group)
-        # Regroup what arrived (source-major) by local expert, padded for the expert kernel.
-        expert_of_row = torch.repeat_interleave(
-            torch.arange(local, device=x.device).repeat(self.ep), received.view(-1), output_size=sum(recv_splits))
-        g = group_by_expert(expert_of_row, local, 1, expert_alignment(experts, x))
-        ones = torch.ones(g.rows, device=x.device)
-        y = sum_rows(experts(gather_rows(recv, g), g.offsets, g.counts, ones), g)
+        ep, n_experts, (tokens, k) = self.ep, experts.n_experts, r.experts.shape
+        local = n_experts // ep
+        align = expert_alignment(experts, x)
+        present = destinations(r.experts, ep, local)
+        send_splits, recv_splits, real_rows = self._sizes(present, r.experts, n_experts, align)
+        pair = send_order(present)[:sum(send_splits)]
+        token, rank = pair % tokens, torch.div(pair, tokens, rounding_mode="floor")
+        slot = token * ep + rank
+        # Each sent row: the token, its experts on that rank (local ids; `local` for the others)
+        # and their routing weights (0 for the others).
+        ids = r.experts.index_select(0, token)
+        here = torch.div(ids, local, rounding_mode="floor") == rank.unsqueeze(1)
+        local_ids = torch.where(here, ids - rank.unsqueeze(1) * local, local)
+        weights = SelectRows.apply(r.weights, token, slot, ep) * here
+        recv_x = all_to_all_single_autograd(SelectRows.apply(x, token, slot, ep), recv_splits, send_splits, self.group)
+        recv_w = all_to_all_single_autograd(weights, recv_splits, send_splits, self.group)
+        recv_ids = local_ids.new_empty((sum(recv_splits), k))
+        dist.all_to_all_single(recv_ids, local_ids, recv_splits, send_splits, group=self.group)
+        g = received_grouping(recv_ids, local, k, align, real_rows)
+        y = sum_rows(experts(gather_rows(recv_x, g), g.offsets, g.counts, copy_weights(recv_w, g)), g)
         back = all_to_all_single_autograd(y, send_splits, recv_splits, self.group)
-        # The routing weights apply on this side, per copy, before each token sums its copies.
-        weights = r.weights.reshape(-1).index_select(0, by_expert.src_copy)
-        return sum_rows(back * weights.unsqueeze(-1).to(back.dtype), by_expert)
+        return CombineRows.apply(back, token, slot, tokens, ep)
 
 
 def _replicated_over_tp(tensor: torch.Tensor, mesh: DeviceMesh, placements: list) -> nn.Parameter:
