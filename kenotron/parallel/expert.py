@@ -61,20 +61,22 @@ class AllToAllDispatcher:
         planning, on fake tensors whose values do not exist (the trainer never sets it)."""
 
     def _sizes(self, present: torch.Tensor, expert_ids: torch.Tensor, n_experts: int, align: int
-               ) -> tuple[list[int], list[int], int]:
+               ) -> tuple[list[int], list[int], int, torch.Tensor]:
         """(rows sent per rank, rows received per rank, rows of the experts' grouped buffer), read
-        on the host at once: the one synchronization of the layer."""
+        on the host at once (the one synchronization of the layer), and the pairs received per
+        local expert (on the device)."""
         tokens, k = expert_ids.shape
         local = n_experts // self.ep
         if self.assume_balanced:  # every token to every rank, its pairs spread evenly
-            return [tokens] * self.ep, [tokens] * self.ep, tokens * k + local * (align - 1)
+            pairs = torch.full((local,), tokens * k // local, dtype=torch.int64, device=expert_ids.device)
+            return [tokens] * self.ep, [tokens] * self.ep, tokens * k + local * (align - 1), pairs
         pairs = torch.bincount(expert_ids.reshape(-1), minlength=n_experts).view(self.ep, local)
         header = torch.cat([present.sum(0).unsqueeze(1), pairs], 1)
         received = torch.empty_like(header)
         dist.all_to_all_single(received, header, group=self.group)
-        real_rows = padded_rows(received[:, 1:].sum(0), align)
-        sizes = torch.cat([header[:, 0], received[:, 0], real_rows.view(1)]).tolist()
-        return sizes[:self.ep], sizes[self.ep:2 * self.ep], sizes[-1]
+        pairs = received[:, 1:].sum(0)
+        sizes = torch.cat([header[:, 0], received[:, 0], padded_rows(pairs, align).view(1)]).tolist()
+        return sizes[:self.ep], sizes[self.ep:2 * self.ep], sizes[-1], pairs
 
     def __call__(self, x: torch.Tensor, r: RouterOutput, experts: GroupedExperts) -> torch.Tensor:
         from torch.distributed._functional_collectives import all_to_all_single_autograd
@@ -83,7 +85,7 @@ class AllToAllDispatcher:
         local = n_experts // ep
         align = expert_alignment(experts, x)
         present = destinations(r.experts, ep, local)
-        send_splits, recv_splits, real_rows = self._sizes(present, r.experts, n_experts, align)
+        send_splits, recv_splits, real_rows, pairs_here = self._sizes(present, r.experts, n_experts, align)
         pair = send_order(present)[:sum(send_splits)]
         token, rank = pair % tokens, torch.div(pair, tokens, rounding_mode="floor")
         slot = token * ep + rank
@@ -97,7 +99,7 @@ class AllToAllDispatcher:
         recv_w = all_to_all_single_autograd(weights, recv_splits, send_splits, self.group)
         recv_ids = local_ids.new_empty((sum(recv_splits), k))
         dist.all_to_all_single(recv_ids, local_ids, recv_splits, send_splits, group=self.group)
-        g = received_grouping(recv_ids, local, k, align, real_rows)
+        g = received_grouping(recv_ids, pairs_here, k, align, real_rows)
         y = sum_rows(experts(gather_rows(recv_x, g), g.offsets, g.counts, copy_weights(recv_w, g)), g)
         back = all_to_all_single_autograd(y, send_splits, recv_splits, self.group)
         return CombineRows.apply(back, token, slot, tokens, ep)

@@ -77,11 +77,14 @@ def padded_rows(pairs_per_expert: torch.Tensor, align: int) -> torch.Tensor:
     return ((pairs_per_expert + align - 1) // align * align).sum()
 
 
-def received_grouping(local_ids: torch.Tensor, local: int, k: int, align: int, real_rows: int) -> Grouping:
-    """Group the received (row, slot) pairs by local expert; the slots whose expert lives elsewhere
-    (id `local`) all point at one zero row appended to the last expert's group (its output is 0:
-    the experts have no bias), so no buffer row is spent on them."""
-    g = group_by_expert(local_ids.reshape(-1), local + 1, k, align)
+def received_grouping(local_ids: torch.Tensor, pairs: torch.Tensor, k: int, align: int, real_rows: int) -> Grouping:
+    """Group the received (row, slot) pairs by local expert (`pairs`: how many each has); the
+    slots whose expert lives elsewhere (id `local`) all point at one zero row appended to the last
+    expert's group (its output is 0: the experts have no bias), so no buffer row is spent on them."""
+    local = pairs.shape[0]
+    flat = local_ids.reshape(-1)
+    counts = torch.cat([pairs, (flat.shape[0] - pairs.sum()).view(1)])
+    g = group_by_expert(flat, local + 1, k, align, counts)
     src_copy = torch.cat([g.src_copy[:real_rows], g.src_copy.new_full((1,), g.copies)])
     dest_row = torch.where(g.dest_row < real_rows, g.dest_row, real_rows)
     offsets = g.offsets[:local].clone()

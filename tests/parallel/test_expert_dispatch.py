@@ -44,7 +44,7 @@ def test_received_grouping_computes_only_local_pairs_and_zeroes_the_others():
     local_ids = torch.tensor([[0, 2], [1, 0], [2, 1]])
     align = 4
     real_rows = int(padded_rows(torch.tensor([2, 2]), align))
-    g = received_grouping(local_ids, local=2, k=2, align=align, real_rows=real_rows)
+    g = received_grouping(local_ids, torch.tensor([2, 2]), k=2, align=align, real_rows=real_rows)
     assert g.rows == real_rows + 1 == 9 and g.offsets.tolist() == [4, 9] and g.counts.tolist() == [2, 2]
     x = torch.arange(1.0, 4.0).unsqueeze(1)  # row r holds r + 1
     grouped = gather_rows(x, g)

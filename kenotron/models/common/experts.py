@@ -66,15 +66,20 @@ class Grouping:
         return self.dest_row.shape[0]
 
 
-def group_by_expert(expert_ids: torch.Tensor, n_groups: int, k: int, align: int = 1) -> Grouping:
+def group_by_expert(expert_ids: torch.Tensor, n_groups: int, k: int, align: int = 1,
+                    counts: torch.Tensor | None = None) -> Grouping:
     """Group the copies whose experts are `expert_ids` (copies,) by expert, each group padded to a
     multiple of `align` rows. The buffer has a static size, copies + n_groups * (align - 1): the
-    last group takes the rows that the others' padding leaves over."""
+    last group takes the rows that the others' padding leaves over. `counts` (n_groups,), the
+    copies per group, when the caller knows them: counting runs through an accumulating
+    index_put, whose CUDA kernel takes each run of equal ids serially (11 ms for one group of
+    130k copies)."""
     copies = expert_ids.shape[0]
     device = expert_ids.device
     order = torch.argsort(expert_ids, stable=True)  # grouped (unpadded) position -> copy
-    counts = torch.zeros(n_groups, dtype=torch.int64, device=device)
-    counts.index_add_(0, expert_ids, torch.ones_like(expert_ids))
+    if counts is None:
+        counts = torch.zeros(n_groups, dtype=torch.int64, device=device)
+        counts.index_add_(0, expert_ids, torch.ones_like(expert_ids))
     if align > 1:
         padded = (counts + align - 1) // align * align
         rows = copies + n_groups * (align - 1)
