@@ -38,6 +38,7 @@ from kenotron.parallel.expert_dispatch import (
     SelectRows,
     destinations,
     padded_rows,
+    pair_counts,
     received_grouping,
     send_order,
 )
@@ -70,7 +71,7 @@ class AllToAllDispatcher:
         if self.assume_balanced:  # every token to every rank, its pairs spread evenly
             pairs = torch.full((local,), tokens * k // local, dtype=torch.int64, device=expert_ids.device)
             return [tokens] * self.ep, [tokens] * self.ep, tokens * k + local * (align - 1), pairs
-        pairs = torch.bincount(expert_ids.reshape(-1), minlength=n_experts).view(self.ep, local)
+        pairs = pair_counts(expert_ids, n_experts).view(self.ep, local)
         header = torch.cat([present.sum(0).unsqueeze(1), pairs], 1)
         received = torch.empty_like(header)
         dist.all_to_all_single(received, header, group=self.group)

@@ -66,6 +66,14 @@ def destinations(expert_ids: torch.Tensor, ep: int, local: int) -> torch.Tensor:
     return present.scatter_(1, torch.div(expert_ids, local, rounding_mode="floor"), True)
 
 
+def pair_counts(expert_ids: torch.Tensor, n_experts: int) -> torch.Tensor:
+    """(n_experts,) int64: how many (token, expert) pairs each expert has. Compared against every
+    expert id rather than `torch.bincount`, which reads the largest id on the host (a
+    synchronization), or an accumulating index_put, which adds long runs of equal ids serially."""
+    experts = torch.arange(n_experts, device=expert_ids.device)
+    return (expert_ids.reshape(-1, 1) == experts).sum(0)
+
+
 def send_order(present: torch.Tensor) -> torch.Tensor:
     """(rank * tokens + token) of every (token, rank) to send, ordered by rank then token, first;
     the pairs not sent follow (the caller keeps the first sum(present) entries)."""

@@ -11,6 +11,7 @@ from kenotron.parallel.expert_dispatch import (
     SelectRows,
     destinations,
     padded_rows,
+    pair_counts,
     received_grouping,
     send_order,
 )
@@ -51,3 +52,8 @@ def test_received_grouping_computes_only_local_pairs_and_zeroes_the_others():
     assert grouped[-1].item() == 0.0  # the shared zero row
     # Summing back each row's slots: the other rank's slots add the zero row.
     assert sum_rows(grouped, g).squeeze(1).tolist() == [1.0, 4.0, 3.0]
+
+
+def test_pair_counts_count_each_experts_pairs():
+    ids = torch.tensor([[0, 3], [3, 1], [3, 0]])
+    assert pair_counts(ids, 5).tolist() == [2, 1, 0, 3, 0]
