@@ -126,8 +126,8 @@ class StepTimeline:
     def table(self, label: str = "") -> str:
         ms = 1e-3
         lines = [
-            f"Step timeline{(' ' + label) if label else ''}: wall {self.wall * ms:.1f} ms per step over "
-            f"{self.steps} steps (exposed = running while no compute kernel runs)",
+            (f"Step timeline{(' ' + label) if label else ''}: wall {self.wall * ms:.1f} ms per step over "
+             f"{self.steps} steps (exposed = running while no compute kernel runs)"),
             "| part | ms / step | exposed ms / step | calls / step |",
             "|---|---|---|---|",
             f"| compute (all streams) | {self.compute * ms:.2f} | | |",
@@ -145,9 +145,6 @@ class StepTimeline:
             f"| stream waits | | | {self.stream_waits:.0f} |",
         ]
         return "\n".join(lines)
-
-    def as_dict(self) -> dict:
-        return {k: v for k, v in self.__dict__.items()}
 
 
 def _step_spans(events: list[dict], device: list[dict]) -> tuple[list[Interval], list[Interval]]:
