@@ -87,7 +87,7 @@ def time_collective(collective: str, mib: float, dtype: torch.dtype, device: tor
         _sync(device)
         times.append((time.perf_counter() - start) * 1e3)
     # Every rank reports the slowest rank's time: a collective ends when its last rank is done.
-    slowest = torch.tensor([statistics.median(times)], dtype=torch.float64)
+    slowest = torch.tensor([statistics.median(times)], dtype=torch.float64, device=device)  # NCCL: device tensors only
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
     return CollectiveTiming(collective, str(dtype).removeprefix("torch."), elements * full.element_size() / 2**20,
                             float(slowest.item()), world)
