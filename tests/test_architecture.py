@@ -29,6 +29,7 @@ FORBIDDEN: dict[str, set[str] | str] = {
     "data": {"models", "parallel", "train"},
     "parallel": {"train", "estimate", "checkpoint", "tools"},
     "checkpoint": {"train", "estimate", "tools"},
+    "estimate": {"planner"},  # the fake-tensor estimator is the authority the planner checks against
 }
 
 # Modules of one room that another may not import, whatever the rooms above allow.

@@ -33,18 +33,16 @@ slowest under the trainer's default split, which counts them as one block.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from torch import nn
 
-from kenotron.estimate.analytic import StepShape, kinds_activations
 from kenotron.models.common.mamba import MambaBlock
 from kenotron.parallel.pipeline import pipeline_units
+from kenotron.planner.analytic import kinds_activations
+from kenotron.planner.hardware import Hardware
+from kenotron.planner.step_shape import StepShape
 from kenotron.train.flops import active_matmul_params
 from kenotron.train.resolve import ResolvedRun
-
-if TYPE_CHECKING:
-    from kenotron.estimate.throughput import Hardware
 
 FUSED_LOSS_BYTES = 8
 """Bytes moved per logit by the fused chunked loss (forward and backward)."""
