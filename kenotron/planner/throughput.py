@@ -22,7 +22,7 @@ m micro-steps of b sequences, t = tp, p = cp, q = pp, T = b·s/p the rank's toke
              per block and micro-step: the k/v all-gather in forward and again in backward, (p-1)
              blocks of b·s/p tokens, and the fp32 k/v gradients passed on at each of its p steps;
              the same volume with the alltoall rotation. The attention kernels' lower efficiency
-             on split blocks, which costs more than this traffic on H200, is not modelled)
+             on split blocks is not modelled: docs/parallelism.md, Context parallel)
   p2p      = m · (v·µ + q − 1) · 2 · b_µ·s/p·d·c_r / B_pp   (pipeline parallel: each slot of the
              critical path waits for one activation sent forward and one gradient sent back,
              b_µ·s/p·d·c_r bytes each (c_r: 4 under autocast's fp32 residual stream), taken as
