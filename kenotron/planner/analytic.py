@@ -7,7 +7,8 @@ autocast, else c). Every tensor is rounded up to 512 bytes as the CUDA allocator
 
 MoE models replace the MLP terms by the MoE layer's (analytic_moe.py).
 
-Static (exact, from `plan.describe`, i.e. the same per-parameter table the plan prints):
+Static (exact, from `plan.describe`, i.e. the same per-parameter table the plan prints;
+kenotron/estimate/static_memory.py):
   P = Σ local fp32 parameter shards (+ buffers);  G = the same bytes once gradients exist;
   O = AdamW: 2 · P + one 512-byte step counter per parameter (ZeRO-1: the partition's
       largest rank, from `Zero1Optimizer`'s own greedy partition); SGD: 0.
