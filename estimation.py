@@ -3,12 +3,13 @@
     python estimation.py --config train_configs/llama3_8b.toml --ngpu 64 [--section.key value ...]
                          [--gpu-memory-gib 80] [--json report.json] [--search] [--full-depth]
 
-The logic lives in kenotron/estimate (see docs/estimation.md).
+The estimator lives in kenotron/estimate, the planner and this command in kenotron/planner
+(see docs/estimation.md).
 """
 
 import sys
 
-from kenotron.estimate.cli import main
+from kenotron.planner.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -49,7 +49,7 @@ def train(argv: list[str]) -> int:
 
 
 def _estimate(argv: list[str]) -> int:
-    from kenotron.estimate.cli import main
+    from kenotron.planner.cli import main
 
     return main(argv, prog="kenotron estimate")
 

@@ -3,7 +3,7 @@
     PYTHONPATH=. python scripts/fit_throughput.py            # fit, then the table with the fitted values
     PYTHONPATH=. python scripts/fit_throughput.py --no-fit   # the table with Hardware's defaults
 
-The rows are tests/estimate/test_throughput_rows.py's (each with where it is recorded). The fit
+The rows are tests/planner/test_throughput_rows.py's (each with where it is recorded). The fit
 minimizes the sum of squared log(modelled / measured) over the rows whose tolerance is the
 common one (TOLERANCE; the TP row, which the model does not capture, is left out) by a pattern
 search in log space over matmul_efficiency, attention_efficiency, scan_efficiency and
@@ -20,15 +20,14 @@ import math
 from pathlib import Path
 
 from kenotron.config import load_config
-from kenotron.estimate.analytic import AnalyticModel
-from kenotron.estimate.throughput import Hardware, step_time
+from kenotron.planner import AnalyticModel, Hardware, step_time
 from kenotron.train.resolve import resolve_run
 
 FITTED = ("matmul_efficiency", "attention_efficiency", "scan_efficiency", "elementwise_passes")
 
 
 def _rows_module():
-    path = Path(__file__).resolve().parent.parent / "tests" / "estimate" / "test_throughput_rows.py"
+    path = Path(__file__).resolve().parent.parent / "tests" / "planner" / "test_throughput_rows.py"
     spec = importlib.util.spec_from_file_location("throughput_rows", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -108,8 +108,8 @@ class ReusingStager(AsyncStager):
     copy) and, on CUDA, pinned, filled by non-blocking copies on a side stream. They are allocated
     by the first save and reused by the next ones (the caller waits for a save's write before
     starting the next copy). DCP's DefaultStager in torch 2.11 frees its buffers after every
-    copy; with it, the 1B model's 14.8 GiB state stalled training 6.1 s per save on an H100
-    host (allocating and pinning), against 0.36 s with reused buffers (docs/checkpointing.md).
+    copy, so each save would allocate and pin them again while training waits (the cost is
+    measured in docs/checkpointing.md).
     """
 
     _synchronize_after_execute = False  # the caller waits on the staging future instead

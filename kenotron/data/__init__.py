@@ -23,6 +23,7 @@ from kenotron.data.build import (
 )
 from kenotron.data.corpus import builtin_documents
 from kenotron.data.custom import LoaderContext
+from kenotron.data.dataset_path import open_documents
 from kenotron.data.hf_tokenizer import HFTokenizer
 from kenotron.data.loader import (
     GlobalBatchLoader,
@@ -40,7 +41,6 @@ from kenotron.data.text_source import (
     IndexedDocuments,
     StreamedDocuments,
     list_documents,
-    open_documents,
 )
 from kenotron.data.tiktoken_bpe import TiktokenTokenizer, llama3_special_tokens
 from kenotron.data.token_files import TokenFileError, TokenizedFolder, open_token_file
@@ -48,8 +48,8 @@ from kenotron.data.tokenizer import (
     BUILTIN_TOKENIZER_FILE,
     LLAMA3_SPLIT_PATTERN,
     Tokenizer,
-    build_tokenizer,
 )
+from kenotron.data.tokenizer_path import build_tokenizer
 
 __all__ = [
     "BUILTIN_TOKENIZER_FILE",

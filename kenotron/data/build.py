@@ -22,6 +22,7 @@ from typing import Any
 from kenotron.config import ConfigError, JobConfig
 from kenotron.data.blend import Stage, check_stages, check_weights
 from kenotron.data.custom import CheckedLoader, LoaderContext, load_loader_factory
+from kenotron.data.dataset_path import open_documents
 from kenotron.data.loader import (
     GlobalBatchLoader,
     MicroBatch,
@@ -31,7 +32,7 @@ from kenotron.data.loader import (
 from kenotron.data.packing import PackedWindows
 from kenotron.data.prefetch import Prefetcher
 from kenotron.data.sources import SyntheticWindows, TokenizedWindows, is_random_access
-from kenotron.data.text_source import LOCAL_FORMATS, open_documents
+from kenotron.data.text_source import LOCAL_FORMATS
 from kenotron.data.token_files import TokenFileError, TokenizedFolder
 from kenotron.data.tokenizer import Tokenizer
 

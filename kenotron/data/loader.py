@@ -161,11 +161,6 @@ class GlobalBatchLoader:
             if not is_random_access(named.source) and hasattr(named.source, "seq_len"):
                 named.source.seq_len = window_len - 1
 
-    @property
-    def current_seq_len(self) -> int:
-        """The sequence length of the next step (its stage's)."""
-        return self.stages[stage_index(self.stages, self.step)].seq_len
-
     # -- one step -----------------------------------------------------------------------------
 
     def _check_ids(self, windows: np.ndarray, named: NamedSource) -> None:
@@ -237,11 +232,6 @@ class GlobalBatchLoader:
     def __iter__(self) -> Iterator[list[MicroBatch]]:
         while True:
             yield self.next_step()
-
-    @property
-    def domain_names(self) -> list[str]:
-        """The blend's datasets, in the order of MicroBatch.domains' indices."""
-        return [named.name for named in self.sources]
 
     def tokens_by_dataset(self) -> dict[str, int]:
         """Label tokens each dataset has given so far, over all ranks."""

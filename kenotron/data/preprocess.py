@@ -26,10 +26,15 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from tqdm import tqdm
 
-from kenotron.data.text_source import LOCAL_FORMATS, open_documents, text_of
+from kenotron.data.corpus import builtin_documents
+from kenotron.data.dataset_path import open_documents
+from kenotron.data.local_files import is_json_array, resolve_local_files
+from kenotron.data.text_source import LOCAL_FORMATS, import_datasets, text_of
 from kenotron.data.token_files import TokenFileWriter, token_size_for
-from kenotron.data.tokenizer import build_tokenizer, cpu_count
+from kenotron.data.tokenizer import cpu_count
+from kenotron.data.tokenizer_path import build_tokenizer
 
 MANIFEST = "preprocess.json"
 _BATCH_DOCUMENTS = 256
@@ -69,8 +74,6 @@ def plan_tasks(dataset: str, path: str, split: str = "train", chunk_bytes: int =
     """The tasks of an input, in input order."""
     tasks: list[Task] = []
     if dataset in LOCAL_FORMATS or dataset == "auto":
-        from kenotron.data.local_files import is_json_array, resolve_local_files
-
         fmt, files = resolve_local_files(dataset, path)
         for file in files:
             size = file.stat().st_size
@@ -81,8 +84,6 @@ def plan_tasks(dataset: str, path: str, split: str = "train", chunk_bytes: int =
                 tasks.append(Task(len(tasks), fmt, str(file), size=size))
         return tasks
     if dataset == "builtin":
-        from kenotron.data.corpus import builtin_documents
-
         count = len(builtin_documents())
         step = max(1, -(-count // cpu_count()))
         return [Task(i, "builtin", "", start, min(start + step, count)) for i, start in enumerate(range(0, count, step))]
@@ -91,9 +92,7 @@ def plan_tasks(dataset: str, path: str, split: str = "train", chunk_bytes: int =
 
 
 def _hub(dataset: str, config_name: str, split: str) -> Any:
-    from kenotron.data.text_source import _import_datasets
-
-    return _import_datasets().load_dataset(dataset, name=config_name or None, split=split, streaming=True)
+    return import_datasets().load_dataset(dataset, name=config_name or None, split=split, streaming=True)
 
 
 def _task_texts(task: Task, text_field: str, split: str) -> Iterator[tuple[str, int]]:
@@ -118,8 +117,6 @@ def _task_texts(task: Task, text_field: str, split: str) -> Iterator[tuple[str, 
                 return
             yield document.text, 0
     if task.dataset == "builtin":
-        from kenotron.data.corpus import builtin_documents
-
         for text in builtin_documents()[task.start : task.end]:
             yield text, 0
         return
@@ -251,8 +248,6 @@ def _progress_bar(enabled: bool, total_bytes: int, done: int, tasks: int) -> Any
     """A tqdm bar over input bytes (or documents when the size is unknown) with tokens in its postfix."""
     if not enabled:
         return lambda *args, **kwargs: None
-    from tqdm import tqdm
-
     bar = tqdm(total=total_bytes or None, unit="B" if total_bytes else "doc", unit_scale=True, desc="tokenizing",
                mininterval=1.0)
     shown: list[Any] = [None]

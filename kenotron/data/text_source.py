@@ -1,14 +1,5 @@
-"""Documents: an endless, resumable stream of text documents from one source.
-
-`open_documents(dataset, path, ...)` picks the source from `data.dataset`:
-
-- "builtin": the built-in corpus (kenotron.data.corpus), no download, no `datasets` import;
-- "json", "jsonl", "parquet", "text", or "auto" (format from the file extension): local
-  file(s) or a folder at `data.path`, read by kenotron itself (kenotron.data.local_files; no
-  `datasets` needed). Text files give one document per paragraph (blank-line separated);
-  json/jsonl/parquet records give one document each (column `data.text_field`);
-- anything else: a Hugging Face hub dataset name, `data.path` being its config name, streamed
-  through `datasets` (nothing downloaded up front).
+"""Documents: an endless, resumable stream of text documents from one source, and the hub
+datasets' source (`open_documents`, in dataset_path.py, picks the source from `data.dataset`).
 
 A source is endless: when its documents run out it starts over and counts an epoch. Its
 position is its whole state: `state_dict()` is where the next document is, and each Document
@@ -181,7 +172,8 @@ def text_of(record: dict[str, Any], text_field: str, name: str) -> str:
     return text
 
 
-def _import_datasets() -> Any:
+def import_datasets() -> Any:
+    """The `datasets` package, imported when a hub dataset is read (it takes seconds to import)."""
     try:
         import datasets
     except ImportError as err:
@@ -192,7 +184,7 @@ def _import_datasets() -> Any:
     return datasets
 
 
-def _looks_like_a_path(dataset: str) -> bool:
+def looks_like_a_path(dataset: str) -> bool:
     return (
         dataset.startswith((".", "/", "~"))
         or "\\" in dataset
@@ -200,14 +192,15 @@ def _looks_like_a_path(dataset: str) -> bool:
     )
 
 
-def _open_hub(dataset: str, config_name: str, text_field: str, split: str) -> DocumentSource:
-    if _looks_like_a_path(dataset):
+def open_hub_documents(dataset: str, config_name: str, text_field: str, split: str) -> DocumentSource:
+    """A hub dataset's documents, streamed through `datasets` (`data.path` is its config name)."""
+    if looks_like_a_path(dataset):
         raise DataError(
             f"data.dataset={dataset!r} looks like a local path, not a format or hub dataset "
             f"name; set data.dataset='auto' (or one of {', '.join(LOCAL_FORMATS)}, or 'tokenized') and "
             f"data.path={dataset!r}"
         )
-    datasets = _import_datasets()
+    datasets = import_datasets()
     name = f"hub dataset {dataset!r}" + (f" (config {config_name!r})" if config_name else "")
 
     def load() -> Any:
@@ -243,23 +236,3 @@ def hf_stream_opener(
             yield text_of(record, text_field, name), data.state_dict() if resumable else None
 
     return open_stream
-
-
-def open_documents(dataset: str, path: str = "", text_field: str = "text", split: str = "train",
-                   key: str = "data.path") -> DocumentSource:
-    """The documents named by `data.dataset` and `data.path` (see the module docstring; `key`:
-    the config key that holds the path, named by errors)."""
-    if dataset == "builtin":
-        from kenotron.data.corpus import builtin_documents
-
-        return list_documents("the built-in corpus", builtin_documents())
-    if dataset in LOCAL_FORMATS or dataset == "auto":
-        from kenotron.data.local_files import open_local_documents
-
-        return open_local_documents(dataset, path, text_field, key)
-    if not dataset:
-        raise DataError(
-            "data.dataset is empty; use 'builtin', 'tokenized', a local format (json, jsonl, parquet, text, "
-            "auto) with data.path, or a hub dataset name"
-        )
-    return _open_hub(dataset, path, text_field, split)

@@ -184,10 +184,6 @@ class TokenizedFolder:
             i += 1
         return out
 
-    def max_token_id(self) -> int:
-        """The largest token id in the folder (reads every token: for checks and tests)."""
-        return max((int(f.tokens.max()) for f in self.files if f.num_tokens), default=-1)
-
     def __repr__(self) -> str:
         return f"TokenizedFolder({str(self.folder)!r}, {len(self.files)} files, {self.num_tokens} tokens)"
 

@@ -1,32 +1,33 @@
 """The memory estimator behind estimation.py: per-rank GPU memory of a job without GPUs.
 
-    from kenotron.estimate import estimate_memory, search_layouts
+    from kenotron.estimate import estimate_memory
     report = estimate_memory(load_config("train_configs/llama3_8b.toml"), ngpu=64)
     print(report.format())          # or report.to_dict() for JSON
 
-- memory.py      estimate_memory / estimate_run: one simulated rank per group of equal ranks
-- fake_job.py    the trainer's job and step on a fake process group and fake tensors
-- tracker.py     bytes by category, phase and position, from a TorchDispatchMode
-- depth.py       deep models from two shallow copies (memory is linear in depth)
-- cuda_kernels.py  stand-ins for CUDA kernels whose memory differs from the CPU path
-- analytic.py    the closed-form model (the planner's first pass)
-- throughput.py  the step-time model that ranks layouts
-- step_compute.py  its compute side: kernels, loss, accumulation, optimizer, pipeline schedules
-- search.py      the planner (--search)
-- report.py      the report, as text and JSON
+It is the authority on memory; the planner (kenotron/planner) builds on it and it knows nothing
+of the planner.
+
+- memory.py          estimate_memory / estimate_run: one simulated rank per group of equal ranks
+- rank_classes.py    those groups of equal ranks
+- fake_job.py        the trainer's job and step on a fake process group and fake tensors
+- tracker.py         bytes by category, phase and position, from a TorchDispatchMode
+- depth.py           deep models from two shallow copies (memory is linear in depth)
+- static_memory.py   parameters and optimizer state, exactly, from the plan's table (plan.describe)
+- cuda_kernels.py    stand-ins for CUDA kernels whose memory differs from the CPU path
+- cp_ring_memory.py  context parallel's ring attention as torch runs it on a GPU
+- moe_memory.py      MoE layers with even routing
+- pipeline_memory.py, pipeline_order.py, pipeline_replay.py   pipeline ranks, in their schedule's order
+- report.py          the report, as text and JSON
 """
 
 from kenotron.estimate.memory import estimate_memory, estimate_run
 from kenotron.estimate.report import MemoryReport, RankEstimate
-from kenotron.estimate.search import SearchResult, search_layouts
 from kenotron.estimate.tracker import Breakdown
 
 __all__ = [
     "Breakdown",
     "MemoryReport",
     "RankEstimate",
-    "SearchResult",
     "estimate_memory",
     "estimate_run",
-    "search_layouts",
 ]

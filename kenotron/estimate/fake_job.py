@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor, debug
+from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from kenotron.data import MicroBatch
 from kenotron.estimate.cp_ring_memory import use_torch_ring
@@ -53,8 +55,6 @@ def forget_dtensor_caches() -> None:
     this process), a cached decision would hand back a mesh whose groups no longer exist.
     The names differ between torch versions, so each cache is cleared if it exists.
     """
-    from torch.distributed.tensor import DTensor, debug
-
     clear_all = getattr(debug, "_clear_sharding_prop_cache", None)
     if clear_all is not None:  # the Python cache and the C++ fast path's
         clear_all()
@@ -63,7 +63,7 @@ def forget_dtensor_caches() -> None:
         clear = getattr(getattr(propagator, name, None), "cache_clear", None)
         if clear is not None:
             clear()
-    try:
+    try:  # private, and not in every torch version
         from torch.distributed.tensor._redistribute import (
             clear_redistribute_planner_cache,
         )
@@ -75,8 +75,6 @@ def forget_dtensor_caches() -> None:
 @contextlib.contextmanager
 def fake_process_group(world_size: int, rank: int = 0):
     """A process group of `world_size` ranks in which this process is `rank`; collectives do nothing."""
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
     if dist.is_initialized():
         raise RuntimeError(
             "a process group already exists in this process; run the estimator in a process of its own "

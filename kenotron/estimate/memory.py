@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from dataclasses import dataclass
 
 import torch
+from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from kenotron.config import JobConfig
-from kenotron.estimate import analytic
 from kenotron.estimate.cp_ring_memory import context_notes, torch_cp_state
 from kenotron.estimate.cuda_kernels import cuda_kernel_memory
 from kenotron.estimate.depth import (
@@ -37,36 +36,17 @@ from kenotron.estimate.fake_job import (
     ignored_features,
     simulated_micro_steps,
 )
-from kenotron.estimate.report import MemoryReport, RankEstimate, phase_peaks
+from kenotron.estimate.pipeline_memory import estimate_pipeline_run
+from kenotron.estimate.rank_classes import RankClass, rank_classes
+from kenotron.estimate.report import MemoryReport, RankEstimate, describe_model, describe_settings, phase_peaks
+from kenotron.estimate.static_memory import data_parallel_kind, meta_model, zero1_correction
 from kenotron.estimate.tracker import StepMemoryTracker, TrackedStep
-from kenotron.parallel.dims import ParallelDims
 from kenotron.parallel.plan import matching_modules
 from kenotron.train.resolve import ResolvedRun, resolve_run
 from kenotron.train.step import train_step
 
 DEFAULT_GPU_MEMORY_GIB = 80.0
 """Budget when none is given and no GPU is visible (an 80 GB H100 / A100)."""
-
-
-@dataclass(frozen=True)
-class RankClass:
-    """Ranks that hold the same parameters and run the same step."""
-
-    description: str
-    """In words, e.g. "all 64 ranks" or "pipeline stage 1 (ranks 16-31)"."""
-    rank: int
-    """The rank simulated for the whole class."""
-
-
-def rank_classes(dims: ParallelDims) -> list[RankClass]:
-    """All ranks are alike without pipeline parallel; with it, each stage is its own class."""
-    if dims.pp == 1:
-        return [RankClass(f"all {dims.world_size} ranks", 0)]
-    per_stage = dims.world_size // dims.pp
-    return [
-        RankClass(f"pipeline stage {s} (ranks {s * per_stage}-{(s + 1) * per_stage - 1})", s * per_stage)
-        for s in range(dims.pp)
-    ]
 
 
 def default_gpu_memory_gib() -> float:
@@ -97,14 +77,14 @@ def track_step(run: ResolvedRun, n_layers: int | None, rank: int) -> TrackedStep
 
 
 def estimate_rank(
-    run: ResolvedRun, rank_class: RankClass, model: analytic.AnalyticModel, full_depth: bool = False
+    run: ResolvedRun, rank_class: RankClass, model: nn.Module, full_depth: bool = False
 ) -> tuple[RankEstimate, str]:
-    """One rank class's estimate (with `model`'s analytic figures beside it) and how it was obtained."""
+    """One rank class's estimate and how it was obtained (`model`: the run's model on meta)."""
     n_layers = run.model_args.n_layers
     period = block_period(run.plan)
     # Offloading makes the first blocks unlike the others, as a hybrid's attention blocks are unlike
     # its Mamba blocks: the line through two shallow models would not hold, so every block runs.
-    mixed = len({type(m) for _, m in matching_modules(model.model, run.plan.layout.blocks)}) > 1
+    mixed = len({type(m) for _, m in matching_modules(model, run.plan.layout.blocks)}) > 1
     depths = None if full_depth or mixed or run.plan.settings.offload_blocks else shallow_depths(n_layers, period)
     if depths is None:
         step = track_step(run, None, rank_class.rank)
@@ -117,37 +97,15 @@ def estimate_rank(
         modules = activations_by_module(shallow[1], run.plan, depths[1], n_layers)
         method = f"fake tensors, {depths[0]} and {depths[1]} blocks extrapolated to {n_layers}"
     start = [b.optimizer_state for place, b in peaks.items() if place.phase == "start"]
-    correction = model.zero1_correction(run, start[0] if start else 0)
+    correction = zero1_correction(run, model, start[0] if start else 0)
     if correction:
         peaks = {p: dataclasses.replace(b, optimizer_state=b.optimizer_state + correction) for p, b in peaks.items()}
     place, peak = max(peaks.items(), key=lambda kv: kv[1].total)
     estimate = RankEstimate(
         ranks=rank_class.description, simulated_rank=rank_class.rank, peak=peak, peak_at=place.describe(),
-        phase_peaks=phase_peaks(peaks), activations=modules, analytic=model.peak(run),
+        phase_peaks=phase_peaks(peaks), activations=modules,
     )
     return estimate, method
-
-
-def describe_model(run: ResolvedRun, model: analytic.AnalyticModel) -> str:
-    shape = "".join(f" {k}={v}" for k, v in run.cfg.model.args.items())
-    return f"{run.spec.name} {run.cfg.model.flavor}{shape} ({model.parameter_count / 1e9:.2f} B parameters)"
-
-
-def describe_settings(run: ResolvedRun, model: analytic.AnalyticModel) -> dict[str, object]:
-    cfg = run.cfg
-    dp = analytic.data_parallel_kind(run)
-    return {
-        "data parallel": dp,
-        "param_dtype": cfg.training.param_dtype,
-        "AC": cfg.activation_checkpoint.mode
-        + (f"/{cfg.activation_checkpoint.every_n}" if cfg.activation_checkpoint.mode == "every-n-layers" else "")
-        + (f", first {run.plan.settings.offload_blocks} blocks offloaded" if run.plan.settings.offload_blocks else ""),
-        "local batch": cfg.training.local_batch_size,
-        "seq_len": cfg.training.seq_len,
-        "micro-steps": run.grad_accum_steps,
-        "loss": "fused chunked" if model.fused_loss(run) else "plain" + (
-            " (vocab-parallel)" if run.dims.tp > 1 and run.plan.settings.loss_parallel else ""),
-    }
 
 
 def estimate_run(run: ResolvedRun, gpu_memory_gib: float | None = None, full_depth: bool = False) -> MemoryReport:
@@ -155,22 +113,20 @@ def estimate_run(run: ResolvedRun, gpu_memory_gib: float | None = None, full_dep
     start = time.perf_counter()
     if run.dims.pp > 1:
         # Each pipeline rank runs its own stages in its own order: simulated one by one (pipeline_memory.py).
-        from kenotron.estimate.pipeline_memory import estimate_pipeline_run
-
         budget = gpu_memory_gib if gpu_memory_gib is not None else default_gpu_memory_gib()
         return estimate_pipeline_run(run, budget, full_depth)
-    model = analytic.AnalyticModel(run)
+    model = meta_model(run)
     ranks, methods = [], set()
     for rank_class in rank_classes(run.dims):
         estimate, method = estimate_rank(run, rank_class, model, full_depth)
         ranks.append(estimate)
         methods.add(method)
     notes = ignored_features(run) + context_notes(run)
-    if analytic.data_parallel_kind(run) == "zero1":
+    if data_parallel_kind(run) == "zero1":
         notes.append("zero1: optimizer state is that of the rank owning the most parameters (from the partition)")
     return MemoryReport(
-        model=describe_model(run, model),
-        ngpu=run.dims.world_size, layout=run.dims.degrees(), settings=describe_settings(run, model), ranks=ranks,
+        model=describe_model(run, sum(p.numel() for p in model.parameters())),
+        ngpu=run.dims.world_size, layout=run.dims.degrees(), settings=describe_settings(run), ranks=ranks,
         gpu_memory_gib=gpu_memory_gib if gpu_memory_gib is not None else default_gpu_memory_gib(),
         method="; ".join(sorted(methods)), notes=notes, elapsed_s=time.perf_counter() - start,
     )

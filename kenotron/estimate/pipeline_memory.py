@@ -1,7 +1,7 @@
 """Pipeline parallel estimates: every pipeline rank simulated on its own, in its schedule's order.
 
 Ranks at the same pipeline position hold the same stages and run the same actions, so one
-rank per pp coordinate is simulated (memory.rank_classes). For each: the rank's stages are
+rank per pp coordinate is simulated (rank_classes.py). For each: the rank's stages are
 built as the trainer builds them (pipeline_replay.py), a warm-up step (one microbatch through
 every local stage, then the optimizer step) creates the optimizer state and FSDP's lazily
 allocated buffers, then one schedule step is tracked: every microbatch's forward and
@@ -24,8 +24,8 @@ full order read at its role, shifted by the difference (expand_microbatches); te
 against the full order. The multi-stage schedules run every microbatch. `full_depth` runs
 everything (every block, every microbatch).
 
-The analytic first pass prices 1F1B pipeline ranks (analytic_pipeline.py): its column is filled
-for 1F1B and left out for the other schedules; the planner searches pp with 1F1B.
+The planner's closed form prices 1F1B pipeline ranks (kenotron/planner/analytic_pipeline.py) and
+searches pp with 1F1B only.
 """
 
 from __future__ import annotations
@@ -38,7 +38,6 @@ from dataclasses import dataclass
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from kenotron.dtensor import local_tensor
-from kenotron.estimate.analytic import data_parallel_kind
 from kenotron.estimate.cp_ring_memory import context_notes
 from kenotron.estimate.cuda_kernels import cuda_kernel_memory
 from kenotron.estimate.depth import activations_by_module, extrapolate_line
@@ -67,7 +66,9 @@ from kenotron.estimate.pipeline_replay import (
     stage_block_counts,
     with_microbatches,
 )
-from kenotron.estimate.report import MemoryReport, RankEstimate, phase_peaks
+from kenotron.estimate.rank_classes import rank_classes
+from kenotron.estimate.report import MemoryReport, RankEstimate, describe_model, describe_settings, phase_peaks
+from kenotron.estimate.static_memory import data_parallel_kind, meta_model
 from kenotron.estimate.tracker import (
     Breakdown,
     TrackedStep,
@@ -400,7 +401,7 @@ def rank_estimate(run: ResolvedRun, pp_rank: int, rank: int, runs: list[RankStep
     estimate = RankEstimate(
         ranks=f"pipeline rank {pp_rank}, stage{'s' if len(local) > 1 else ''} {stages} ({ranks})",
         simulated_rank=reference.simulated_rank, peak=peak, peak_at=describe_place(place, reference, split.n_stages - 1),
-        phase_peaks=phase_peaks(peaks), activations=modules, analytic=None,
+        phase_peaks=phase_peaks(peaks), activations=modules,
     )
     return estimate, method, reference
 
@@ -419,9 +420,6 @@ def pipeline_notes(run: ResolvedRun, steps: list[RankStep]) -> list[str]:
         + ", ".join(f"stage {s}: {flight[s]}" for s in sorted(flight)),
         ("pipeline: receive buffers, one per microbatch, are in temporaries; a tensor being sent is counted until "
          "its action ends"),
-        ("analytic column: the closed form for a 1F1B pipeline rank (analytic_pipeline.py)"
-         if split.schedule == "1F1B" else
-         f"analytic column: the closed form prices 1F1B pipelines only, not {split.schedule}"),
     ]
     if data_parallel_kind(run) == "zero1":
         notes.append("zero1: optimizer state is that of data-parallel rank 0's partition of each stage")
@@ -430,29 +428,23 @@ def pipeline_notes(run: ResolvedRun, steps: list[RankStep]) -> list[str]:
 
 def estimate_pipeline_run(run: ResolvedRun, gpu_memory_gib: float, full_depth: bool = False) -> MemoryReport:
     """The report of a pipeline-parallel run: one rank class per pipeline rank (see estimate_run)."""
-    from kenotron.estimate import analytic
-    from kenotron.estimate.memory import describe_model, describe_settings, rank_classes
-
     start = time.perf_counter()
-    model = analytic.AnalyticModel(run)
     split = run.plan.pipeline
     assert split is not None
     classes = rank_classes(run.dims)  # one per pp coordinate, in order
-    closed_form = model.pipeline_peaks(run)  # per pipeline rank under 1F1B, else None
     plans = [simulations(run, pp_rank, c.rank, full_depth) for pp_rank, c in enumerate(classes)]
     ranks, methods, steps = [], set(), []
     for pp_rank, (rank_class, rank_steps) in enumerate(zip(classes, simulate_all(run, plans))):
         estimate, method, reference = rank_estimate(run, pp_rank, rank_class.rank, rank_steps)
-        if closed_form is not None:
-            estimate.analytic = closed_form[pp_rank]
         ranks.append(estimate)
         methods.add(method)
         steps.append(reference)
-    settings = describe_settings(run, model)
+    settings = describe_settings(run)
     settings["loss"] = "plain, per microbatch on the last stage"
     settings["pipeline"] = f"{split.schedule} x {split.microbatches} microbatches"
+    parameter_count = sum(p.numel() for p in meta_model(run).parameters())
     return MemoryReport(
-        model=describe_model(run, model), ngpu=run.dims.world_size, layout=run.dims.degrees(), settings=settings,
+        model=describe_model(run, parameter_count), ngpu=run.dims.world_size, layout=run.dims.degrees(), settings=settings,
         ranks=ranks, gpu_memory_gib=gpu_memory_gib, method="; ".join(sorted(methods)),
         notes=ignored_features(run) + context_notes(run) + pipeline_notes(run, steps), elapsed_s=time.perf_counter() - start,
     )

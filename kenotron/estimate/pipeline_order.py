@@ -21,6 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from types import SimpleNamespace
 
+from torch.distributed.pipelining.schedules import get_schedule_class
+
 from kenotron.parallel.pipeline import SINGLE_STAGE_SCHEDULES, PipelineSplit
 
 COMPUTE_KINDS = ("F", "B", "I", "W")
@@ -79,8 +81,6 @@ def _stand_in_stage(index: int, n_stages: int, pp: int, pp_rank: int) -> SimpleN
 
 def multi_stage_actions(split: PipelineSplit, pp_rank: int) -> list[Action]:
     """The rank's compute, FSDP and gradient-reduction actions from torch's own schedule class."""
-    from torch.distributed.pipelining.schedules import get_schedule_class
-
     stages = [_stand_in_stage(s, split.n_stages, split.pp, pp_rank) for s in split.local_stages(pp_rank)]
     try:
         schedule = get_schedule_class(split.schedule)(

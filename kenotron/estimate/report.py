@@ -6,7 +6,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kenotron.estimate.depth import ModuleActivations
+from kenotron.estimate.static_memory import data_parallel_kind
 from kenotron.estimate.tracker import CATEGORIES, Breakdown
+from kenotron.train.resolve import ResolvedRun
 
 GIB = 2**30
 
@@ -48,6 +50,29 @@ def verdict(peak_bytes: int, gpu_memory_gib: float) -> str:
     return "does not fit"
 
 
+def describe_model(run: ResolvedRun, parameter_count: int) -> str:
+    """The report's first words: family, flavor, the config's model values and the size."""
+    shape = "".join(f" {k}={v}" for k, v in run.cfg.model.args.items())
+    return f"{run.spec.name} {run.cfg.model.flavor}{shape} ({parameter_count / 1e9:.2f} B parameters)"
+
+
+def describe_settings(run: ResolvedRun) -> dict[str, object]:
+    """The settings the report's second line names."""
+    cfg = run.cfg
+    return {
+        "data parallel": data_parallel_kind(run),
+        "param_dtype": cfg.training.param_dtype,
+        "AC": cfg.activation_checkpoint.mode
+        + (f"/{cfg.activation_checkpoint.every_n}" if cfg.activation_checkpoint.mode == "every-n-layers" else "")
+        + (f", first {run.plan.settings.offload_blocks} blocks offloaded" if run.plan.settings.offload_blocks else ""),
+        "local batch": cfg.training.local_batch_size,
+        "seq_len": cfg.training.seq_len,
+        "micro-steps": run.grad_accum_steps,
+        "loss": "fused chunked" if run.choices.fused_loss else "plain" + (
+            " (vocab-parallel)" if run.dims.tp > 1 and run.plan.settings.loss_parallel else ""),
+    }
+
+
 @dataclass
 class RankEstimate:
     """The estimate for one group of ranks that hold the same things (all ranks, or one pipeline stage)."""
@@ -65,7 +90,8 @@ class RankEstimate:
     activations: list[ModuleActivations]
     """Activations kept for backward by module pattern, largest first (first micro-step)."""
     analytic: Breakdown | None = None
-    """The closed-form model's peak breakdown for the same layout (see analytic.py), for comparison."""
+    """The closed-form model's peak breakdown for the same layout, for comparison: filled by the
+    planner (kenotron/planner/closed_form_column.py), None where it is not asked or not priced."""
 
 
 @dataclass

@@ -1,23 +1,15 @@
-"""Model families. `get_model_spec(name)` is the registry the trainer and tools use."""
+"""Model families. `get_model_spec(name)` is the registry the trainer and tools use; a family's
+package is imported when its spec is first asked for (registry.py)."""
 
 from __future__ import annotations
 
-from kenotron.models.llama3 import LLAMA3_SPEC
-from kenotron.models.mamba2 import MAMBA2_SPEC
-from kenotron.models.mistral import MISTRAL_SPEC
-from kenotron.models.mixtral import MIXTRAL_SPEC
-from kenotron.models.qwen2 import QWEN2_SPEC
-from kenotron.models.qwen2_moe import QWEN2_MOE_SPEC
-from kenotron.models.qwen3 import QWEN3_SPEC
-from kenotron.models.qwen3_moe import QWEN3_MOE_SPEC
-from kenotron.models.spec import ModelSpec, UnknownModelError
-from kenotron.models.starcoder2 import STARCODER2_SPEC
+from collections.abc import Mapping
 
-MODEL_SPECS: dict[str, ModelSpec] = {
-    spec.name: spec
-    for spec in (LLAMA3_SPEC, QWEN2_SPEC, QWEN3_SPEC, MISTRAL_SPEC, STARCODER2_SPEC, QWEN3_MOE_SPEC, MIXTRAL_SPEC,
-                 QWEN2_MOE_SPEC, MAMBA2_SPEC)
-}
+from kenotron.models.registry import FAMILIES, ModelRegistry
+from kenotron.models.spec import ModelSpec, UnknownModelError
+
+MODEL_SPECS: Mapping[str, ModelSpec] = ModelRegistry(FAMILIES)
+"""Every family by name, in the order `--list-models` prints them."""
 
 
 def get_model_spec(name: str) -> ModelSpec:

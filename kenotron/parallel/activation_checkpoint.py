@@ -24,9 +24,6 @@ import torch
 import torch.utils.checkpoint as ckpt
 from torch import nn
 
-# Registers kenotron::mamba_mixer (Mamba-2's Triton mixer op), whose outputs the selective policy keeps.
-from kenotron.kernels import mamba_mixer_op  # noqa: F401
-
 # Registers kenotron::fa4_forward (FlashAttention-4, model.attention_backend = "flash_attn"), whose
 # output the selective policy keeps like SDPA's; the module imports no FA4 code until it runs.
 from kenotron.models.common import flash_attention4  # noqa: F401
@@ -44,6 +41,7 @@ _SAVED_ATEN_OPS = (
 _SAVED_COLLECTIVES = ("reduce_scatter_tensor", "all_gather_into_tensor", "all_reduce", "all_to_all_single")
 # flash-attn's forward (model.attention_backend = "flash_attn"), a custom op once the package is imported.
 _SAVED_FLASH_ATTN_OPS = ("_flash_attn_forward",)
+# mamba_mixer: registered when a model runs it (models/common/mamba.py's use_scan_kernel, before plan.apply).
 _SAVED_KENOTRON_OPS = ("fa4_forward", "mamba_mixer")
 
 

@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 
 from kenotron.checkpoint.hf_tokenizer import tiktoken_to_tokenizer_json
-from kenotron.data.tokenizer import build_tokenizer
+from kenotron.data.tokenizer_path import build_tokenizer
 
 
 def write_hf_tokenizer(folder: Path, pattern: str | None = None, bos: str | None = "<|begin_of_text|>",

@@ -6,7 +6,7 @@ from kenotron.data.build import build_text_loader
 from kenotron.data.loader import GlobalBatchLoader
 from kenotron.data.packing import PackedWindows
 from kenotron.data.text_source import list_documents
-from kenotron.data.tokenizer import build_tokenizer
+from kenotron.data.tokenizer_path import build_tokenizer
 from tests.data.fakes import CountingWindows
 
 SEQ_LEN = 6

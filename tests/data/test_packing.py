@@ -5,7 +5,7 @@ import pytest
 
 from kenotron.data.packing import PackedWindows
 from kenotron.data.text_source import list_documents
-from kenotron.data.tokenizer import build_tokenizer
+from kenotron.data.tokenizer_path import build_tokenizer
 from tests.data.fakes import CharTokenizer
 
 DOCUMENTS = ["ab", "cdefg", "", "h", "ijklmnopqrstuvwxyz", "0123", "<|end_of_text|>"]

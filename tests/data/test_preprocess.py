@@ -8,12 +8,12 @@ import json
 import numpy as np
 import pytest
 
+from kenotron.data.dataset_path import open_documents
 from kenotron.data.packing import PackedWindows
 from kenotron.data.preprocess import preprocess
 from kenotron.data.sources import TokenizedWindows
-from kenotron.data.text_source import open_documents
 from kenotron.data.token_files import TokenizedFolder
-from kenotron.data.tokenizer import build_tokenizer
+from kenotron.data.tokenizer_path import build_tokenizer
 
 TEXTS = [f"Record {i}: " + "some words " * (i % 9) + "🙂" * (i % 3) for i in range(120)]
 

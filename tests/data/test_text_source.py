@@ -4,11 +4,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from kenotron.data.dataset_path import open_documents
 from kenotron.data.text_source import (
     StreamedDocuments,
     hf_stream_opener,
     list_documents,
-    open_documents,
 )
 
 TEXTS = [f"document {i}: " + "word " * i for i in range(7)] + ["", "ünïcödé 🙂\nsecond line"]

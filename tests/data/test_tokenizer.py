@@ -19,8 +19,8 @@ from kenotron.data.tiktoken_bpe import (
 from kenotron.data.tokenizer import (
     BUILTIN_TOKENIZER_FILE,
     LLAMA3_SPLIT_PATTERN,
-    build_tokenizer,
 )
+from kenotron.data.tokenizer_path import build_tokenizer
 from tests.data.hf_files import write_hf_tokenizer
 
 ROUND_TRIP_TEXTS = [

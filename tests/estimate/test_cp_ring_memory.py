@@ -9,13 +9,12 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from kenotron.config import load_config
-from kenotron.estimate import estimate_memory
-from kenotron.estimate.analytic import STEP_COUNTER, AnalyticModel
 from kenotron.estimate.memory import track_step
-from kenotron.estimate.search import enumerate_candidates, target_global_batch
-from kenotron.estimate.throughput import Hardware
+from kenotron.estimate.static_memory import STEP_COUNTER
 from kenotron.estimate.tracker import allocated_bytes
 from kenotron.parallel.context.torch_ring import torch_cp_api
+from kenotron.planner import AnalyticModel, Hardware, estimate_with_closed_form
+from kenotron.planner.search import enumerate_candidates, target_global_batch
 from kenotron.train.resolve import resolve_run
 
 DEBUG = "train_configs/debug.toml"
@@ -24,7 +23,7 @@ LONG = ["--training.param_dtype", "bfloat16", "--training.local_batch_size", "1"
 
 
 def estimate(ngpu: int, *overrides: str, full_depth: bool = False):
-    return estimate_memory(load_config(DEBUG, list(overrides)), ngpu, gpu_memory_gib=80, full_depth=full_depth)
+    return estimate_with_closed_form(load_config(DEBUG, list(overrides)), ngpu, gpu_memory_gib=80, full_depth=full_depth)
 
 
 @pytest.mark.parametrize("cp", [2, 4])

@@ -9,17 +9,18 @@ import torch
 
 from kenotron.config import ConfigError, load_config
 from kenotron.estimate import estimate_memory
-from kenotron.estimate.analytic import STEP_COUNTER, AnalyticModel
+from kenotron.estimate.static_memory import STEP_COUNTER
 from kenotron.estimate.tracker import CATEGORIES, allocated_bytes
 from kenotron.models import UnknownModelError
 from kenotron.parallel.dims import ParallelConfigError
+from kenotron.planner import AnalyticModel, estimate_with_closed_form
 from kenotron.train.resolve import resolve_run
 
 DEBUG = "train_configs/debug.toml"
 
 
 def estimate(ngpu: int, *overrides: str, full_depth: bool = False):
-    return estimate_memory(load_config(DEBUG, list(overrides)), ngpu, gpu_memory_gib=80, full_depth=full_depth)
+    return estimate_with_closed_form(load_config(DEBUG, list(overrides)), ngpu, gpu_memory_gib=80, full_depth=full_depth)
 
 
 def static_bytes(ngpu: int, mesh_shape: dict[str, int], *overrides: str) -> tuple[int, int]:

@@ -13,6 +13,7 @@ from kenotron.estimate.pipeline_order import max_in_flight, rank_actions
 from kenotron.estimate.tracker import allocated_bytes
 from kenotron.parallel.dims import ParallelConfigError
 from kenotron.parallel.pipeline import stage_module
+from kenotron.planner import estimate_with_closed_form
 from kenotron.train.resolve import resolve_run
 
 DEBUG = "train_configs/debug.toml"
@@ -22,7 +23,7 @@ ONE_B = ["--model.flavor", "1B", "--model.n_layers", "4", "--training.seq_len", 
 
 
 def estimate(ngpu: int, *overrides: str, config: str = DEBUG, full_depth: bool = False):
-    return estimate_memory(load_config(config, list(overrides)), ngpu, gpu_memory_gib=80, full_depth=full_depth)
+    return estimate_with_closed_form(load_config(config, list(overrides)), ngpu, gpu_memory_gib=80, full_depth=full_depth)
 
 
 def stage_static_bytes(ngpu: int, pp_rank: int, overrides: list[str], config: str = DEBUG) -> int:

@@ -112,7 +112,8 @@ def test_resolve_run_builds_the_configured_shape_and_checks_it_before_any_proces
 
 
 def test_the_estimator_and_the_planner_take_the_configured_shape():
-    from kenotron.estimate import estimate_memory, search_layouts
+    from kenotron.estimate import estimate_memory
+    from kenotron.planner import search_layouts
 
     shape = ["--model.dim", "512", "--model.n_heads", "16", "--model.ffn_dim", "1536", "--model.n_layers", "2"]
     cfg = load_config("train_configs/debug.toml", shape + ["--model.parametrization", "spectral_mup"])

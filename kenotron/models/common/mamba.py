@@ -266,13 +266,15 @@ class MambaBlock(nn.Module):
 def unsupported_scan_sizes(model: nn.Module) -> str:
     """The Mamba mixer sizes of `model` that the Triton scan does not take ("" if none), for the
     kernel choice (kenotron/kernels/select.py)."""
-    from kenotron.kernels.ssd_op import supports
+    mixers = [m for m in model.modules() if isinstance(m, Mamba2Mixer)]
+    if not mixers:
+        return ""
+    from kenotron.kernels.ssd_op import supports  # on demand: only models with Mamba blocks load the kernels
 
-    for module in model.modules():
-        if isinstance(module, Mamba2Mixer):
-            s = module.shape
-            if not supports(s.chunk_size, s.head_dim, s.state):
-                return f"chunk_size={s.chunk_size}, ssm_head_dim={s.head_dim}, ssm_state={s.state}"
+    for module in mixers:
+        s = module.shape
+        if not supports(s.chunk_size, s.head_dim, s.state):
+            return f"chunk_size={s.chunk_size}, ssm_head_dim={s.head_dim}, ssm_state={s.state}"
     return ""
 
 
@@ -280,6 +282,11 @@ def use_scan_kernel(model: nn.Module, kernel: str) -> None:
     """With kernel == "triton", every Mamba mixer of `model` runs its convolution, scan and gated
     norm in kenotron's Triton op in training (the trainer's choice, resolved once:
     kenotron/kernels/select.py)."""
-    for module in model.modules():
-        if isinstance(module, Mamba2Mixer):
-            module.triton_op = kernel == "triton"
+    mixers = [m for m in model.modules() if isinstance(m, Mamba2Mixer)]
+    if mixers and kernel == "triton":
+        # Imported on demand (a run without Mamba blocks never loads the Mamba kernels): this
+        # registers kenotron::mamba_mixer before plan.apply, whose selective activation
+        # checkpointing keeps the op's outputs once it is registered.
+        from kenotron.kernels import mamba_mixer_op  # noqa: F401
+    for module in mixers:
+        module.triton_op = kernel == "triton"

@@ -13,8 +13,8 @@ and the vocabulary; cp the tokens; r_* the reruns of activation checkpointing, R
              for backward without AC per token (analytic.py): the elementwise kernels between the
              products move κ times that)
   loss     = T · V/tp · β / B_mem where U holds the output layer: memory-bound, β bytes per logit
-             (fused chunked loss 8: its Triton chunk kernel and scaling passes, 4.6 ms per 8B-width
-             step of 16,384 × 128,256 logits on H200; plain loss 48: the fp32 copy of the logits,
+             (fused chunked loss 8: its Triton chunk kernel and scaling passes, read off their
+             measured time, docs/estimation.md; plain loss 48: the fp32 copy of the logits,
              log-softmax, its backward and the cast back, each pass reading and writing them)
   accumulate = P_U · 18 / B_mem for every microbatch whose weight gradients are added in fp32 to
              unsharded ones (pipeline stages, accumulation without FSDP): the bf16 gradient cast
@@ -25,26 +25,25 @@ Per step and rank: P · (32 + 6 under autocast) / B_mem: AdamW reads the paramet
 A pipeline of µ microbatches per schedule step, C_r the seconds per microbatch of pp rank r over
 its v stages: schedule step = µ · max C_r + (Σ C_r − max C_r) / v. The slowest rank sets the
 pace of the steady state; the fill and the drain pass once through every other rank, in v
-pieces under the looped schedules. With equal ranks this is 1F1B's (µ + pp − 1) slots. The
-output layer and the loss (about 4.5 blocks of Llama-3.2-1B at seq 4096) make the last stage the
-slowest under the trainer's default split, which counts them as one block.
+pieces under the looped schedules. With equal ranks this is 1F1B's (µ + pp − 1) slots. Ranks
+are priced unit by unit, not as equal shares, because the output layer and the loss weigh
+several blocks while the trainer's default split counts them as one: the last stage is then the
+slowest (docs/estimation.md, Throughput model).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from torch import nn
 
-from kenotron.estimate.analytic import StepShape, kinds_activations
 from kenotron.models.common.mamba import MambaBlock
 from kenotron.parallel.pipeline import pipeline_units
+from kenotron.planner.analytic import kinds_activations
+from kenotron.planner.hardware import Hardware
+from kenotron.planner.step_shape import StepShape
 from kenotron.train.flops import active_matmul_params
 from kenotron.train.resolve import ResolvedRun
-
-if TYPE_CHECKING:
-    from kenotron.estimate.throughput import Hardware
 
 FUSED_LOSS_BYTES = 8
 """Bytes moved per logit by the fused chunked loss (forward and backward)."""

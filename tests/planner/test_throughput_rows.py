@@ -7,8 +7,7 @@ from __future__ import annotations
 import pytest
 
 from kenotron.config import load_config
-from kenotron.estimate.analytic import AnalyticModel
-from kenotron.estimate.throughput import step_time
+from kenotron.planner import AnalyticModel, step_time
 from kenotron.train.resolve import resolve_run
 
 TOLERANCE = 0.15

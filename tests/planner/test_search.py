@@ -6,8 +6,7 @@ from __future__ import annotations
 import pytest
 
 from kenotron.config import load_config
-from kenotron.estimate import search_layouts
-from kenotron.estimate.search import format_search
+from kenotron.planner import format_search, search_layouts
 
 BUDGET_GIB = 0.25
 
@@ -48,7 +47,7 @@ def test_pipeline_candidates_follow_the_trainers_rules_and_are_confirmed():
     rules out cp), so the layouts left are dp 4 x tp 2 and pipelines; the pipelines are listed,
     priced by the closed form within its tolerance of the fake-tensor estimate, and accepted by
     the trainer's resolve_run with 1F1B and one sequence per microbatch."""
-    from kenotron.estimate.throughput import Hardware
+    from kenotron.planner import Hardware
     from kenotron.train.resolve import resolve_run
 
     budget = 0.03

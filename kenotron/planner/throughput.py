@@ -22,7 +22,7 @@ m micro-steps of b sequences, t = tp, p = cp, q = pp, T = b·s/p the rank's toke
              per block and micro-step: the k/v all-gather in forward and again in backward, (p-1)
              blocks of b·s/p tokens, and the fp32 k/v gradients passed on at each of its p steps;
              the same volume with the alltoall rotation. The attention kernels' lower efficiency
-             on split blocks, which costs more than this traffic on H200, is not modelled)
+             on split blocks is not modelled: docs/parallelism.md, Context parallel)
   p2p      = m · (v·µ + q − 1) · 2 · b_µ·s/p·d·c_r / B_pp   (pipeline parallel: each slot of the
              critical path waits for one activation sent forward and one gradient sent back,
              b_µ·s/p·d·c_r bytes each (c_r: 4 under autocast's fp32 residual stream), taken as
@@ -47,7 +47,7 @@ A group's bandwidth is the NVLink figure while it fits in one node (its size tim
 product of the inner mesh dimensions is at most gpus_per_node), the network's otherwise.
 The constants are H200 figures (`Hardware`); e_mm, e_attn, e_scan and κ are fitted to the
 measured rows of docs/performance.md and docs/parallelism.md (scripts/fit_throughput.py;
-docs/estimation.md, Throughput model), and tests/estimate/test_throughput_rows.py holds the
+docs/estimation.md, Throughput model), and tests/planner/test_throughput_rows.py holds the
 model to those rows.
 """
 
@@ -55,9 +55,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kenotron.estimate.analytic import AnalyticModel, data_parallel_kind, zero1_ranks
-from kenotron.estimate.analytic_moe import all_to_all_seconds
-from kenotron.estimate.step_compute import (
+from kenotron.estimate.static_memory import data_parallel_kind, zero1_ranks
+from kenotron.planner.analytic_model import AnalyticModel
+from kenotron.planner.analytic_moe import all_to_all_seconds
+from kenotron.planner.hardware import Hardware
+from kenotron.planner.step_compute import (
     Rates,
     Recompute,
     Unit,
@@ -68,32 +70,6 @@ from kenotron.estimate.step_compute import (
     schedule_seconds,
 )
 from kenotron.train.resolve import ResolvedRun
-
-
-@dataclass(frozen=True)
-class Hardware:
-    """The cluster the throughput model assumes (one H200 SXM per GPU)."""
-
-    peak_flops: float = 989e12
-    """Dense bf16 FLOP/s of one GPU (H100 / H200 SXM)."""
-    matmul_efficiency: float = 0.68
-    """Share of the peak the matmuls reach (fitted: docs/estimation.md, Throughput model)."""
-    attention_efficiency: float = 0.71
-    """Share of the peak attention reaches, its FLOPs counted as train/flops.py counts them (the
-    whole score matrix, twice what a causal kernel computes; fitted)."""
-    scan_efficiency: float = 0.074
-    """Share of the peak Mamba-2's scan reaches, with the memory-bound work around it (fitted)."""
-    elementwise_passes: float = 6.1
-    """Bytes the elementwise kernels of a block move (norms, SwiGLU, RoPE, residual adds, forward
-    and backward), in units of the bytes the block keeps for backward without AC (fitted)."""
-    memory_bytes_per_s: float = 4.0e12
-    """Bandwidth a streaming kernel reaches (the Triton AdamW's, docs/estimation.md)."""
-    gpus_per_node: int = 8
-    """GPUs joined by NVLink."""
-    nvlink_bytes_per_s: float = 360e9
-    """Bus bandwidth of a collective inside a node, per GPU."""
-    network_bytes_per_s: float = 45e9
-    """Bus bandwidth of a collective across nodes, per GPU (400 Gb/s InfiniBand)."""
 
 
 @dataclass(frozen=True)

@@ -3,15 +3,10 @@ for backward and the temporaries at its peak (see analytic.py for the notation).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+from kenotron.estimate.static_memory import FP32
 from kenotron.estimate.tracker import allocated_bytes
-
-if TYPE_CHECKING:
-    from kenotron.estimate.analytic import StepShape
-    from kenotron.train.resolve import ResolvedRun
-
-FP32 = 4
+from kenotron.planner.step_shape import StepShape
+from kenotron.train.resolve import ResolvedRun
 
 
 def loss_bytes(run: ResolvedRun, s: StepShape, fused: bool) -> tuple[int, int]:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from kenotron.estimate.cli import main
+from kenotron.planner.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -81,7 +81,7 @@ def test_the_gpu_accuracy_script_covers_the_issues_matrix(capsys):
 
 
 def test_estimation_help_names_config_and_explains_the_search_columns(capsys):
-    from kenotron.estimate.cli import main
+    from kenotron.planner.cli import main
 
     with pytest.raises(SystemExit):
         main(["--help"])

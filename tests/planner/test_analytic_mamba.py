@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from kenotron.config import load_config
-from kenotron.estimate import estimate_memory
+from kenotron.planner import estimate_with_closed_form
 
 TOLERANCE = 0.10
 """Mamba layouts: within 10% (measured: 0.5-5% on pure Mamba-2 layouts, 7% on the small hybrid,
@@ -28,7 +28,7 @@ WIDE = ["--model.flavor", "1.3B", "--model.n_layers", "4", "--training.seq_len",
     ids=["one-gpu-master-weights", "fsdp4-full-ac", "fsdp2-tp2", "hybrid-fsdp2"],
 )
 def test_analytic_peak_matches_the_fake_tensor_estimate(ngpu, overrides):
-    report = estimate_memory(load_config(None, SHAPE + overrides), ngpu, gpu_memory_gib=80)
+    report = estimate_with_closed_form(load_config(None, SHAPE + overrides), ngpu, gpu_memory_gib=80)
     rank = report.ranks[0]
     assert rank.analytic.total == pytest.approx(rank.peak.total, rel=TOLERANCE)
     assert rank.analytic.parameters == rank.peak.parameters

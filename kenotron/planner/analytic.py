@@ -7,7 +7,8 @@ autocast, else c). Every tensor is rounded up to 512 bytes as the CUDA allocator
 
 MoE models replace the MLP terms by the MoE layer's (analytic_moe.py).
 
-Static (exact, from `plan.describe`, i.e. the same per-parameter table the plan prints):
+Static (exact, from `plan.describe`, i.e. the same per-parameter table the plan prints;
+kenotron/estimate/static_memory.py):
   P = Σ local fp32 parameter shards (+ buffers);  G = the same bytes once gradients exist;
   O = AdamW: 2 · P + one 512-byte step counter per parameter (ZeRO-1: the partition's
       largest rank, from `Zero1Optimizer`'s own greedy partition); SGD: 0.
@@ -55,193 +56,19 @@ with G_acc the gradients accumulated by earlier micro-steps (FSDP: sharded; DDP/
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-
-import torch
-from torch import nn
-
-from kenotron.estimate.analytic_loss import loss_bytes
-from kenotron.estimate.analytic_mamba import MambaDims, mamba_backward_scratch, mamba_block_activations
-from kenotron.estimate.analytic_moe import MoEShape, moe_activations, moe_backward_temporaries, moe_shape
-from kenotron.estimate.cp_ring_memory import attention_output_copy
+from kenotron.estimate.static_memory import (
+    FP32,
+    ParameterBytes,
+    data_parallel_kind,
+    master_weights,
+    one_gpu_fsdp,
+)
 from kenotron.estimate.tracker import Breakdown, allocated_bytes
-from kenotron.models.common.mamba import MambaBlock
-from kenotron.models.common.norms import LayerNorm
-from kenotron.models.common.router import TopKRouter
-from kenotron.parallel.plan import fqn_matches, matching_modules
-from kenotron.parallel.zero1 import partition_params
+from kenotron.planner.analytic_loss import loss_bytes
+from kenotron.planner.analytic_mamba import mamba_backward_scratch, mamba_block_activations
+from kenotron.planner.analytic_moe import moe_activations, moe_backward_temporaries
+from kenotron.planner.step_shape import StepShape
 from kenotron.train.resolve import ResolvedRun
-
-FP32 = 4
-STEP_COUNTER = 512
-"""A fused AdamW step counter is a 0-d fp32 tensor on the GPU: one allocator block."""
-
-
-def zero1_ranks(run: ResolvedRun) -> int:
-    """Ranks ZeRO-1 replicates parameters over and shares optimizer state among: dp x cp (the
-    context-parallel ranks hold the same parameters, kenotron.parallel.data)."""
-    return run.dims.dp * run.dims.cp
-
-
-def data_parallel_kind(run: ResolvedRun) -> str:
-    """fsdp, hsdp, ddp, zero1 or none, as kenotron.parallel.data decides it."""
-    d = run.dims
-    if run.plan.settings.dp_mode == "zero1":
-        return "zero1" if zero1_ranks(run) > 1 else "none"
-    if d.dp_shard * d.cp > 1:
-        return "hsdp" if d.dp_replicate > 1 else "fsdp"
-    return "ddp" if d.dp_replicate > 1 else "none"
-
-
-def one_gpu_fsdp(run: ResolvedRun) -> bool:
-    """The trainer's choice of FSDP mixed precision on a single GPU."""
-    return run.dims.world_size == 1 and run.choices.precision == "fsdp"
-
-
-def master_weights(run: ResolvedRun) -> bool:
-    """The trainer's choice of bf16 parameters with fp32 masters in AdamW (train/choices.py)."""
-    return run.choices.precision == "master_weights"
-
-
-def meta_model(run: ResolvedRun) -> nn.Module:
-    with torch.device("meta"):
-        return run.spec.build(run.model_args)
-
-
-@dataclass(frozen=True)
-class ParameterBytes:
-    """Per-rank parameter sizes the formulas need, from plan.describe."""
-
-    local: int
-    """Σ local fp32 shards (P)."""
-    block_gathered: int
-    """One block's parameters gathered over data parallel (TP-local), in the compute dtype."""
-    root_gathered: int
-    """The parameters outside the blocks, gathered, in the compute dtype."""
-    count: int
-    """Number of parameter tensors."""
-    buffers: int
-    """Buffers (RoPE tables)."""
-    block_experts: int = 0
-    """Of block_gathered, this rank's routed experts (under expert parallelism)."""
-    local_bf16: int = 0
-    """Σ local shards in bf16 (master weights), each rounded as allocated (small tensors: not half of `local`)."""
-
-
-def parameter_bytes(run: ResolvedRun, model: nn.Module) -> ParameterBytes:
-    degrees = {k: v for k, v in run.dims.degrees().items() if k != "pp"}
-    sharded = run.plan.describe(model, degrees)
-    # One block gathered: TP-local and, under expert parallelism, only this rank's experts.
-    tp_only = run.plan.describe(model, {"tp": run.dims.tp, "ep": run.dims.ep})
-    c_p = 2 if run.cfg.training.param_dtype == "bfloat16" else FP32
-    first_block = matching_modules(model, run.plan.layout.blocks)[0][0] + "."
-    block = sum(math.prod(r["local_shape"]) * c_p for r in tp_only if r["name"].startswith(first_block))
-    root = sum(math.prod(r["local_shape"]) * c_p for r in tp_only if run.plan.layout.block_of(r["name"]) is None)
-    experts = run.plan.layout.experts
-    block_experts = sum(math.prod(r["local_shape"]) * c_p for r in tp_only if r["name"].startswith(first_block)
-                        and experts and fqn_matches(experts, r["name"].rpartition(".")[0]))
-    return ParameterBytes(
-        local=sum(allocated_bytes(r["bytes"]) for r in sharded),
-        block_gathered=block, root_gathered=root, count=len(sharded),
-        buffers=sum(allocated_bytes(b.numel() * b.element_size()) for b in model.buffers()) + _balance_state(model),
-        block_experts=block_experts,
-        local_bf16=sum(allocated_bytes(r["bytes"] // 2) for r in sharded),
-    )
-
-
-def _balance_state(model: nn.Module) -> int:
-    """The step's MoE statistics kept between steps (train/expert_balance.py): each MoE layer's
-    collapse streak (int64) and last loads and losses (fp32)."""
-    routers = [m for m in model.modules() if isinstance(m, TopKRouter)]
-    if not routers:
-        return 0
-    return allocated_bytes(len(routers) * 8) + allocated_bytes(len(routers) * (routers[0].n_experts + 2) * FP32)
-
-
-def optimizer_state_bytes(run: ResolvedRun, model: nn.Module, params: ParameterBytes) -> int:
-    """AdamW moments + step counters on the rank holding the most (ZeRO-1: the partition's largest)."""
-    if run.cfg.optimizer.name != "adamw":
-        return 0
-    if master_weights(run):  # the fp32 masters beside the moments (params.local counts fp32 bytes)
-        return 3 * params.local + STEP_COUNTER * params.count
-    if data_parallel_kind(run) != "zero1":
-        return 2 * params.local + STEP_COUNTER * params.count
-    rows = {r["name"]: r for r in run.plan.describe(model, {"tp": run.dims.tp})}
-    named = dict(model.named_parameters())
-    ordered = [n for n, p in named.items() if p.ndim >= 2] + [n for n, p in named.items() if p.ndim < 2]
-    owner = partition_params([named[n] for n in ordered], zero1_ranks(run))
-    per_rank = [0] * zero1_ranks(run)
-    for name, rank in zip(ordered, owner):
-        per_rank[rank] += 2 * allocated_bytes(rows[name]["bytes"]) + STEP_COUNTER
-    return max(per_rank)
-
-
-@dataclass(frozen=True)
-class StepShape:
-    """Sizes of one micro-step on one rank."""
-
-    tokens: int
-    residual_tokens: int
-    batch: int
-    seq: int
-    tp: int
-    dim: int
-    ffn: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    vocab: int
-    layers: int
-    compute: int
-    residual: int
-    autocast: bool
-    gated_mlp: bool
-    qk_norm: bool
-    fp32_norm: bool
-    cp_output_copy: bool = False
-    """Context parallel: the output projection keeps a copy of the attention output (cp_ring_memory.py)."""
-    fused_gate: bool = False
-    """SwiGLU's gate is the fused Triton kernel (eager CUDA runs): silu(a) is not kept."""
-    moe: MoEShape | None = None
-    """The MoE feed-forward in place of the dense MLP (analytic_moe.py); None for a dense model."""
-    mamba_blocks: int = 0
-    """How many of the model's blocks are Mamba-2 blocks (analytic_mamba.py); the rest are attention blocks."""
-    mamba: MambaDims | None = None
-    """One rank's share of a Mamba mixer, when the model has Mamba blocks."""
-
-    @classmethod
-    def of(cls, run: ResolvedRun, block_kind: dict[str, bool]) -> StepShape:
-        a, t, tp = run.model_args, run.cfg.training, run.dims.tp
-        sp = tp > 1 and run.plan.settings.sequence_parallel
-        bf16 = t.param_dtype == "bfloat16"
-        autocast = run.choices.precision == "autocast"
-        seq = t.seq_len // run.dims.cp  # context parallel: this rank's share of every sequence
-        tokens = t.local_batch_size * seq
-        compute = 2 if bf16 else FP32
-        moe = moe_shape(run, tokens, tp, compute)
-        return cls(
-            tokens=tokens, residual_tokens=tokens // tp if sp else tokens, batch=t.local_batch_size, seq=seq,
-            tp=tp, dim=a.dim, ffn=getattr(a, "ffn_dim", 0), heads=a.n_heads, kv_heads=a.n_kv_heads,
-            head_dim=a.head_dim, vocab=a.vocab_size, layers=a.n_layers, compute=compute,
-            residual=FP32 if autocast else compute, autocast=autocast, cp_output_copy=attention_output_copy(run),
-            fused_gate=(block_kind["gated_mlp"] or moe is not None) and run.choices.eager_kernels == "triton",
-            moe=moe, mamba=MambaDims.of(a, tp) if block_kind["mamba_blocks"] else None, **block_kind,
-        )
-
-
-def block_kind(model: nn.Module, blocks: str) -> dict:
-    """Which variant of the decoder block the family uses (what the activation formula reads),
-    and how many blocks are Mamba-2 blocks (the others' variant is read from the first of them)."""
-    found = [m for _, m in matching_modules(model, blocks)]
-    mamba = sum(isinstance(b, MambaBlock) for b in found)
-    block = next((b for b in found if not isinstance(b, MambaBlock)), found[0])
-    return {
-        "gated_mlp": hasattr(getattr(block, "feed_forward", None), "w3"),
-        "qk_norm": getattr(getattr(block, "attention", None), "q_norm", None) is not None,
-        "fp32_norm": isinstance(getattr(block, "attention_norm", None), LayerNorm),
-        "mamba_blocks": mamba,
-    }
 
 
 def block_activations(s: StepShape, mode: str, sp: bool, save_matmul_every: int = 1) -> int:
@@ -416,73 +243,3 @@ def peak_breakdown(run: ResolvedRun, params: ParameterBytes, O: int, kind: dict[
         moments.append(Breakdown(parameters=P, unsharded_parameters=params.root_gathered, gradients=G,
                                  optimizer_state=O, temporaries=shard_temp))
     return max(moments, key=lambda b: b.total)
-
-
-class AnalyticModel:
-    """The closed-form model for one family and size: keeps the meta model and what does not
-    depend on the layout, so that the planner can price hundreds of layouts quickly."""
-
-    def __init__(self, run: ResolvedRun) -> None:
-        self.model = meta_model(run)
-        self.kind = block_kind(self.model, run.plan.layout.blocks)
-        self._params: dict[tuple, ParameterBytes] = {}
-        self._optimizer: dict[tuple, int] = {}
-        self._stages: dict[tuple, tuple[ParameterBytes, int]] = {}
-        """Pipeline stages' (parameter bytes, optimizer bytes), by stage units and layout."""
-        self._units: list | None = None
-
-    @property
-    def parameter_count(self) -> int:
-        return sum(p.numel() for p in self.model.parameters())
-
-    def parameters(self, run: ResolvedRun) -> ParameterBytes:
-        key = (tuple(run.dims.degrees().items()), run.plan.settings.dp_mode, run.cfg.training.param_dtype)
-        if key not in self._params:
-            self._params[key] = parameter_bytes(run, self.model)
-        return self._params[key]
-
-    def optimizer_state(self, run: ResolvedRun) -> int:
-        params = self.parameters(run)
-        key = (tuple(run.dims.degrees().items()), data_parallel_kind(run), run.cfg.optimizer.name, master_weights(run))
-        if key not in self._optimizer:
-            self._optimizer[key] = optimizer_state_bytes(run, self.model, params)
-        return self._optimizer[key]
-
-    def units(self, run: ResolvedRun) -> list:
-        """The model's top-level modules with their work, for the throughput model (step_compute.py)."""
-        from kenotron.estimate.step_compute import model_units  # step_compute builds on this module
-
-        if self._units is None:
-            self._units = model_units(self.model, run.plan.layout.blocks)
-        return self._units
-
-    def fused_loss(self, run: ResolvedRun) -> bool:
-        """The trainer's choice of loss for this layout."""
-        return run.choices.fused_loss
-
-    def peak(self, run: ResolvedRun) -> Breakdown:
-        """Peak breakdown of `run` (same family and size as the one this model was built for); under
-        pipeline parallel (1F1B), that of the fullest pipeline rank (analytic_pipeline.py)."""
-        if run.dims.pp > 1:
-            peaks = self.pipeline_peaks(run)
-            if peaks is None:
-                raise ValueError(f"the closed form prices 1F1B pipelines only, not {run.plan.pipeline.schedule}")
-            return max(peaks, key=lambda b: b.total)
-        return peak_breakdown(run, self.parameters(run), self.optimizer_state(run), self.kind, self.fused_loss(run))
-
-    def pipeline_peaks(self, run: ResolvedRun) -> list[Breakdown] | None:
-        """One peak per pipeline rank (1F1B), or None where the closed form does not price the schedule."""
-        # Imported here: analytic_pipeline builds on this module.
-        from kenotron.estimate.analytic_pipeline import pipeline_peaks
-
-        return pipeline_peaks(run, self.model, self.kind, self._stages)
-
-    def zero1_correction(self, run: ResolvedRun, simulated_optimizer_state: int) -> int:
-        """ZeRO-1: bytes to add to a simulated rank's optimizer state to get the fullest rank's.
-
-        The shallow simulated models partition fewer parameters than the real one, and rank 0
-        need not be the fullest, so the optimizer state is taken from the real partition.
-        """
-        if data_parallel_kind(run) != "zero1" or run.cfg.optimizer.name != "adamw":
-            return 0
-        return self.optimizer_state(run) - simulated_optimizer_state

@@ -16,7 +16,7 @@
 2. Price each with the analytic model (analytic.py) and keep those under the budget (the
    verdict's 90%).
 3. Rank by modelled tokens/s per GPU (throughput.py).
-4. Confirm the best few with the FakeTensor estimate (memory.py), through the trainer's own
+4. Confirm the best few with the FakeTensor estimate (kenotron/estimate/memory.py), through the trainer's own
    resolve_run; a candidate the fake run finds too large is dropped and the next one checked.
 """
 
@@ -28,11 +28,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kenotron.config import ConfigError, JobConfig
-from kenotron.estimate.analytic import AnalyticModel
-from kenotron.estimate.memory import describe_model, estimate_run
-from kenotron.estimate.report import RESERVED_FRACTION, gib
-from kenotron.estimate.throughput import Hardware, StepTime, step_time
+from kenotron.estimate.memory import estimate_run
+from kenotron.estimate.report import RESERVED_FRACTION, describe_model, gib
 from kenotron.parallel.dims import ParallelConfigError, ParallelDims, expert_parallel_degrees
+from kenotron.planner.analytic_model import AnalyticModel
+from kenotron.planner.hardware import Hardware
+from kenotron.planner.throughput import StepTime, step_time
 from kenotron.progress import progress_bar
 from kenotron.train.choices import Target
 from kenotron.train.resolve import ResolvedRun, resolve_layout, resolve_run
@@ -249,7 +250,7 @@ def search_layouts(
         if len(ranked) >= top and confirmed >= min(confirm, len(fitting)):
             break
     bar.close()
-    return SearchResult(describe_model(base, model), ngpu, gpu_memory_gib, global_batch, ranked, len(candidates), notes,
+    return SearchResult(describe_model(base, model.parameter_count), ngpu, gpu_memory_gib, global_batch, ranked, len(candidates), notes,
                         time.perf_counter() - start)
 
 

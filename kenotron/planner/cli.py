@@ -1,4 +1,9 @@
-"""`python estimation.py --config X.toml --ngpu N [--section.key value ...]` and its options."""
+"""`kenotron estimate` / `python estimation.py --config X.toml --ngpu N [--section.key value ...]`.
+
+The command prints the fake-tensor estimate (kenotron/estimate) with the planner's closed form
+beside it, or with --search the planner's ranking; it lives in the planner because it uses both
+and the estimator knows nothing of the planner.
+"""
 
 from __future__ import annotations
 
@@ -8,14 +13,15 @@ import sys
 from pathlib import Path
 
 from kenotron.config import ConfigError, load_config, split_config_arg
+from kenotron.estimate.memory import default_gpu_memory_gib
+from kenotron.planner.closed_form_column import estimate_with_closed_form
+from kenotron.planner.search import SEARCH_LEGEND, format_search, search_layouts
 
 CONFIG_ERRORS = (ConfigError, FileNotFoundError)  # PlanError, ParallelConfigError, UnknownModelError are ConfigErrors
 """What a bad config raises; reported as the trainer reports them (`kenotron: config error: ...`)."""
 
 
 def parser(prog: str = "python estimation.py") -> argparse.ArgumentParser:
-    from kenotron.estimate.search import SEARCH_LEGEND
-
     p = argparse.ArgumentParser(
         prog=prog, formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="--search prints one row per layout.\n" + "\n".join(SEARCH_LEGEND),
@@ -49,10 +55,6 @@ def main(argv: list[str] | None = None, prog: str = "python estimation.py") -> i
     if args.ngpu < 1:
         print(f"kenotron: --ngpu {args.ngpu} must be >= 1", file=sys.stderr)
         return 2
-    # Imported after argument parsing so that --help answers at once.
-    from kenotron.estimate.memory import default_gpu_memory_gib, estimate_memory
-    from kenotron.estimate.search import format_search, search_layouts
-
     budget = args.gpu_memory_gib if args.gpu_memory_gib is not None else default_gpu_memory_gib()
     try:
         cfg = load_config(config_path, overrides)
@@ -61,7 +63,7 @@ def main(argv: list[str] | None = None, prog: str = "python estimation.py") -> i
             print(format_search(result))
             payload = result.to_dict()
         else:
-            report = estimate_memory(cfg, args.ngpu, budget, full_depth=args.full_depth)
+            report = estimate_with_closed_form(cfg, args.ngpu, budget, full_depth=args.full_depth)
             print(report.format(top_modules=args.top_modules))
             payload = report.to_dict()
     except CONFIG_ERRORS as e:

@@ -38,20 +38,18 @@ import dataclasses
 
 from torch import nn
 
-from kenotron.estimate.analytic import (
+from kenotron.estimate.static_memory import (
     FP32,
     ParameterBytes,
-    StepShape,
-    activations_per_block,
-    backward_scratch,
     data_parallel_kind,
-    kinds_activations,
     optimizer_state_bytes,
     parameter_bytes,
 )
-from kenotron.estimate.analytic_loss import loss_bytes
 from kenotron.estimate.tracker import Breakdown, allocated_bytes
 from kenotron.parallel.pipeline import stage_module
+from kenotron.planner.analytic import activations_per_block, backward_scratch, kinds_activations
+from kenotron.planner.analytic_loss import loss_bytes
+from kenotron.planner.step_shape import StepShape
 from kenotron.train.resolve import ResolvedRun
 
 

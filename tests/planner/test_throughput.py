@@ -6,8 +6,7 @@ from __future__ import annotations
 import pytest
 
 from kenotron.config import load_config
-from kenotron.estimate.analytic import AnalyticModel
-from kenotron.estimate.throughput import Hardware, step_time
+from kenotron.planner import AnalyticModel, Hardware, step_time
 from kenotron.train.resolve import resolve_run
 
 DEBUG = "train_configs/debug.toml"

@@ -1,0 +1,137 @@
+"""The bytes a rank holds between steps, exactly, from the plan's own per-parameter table.
+
+`plan.describe` gives every parameter's local shape on a layout without a process group, so
+parameters, gradients and optimizer state need no simulation: the fake-tensor estimator takes
+ZeRO-1's optimizer state from here (its shallow copies partition fewer parameters than the real
+model), and the planner's closed form (kenotron/planner) prices every layout's static bytes with
+the same functions. Also the run's data-parallel kind and bf16 mode, as the trainer decides them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from kenotron.estimate.tracker import allocated_bytes
+from kenotron.models.common.router import TopKRouter
+from kenotron.parallel.plan import fqn_matches, matching_modules
+from kenotron.parallel.zero1 import partition_params
+from kenotron.train.resolve import ResolvedRun
+
+FP32 = 4
+STEP_COUNTER = 512
+"""A fused AdamW step counter is a 0-d fp32 tensor on the GPU: one allocator block."""
+
+
+def zero1_ranks(run: ResolvedRun) -> int:
+    """Ranks ZeRO-1 replicates parameters over and shares optimizer state among: dp x cp (the
+    context-parallel ranks hold the same parameters, kenotron.parallel.data)."""
+    return run.dims.dp * run.dims.cp
+
+
+def data_parallel_kind(run: ResolvedRun) -> str:
+    """fsdp, hsdp, ddp, zero1 or none, as kenotron.parallel.data decides it."""
+    d = run.dims
+    if run.plan.settings.dp_mode == "zero1":
+        return "zero1" if zero1_ranks(run) > 1 else "none"
+    if d.dp_shard * d.cp > 1:
+        return "hsdp" if d.dp_replicate > 1 else "fsdp"
+    return "ddp" if d.dp_replicate > 1 else "none"
+
+
+def one_gpu_fsdp(run: ResolvedRun) -> bool:
+    """The trainer's choice of FSDP mixed precision on a single GPU."""
+    return run.dims.world_size == 1 and run.choices.precision == "fsdp"
+
+
+def master_weights(run: ResolvedRun) -> bool:
+    """The trainer's choice of bf16 parameters with fp32 masters in AdamW (train/choices.py)."""
+    return run.choices.precision == "master_weights"
+
+
+def meta_model(run: ResolvedRun) -> nn.Module:
+    """The run's model on the meta device (shapes only, built in milliseconds)."""
+    with torch.device("meta"):
+        return run.spec.build(run.model_args)
+
+
+@dataclass(frozen=True)
+class ParameterBytes:
+    """Per-rank parameter sizes, from plan.describe."""
+
+    local: int
+    """Σ local fp32 shards (P)."""
+    block_gathered: int
+    """One block's parameters gathered over data parallel (TP-local), in the compute dtype."""
+    root_gathered: int
+    """The parameters outside the blocks, gathered, in the compute dtype."""
+    count: int
+    """Number of parameter tensors."""
+    buffers: int
+    """Buffers (RoPE tables)."""
+    block_experts: int = 0
+    """Of block_gathered, this rank's routed experts (under expert parallelism)."""
+    local_bf16: int = 0
+    """Σ local shards in bf16 (master weights), each rounded as allocated (small tensors: not half of `local`)."""
+
+
+def parameter_bytes(run: ResolvedRun, model: nn.Module) -> ParameterBytes:
+    degrees = {k: v for k, v in run.dims.degrees().items() if k != "pp"}
+    sharded = run.plan.describe(model, degrees)
+    # One block gathered: TP-local and, under expert parallelism, only this rank's experts.
+    tp_only = run.plan.describe(model, {"tp": run.dims.tp, "ep": run.dims.ep})
+    c_p = 2 if run.cfg.training.param_dtype == "bfloat16" else FP32
+    first_block = matching_modules(model, run.plan.layout.blocks)[0][0] + "."
+    block = sum(math.prod(r["local_shape"]) * c_p for r in tp_only if r["name"].startswith(first_block))
+    root = sum(math.prod(r["local_shape"]) * c_p for r in tp_only if run.plan.layout.block_of(r["name"]) is None)
+    experts = run.plan.layout.experts
+    block_experts = sum(math.prod(r["local_shape"]) * c_p for r in tp_only if r["name"].startswith(first_block)
+                        and experts and fqn_matches(experts, r["name"].rpartition(".")[0]))
+    return ParameterBytes(
+        local=sum(allocated_bytes(r["bytes"]) for r in sharded),
+        block_gathered=block, root_gathered=root, count=len(sharded),
+        buffers=sum(allocated_bytes(b.numel() * b.element_size()) for b in model.buffers()) + _balance_state(model),
+        block_experts=block_experts,
+        local_bf16=sum(allocated_bytes(r["bytes"] // 2) for r in sharded),
+    )
+
+
+def _balance_state(model: nn.Module) -> int:
+    """The step's MoE statistics kept between steps (train/expert_balance.py): each MoE layer's
+    collapse streak (int64) and last loads and losses (fp32)."""
+    routers = [m for m in model.modules() if isinstance(m, TopKRouter)]
+    if not routers:
+        return 0
+    return allocated_bytes(len(routers) * 8) + allocated_bytes(len(routers) * (routers[0].n_experts + 2) * FP32)
+
+
+def optimizer_state_bytes(run: ResolvedRun, model: nn.Module, params: ParameterBytes) -> int:
+    """AdamW moments + step counters on the rank holding the most (ZeRO-1: the partition's largest)."""
+    if run.cfg.optimizer.name != "adamw":
+        return 0
+    if master_weights(run):  # the fp32 masters beside the moments (params.local counts fp32 bytes)
+        return 3 * params.local + STEP_COUNTER * params.count
+    if data_parallel_kind(run) != "zero1":
+        return 2 * params.local + STEP_COUNTER * params.count
+    rows = {r["name"]: r for r in run.plan.describe(model, {"tp": run.dims.tp})}
+    named = dict(model.named_parameters())
+    ordered = [n for n, p in named.items() if p.ndim >= 2] + [n for n, p in named.items() if p.ndim < 2]
+    owner = partition_params([named[n] for n in ordered], zero1_ranks(run))
+    per_rank = [0] * zero1_ranks(run)
+    for name, rank in zip(ordered, owner):
+        per_rank[rank] += 2 * allocated_bytes(rows[name]["bytes"]) + STEP_COUNTER
+    return max(per_rank)
+
+
+def zero1_correction(run: ResolvedRun, model: nn.Module, simulated_optimizer_state: int) -> int:
+    """ZeRO-1: bytes to add to a simulated rank's optimizer state to get the fullest rank's.
+
+    The shallow simulated models partition fewer parameters than the real one (`model`, on meta),
+    and rank 0 need not be the fullest, so the optimizer state is taken from the real partition.
+    """
+    if data_parallel_kind(run) != "zero1" or run.cfg.optimizer.name != "adamw":
+        return 0
+    return optimizer_state_bytes(run, model, parameter_bytes(run, model)) - simulated_optimizer_state

@@ -1,0 +1,32 @@
+"""The cluster the throughput model assumes (throughput.py): peak rates, fitted efficiencies and
+bandwidths (docs/estimation.md, Throughput model, says where each figure comes from)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """The cluster the throughput model assumes (one H200 SXM per GPU)."""
+
+    peak_flops: float = 989e12
+    """Dense bf16 FLOP/s of one GPU (H100 / H200 SXM)."""
+    matmul_efficiency: float = 0.68
+    """Share of the peak the matmuls reach (fitted: docs/estimation.md, Throughput model)."""
+    attention_efficiency: float = 0.71
+    """Share of the peak attention reaches, its FLOPs counted as train/flops.py counts them (the
+    whole score matrix, twice what a causal kernel computes; fitted)."""
+    scan_efficiency: float = 0.074
+    """Share of the peak Mamba-2's scan reaches, with the memory-bound work around it (fitted)."""
+    elementwise_passes: float = 6.1
+    """Bytes the elementwise kernels of a block move (norms, SwiGLU, RoPE, residual adds, forward
+    and backward), in units of the bytes the block keeps for backward without AC (fitted)."""
+    memory_bytes_per_s: float = 4.0e12
+    """Bandwidth a streaming kernel reaches (the Triton AdamW's, docs/estimation.md)."""
+    gpus_per_node: int = 8
+    """GPUs joined by NVLink."""
+    nvlink_bytes_per_s: float = 360e9
+    """Bus bandwidth of a collective inside a node, per GPU."""
+    network_bytes_per_s: float = 45e9
+    """Bus bandwidth of a collective across nodes, per GPU (400 Gb/s InfiniBand)."""

@@ -1,0 +1,89 @@
+"""The model registry imports a family when its spec is asked for: a run loads its own family only."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kenotron.models import MODEL_SPECS
+from kenotron.models.registry import FAMILIES, ModelRegistry
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _fresh_interpreter(script: str) -> str:
+    """Run `script` in a new Python (so that nothing another test imported counts); its stdout."""
+    proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    return proc.stdout
+
+
+def test_building_the_debug_llama3_job_imports_no_other_family_nor_the_mamba_kernels():
+    script = """
+import sys
+import torch
+from kenotron.config import load_config
+from kenotron.train.choices import Target
+from kenotron.train.job import build_job, build_meshes
+from kenotron.train.resolve import resolve_run
+run = resolve_run(load_config("train_configs/debug.toml", []), 1, Target.of(torch.device("cpu")))
+job = build_job(run, torch.device("cpu"), build_meshes(run, "cpu"))
+assert run.spec.name == "llama3", run.spec.name
+print("\\n".join(sorted(m for m in sys.modules if m.startswith("kenotron."))))
+"""
+    loaded = set(_fresh_interpreter(script).split())
+    families = {m.split(".")[2] for m in loaded if m.split(".")[2:3] and m.split(".")[2] in FAMILIES
+                and m.startswith("kenotron.models.")}
+    assert families == {"llama3"}
+    kernels = {"kenotron.kernels.mamba_mixer_op", "kenotron.kernels.ssd_op", "kenotron.kernels.ssd",
+               "kenotron.kernels.ssd_backward"}
+    assert not loaded & kernels, sorted(loaded & kernels)
+
+
+def test_listing_the_families_imports_none_and_reading_one_imports_only_it():
+    script = """
+import sys
+from kenotron.models import MODEL_SPECS, get_model_spec
+names = list(MODEL_SPECS)
+assert "qwen3" in MODEL_SPECS and "gpt2" not in MODEL_SPECS
+before = {m for m in sys.modules if m.startswith("kenotron.models.")}
+spec = get_model_spec("qwen3")
+after = {m for m in sys.modules if m.startswith("kenotron.models.")}
+print(" ".join(names))
+print(" ".join(sorted({m.split(".")[2] for m in before})))
+print(" ".join(sorted({m.split(".")[2] for m in after - before})))
+"""
+    names, before, new = (line.split() for line in _fresh_interpreter(script).splitlines())
+    assert names == list(FAMILIES)
+    assert not set(before) & set(FAMILIES)
+    assert "qwen3" in new and not set(new) & (set(FAMILIES) - {"qwen3", "llama3"})  # qwen3 reuses llama3's pieces
+
+
+def test_every_registered_family_loads_under_its_own_name():
+    assert [spec.name for spec in MODEL_SPECS.values()] == list(FAMILIES)
+
+
+def test_a_family_registered_under_another_name_is_refused_naming_both():
+    registry = ModelRegistry({"llama": FAMILIES["llama3"]})
+    with pytest.raises(AssertionError, match="named 'llama3', registered as 'llama'"):
+        registry["llama"]
+
+
+def test_the_mamba_op_is_registered_when_a_model_runs_it_so_selective_ac_keeps_its_outputs():
+    script = """
+import torch
+from kenotron.models import get_model_spec
+from kenotron.models.common.mamba import use_scan_kernel
+from kenotron.parallel.activation_checkpoint import _ops_to_save
+spec = get_model_spec("mamba2")
+with torch.device("meta"):
+    model = spec.build(spec.model_args("debug"))
+assert not hasattr(torch.ops.kenotron, "mamba_mixer")  # nothing loaded the Mamba kernels yet
+use_scan_kernel(model, "triton")
+print(torch.ops.kenotron.mamba_mixer.default in _ops_to_save())
+"""
+    assert _fresh_interpreter(script).strip() == "True"
