@@ -40,7 +40,7 @@ from kenotron.estimate.fake_job import (
 from kenotron.estimate.report import MemoryReport, RankEstimate, phase_peaks
 from kenotron.estimate.tracker import StepMemoryTracker, TrackedStep
 from kenotron.parallel.dims import ParallelDims
-from kenotron.parallel.plan import matching_modules
+from kenotron.parallel.model_layout import matching_modules
 from kenotron.train.resolve import ResolvedRun, resolve_run
 from kenotron.train.step import train_step
 

@@ -1,6 +1,6 @@
 """MoE layers on a mesh: expert parallelism, and tensor parallelism around the MoE layers.
 
-For every module of `plan.layout.moe_modules` (models/common/moe.py):
+For every module of a plan's `layout.moe_modules` (models/common/moe.py):
 
 - Expert parallel (an "ep" mesh dimension, borrowed from dp_shard x cp; parallel/dims.py):
   the expert weights become DTensors sharded over ep on the expert dimension (each rank holds
@@ -8,7 +8,7 @@ For every module of `plan.layout.moe_modules` (models/common/moe.py):
   groups its token copies by expert, sends each rank the copies of its experts (the copy counts
   are exchanged first, so the splits may be uneven), computes what it received, and sends the
   results back. FSDP then shards the expert weights over the data-parallel ranks ep leaves
-  ("efsdp", parallel/data.py).
+  ("efsdp", parallel/data_parallel.py).
 - Tensor parallel (a "tp" dimension): the MoE layer has no tensor-parallel split. It runs on
   this rank's shard of the sequence (under sequence parallel the residual stream is split
   already; without, its input is sliced and its output gathered), with every weight replicated
@@ -21,11 +21,11 @@ For every module of `plan.layout.moe_modules` (models/common/moe.py):
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed._functional_collectives import all_to_all_single_autograd
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import PrepareModuleInput, PrepareModuleOutput, parallelize_module
@@ -33,11 +33,9 @@ from torch.distributed.tensor.parallel import PrepareModuleInput, PrepareModuleO
 from kenotron.models.common.experts import GroupedExperts, gather_rows, group_by_expert, sum_rows
 from kenotron.models.common.moe import MoE, expert_alignment
 from kenotron.models.common.router import RouterOutput
-from kenotron.parallel.model_layout import matching_modules
-
-if TYPE_CHECKING:
-    from kenotron.parallel.dims import Meshes
-    from kenotron.parallel.plan import Plan
+from kenotron.parallel.dims import Meshes
+from kenotron.parallel.model_layout import ModelLayout, matching_modules
+from kenotron.parallel.parallel_settings import ParallelSettings
 
 SEQ = Shard(1)
 
@@ -62,8 +60,6 @@ class AllToAllDispatcher:
         return received, counts.view(self.ep, local).sum(1).tolist(), received.view(self.ep, local).sum(1).tolist()
 
     def __call__(self, x: torch.Tensor, r: RouterOutput, experts: GroupedExperts) -> torch.Tensor:
-        from torch.distributed._functional_collectives import all_to_all_single_autograd
-
         n_experts, k = experts.n_experts, r.experts.shape[1]
         local = n_experts // self.ep
         by_expert = group_by_expert(r.experts.reshape(-1), n_experts, k)
@@ -115,9 +111,9 @@ def _linear_on_local_weight(linear: nn.Linear, view: Callable[[torch.Tensor], to
     linear.forward = forward  # type: ignore[method-assign]
 
 
-def apply_expert_parallel(model: nn.Module, meshes: Meshes, plan: Plan) -> None:
-    """Place every MoE layer of `model` on the ep and tp dimensions (see the module docstring)."""
-    pattern = plan.layout.moe_modules
+def apply_expert_parallel(model: nn.Module, meshes: Meshes, layout: ModelLayout, settings: ParallelSettings) -> None:
+    """A plan's EP step: every MoE layer of `model` on the ep and tp dimensions (see the module docstring)."""
+    pattern = layout.moe_modules
     if not pattern:
         return
     ep_mesh, tp_mesh = meshes.get("ep"), meshes.get("tp")
@@ -144,7 +140,7 @@ def apply_expert_parallel(model: nn.Module, meshes: Meshes, plan: Plan) -> None:
                 raise ValueError(f"ep={ep_mesh.size()} does not divide the {experts.n_experts} experts of {name}")
             moe.dispatcher = AllToAllDispatcher(ep_mesh.get_group(), ep_mesh.size())
         if tp_mesh is not None:
-            _replicate_over_tp(moe, tp_mesh, plan.settings.sequence_parallel)
+            _replicate_over_tp(moe, tp_mesh, settings.sequence_parallel)
 
 
 def _replicate_over_tp(moe: MoE, tp_mesh: DeviceMesh, sequence_parallel: bool) -> None:
@@ -165,8 +161,3 @@ def _replicate_over_tp(moe: MoE, tp_mesh: DeviceMesh, sequence_parallel: bool) -
         parallelize_module(moe, tp_mesh, PrepareModuleOutput(
             output_layouts=SEQ, desired_output_layouts=Replicate(), use_local_output=True,
         ))
-
-
-def expert_modules(model: nn.Module, plan: Plan) -> list[nn.Module]:
-    """The routed-expert modules of `model` (what expert parallelism shards)."""
-    return [m for _, m in matching_modules(model, plan.layout.experts)] if plan.layout.experts else []

@@ -30,6 +30,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.fsdp import FSDPModule
 
 try:  # public in newer torch builds, private in 2.11
     from torch.distributed.fsdp import ReduceScatter
@@ -39,8 +40,6 @@ except ImportError:
 
 def own_parameters(module: nn.Module) -> list[nn.Parameter]:
     """The parameters one FSDP module's reduce-scatter covers: its own, not its nested FSDP modules'."""
-    from torch.distributed.fsdp import FSDPModule
-
     nested = {id(p) for m in module.modules() if m is not module and isinstance(m, FSDPModule)
               for p in m.parameters()}
     return [p for p in module.parameters() if id(p) not in nested]

@@ -30,7 +30,8 @@ from kenotron.models.common.mamba import use_scan_kernel
 from kenotron.models.common.parametrization import spectral_lr_scales
 from kenotron.parallel.dims import Meshes
 from kenotron.parallel.early_gather import EarlyGather
-from kenotron.parallel.plan import AppliedPlan, matching_modules
+from kenotron.parallel.model_layout import matching_modules
+from kenotron.parallel.plan import AppliedPlan
 from kenotron.parallel.zero1 import Zero1Optimizer
 from kenotron.train.attention_backend import BlockMasks, use_attention_kernel
 from kenotron.train.doremi import DoReMi, build_doremi, load_reference

@@ -23,9 +23,9 @@ from kenotron.models import MODEL_SPECS, ModelSpec, get_model_spec
 from kenotron.models.common.parametrization import matrix_fans
 from kenotron.parallel.context.apply import cp_attention_kind
 from kenotron.parallel.dims import ParallelDims, expert_parallel_degrees
+from kenotron.parallel.parallel_settings import ParallelSettings
 from kenotron.parallel.pipeline import PipelineSplit, build_pipeline_split, check_compile
 from kenotron.parallel.plan import Plan, layout_for
-from kenotron.parallel.settings import ParallelSettings
 from kenotron.train.attention_backend import window_shorter_than
 from kenotron.train.choices import Choices, Target, resolve_choices
 

@@ -30,14 +30,15 @@ from torch.distributed.tensor.parallel import parallelize_module
 
 from kenotron.parallel.context.ring import ROTATE_METHODS
 
+try:  # a package after torch 2.9
+    from torch.distributed.tensor.experimental._context_parallel import _attention as _torch_cp
+except ImportError:  # older layout: one file
+    from torch.distributed.tensor.experimental import _attention as _torch_cp  # type: ignore[no-redef]
+
 
 def torch_cp_api() -> ModuleType:
-    """torch's context-parallel attention module (moved into a package after torch 2.9)."""
-    try:
-        from torch.distributed.tensor.experimental._context_parallel import _attention
-    except ImportError:  # older layout: one file
-        from torch.distributed.tensor.experimental import _attention  # type: ignore[no-redef]
-    return _attention
+    """torch's context-parallel attention module."""
+    return _torch_cp
 
 
 def configure_torch_context_parallel(load_balance: bool, rotate_method: str) -> None:
