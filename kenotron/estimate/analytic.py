@@ -100,7 +100,7 @@ def one_gpu_fsdp(run: ResolvedRun) -> bool:
 
 
 def master_weights(run: ResolvedRun) -> bool:
-    """The trainer's choice of bf16 parameters with fp32 masters in AdamW (train/choices.py)."""
+    """The trainer's choice of bf16 parameters with fp32 masters in AdamW (kernel_choice/choices.py)."""
     return run.choices.precision == "master_weights"
 
 

@@ -32,9 +32,9 @@ from kenotron.estimate.analytic import AnalyticModel
 from kenotron.estimate.memory import describe_model, estimate_run
 from kenotron.estimate.report import RESERVED_FRACTION, gib
 from kenotron.estimate.throughput import Hardware, StepTime, step_time
+from kenotron.kernel_choice.target import Target
 from kenotron.parallel.dims import ParallelConfigError, ParallelDims, expert_parallel_degrees
 from kenotron.progress import progress_bar
-from kenotron.train.choices import Target
 from kenotron.train.resolve import ResolvedRun, resolve_layout, resolve_run
 
 AC_CHOICES = ("none", "selective-op", "full")

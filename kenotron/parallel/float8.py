@@ -35,7 +35,7 @@ def check_float8_available() -> None:
 
 def use_fast_cpu_float8(device_type: str) -> bool:
     """On a CPU, turn oneDNN off for this process (True when it did, with one warning): oneDNN has only
-    a reference float8 matmul on CPUs with AMX / AVX10, about a thousand times slower than torch's own
+    a reference float8 matmul on CPUs with AMX / AVX10, far slower than torch's own
     CPU `_scaled_mm`, which then runs. CPU float8 is for checking numerics, not for speed."""
     if device_type != "cpu" or not torch.backends.mkldnn.enabled:
         return False
