@@ -7,9 +7,10 @@ data-parallel mode, activation checkpointing, compile, float8, context parallel;
 config), kept apart and each printable, plus the pipeline split when there is one. Print it,
 compare two (`plan.diff(other)`), edit it (dataclasses: change a field, add or drop a style),
 ask what it does to each parameter on a given mesh shape (`plan.describe(model, {...})`, no
-process group needed), then `plan.apply(model, meshes)`:
+process group needed), then `plan.apply(model, meshes)`, on each of this rank's model parts:
 
-    pipeline split -> TP/SP -> EP -> CP -> activation checkpointing -> compile -> FSDP
+    pipeline split -> float8 -> TP/SP -> EP -> CP -> activation checkpointing -> compile
+        -> data parallel (FSDP, HSDP, DDP or ZeRO-1) -> activation offloading
 
 With MoE layers (`layout.moe_modules`), the EP step places them on the ep and tp dimensions
 (kenotron/parallel/expert.py): experts sharded over ep with an all-to-all dispatcher, the rest
@@ -129,7 +130,8 @@ class Plan:
     # -- application ------------------------------------------------------------------------
 
     def apply(self, model: nn.Module, meshes: Meshes) -> AppliedPlan:
-        """Parallelize `model` (pipeline split -> TP/SP -> EP -> CP -> AC -> compile -> data parallel).
+        """Parallelize `model` (pipeline split, then on each part float8 -> TP/SP -> EP -> CP -> AC ->
+        compile -> data parallel -> offloading).
 
         Without pipeline parallel the model is changed in place and is the only model part;
         with it, the returned parts are this rank's stages (copies of `model` cut down to their
@@ -167,7 +169,7 @@ class Plan:
 
     def _apply_to_part(self, model: nn.Module, meshes: Meshes
                        ) -> tuple[DataParallelState, SequenceSharder | None, ActivationOffloader | None]:
-        """TP/SP -> EP -> CP -> AC -> compile -> data parallel -> offload on one model part; returns
+        """float8 -> TP/SP -> EP -> CP -> AC -> compile -> data parallel -> offload on one model part; returns
         the DataParallelState, under context parallel how to slice batches, and the part's
         ActivationOffloader (None without offloading)."""
         lay, st = self.layout, self.settings

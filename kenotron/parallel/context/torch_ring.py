@@ -30,15 +30,19 @@ from torch.distributed.tensor.parallel import parallelize_module
 
 from kenotron.parallel.context.ring import ROTATE_METHODS
 
-try:  # a package after torch 2.9
-    from torch.distributed.tensor.experimental._context_parallel import _attention as _torch_cp
-except ImportError:  # older layout: one file
-    from torch.distributed.tensor.experimental import _attention as _torch_cp  # type: ignore[no-redef]
-
 
 def torch_cp_api() -> ModuleType:
-    """torch's context-parallel attention module."""
-    return _torch_cp
+    """torch's context-parallel attention module (moved into a package after torch 2.9).
+
+    Imported on first use, not with this module: torch's module keeps the DTensor op handlers
+    present when it is imported and its dispatcher installs those (`existing_custom_ops`), so
+    handlers added before the first use, as the CPU tests add the CPU flash kernel's
+    (tests/parallel/test_context_torch_ring.py), must exist when it is imported."""
+    try:
+        from torch.distributed.tensor.experimental._context_parallel import _attention
+    except ImportError:  # older layout: one file
+        from torch.distributed.tensor.experimental import _attention  # type: ignore[no-redef]
+    return _attention
 
 
 def configure_torch_context_parallel(load_balance: bool, rotate_method: str) -> None:
