@@ -227,6 +227,80 @@ def test_modules_form_no_import_cycle():
     assert not cycles, f"{len(cycles)} import cycles between modules (cut one import of each):\n  " + "\n  ".join(cycles)
 
 
+# Third-party packages kenotron runs without: a module imports them inside the function that
+# needs them (or a kenotron module that imports one at its top, such as a Triton kernel).
+OPTIONAL_PACKAGES = {"triton", "torchao", "flash_attn", "flash_attn_interface", "flash_attn_4", "boto3", "wandb",
+                     "matplotlib", "safetensors", "tokenizers", "tiktoken"}
+
+# Rooms held to plain top-level imports: a function-level import there is an optional dependency.
+PLAIN_IMPORT_ROOMS = ("parallel", "kernels", "kernel_choice")
+
+# Function-level imports kept on purpose, each with its reason in the module.
+LAZY_ON_PURPOSE = {
+    # torch's private CP module keeps the DTensor op handlers present at its import (torch_ring.py).
+    ("kenotron.parallel.context.torch_ring", "torch.distributed.tensor.experimental._context_parallel"),
+    ("kenotron.parallel.context.torch_ring", "torch.distributed.tensor.experimental"),
+}
+
+
+def _top_level_packages(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(), str(path))
+    found = set()
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            found.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            found.add(node.module.split(".")[0])
+    return found
+
+
+def _lazy_imports_of_required_modules(rooms: tuple[str, ...]) -> list[str]:
+    """Imports inside functions, in `rooms`, of anything but an optional package (or a kenotron
+    module importing one at its top), as "module:line -> target"."""
+    modules = _all_modules()
+    bad = []
+    for name, path in modules.items():
+        if _room(name) not in rooms:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            for inner in ast.walk(node):
+                if isinstance(inner, ast.Import):
+                    targets = [alias.name for alias in inner.names]
+                elif isinstance(inner, ast.ImportFrom) and not inner.level:
+                    targets = [inner.module or ""]
+                else:
+                    continue
+                for target in targets:
+                    optional = target.split(".")[0] in OPTIONAL_PACKAGES or (
+                        target in modules and _top_level_packages(modules[target]) & OPTIONAL_PACKAGES)
+                    if not optional and (name, target) not in LAZY_ON_PURPOSE:
+                        bad.append(f"{name}:{inner.lineno} -> {target}")
+    return sorted(bad)
+
+
+def test_parallel_and_kernel_rooms_import_at_the_top_but_optional_packages():
+    """parallel, kernels and kernel_choice import what they need at the top of the module; only an
+    optional package (triton, torchao, flash-attn), or a kernel module importing one, waits for
+    the function that needs it."""
+    bad = _lazy_imports_of_required_modules(PLAIN_IMPORT_ROOMS)
+    assert not bad, "imports inside functions of packages every run has; move them to the top:\n  " + "\n  ".join(bad)
+
+
+def test_the_lazy_import_reader_tells_a_triton_kernel_from_a_required_module(tmp_path, monkeypatch):
+    fake = tmp_path / "kenotron"
+    (fake / "kernels").mkdir(parents=True)
+    (fake / "__init__.py").write_text("")
+    (fake / "kernels" / "__init__.py").write_text("")
+    (fake / "kernels" / "kernel.py").write_text("import triton\n")
+    (fake / "kernels" / "op.py").write_text(
+        "def run():\n    from kenotron.kernels.kernel import k\n    import triton\n    import torch\n"
+    )
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", fake)
+    assert _lazy_imports_of_required_modules(("kernels",)) == ["kenotron.kernels.op:4 -> torch"]
+
+
 def test_the_module_cycle_checker_finds_a_cycle_hidden_in_a_function(tmp_path, monkeypatch):
     """plan imports tensor at the top; tensor imports plan inside a function: a cycle, named
     with both files and lines."""
