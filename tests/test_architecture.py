@@ -2,12 +2,14 @@
 
 Every module imports, and the imports between rooms (the sub-packages and the top-level leaf
 modules of kenotron) follow the allowed directions, function-level (lazy) imports included:
-a lazy import still ties one room to another. The room graph has no cycle.
+a lazy import still ties one room to another. Neither the room graph nor the module graph has
+a cycle, and docs/design.md's room list names what kenotron/ holds.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from collections import defaultdict
@@ -24,11 +26,13 @@ LEAVES = {"errors", "dtensor"}
 # as the room graph stays acyclic (test_rooms_form_no_import_cycle).
 FORBIDDEN: dict[str, set[str] | str] = {
     "config": "all",  # the config is plain data: it imports no other room
-    "kernels": "all",  # kernels and their choice: torch and triton only, so every room may use them
-    "models": {"data", "parallel", "checkpoint", "estimate", "planner", "train", "tools", "generate"},  # config, kernels
-    "data": {"models", "parallel", "train"},
-    "parallel": {"train", "estimate", "planner", "checkpoint", "tools"},
-    "checkpoint": {"train", "estimate", "planner", "tools"},
+    "kernels": "all",  # the kernels: torch and triton only, so every room may use them
+    # Which kernels run: reads the config, the model, the mesh degrees (kernel_choice/__init__.py).
+    "kernel_choice": {"train", "estimate", "planner", "checkpoint", "tools", "generate", "launch", "runs"},
+    "models": {"data", "parallel", "checkpoint", "estimate", "planner", "train", "tools", "generate", "kernel_choice"},
+    "data": {"models", "parallel", "train", "kernel_choice"},
+    "parallel": {"train", "estimate", "planner", "checkpoint", "tools", "kernel_choice"},
+    "checkpoint": {"train", "estimate", "planner", "tools", "kernel_choice"},
     "estimate": {"planner"},  # the fake-tensor estimator is the authority the planner checks against
 }
 
@@ -54,22 +58,33 @@ def _all_modules() -> dict[str, Path]:
     return {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
 
 
-def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
-    """The kenotron modules `name` imports anywhere in its body (`from pkg import sub` counts as sub)."""
+def _import_lines(name: str, path: Path, modules: dict[str, Path]) -> dict[str, int]:
+    """The kenotron modules `name` imports anywhere in its body (top level, in functions, under
+    TYPE_CHECKING), each with the line of its first import. `from pkg import sub` of a submodule
+    counts as sub alone: the package's own code is imported for a name that is not a submodule."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    found: set[str] = set()
+    found: dict[str, int] = {}
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        targets: list[str] = []
         if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
+            targets = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = package.split(".")[: len(package.split(".")) - node.level + 1]
                 target = ".".join(base + ([node.module] if node.module else []))
             else:
                 target = node.module or ""
-            found.add(target)
-            found.update(f"{target}.{alias.name}" for alias in node.names if f"{target}.{alias.name}" in modules)
-    return {m for m in found if m == "kenotron" or m.startswith("kenotron.")}
+            submodules = [f"{target}.{alias.name}" for alias in node.names if f"{target}.{alias.name}" in modules]
+            targets = submodules + ([target] if len(submodules) < len(node.names) else [])
+        for target in targets:
+            if target == "kenotron" or target.startswith("kenotron."):
+                found[target] = min(found.get(target, node.lineno), node.lineno)
+    return found
+
+
+def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The kenotron modules `name` imports anywhere in its body."""
+    return set(_import_lines(name, path, modules))
 
 
 def _room(module: str) -> str:
@@ -132,58 +147,180 @@ def test_rooms_form_no_import_cycle():
             visit(room, [room])
 
 
-# Rooms whose modules import each other without a circle (lazy and TYPE_CHECKING imports count:
-# a circle held apart by an import inside a function is still a circle). Extend to every room as
-# their circles go.
-ROOMS_WITHOUT_MODULE_CIRCLES = {"estimate", "planner", "data", "models"}
-
-
-def _module_circles(edges: list[tuple[str, str]]) -> list[list[str]]:
-    """The import circles among `edges`' modules: strongly connected groups of more than one."""
-    graph: dict[str, set[str]] = defaultdict(set)
-    for source, target in edges:
-        graph[source].add(target)
+def _module_cycles() -> list[str]:
+    """Each group of kenotron modules that import one another in a circle (a strongly connected
+    component of the module import graph), as one line: a shortest cycle through it, then every
+    import inside the group with its file and line, the imports to cut from."""
+    modules = _all_modules()
+    graph: dict[str, dict[str, int]] = {
+        name: {t: line for t, line in _import_lines(name, path, modules).items() if t != name and t in modules}
+        for name, path in modules.items()
+    }
+    # Tarjan's algorithm, iterative: index and lowlink per module, components as they close.
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
-    circles: list[list[str]] = []
+    on_stack: set[str] = set()
+    groups: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, targets = work[-1]
+            nxt = next(targets, None)
+            if nxt is not None:
+                if nxt not in index:
+                    index[nxt] = low[nxt] = len(index)
+                    stack.append(nxt)
+                    on_stack.add(nxt)
+                    work.append((nxt, iter(sorted(graph[nxt]))))
+                elif nxt in on_stack:
+                    low[node] = min(low[node], index[nxt])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                group = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    group.append(member)
+                    if member == node:
+                        break
+                if len(group) > 1:
+                    groups.append(sorted(group))
+    lines = []
+    for group in sorted(groups):
+        members = set(group)
+        # Breadth-first from the group's first module back to itself: a shortest cycle.
+        start, parent = group[0], {}
+        frontier = [start]
+        while frontier and start not in parent:
+            following = []
+            for node in frontier:
+                for nxt in sorted(graph[node]):
+                    if nxt in members and nxt not in parent:
+                        parent[nxt] = node
+                        following.append(nxt)
+            frontier = following
+        cycle, node = [start], parent[start]
+        while node != start:
+            cycle.append(node)
+            node = parent[node]
+        cycle.append(start)
+        edges = [f"{modules[s].relative_to(PACKAGE.parent)}:{graph[s][t]} -> {t}"
+                 for s in group for t in sorted(graph[s]) if t in members]
+        lines.append(" -> ".join(reversed(cycle)) + "\n      " + "\n      ".join(edges))
+    return lines
 
-    def visit(node: str) -> None:  # Tarjan's algorithm
-        index[node] = low[node] = len(index)
-        stack.append(node)
-        for nxt in sorted(graph[node]):
-            if nxt not in index:
-                visit(nxt)
-                low[node] = min(low[node], low[nxt])
-            elif nxt in stack:
-                low[node] = min(low[node], index[nxt])
-        if low[node] == index[node]:
-            group = []
-            while True:
-                member = stack.pop()
-                group.append(member)
-                if member == node:
-                    break
-            if len(group) > 1:
-                circles.append(sorted(group))
 
-    for node in sorted(graph):
-        if node not in index:
-            visit(node)
-    return circles
+def test_modules_form_no_import_cycle():
+    """No two kenotron modules import each other, directly or around a circle. Every import of a
+    kenotron module counts, wherever it stands (top level, inside a function, under
+    TYPE_CHECKING): an import moved into a function or under TYPE_CHECKING hides a circle
+    without removing it. Imports of optional third-party packages (triton, torchao, flash-attn)
+    are not edges of this graph, which holds kenotron's modules only."""
+    cycles = _module_cycles()
+    assert not cycles, f"{len(cycles)} import cycles between modules (cut one import of each):\n  " + "\n  ".join(cycles)
 
 
-def test_modules_of_a_room_import_each_other_without_a_circle():
-    edges = [(s, t) for s, t in _import_edges()
-             if _room(s) == _room(t) and _room(s) in ROOMS_WITHOUT_MODULE_CIRCLES and s != t]
-    circles = _module_circles(edges)
-    assert not circles, "import circles inside rooms:\n" + "\n".join("  " + " <-> ".join(c) for c in circles)
+# Third-party packages kenotron runs without: a module imports them inside the function that
+# needs them (or a kenotron module that imports one at its top, such as a Triton kernel).
+OPTIONAL_PACKAGES = {"triton", "torchao", "flash_attn", "flash_attn_interface", "flash_attn_4", "boto3", "wandb",
+                     "matplotlib", "safetensors", "tokenizers", "tiktoken"}
+
+# Rooms held to plain top-level imports: a function-level import there is an optional dependency.
+PLAIN_IMPORT_ROOMS = ("parallel", "kernels", "kernel_choice")
+
+# Function-level imports kept on purpose, each with its reason in the module.
+LAZY_ON_PURPOSE = {
+    # torch's private CP module keeps the DTensor op handlers present at its import (torch_ring.py).
+    ("kenotron.parallel.context.torch_ring", "torch.distributed.tensor.experimental._context_parallel"),
+    ("kenotron.parallel.context.torch_ring", "torch.distributed.tensor.experimental"),
+}
 
 
-def test_the_circle_finder_finds_a_circle_held_apart_by_a_lazy_import():
-    edges = [("kenotron.data.a", "kenotron.data.b"), ("kenotron.data.b", "kenotron.data.c"),
-             ("kenotron.data.c", "kenotron.data.a"), ("kenotron.data.c", "kenotron.data.d")]
-    assert _module_circles(edges) == [["kenotron.data.a", "kenotron.data.b", "kenotron.data.c"]]
+def _top_level_packages(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(), str(path))
+    found = set()
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            found.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            found.add(node.module.split(".")[0])
+    return found
+
+
+def _lazy_imports_of_required_modules(rooms: tuple[str, ...]) -> list[str]:
+    """Imports inside functions, in `rooms`, of anything but an optional package (or a kenotron
+    module importing one at its top), as "module:line -> target"."""
+    modules = _all_modules()
+    bad = []
+    for name, path in modules.items():
+        if _room(name) not in rooms:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            for inner in ast.walk(node):
+                if isinstance(inner, ast.Import):
+                    targets = [alias.name for alias in inner.names]
+                elif isinstance(inner, ast.ImportFrom) and not inner.level:
+                    targets = [inner.module or ""]
+                else:
+                    continue
+                for target in targets:
+                    optional = target.split(".")[0] in OPTIONAL_PACKAGES or (
+                        target in modules and _top_level_packages(modules[target]) & OPTIONAL_PACKAGES)
+                    if not optional and (name, target) not in LAZY_ON_PURPOSE:
+                        bad.append(f"{name}:{inner.lineno} -> {target}")
+    return sorted(bad)
+
+
+def test_parallel_and_kernel_rooms_import_at_the_top_but_optional_packages():
+    """parallel, kernels and kernel_choice import what they need at the top of the module; only an
+    optional package (triton, torchao, flash-attn), or a kernel module importing one, waits for
+    the function that needs it."""
+    bad = _lazy_imports_of_required_modules(PLAIN_IMPORT_ROOMS)
+    assert not bad, "imports inside functions of packages every run has; move them to the top:\n  " + "\n  ".join(bad)
+
+
+def test_the_lazy_import_reader_tells_a_triton_kernel_from_a_required_module(tmp_path, monkeypatch):
+    fake = tmp_path / "kenotron"
+    (fake / "kernels").mkdir(parents=True)
+    (fake / "__init__.py").write_text("")
+    (fake / "kernels" / "__init__.py").write_text("")
+    (fake / "kernels" / "kernel.py").write_text("import triton\n")
+    (fake / "kernels" / "op.py").write_text(
+        "def run():\n    from kenotron.kernels.kernel import k\n    import triton\n    import torch\n"
+    )
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", fake)
+    assert _lazy_imports_of_required_modules(("kernels",)) == ["kenotron.kernels.op:4 -> torch"]
+
+
+def test_the_module_cycle_checker_finds_a_cycle_hidden_in_a_function(tmp_path, monkeypatch):
+    """plan imports tensor at the top; tensor imports plan inside a function: a cycle, named
+    with both files and lines."""
+    fake = tmp_path / "kenotron"
+    (fake / "parallel").mkdir(parents=True)
+    (fake / "__init__.py").write_text("")
+    (fake / "parallel" / "__init__.py").write_text("")
+    (fake / "parallel" / "plan.py").write_text("from kenotron.parallel.tensor import apply\n")
+    (fake / "parallel" / "tensor.py").write_text("def apply():\n    from kenotron.parallel import plan\n")
+    (fake / "parallel" / "dims.py").write_text("from kenotron.parallel import plan\n")  # into the cycle, not in it
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", fake)
+    assert _module_cycles() == [
+        (
+            "kenotron.parallel.plan -> kenotron.parallel.tensor -> kenotron.parallel.plan\n"
+            "      kenotron/parallel/plan.py:1 -> kenotron.parallel.tensor\n"
+            "      kenotron/parallel/tensor.py:2 -> kenotron.parallel.plan"
+        )
+    ]
 
 
 def test_the_rule_checker_sees_a_forbidden_lazy_import(tmp_path, monkeypatch):
@@ -230,19 +367,18 @@ sys.exit(1 if failed else 0)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
 
 
-def test_package_faces_load_nothing_until_used_and_export_what_they_list():
-    """`import kenotron.parallel` / `kenotron.train` loads none of their modules (no cost, no
-    cycle); each name of their __all__ then resolves, `from kenotron.parallel import Plan` style."""
+def test_package_faces_export_what_they_list():
+    """In a fresh interpreter, every name of `kenotron.parallel.__all__` and `kenotron.train.__all__`
+    resolves, `from kenotron.parallel import Plan` style; parallel's face is plain imports of its
+    own modules' names (no module `__getattr__` that loads them on demand)."""
     script = """
-import sys
 import kenotron.parallel, kenotron.train
-loaded = [m for m in sys.modules if m.startswith(("kenotron.parallel.", "kenotron.train.")) or m == "torch"]
-assert not loaded, loaded
+assert "__getattr__" not in vars(kenotron.parallel), "kenotron.parallel has a lazy __getattr__"
 for face in (kenotron.parallel, kenotron.train):
-    assert sorted(face.__all__) == sorted(face._EXPORTS), face.__name__
     for name in face.__all__:
         value = getattr(face, name)
-        assert value.__module__.startswith(face.__name__ + "."), (name, value.__module__)
+        if face is kenotron.parallel:
+            assert value.__module__.startswith("kenotron.parallel."), (name, value.__module__)
 from kenotron.parallel import Plan, plan_for
 from kenotron.train import Trainer
 assert Plan.__name__ == "Plan" and callable(plan_for) and Trainer.__name__ == "Trainer"
@@ -251,3 +387,31 @@ print("ok")
     proc = subprocess.run([sys.executable, "-c", script], check=False, capture_output=True, text=True,
                           timeout=300, cwd=PACKAGE.parent)
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stdout + proc.stderr[-3000:]
+
+
+def _rooms_in_design_doc(text: str) -> set[str]:
+    """The names docs/design.md's room list gives (`config/`, `errors.py`): the entries at two
+    spaces' indent of the first code block under "## Rooms"."""
+    section = text.split("## Rooms", 1)[1]
+    block = section.split("```", 2)[1]
+    return set(re.findall(r"^  ([A-Za-z_][\w.]*/?)(?=\s|$)", block, flags=re.MULTILINE))
+
+
+def _rooms_in_package() -> set[str]:
+    packages = {f"{d.name}/" for d in PACKAGE.iterdir() if (d / "__init__.py").is_file()}
+    return packages | {f.name for f in PACKAGE.glob("*.py") if f.name != "__init__.py"}
+
+
+def test_the_design_doc_names_every_room_and_nothing_else():
+    """docs/design.md's room list names each sub-package and top-level module of kenotron/, and
+    nothing that does not exist."""
+    listed = _rooms_in_design_doc((PACKAGE.parent / "docs" / "design.md").read_text())
+    present = _rooms_in_package()
+    assert listed == present, (f"docs/design.md's room list lacks {sorted(present - listed)} and names "
+                               f"{sorted(listed - present)}, which kenotron/ does not have; update its Rooms block")
+
+
+def test_the_design_doc_room_reader_takes_entries_not_continuations_or_other_blocks():
+    text = ("# x\n\n## Rooms\n\n```\nkenotron/\n  errors.py   errors\n  config/     the config\n"
+            "                 continued line\n  gone/       a room\n```\n\n```\n  other/ block\n```\n")
+    assert _rooms_in_design_doc(text) == {"errors.py", "config/", "gone/"}

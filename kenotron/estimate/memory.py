@@ -41,7 +41,7 @@ from kenotron.estimate.rank_classes import RankClass, rank_classes
 from kenotron.estimate.report import MemoryReport, RankEstimate, describe_model, describe_settings, phase_peaks
 from kenotron.estimate.static_memory import data_parallel_kind, meta_model, zero1_correction
 from kenotron.estimate.tracker import StepMemoryTracker, TrackedStep
-from kenotron.parallel.plan import matching_modules
+from kenotron.parallel.model_layout import matching_modules
 from kenotron.train.resolve import ResolvedRun, resolve_run
 from kenotron.train.step import train_step
 

@@ -44,9 +44,10 @@ from torch.distributed.pipelining.stage import _PipelineStageBase
 
 from kenotron.estimate.pipeline_order import Action
 from kenotron.estimate.tracker import Position, StepMemoryTracker
+from kenotron.parallel.model_layout import matching_modules
 from kenotron.parallel.pipeline import PipelineSplit, pipeline_units, tied_groups
 from kenotron.parallel.pipeline_tied import TiedAcrossStages
-from kenotron.parallel.plan import AppliedPlan, matching_modules
+from kenotron.parallel.plan import AppliedPlan
 from kenotron.train.job import Job
 from kenotron.train.pipeline_step import RETURN_OUTPUTS
 from kenotron.train.resolve import ResolvedRun

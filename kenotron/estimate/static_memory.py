@@ -17,7 +17,7 @@ from torch import nn
 
 from kenotron.estimate.tracker import allocated_bytes
 from kenotron.models.common.router import TopKRouter
-from kenotron.parallel.plan import fqn_matches, matching_modules
+from kenotron.parallel.model_layout import fqn_matches, matching_modules
 from kenotron.parallel.zero1 import partition_params
 from kenotron.train.resolve import ResolvedRun
 
@@ -28,12 +28,12 @@ STEP_COUNTER = 512
 
 def zero1_ranks(run: ResolvedRun) -> int:
     """Ranks ZeRO-1 replicates parameters over and shares optimizer state among: dp x cp (the
-    context-parallel ranks hold the same parameters, kenotron.parallel.data)."""
+    context-parallel ranks hold the same parameters, kenotron.parallel.data_parallel)."""
     return run.dims.dp * run.dims.cp
 
 
 def data_parallel_kind(run: ResolvedRun) -> str:
-    """fsdp, hsdp, ddp, zero1 or none, as kenotron.parallel.data decides it."""
+    """fsdp, hsdp, ddp, zero1 or none, as kenotron.parallel.data_parallel decides it."""
     d = run.dims
     if run.plan.settings.dp_mode == "zero1":
         return "zero1" if zero1_ranks(run) > 1 else "none"
@@ -48,7 +48,7 @@ def one_gpu_fsdp(run: ResolvedRun) -> bool:
 
 
 def master_weights(run: ResolvedRun) -> bool:
-    """The trainer's choice of bf16 parameters with fp32 masters in AdamW (train/choices.py)."""
+    """The trainer's choice of bf16 parameters with fp32 masters in AdamW (kernel_choice/choices.py)."""
     return run.choices.precision == "master_weights"
 
 

@@ -1,12 +1,16 @@
-"""Triton kernels and the choice of which one runs.
+"""Triton kernels and the custom ops around them; which one runs is kenotron/kernel_choice/.
 
-- `select`: which kernel runs for each config field that offers one (no triton import).
 - `adamw`: the AdamW update, one Triton kernel per tensor.
 - `loss`: the fused loss's cross-entropy-with-gradient and backward scale.
 - `rope_swiglu`: RoPE and SwiGLU's gate for uncompiled blocks.
+- `expert_swiglu`: SwiGLU's gate of the eager MoE experts.
 - `sum_of_squares`: the gradient norm's sum of squares.
+- `ssd`, `ssd_backward`, `ssd_op`: Mamba-2's chunked scan, forward and backward, as a custom op.
+- `mamba_mixer`, `mamba_mixer_op`: the Mamba-2 mixer's convolution, scan and gated norm as one op.
+- `workspace`: the kernels' scratch buffers, which the memory estimator books.
 
 Every kernel module imports `triton` when imported: import it where the kernel is chosen, not at
-the top of a module that also runs on CPU. This package imports nothing of kenotron but
-`kenotron.errors`, so models, parallel and train may all use it.
+the top of a module that also runs on CPU (the `*_op` modules register their ops without triton
+and import their kernels on first call). This package imports nothing else of kenotron, so
+models, parallel and train may all use it.
 """

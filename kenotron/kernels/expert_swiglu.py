@@ -7,7 +7,7 @@ Qwen3-30B-A3B's width at 16k tokens). Here: one kernel forward (reads h and the 
 the (rows, F) product) and one backward (reads the gradient, h and the scales; writes dh
 (rows, 2F) and each row's scale gradient, a sum over F), computing in fp32.
 
-torch.compile fuses the PyTorch ops itself, so compiled blocks keep them (kernels/select.py).
+torch.compile fuses the PyTorch ops itself, so compiled blocks keep them (kernel_choice/tuning.py).
 Importing this module needs the `triton` package.
 """
 

@@ -8,7 +8,7 @@ activations, so these elementwise passes cost a noticeable share of an eager ste
 input once and write every output once, computing in fp32.
 
 torch.compile fuses the same operations itself, so compiled blocks keep the plain PyTorch
-code (kenotron/kernels/select.py chooses). Importing this module needs the `triton` package.
+code (kenotron/kernel_choice/tuning.py chooses). Importing this module needs the `triton` package.
 """
 
 from __future__ import annotations

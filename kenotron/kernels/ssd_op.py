@@ -11,7 +11,7 @@ backward; the per-chunk states are recomputed there.
 
 Shapes it takes: chunk size, head size and state size powers of two of at least 16 (every
 published Mamba-2: 256, 64 and 128), heads a multiple of groups (`supports` says whether a
-model qualifies; kenotron/kernels/select.py falls back to the PyTorch scan otherwise).
+model qualifies; kenotron/kernel_choice/tuning.py falls back to the PyTorch scan otherwise).
 """
 
 from __future__ import annotations

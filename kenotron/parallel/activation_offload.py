@@ -1,57 +1,27 @@
 """Activation offloading (`activation_checkpoint.offload_blocks`): the tensors the first N blocks
 save for backward wait in pinned host memory between their forward and their backward.
 
-Memory for PCIe traffic instead of recompute. The first blocks are the ones to move: their
-activations are made first and used last, so the copies out run under the rest of the forward
-and the copies back under the backward of the blocks after them. The copies run on two streams
-of their own (the GPU's copy engines, not its SMs), so the compute stream never waits for a copy
-out, and waits for a copy back only if the backward gets to the tensor first.
+Why: it trades PCIe traffic for memory where recomputing (activation checkpointing) would cost
+compute. The first blocks are the ones to move: their activations are made first and used last,
+so the copies out run under the rest of the forward and the copies back under the backward of
+the blocks after them, on two copy streams of their own (the copy engines, not the SMs).
 
-- A forward pre-hook on each offloaded block installs `saved_tensors_hooks` and its forward hook
-  removes them; both run outside torch.compile's graph (Dynamo-disabled, like FSDP's hooks), and
-  a compiled block's runtime hands every tensor its backward needs to the pack hook.
-- pack: a plain tensor of at least `MIN_BYTES` on the accelerator (not a parameter: FSDP and
-  the optimizer own those) is copied into pinned host memory, with its strides, on the copy-out
-  stream, which first waits for the compute stream. The pinned buffers are kept from step to
-  step (`HostBufferPool`): a buffer goes back to the pool when autograd drops the tensor, and
-  its next copy out waits for its last copy in.
-- release: the offloader holds each copied tensor until block j + R (R = blocks - N - 1, at
-  least 1) is about to run its forward; there the compute stream waits for the copy and lets
-  go. Letting go of a tensor whose copy the GPU has not finished must not hand its memory to a
-  later allocation. `record_stream` did that by keeping the memory out of the allocator's reach
-  until the copy was seen done, but the host runs the forward far ahead of the GPU, so none of
-  it was reusable when the next blocks asked for memory: the allocator mapped more (+16 GiB
-  reserved on the 1-GPU 8B width with 3 blocks offloaded, measured). A wait on the compute
-  stream frees it in stream order instead, reusable at once. R is as late as keeps the peak (at
-  the end of the forward) free of offloaded tensors, so the GPU waits only if copying out N
-  blocks takes longer than computing the forward of R of them.
-- prefetch, in two steps, from a hook on each block's output gradient (when its backward
-  begins; registered after FSDP's, so it runs after FSDP's pre-backward):
-  - admit: the next offloaded block (newest first) is admitted if the device memory in use,
-    plus what is admitted and not yet copied, plus its bytes stays under what was in use at
-    the end of the forward (the activation peak); block j - 1 at the latest. Measuring beats a
-    fixed distance: the backward's gradients take the room its freed activations leave (bf16
-    gradients of an 8B-width block are ~28% of its saved tensors), and D = blocks - N - 2
-    blocks ahead peaked ~3 GiB above the end of the forward (1-GPU 8B width, 16 blocks, 6
-    offloaded). The probe is the CUDA allocator's count on a GPU (the estimator passes its
-    tracker's); without one (CPU tests) block k is admitted when block k + D's backward begins.
-  - issue: admitted tensors are copied back (copy-in stream, newest first) at a pace, the
-    offloaded bytes over blocks - N - 1 blocks of backward (what is due, block j - 1's, at
-    once). Host-to-device copies share one copy engine in order, and FSDP's all-gather
-    copy-out makes a small one on the compute stream at each block's pre-backward: behind a
-    whole block's prefetch it held the compute stream ~41 ms (2 x H200 FSDP, 6 blocks
-    offloaded: -11% a step, measured per block). Issued after that copy and a fraction of a
-    block at a time, the copies are done before the next one comes.
-  Each copy gets its device memory on the compute stream, so the allocator's per-stream pools
-  are those of a run without offloading, and without `record_stream` (the same reason as
-  above): the compute stream waits for the copy before it uses the tensor (unpack) or lets go
-  of it unused (a graph freed without backward).
-- unpack: the compute stream waits for the tensor's copy in (an event); a tensor whose prefetch
-  has not started (a backward that skips the hook) is copied back there and then.
+- pack (a `saved_tensors_hooks` installed around each offloaded block's forward, outside
+  torch.compile's graph): a plain device tensor of at least `MIN_BYTES`, not a parameter, is
+  copied into a pinned host buffer kept from step to step (`HostBufferPool`).
+- release: the device tensor is held until block j + R (R = blocks - N - 1, at least 1) starts
+  its forward; there the compute stream waits for the copy and lets it go, so its memory is
+  freed in stream order (not with `record_stream`, which keeps it out of reach while the host
+  runs ahead of the GPU).
+- prefetch (a hook on each block's output gradient, after FSDP's pre-backward): the next
+  offloaded block is admitted while the device memory in use stays under the forward's peak
+  (block j - 1 at the latest), and admitted tensors are copied back at a pace, so FSDP's small
+  host-to-device copy is never queued behind a whole block's.
+- unpack: the compute stream waits for the tensor's copy back (copied then and there if its
+  prefetch never started).
 
-On a CPU (tests) the copies are plain copies into other CPU tensors. Fake tensors (the memory
-estimator, whose fake device tensors live on the CPU) leave meta stand-ins, which the
-estimator's tracker does not count: it sees the device memory go and come back.
+On a CPU (tests) the copies are plain copies; fake tensors (the memory estimator) leave meta
+stand-ins. The measurements behind these choices are in docs/performance.md.
 """
 
 from __future__ import annotations
@@ -81,9 +51,8 @@ class HostSlot:
 
 class HostBufferPool:
     """Host buffers kept from step to step, by size (a step's activations have the same sizes
-    every step). Pinning memory is slow and blocks the host: allocating each step's pinned
-    copies anew (torch's caching host allocator did) cost ~290 ms of host time per 1-GPU 8B
-    step with two blocks offloaded, measured."""
+    every step). Pinning memory is slow and blocks the host, so allocating each step's pinned
+    copies anew (as torch's caching host allocator did) costs host time every step."""
 
     def __init__(self) -> None:
         self._free: dict[int, list[HostSlot]] = defaultdict(list)

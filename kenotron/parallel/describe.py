@@ -13,15 +13,13 @@ those of rank 0, the largest.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
 
-from kenotron.parallel.model_layout import fqn_matches
-
-if TYPE_CHECKING:
-    from kenotron.parallel.plan import Plan
+from kenotron.parallel.model_layout import ModelLayout, fqn_matches
+from kenotron.parallel.parallel_settings import ParallelSettings
 
 MESH_DIMS = ("dp_replicate", "dp_shard", "cp", "ep", "tp")
 
@@ -35,13 +33,16 @@ def _tp_shard_dim(style: str | None, param_name: str) -> int | None:
     return None
 
 
-def describe_parameters(plan: Plan, model: nn.Module, mesh_shape: dict[str, int]) -> list[dict[str, Any]]:
+def describe_parameters(layout: ModelLayout, settings: ParallelSettings, model: nn.Module,
+                        mesh_shape: dict[str, int]) -> list[dict[str, Any]]:
+    """Per parameter of `model`: what a plan of this layout and these settings makes of it on
+    `mesh_shape` (a notebook calls it through `Plan.describe`)."""
     unknown = set(mesh_shape) - set(MESH_DIMS) - {"pp"}
     if unknown:
         raise ValueError(f"mesh_shape has unknown dimensions {sorted(unknown)}; use {MESH_DIMS}")
     deg = {d: int(mesh_shape.get(d, 1)) for d in MESH_DIMS}
     shard_degree = deg["dp_shard"] * deg["cp"]
-    experts = plan.layout.experts
+    experts = layout.experts
     rows = []
     for name, param in model.named_parameters():
         module_fqn, _, pname = name.rpartition(".")
@@ -49,7 +50,7 @@ def describe_parameters(plan: Plan, model: nn.Module, mesh_shape: dict[str, int]
         if deg["ep"] > 1:
             placements["ep"] = "(dp)"  # the ep ranks are data-parallel ranks to all but the experts
         local = list(param.shape)
-        tp_dim = _tp_shard_dim(plan.layout.style_of(module_fqn), pname) if deg["tp"] > 1 else None
+        tp_dim = _tp_shard_dim(layout.style_of(module_fqn), pname) if deg["tp"] > 1 else None
         if tp_dim is not None:
             placements["tp"] = f"S({tp_dim})"
             local[tp_dim] = math.ceil(local[tp_dim] / deg["tp"])
@@ -60,7 +61,7 @@ def describe_parameters(plan: Plan, model: nn.Module, mesh_shape: dict[str, int]
             if efsdp > 1:
                 placements["dp_shard"] = "S(0)"
                 local[0] = math.ceil(local[0] / efsdp)
-        elif plan.settings.dp_mode == "fsdp" and shard_degree > 1:
+        elif settings.dp_mode == "fsdp" and shard_degree > 1:
             for d in ("dp_shard", "cp"):
                 if deg[d] > 1:
                     placements[d] = "S(0)"

@@ -18,12 +18,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from kenotron.errors import ConfigError
-
-if TYPE_CHECKING:
-    from torch.distributed.device_mesh import DeviceMesh
 
 
 class ParallelConfigError(ConfigError):
@@ -172,8 +170,6 @@ class ParallelDims:
 
     def build_meshes(self, device_type: str) -> Meshes:
         """The named mesh and its flattened views (the default process group must exist)."""
-        from torch.distributed.device_mesh import init_device_mesh
-
         names, sizes = self.mesh_shape()
         if not names:
             return Meshes(self, None)

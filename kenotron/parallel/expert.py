@@ -1,6 +1,6 @@
 """MoE layers on a mesh: expert parallelism, and tensor parallelism around the MoE layers.
 
-For every module of `plan.layout.moe_modules` (models/common/moe.py):
+For every module of a plan's `layout.moe_modules` (models/common/moe.py):
 
 - Expert parallel (an "ep" mesh dimension, borrowed from dp_shard x cp; parallel/dims.py):
   the expert weights become DTensors sharded over ep on the expert dimension (each rank holds
@@ -8,7 +8,7 @@ For every module of `plan.layout.moe_modules` (models/common/moe.py):
   travels once to each rank that holds one of its experts (the row counts are exchanged first,
   so the splits may be uneven), which computes its experts there, weights and sums them, and
   sends one row back (parallel/expert_dispatch.py). FSDP then shards the expert weights over the data-parallel ranks ep leaves
-  ("efsdp", parallel/data.py).
+  ("efsdp", parallel/data_parallel.py).
 - Tensor parallel (a "tp" dimension): the MoE layer has no tensor-parallel split. It runs on
   this rank's shard of the sequence (under sequence parallel the residual stream is split
   already; without, its input is sliced and its output gathered), with every weight replicated
@@ -21,11 +21,11 @@ For every module of `plan.layout.moe_modules` (models/common/moe.py):
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed._functional_collectives import all_to_all_single_autograd
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import PrepareModuleInput, PrepareModuleOutput, parallelize_module
@@ -33,6 +33,7 @@ from torch.distributed.tensor.parallel import PrepareModuleInput, PrepareModuleO
 from kenotron.models.common.experts import GroupedExperts, copy_weights, gather_rows, sum_rows
 from kenotron.models.common.moe import MoE, expert_alignment
 from kenotron.models.common.router import RouterOutput
+from kenotron.parallel.dims import Meshes
 from kenotron.parallel.expert_dispatch import (
     CombineRows,
     SelectRows,
@@ -42,11 +43,8 @@ from kenotron.parallel.expert_dispatch import (
     received_grouping,
     send_order,
 )
-from kenotron.parallel.model_layout import matching_modules
-
-if TYPE_CHECKING:
-    from kenotron.parallel.dims import Meshes
-    from kenotron.parallel.plan import Plan
+from kenotron.parallel.model_layout import ModelLayout, matching_modules
+from kenotron.parallel.parallel_settings import ParallelSettings
 
 SEQ = Shard(1)
 
@@ -80,8 +78,6 @@ class AllToAllDispatcher:
         return sizes[:self.ep], sizes[self.ep:2 * self.ep], sizes[-1], pairs
 
     def __call__(self, x: torch.Tensor, r: RouterOutput, experts: GroupedExperts) -> torch.Tensor:
-        from torch.distributed._functional_collectives import all_to_all_single_autograd
-
         ep, n_experts, (tokens, k) = self.ep, experts.n_experts, r.experts.shape
         local = n_experts // ep
         align = expert_alignment(experts, x)
@@ -139,9 +135,9 @@ def _linear_on_local_weight(linear: nn.Linear, view: Callable[[torch.Tensor], to
     linear.forward = forward  # type: ignore[method-assign]
 
 
-def apply_expert_parallel(model: nn.Module, meshes: Meshes, plan: Plan) -> None:
-    """Place every MoE layer of `model` on the ep and tp dimensions (see the module docstring)."""
-    pattern = plan.layout.moe_modules
+def apply_expert_parallel(model: nn.Module, meshes: Meshes, layout: ModelLayout, settings: ParallelSettings) -> None:
+    """A plan's EP step: every MoE layer of `model` on the ep and tp dimensions (see the module docstring)."""
+    pattern = layout.moe_modules
     if not pattern:
         return
     ep_mesh, tp_mesh = meshes.get("ep"), meshes.get("tp")
@@ -168,7 +164,7 @@ def apply_expert_parallel(model: nn.Module, meshes: Meshes, plan: Plan) -> None:
                 raise ValueError(f"ep={ep_mesh.size()} does not divide the {experts.n_experts} experts of {name}")
             moe.dispatcher = AllToAllDispatcher(ep_mesh.get_group(), ep_mesh.size())
         if tp_mesh is not None:
-            _replicate_over_tp(moe, tp_mesh, plan.settings.sequence_parallel)
+            _replicate_over_tp(moe, tp_mesh, settings.sequence_parallel)
 
 
 def _replicate_over_tp(moe: MoE, tp_mesh: DeviceMesh, sequence_parallel: bool) -> None:
@@ -189,8 +185,3 @@ def _replicate_over_tp(moe: MoE, tp_mesh: DeviceMesh, sequence_parallel: bool) -
         parallelize_module(moe, tp_mesh, PrepareModuleOutput(
             output_layouts=SEQ, desired_output_layouts=Replicate(), use_local_output=True,
         ))
-
-
-def expert_modules(model: nn.Module, plan: Plan) -> list[nn.Module]:
-    """The routed-expert modules of `model` (what expert parallelism shards)."""
-    return [m for _, m in matching_modules(model, plan.layout.experts)] if plan.layout.experts else []

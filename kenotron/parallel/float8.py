@@ -11,9 +11,11 @@ dimensions are not multiples of 16 (the float8 GEMM needs them).
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import logging
 
+import torch
 from torch import nn
 
 from kenotron.errors import ConfigError
@@ -33,10 +35,8 @@ def check_float8_available() -> None:
 
 def use_fast_cpu_float8(device_type: str) -> bool:
     """On a CPU, turn oneDNN off for this process (True when it did, with one warning): oneDNN has only
-    a reference float8 matmul on CPUs with AMX / AVX10, about a thousand times slower than torch's own
+    a reference float8 matmul on CPUs with AMX / AVX10, far slower than torch's own
     CPU `_scaled_mm`, which then runs. CPU float8 is for checking numerics, not for speed."""
-    import torch
-
     if device_type != "cpu" or not torch.backends.mkldnn.enabled:
         return False
     torch.backends.mkldnn.enabled = False
@@ -61,8 +61,6 @@ def convert_to_float8(model: nn.Module, recipe: str, *, fsdp_float8_all_gather: 
         raise ImportError(f"float8 training needs torchao: {INSTALL_HINT}") from e
     config = Float8LinearConfig.from_recipe_name(recipe)
     if recipe == "tensorwise" and fsdp_float8_all_gather:
-        import dataclasses
-
         config = dataclasses.replace(config, enable_fsdp_float8_all_gather=True)
     before = sum(isinstance(m, nn.Linear) for m in model.modules())
     convert_to_float8_training(model, module_filter_fn=float8_eligible, config=config)

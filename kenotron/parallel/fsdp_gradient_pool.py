@@ -4,8 +4,7 @@ FSDP allocates each reduce-scatter's output, which then becomes the sharded grad
 reduce-scatter stream. The caching allocator keeps one pool per stream, so when the gradients
 are freed after the optimizer step their memory stays in that stream's pool: the next forward,
 whose activations run on the compute stream, cannot use it, and the step reserves the
-gradients' bytes on top of the forward's peak (all the fp32 sharded gradients: 15.0 GiB per GPU
-for the 8B model on 2 GPUs, measured per pool). Allocating that output from the compute
+gradients' bytes on top of the forward's peak (all the fp32 sharded gradients). Allocating that output from the compute
 stream's pool lets the forward reuse it, as in a run without a second stream.
 
 Safety: FSDP makes the reduce-scatter stream wait for the compute stream just before it
@@ -30,6 +29,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.fsdp import FSDPModule
 
 try:  # public in newer torch builds, private in 2.11
     from torch.distributed.fsdp import ReduceScatter
@@ -39,8 +39,6 @@ except ImportError:
 
 def own_parameters(module: nn.Module) -> list[nn.Parameter]:
     """The parameters one FSDP module's reduce-scatter covers: its own, not its nested FSDP modules'."""
-    from torch.distributed.fsdp import FSDPModule
-
     nested = {id(p) for m in module.modules() if m is not module and isinstance(m, FSDPModule)
               for p in m.parameters()}
     return [p for p in module.parameters() if id(p) not in nested]

@@ -38,8 +38,8 @@ def reduce_partial_grads_(params: list[torch.nn.Parameter]) -> None:
 def _sum_of_squares(tensors: list[torch.Tensor], kernel: str) -> torch.Tensor:
     if tensors[0].device.type == "cuda":
         if kernel == "triton" and all(t.is_contiguous() for t in tensors) and not is_fake(tensors[0]):
-            # Importing it imports triton: only when chosen. 1.6x the bandwidth of _foreach_norm
-            # (docs/performance.md).
+            # Importing it imports triton (an optional dependency): only when chosen. Faster than
+            # _foreach_norm (docs/performance.md).
             from kenotron.kernels.sum_of_squares import sum_of_squares
 
             return sum_of_squares(tensors)
@@ -93,7 +93,7 @@ def optimizer_unscales_gradients(optimizer: object) -> bool:
 
     torch's fused Adam/AdamW take the divisor of the AMP GradScaler protocol: setting it to
     the clipping divisor clips inside the update kernel, saving the separate multiply that
-    reads and writes every gradient once (about 1% of a step on the 8B width).
+    reads and writes every gradient once.
     """
     if getattr(optimizer, "divides_by_grad_scale", False):  # kenotron's TritonAdamW
         return True

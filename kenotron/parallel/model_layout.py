@@ -103,6 +103,14 @@ class ModelLayout:
             return ".".join(parts[:depth])
         return None
 
+    def sequence_parallel_at(self, fqn: str, sequence_parallel: bool) -> bool:
+        """Whether sequence parallel applies where `fqn` lives, given the run's `sequence_parallel`:
+        the blocks `sequence_parallel_off` names run the other way."""
+        block = self.block_of(fqn)
+        if block is not None and any(fqn_matches(p, block) for p in self.sequence_parallel_off):
+            return not sequence_parallel
+        return sequence_parallel
+
     def iter_tp_modules(self, model: nn.Module) -> Iterator[tuple[str, nn.Module, str]]:
         for name, module in model.named_modules():
             style = self.style_of(name) if name else None

@@ -21,18 +21,15 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.pipelining import PipelineStage
+from torch.distributed.pipelining.schedules import _PipelineSchedule, get_schedule_class
 
+from kenotron.parallel.context.apply import SequenceSharder
 from kenotron.parallel.dims import ParallelConfigError
-
-if TYPE_CHECKING:
-    from torch.distributed.pipelining.schedules import _PipelineSchedule
-
-    from kenotron.parallel.context.apply import SequenceSharder
 
 SINGLE_STAGE_SCHEDULES = ("GPipe", "1F1B")
 LOOPED_SCHEDULES = ("Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble")
@@ -342,9 +339,6 @@ def build_schedule(
     `loss_fn(output, target)` is called once per microbatch on the last stage; its value is
     back-propagated as it is (scale_grads=False), so it must carry the whole normalization.
     """
-    from torch.distributed.pipelining import PipelineStage
-    from torch.distributed.pipelining.schedules import get_schedule_class
-
     stages = [
         PipelineStage(part, stage, split.n_stages, device, group=group)
         for part, stage in zip(parts, stage_ids)

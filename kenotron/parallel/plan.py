@@ -7,9 +7,10 @@ data-parallel mode, activation checkpointing, compile, float8, context parallel;
 config), kept apart and each printable, plus the pipeline split when there is one. Print it,
 compare two (`plan.diff(other)`), edit it (dataclasses: change a field, add or drop a style),
 ask what it does to each parameter on a given mesh shape (`plan.describe(model, {...})`, no
-process group needed), then `plan.apply(model, meshes)`:
+process group needed), then `plan.apply(model, meshes)`, on each of this rank's model parts:
 
-    pipeline split -> TP/SP -> EP -> CP -> activation checkpointing -> compile -> FSDP
+    pipeline split -> float8 -> TP/SP -> EP -> CP -> activation checkpointing -> compile
+        -> data parallel (FSDP, HSDP, DDP or ZeRO-1) -> activation offloading
 
 With MoE layers (`layout.moe_modules`), the EP step places them on the ep and tp dimensions
 (kenotron/parallel/expert.py): experts sharded over ep with an all-to-all dispatcher, the rest
@@ -31,21 +32,24 @@ import copy
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from torch import nn
 
-from kenotron.parallel.context.apply import SequenceSharder
+from kenotron.parallel.activation_checkpoint import apply_activation_checkpointing
+from kenotron.parallel.activation_offload import ActivationOffloader, apply_activation_offloading
+from kenotron.parallel.context.apply import SequenceSharder, apply_context_parallel, cp_attention_kind
+from kenotron.parallel.data_parallel import DataParallelState, apply_data_parallel
 from kenotron.parallel.describe import describe_parameters, format_description
-from kenotron.parallel.model_layout import ModelLayout, PlanError, fqn_matches, matching_modules
-from kenotron.parallel.pipeline import PipelineSplit
-from kenotron.parallel.settings import ParallelSettings
+from kenotron.parallel.dims import Meshes
+from kenotron.parallel.expert import apply_expert_parallel
+from kenotron.parallel.float8 import convert_to_float8
+from kenotron.parallel.model_layout import ModelLayout, PlanError, matching_modules
+from kenotron.parallel.parallel_settings import ParallelSettings
+from kenotron.parallel.pipeline import PipelineSplit, feed_positions, stage_module
+from kenotron.parallel.tensor import apply_tensor_parallel
 
-if TYPE_CHECKING:
-    from kenotron.parallel.dims import Meshes
-
-__all__ = ["AppliedPlan", "ModelLayout", "ParallelSettings", "Plan", "PlanError", "fqn_matches", "layout_for",
-           "matching_modules", "plan_for"]
+__all__ = ["AppliedPlan", "Plan", "layout_for", "plan_for"]
 
 
 @dataclass
@@ -66,10 +70,7 @@ class Plan:
 
     def sp_for(self, fqn: str) -> bool:
         """Whether sequence parallel applies where `fqn` lives."""
-        block = self.layout.block_of(fqn)
-        if block is not None and any(fqn_matches(p, block) for p in self.layout.sequence_parallel_off):
-            return not self.settings.sequence_parallel
-        return self.settings.sequence_parallel
+        return self.layout.sequence_parallel_at(fqn, self.settings.sequence_parallel)
 
     # -- views ------------------------------------------------------------------------------
 
@@ -99,7 +100,7 @@ class Plan:
         `mesh_shape` maps dimension names (dp_replicate, dp_shard, cp, tp) to degrees; works on a
         meta-device model and needs no process group.
         """
-        return describe_parameters(self, model, mesh_shape)
+        return describe_parameters(self.layout, self.settings, model, mesh_shape)
 
     def format_description(self, model: nn.Module, mesh_shape: dict[str, int]) -> str:
         return format_description(self.describe(model, mesh_shape), mesh_shape)
@@ -129,14 +130,13 @@ class Plan:
     # -- application ------------------------------------------------------------------------
 
     def apply(self, model: nn.Module, meshes: Meshes) -> AppliedPlan:
-        """Parallelize `model` (pipeline split -> TP/SP -> EP -> CP -> AC -> compile -> data parallel).
+        """Parallelize `model` (pipeline split, then on each part float8 -> TP/SP -> EP -> CP -> AC ->
+        compile -> data parallel -> offloading).
 
         Without pipeline parallel the model is changed in place and is the only model part;
         with it, the returned parts are this rank's stages (copies of `model` cut down to their
         modules, so build `model` on the meta device) and `model` itself is left unused.
         """
-        from kenotron.parallel.pipeline import feed_positions, stage_module
-
         self.check(model, meshes.dims.degrees())
         lay = self.layout
         pp_mesh = meshes.get("pp")
@@ -167,27 +167,17 @@ class Plan:
         """Whether the residual stream between blocks (and stages) is split along the sequence."""
         return meshes.get("tp") is not None and bool(self.layout.tp_styles) and self.settings.sequence_parallel
 
-    def _apply_to_part(self, model: nn.Module, meshes: Meshes) -> tuple[Any, SequenceSharder | None, Any]:
-        """TP/SP -> EP -> CP -> AC -> compile -> data parallel -> offload on one model part; returns
+    def _apply_to_part(self, model: nn.Module, meshes: Meshes
+                       ) -> tuple[DataParallelState, SequenceSharder | None, ActivationOffloader | None]:
+        """float8 -> TP/SP -> EP -> CP -> AC -> compile -> data parallel -> offload on one model part; returns
         the DataParallelState, under context parallel how to slice batches, and the part's
         ActivationOffloader (None without offloading)."""
-        from kenotron.parallel.activation_checkpoint import (
-            apply_activation_checkpointing,
-        )
-        from kenotron.parallel.activation_offload import apply_activation_offloading
-        from kenotron.parallel.context.apply import apply_context_parallel, cp_attention_kind
-        from kenotron.parallel.data import apply_data_parallel
-        from kenotron.parallel.expert import apply_expert_parallel
-        from kenotron.parallel.tensor import apply_tensor_parallel
-
         lay, st = self.layout, self.settings
         if st.float8:
-            from kenotron.parallel.float8 import convert_to_float8
-
             convert_to_float8(model, st.float8, fsdp_float8_all_gather=st.float8_all_gather)
         tp_mesh = meshes.get("tp")
         if tp_mesh is not None and lay.tp_styles:
-            apply_tensor_parallel(model, tp_mesh, self)
+            apply_tensor_parallel(model, tp_mesh, lay, st)
             if st.compile and st.sequence_parallel:
                 # Compiled blocks under SP fail in backward when their input is a view of the
                 # embedding's output ("'Tensor' object has no attribute '_local_tensor'");
@@ -195,9 +185,9 @@ class Plan:
                 for _name, module, style in lay.iter_tp_modules(model):
                     if style == "embedding":
                         module.register_forward_hook(lambda _m, _i, out: out.clone())
-        apply_expert_parallel(model, meshes, self)
+        apply_expert_parallel(model, meshes, lay, st)
         cp_mesh = meshes.get("cp")
-        sharder = apply_context_parallel(model, cp_mesh, self) if cp_mesh is not None else None
+        sharder = apply_context_parallel(model, cp_mesh, lay, st) if cp_mesh is not None else None
         blocks = matching_modules(model, lay.blocks)
         offloaded = min(st.offload_blocks, len(blocks))
         # Offloaded blocks keep nothing on the device, so recomputing them would save nothing.
@@ -212,7 +202,7 @@ class Plan:
             all_to_all = bool(lay.moe_modules) and meshes.get("ep") is not None
             for _, block in blocks:
                 block.compile(fullgraph=not (ring or all_to_all))
-        data_parallel = apply_data_parallel(model, meshes, self)
+        data_parallel = apply_data_parallel(model, meshes, lay, st, self.pipeline)
         # After compile (its hooks run outside the graphs) and after FSDP: FSDP's pre-forward
         # all-gather still runs first (it prepends its hook), and the offloader's backward hook
         # on each block's output runs after FSDP's pre-backward one, so its copies back queue
@@ -227,16 +217,16 @@ class AppliedPlan:
 
     model_parts: list[nn.Module]
     """One module per local pipeline stage (the whole model without pipeline parallel)."""
-    data_parallel: Any
-    """kenotron.parallel.data.DataParallelState: the FSDP/HSDP/DDP/ZeRO-1 wrapping."""
+    data_parallel: DataParallelState | None
+    """The FSDP/HSDP/DDP/ZeRO-1 wrapping (None only for an AppliedPlan of no model part)."""
     meshes: Meshes
     plan: Plan
     stage_ids: list[int] = field(default_factory=list)
     """Pipeline stage index of each model part (empty without pipeline parallel)."""
     sequence_sharder: SequenceSharder | None = None
     """Under context parallel: slices each (batch, seq) micro-batch for this rank (None otherwise)."""
-    offloaders: list[Any] = field(default_factory=list)
-    """kenotron.parallel.activation_offload.ActivationOffloader of each model part that offloads."""
+    offloaders: list[ActivationOffloader] = field(default_factory=list)
+    """The ActivationOffloader of each model part that offloads."""
 
     @property
     def loss_parallel(self) -> bool:

@@ -12,10 +12,11 @@ single block.
 from __future__ import annotations
 
 import inspect
-from typing import TYPE_CHECKING
 
+import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed._symmetric_memory import enable_symm_mem_for_group
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import (
     DTensor,
@@ -35,10 +36,8 @@ from torch.distributed.tensor.parallel import (
 )
 from torch.distributed.tensor.parallel.style import ParallelStyle
 
-from kenotron.parallel.plan import matching_modules
-
-if TYPE_CHECKING:
-    from kenotron.parallel.plan import Plan
+from kenotron.parallel.model_layout import ModelLayout, matching_modules
+from kenotron.parallel.parallel_settings import ParallelSettings
 
 SEQ = Shard(1)
 
@@ -169,17 +168,19 @@ def style_object(style: str, module: nn.Module, *, sp: bool, loss_parallel: bool
     raise ValueError(f"unknown tensor-parallel style {style!r}")
 
 
-def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, plan: Plan) -> None:
+def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, layout: ModelLayout, settings: ParallelSettings) -> None:
+    """A plan's TP/SP step: the layout's styles on `tp_mesh`, sequence parallel as the settings say."""
     styles: dict[str, ParallelStyle] = {}
-    for name, module, style in plan.layout.iter_tp_modules(model):
-        obj = style_object(style, module, sp=plan.sp_for(name), loss_parallel=plan.settings.loss_parallel)
+    for name, module, style in layout.iter_tp_modules(model):
+        sp = layout.sequence_parallel_at(name, settings.sequence_parallel)
+        obj = style_object(style, module, sp=sp, loss_parallel=settings.loss_parallel)
         if obj is not None:
             styles[name] = obj
     parallelize_module(model, tp_mesh, styles)
 
     # Blocks whose SP differs from the residual stream's: convert at the block boundary.
-    for name, block in matching_modules(model, plan.layout.blocks):
-        inside, outside = plan.sp_for(name), plan.settings.sequence_parallel
+    for name, block in matching_modules(model, layout.blocks):
+        inside, outside = layout.sequence_parallel_at(name, settings.sequence_parallel), settings.sequence_parallel
         if inside == outside:
             continue
         out_layout, in_layout = (SEQ, Replicate()) if outside else (Replicate(), SEQ)
@@ -197,15 +198,12 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, plan: Plan) -> 
             PrepareModuleOutput(output_layouts=in_layout, desired_output_layouts=out_layout, use_local_output=True),
         )
 
-    if plan.settings.async_tp:
+    if settings.async_tp:
         _enable_async_tp(tp_mesh)
 
 
 def _enable_async_tp(tp_mesh: DeviceMesh) -> None:
     """Fuse TP all-gather/reduce-scatter with the matmuls (needs CUDA and torch.compile)."""
-    import torch
-    from torch.distributed._symmetric_memory import enable_symm_mem_for_group
-
     if tp_mesh.device_type != "cuda":
         raise ValueError("parallelism.async_tp needs CUDA; turn it off on CPU")
     torch._inductor.config._micro_pipeline_tp = True

@@ -1,7 +1,7 @@
 """ZeRO-1: optimizer state sharded over the data-parallel ranks, parameters and gradients whole.
 
 The ranks are those of the mesh it is given: dp, or dp x cp under context parallel (the cp
-ranks hold the same parameters; kenotron/parallel/data.py).
+ranks hold the same parameters; kenotron/parallel/data_parallel.py).
 
 Each rank owns a subset of the parameters (a greedy partition balancing element counts) and
 keeps AdamW state only for those. After gradients are all-reduced (DDP), every rank steps

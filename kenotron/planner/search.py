@@ -30,12 +30,12 @@ from typing import Any
 from kenotron.config import ConfigError, JobConfig
 from kenotron.estimate.memory import estimate_run
 from kenotron.estimate.report import RESERVED_FRACTION, describe_model, gib
+from kenotron.kernel_choice.target import Target
 from kenotron.parallel.dims import ParallelConfigError, ParallelDims, expert_parallel_degrees
 from kenotron.planner.analytic_model import AnalyticModel
 from kenotron.planner.hardware import Hardware
 from kenotron.planner.throughput import StepTime, step_time
 from kenotron.progress import progress_bar
-from kenotron.train.choices import Target
 from kenotron.train.resolve import ResolvedRun, resolve_layout, resolve_run
 
 AC_CHOICES = ("none", "selective-op", "full")

@@ -11,7 +11,7 @@ from kenotron.estimate.cp_ring_memory import attention_output_copy
 from kenotron.estimate.static_memory import FP32
 from kenotron.models.common.mamba import MambaBlock
 from kenotron.models.common.norms import LayerNorm
-from kenotron.parallel.plan import matching_modules
+from kenotron.parallel.model_layout import matching_modules
 from kenotron.planner.analytic_mamba import MambaDims
 from kenotron.planner.analytic_moe import MoEShape, moe_shape
 from kenotron.train.resolve import ResolvedRun

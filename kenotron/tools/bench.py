@@ -215,7 +215,7 @@ def _timeline(trainer, folder: str, steps: int = 3) -> str:
 
 def _trace(trainer) -> str:
     """Per-block times of one more step and the allocator's pools by stream (block_trace.py)."""
-    from kenotron.parallel.plan import matching_modules
+    from kenotron.parallel.model_layout import matching_modules
     from kenotron.tools.block_trace import BlockTimer, format_trace, stream_pools
 
     blocks = [m for _, m in matching_modules(trainer.job.model_parts[0], trainer.run.plan.layout.blocks)]

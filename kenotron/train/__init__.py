@@ -15,8 +15,8 @@ _EXPORTS = {
     "ResolvedRun": "kenotron.train.resolve",
     "resolve_run": "kenotron.train.resolve",
     "resolve_layout": "kenotron.train.resolve",
-    "Choices": "kenotron.train.choices",
-    "Target": "kenotron.train.choices",
+    "Choices": "kenotron.kernel_choice.choices",
+    "Target": "kenotron.kernel_choice.target",
     "Job": "kenotron.train.job",
     "build_job": "kenotron.train.job",
     "build_meshes": "kenotron.train.job",
@@ -64,7 +64,8 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from kenotron.train.choices import Choices, Target
+    from kenotron.kernel_choice.choices import Choices
+    from kenotron.kernel_choice.target import Target
     from kenotron.train.fused_loss import linear_cross_entropy_sum
     from kenotron.train.guards import NonFiniteLossError
     from kenotron.train.job import Job, build_job, build_meshes

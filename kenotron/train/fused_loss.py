@@ -25,7 +25,7 @@ from collections.abc import Callable
 import torch
 from torch.distributed.tensor import DTensor
 
-from kenotron.kernels.select import triton_importable
+from kenotron.kernel_choice.tuning import triton_importable
 from kenotron.train.loss import IGNORE_INDEX
 
 
@@ -169,7 +169,7 @@ def _triton_chunk_loss_and_grad(
 
 
 def chunk_fn_for(kernel: str) -> Callable | None:
-    """The chunk step of a `tuning.loss_kernel` resolved by kenotron.kernels.select.resolve_loss_kernel
+    """The chunk step of a `tuning.loss_kernel` resolved by kenotron.kernel_choice.tuning.resolve_loss_kernel
     (None: the PyTorch-ops default)."""
     if kernel == "triton":
         return _triton_chunk_loss_and_grad

@@ -25,14 +25,15 @@ import torch
 from torch import nn
 
 from kenotron.data import MicroBatch
+from kenotron.kernel_choice.attention_backend import BlockMasks, use_attention_kernel
 from kenotron.models.common.eager_kernels import use_eager_kernels, use_expert_kernel
 from kenotron.models.common.mamba import use_scan_kernel
 from kenotron.models.common.parametrization import spectral_lr_scales
 from kenotron.parallel.dims import Meshes
 from kenotron.parallel.early_gather import EarlyGather
-from kenotron.parallel.plan import AppliedPlan, matching_modules
+from kenotron.parallel.model_layout import matching_modules
+from kenotron.parallel.plan import AppliedPlan
 from kenotron.parallel.zero1 import Zero1Optimizer
-from kenotron.train.attention_backend import BlockMasks, use_attention_kernel
 from kenotron.train.doremi import DoReMi, build_doremi, load_reference
 from kenotron.train.expert_balance import build_expert_balance
 from kenotron.train.flops import active_matmul_params

@@ -5,7 +5,7 @@ world size, the tokenizer file, a meta-device model and the target machine: bad 
 tokenizer larger than the model's vocabulary, batch sizes that do not divide, a plan naming
 missing modules, a kernel the device cannot run. Every such error is a ConfigError (or one of
 its subclasses) whose message names the config key and the fix. Every device-dependent choice
-is made here too (train/choices.py), once, for the trainer and the estimator alike.
+is made here too (kenotron/kernel_choice/choices.py), once, for the trainer and the estimator alike.
 """
 
 from __future__ import annotations
@@ -19,15 +19,16 @@ import torch
 from kenotron.checkpoint import check_checkpoint_config
 from kenotron.config import ConfigError, JobConfig, MoE, validate_config
 from kenotron.data import build_tokenizer, check_data_config
+from kenotron.kernel_choice.attention_backend import window_shorter_than
+from kenotron.kernel_choice.choices import Choices, resolve_choices
+from kenotron.kernel_choice.target import Target
 from kenotron.models import MODEL_SPECS, ModelSpec, get_model_spec
 from kenotron.models.common.parametrization import matrix_fans
 from kenotron.parallel.context.apply import cp_attention_kind
 from kenotron.parallel.dims import ParallelDims, expert_parallel_degrees
+from kenotron.parallel.parallel_settings import ParallelSettings
 from kenotron.parallel.pipeline import PipelineSplit, build_pipeline_split, check_compile
 from kenotron.parallel.plan import Plan, layout_for
-from kenotron.parallel.settings import ParallelSettings
-from kenotron.train.attention_backend import window_shorter_than
-from kenotron.train.choices import Choices, Target, resolve_choices
 
 
 @dataclass(frozen=True)

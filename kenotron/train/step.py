@@ -30,6 +30,7 @@ from torch.distributed.tensor.parallel import loss_parallel
 
 from kenotron.data import MicroBatch
 from kenotron.dtensor import full_tensor
+from kenotron.kernel_choice.attention_backend import attention_context
 from kenotron.parallel.grad_norm import (
     clip_divisor,
     clip_grads_,
@@ -37,7 +38,6 @@ from kenotron.parallel.grad_norm import (
     reduce_partial_grads_,
     total_grad_norm,
 )
-from kenotron.train.attention_backend import attention_context
 from kenotron.train.doremi import forward_backward as doremi_forward_backward
 from kenotron.train.fused_loss import linear_cross_entropy_sum
 from kenotron.train.job import Job

@@ -25,9 +25,9 @@ from kenotron.checkpoint import CheckpointManager, TrainState
 from kenotron.checkpoint.model_info import describe_model
 from kenotron.config import JobConfig
 from kenotron.data import MicroBatch, ValidationSet, build_data_loader
+from kenotron.kernel_choice.target import Target
 from kenotron.parallel.float8 import check_float8_available, use_fast_cpu_float8
 from kenotron.parallel.plan import Plan
-from kenotron.train.choices import Target
 from kenotron.train.console import ensure_console_logging
 from kenotron.train.distributed import WorldInfo, destroy_distributed, init_distributed, pick_device
 from kenotron.train.flops import flops_per_token

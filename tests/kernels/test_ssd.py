@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kenotron.kernels.select import resolve_ssm_kernel
+from kenotron.kernel_choice.tuning import resolve_ssm_kernel
 from kenotron.kernels.ssd_op import supports
 from kenotron.models.common.ssd import ssd_chunked
 from tests.triton_interpreter import run_in_triton_interpreter

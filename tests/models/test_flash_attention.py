@@ -9,6 +9,7 @@ import sys
 import pytest
 import torch
 
+from kenotron.kernel_choice.attention_backend import use_attention_kernel
 from kenotron.models.common.attention import causal_attention
 from kenotron.models.common.flash_attention import (
     FlashAttention,
@@ -16,7 +17,6 @@ from kenotron.models.common.flash_attention import (
     flash_attn_version,
     load_flash_attention,
 )
-from kenotron.train.attention_backend import use_attention_kernel
 from tests.models.fake_flash_attn import fake_flash_attn
 from tests.models.tiny import tiny_model
 

@@ -27,7 +27,7 @@ def test_building_the_debug_llama3_job_imports_no_other_family_nor_the_mamba_ker
 import sys
 import torch
 from kenotron.config import load_config
-from kenotron.train.choices import Target
+from kenotron.kernel_choice.target import Target
 from kenotron.train.job import build_job, build_meshes
 from kenotron.train.resolve import resolve_run
 run = resolve_run(load_config("train_configs/debug.toml", []), 1, Target.of(torch.device("cpu")))

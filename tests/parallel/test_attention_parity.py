@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from kenotron.config import load_config
-from kenotron.train.attention_backend import use_attention_kernel
+from kenotron.kernel_choice.attention_backend import use_attention_kernel
 from kenotron.train.resolve import resolve_run
 from tests.distributed.pool import run_on_ranks
 from tests.models.fake_flash_attn import fake_flash_attn, install, uninstall

@@ -9,7 +9,8 @@ import torch.distributed as dist
 from kenotron.dtensor import local_tensor
 from kenotron.models import get_model_spec
 from kenotron.parallel.dims import ParallelDims
-from kenotron.parallel.plan import PlanError, plan_for
+from kenotron.parallel.model_layout import PlanError
+from kenotron.parallel.plan import plan_for
 from tests.distributed.pool import run_on_ranks
 from tests.parallel.parity import assert_parity, run_steps
 

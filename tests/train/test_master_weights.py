@@ -113,7 +113,7 @@ def test_auto_picks_master_weights_on_one_cuda_device_where_they_apply():
     """auto: master weights on one CUDA device with AdamW and no accumulation; else FSDP's casts
     for eager CUDA runs and autocast otherwise; never on CPU (planned GPU jobs are resolved as
     estimation.py resolves them, on this CPU machine)."""
-    from kenotron.train.choices import Target
+    from kenotron.kernel_choice.target import Target
     from kenotron.train.resolve import resolve_run
 
     def decide(*overrides: str, world_size: int = 1, device: str = "cuda") -> tuple[bool, bool]:

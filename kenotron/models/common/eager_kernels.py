@@ -3,7 +3,7 @@ in uncompiled blocks (`tuning.eager_kernels`).
 
 An eager step spends more time in RoPE's and SwiGLU's elementwise kernels than in its
 optimizer (docs/performance.md); kenotron/kernels/rope_swiglu.py does each
-in one pass. The trainer resolves the choice once (`kenotron.kernels.select.resolve_eager_kernels`,
+in one pass. The trainer resolves the choice once (`kenotron.kernel_choice.tuning.resolve_eager_kernels`,
 before any process group) and installs the kernels on the meta model before the plan is applied
 (`use_eager_kernels`), as it does for attention backends: pipeline stages are copies and keep them.
 Compiled blocks keep the PyTorch ops, which Inductor fuses on its own.

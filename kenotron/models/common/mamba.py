@@ -265,7 +265,7 @@ class MambaBlock(nn.Module):
 
 def unsupported_scan_sizes(model: nn.Module) -> str:
     """The Mamba mixer sizes of `model` that the Triton scan does not take ("" if none), for the
-    kernel choice (kenotron/kernels/select.py)."""
+    kernel choice (kenotron/kernel_choice/tuning.py)."""
     mixers = [m for m in model.modules() if isinstance(m, Mamba2Mixer)]
     if not mixers:
         return ""
@@ -281,7 +281,7 @@ def unsupported_scan_sizes(model: nn.Module) -> str:
 def use_scan_kernel(model: nn.Module, kernel: str) -> None:
     """With kernel == "triton", every Mamba mixer of `model` runs its convolution, scan and gated
     norm in kenotron's Triton op in training (the trainer's choice, resolved once:
-    kenotron/kernels/select.py)."""
+    kenotron/kernel_choice/tuning.py)."""
     mixers = [m for m in model.modules() if isinstance(m, Mamba2Mixer)]
     if mixers and kernel == "triton":
         # Imported on demand (a run without Mamba blocks never loads the Mamba kernels): this

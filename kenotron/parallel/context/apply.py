@@ -2,7 +2,7 @@
 
 Models know nothing about parallelism: an attention module computes causal attention through
 its `attention_fn` attribute (local SDPA by default). Under context parallel the plan replaces
-it, in every module `plan.layout.attention_modules` names, with a parameterless module that attends
+it, in every module the plan's `layout.attention_modules` names, with a parameterless module that attends
 over the whole sequence sharded across the cp ranks:
 
 - on CUDA (`plan.settings.cp_attention = "auto"` or `"torch"`): torch's own ring over the fused SDPA
@@ -16,7 +16,6 @@ RoPE positions of those tokens: `SequenceSharder.shard(inputs, labels)`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -24,9 +23,9 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from kenotron.parallel.context.layout import ContextShard, SequenceLayout, shard_batch
 from kenotron.parallel.context.ring import RingAttention
-
-if TYPE_CHECKING:
-    from kenotron.parallel.plan import Plan
+from kenotron.parallel.context.torch_ring import TorchRingAttention
+from kenotron.parallel.model_layout import ModelLayout, PlanError, matching_modules
+from kenotron.parallel.parallel_settings import ParallelSettings
 
 
 @dataclass(frozen=True)
@@ -57,31 +56,28 @@ def cp_attention_kind(choice: str, device_type: str) -> str:
     return choice
 
 
-def context_parallel_attention(cp_mesh: DeviceMesh, plan: Plan) -> nn.Module:
+def context_parallel_attention(cp_mesh: DeviceMesh, settings: ParallelSettings) -> nn.Module:
     """A new CP attention module for one attention layer, as the plan's settings choose it."""
-    st = plan.settings
+    st = settings
     if cp_attention_kind(st.cp_attention, cp_mesh.device_type) == "torch":
-        from kenotron.parallel.context.torch_ring import TorchRingAttention
-
         return TorchRingAttention(cp_mesh, st.cp_load_balance, st.cp_rotate_method)
     return RingAttention(cp_mesh.get_group(), st.cp_load_balance, st.cp_rotate_method)
 
 
-def apply_context_parallel(model: nn.Module, cp_mesh: DeviceMesh, plan: Plan) -> SequenceSharder:
-    """Replace `attention_fn` of every attention module; return how to slice the batches."""
-    from kenotron.parallel.model_layout import PlanError, matching_modules
-
-    if plan.layout.attention_modules is None:
+def apply_context_parallel(model: nn.Module, cp_mesh: DeviceMesh, layout: ModelLayout,
+                           settings: ParallelSettings) -> SequenceSharder:
+    """A plan's CP step: replace `attention_fn` of every attention module; return how to slice the batches."""
+    if layout.attention_modules is None:
         raise PlanError("plan.layout.attention_modules is None: this model has no attention for context parallel to "
                         "split; use parallelism.cp=1")
-    modules = matching_modules(model, plan.layout.attention_modules)
+    modules = matching_modules(model, layout.attention_modules)
     if not modules:
-        raise PlanError(f"plan.layout.attention_modules={plan.layout.attention_modules!r} matches no module of the model")
+        raise PlanError(f"plan.layout.attention_modules={layout.attention_modules!r} matches no module of the model")
     for name, module in modules:
         if not hasattr(module, "attention_fn"):
             raise PlanError(
                 f"{name} ({type(module).__name__}) has no attention_fn to replace under context parallel; "
                 f"point plan.layout.attention_modules at the attention modules"
             )
-        module.attention_fn = context_parallel_attention(cp_mesh, plan)
-    return SequenceSharder(cp_mesh.size(), cp_mesh.get_local_rank(), plan.settings.cp_load_balance)
+        module.attention_fn = context_parallel_attention(cp_mesh, settings)
+    return SequenceSharder(cp_mesh.size(), cp_mesh.get_local_rank(), settings.cp_load_balance)

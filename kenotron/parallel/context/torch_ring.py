@@ -32,7 +32,12 @@ from kenotron.parallel.context.ring import ROTATE_METHODS
 
 
 def torch_cp_api() -> ModuleType:
-    """torch's context-parallel attention module (moved into a package after torch 2.9)."""
+    """torch's context-parallel attention module (moved into a package after torch 2.9).
+
+    Imported on first use, not with this module: torch's module keeps the DTensor op handlers
+    present when it is imported and its dispatcher installs those (`existing_custom_ops`), so
+    handlers added before the first use, as the CPU tests add the CPU flash kernel's
+    (tests/parallel/test_context_torch_ring.py), must exist when it is imported."""
     try:
         from torch.distributed.tensor.experimental._context_parallel import _attention
     except ImportError:  # older layout: one file

@@ -1,5 +1,6 @@
-"""Which kernel runs, for each config field that offers a Triton kernel: settled once, before any
-process group, from the device type and whether the `triton` package is installed.
+"""Which kernel runs, for each `[tuning]` field that offers one (Triton's, torch's, a loop):
+settled once, before any process group, from the device type and whether the `triton` package
+is installed. Plain values in, plain values out: choices.py reads them off the config.
 
 Every function here takes `triton_present`: None looks for the package on this machine; the
 estimator passes True, planning for a GPU machine (whose torch brings triton) from one that may
@@ -9,6 +10,8 @@ lack it. A choice that cannot run is a ConfigError naming the field and the fix.
 from __future__ import annotations
 
 import importlib.util
+
+import torch
 
 from kenotron.errors import ConfigError
 
@@ -116,8 +119,6 @@ def resolve_adamw_implementation(implementation: str, device_type: str, triton_p
 def resolve_expert_kernel(choice: str, device_type: str, cuda_major: int, bf16: bool) -> str:
     """"grouped_mm" or "for_loop" for `tuning.expert_kernel`: auto picks torch._grouped_mm where its
     fast kernel runs (bf16 on a GPU of compute capability 9 or more), the per-expert loop elsewhere."""
-    import torch
-
     if choice not in ("auto", "grouped_mm", "for_loop"):
         raise ConfigError(f"tuning.expert_kernel={choice!r} is not one of auto, grouped_mm, for_loop")
     if choice == "auto":

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-from typing import Any
 
 import torch
 from torch import nn
@@ -30,6 +29,7 @@ from torch.nn.attention.flex_attention import BlockMask
 
 from kenotron.config import ConfigError, JobConfig
 from kenotron.data import document_ids
+from kenotron.kernel_choice.target import Target
 from kenotron.models.common.attention import GQAttention
 from kenotron.models.common.flash_attention import (
     INSTALL_HINT,
@@ -133,7 +133,7 @@ def window_shorter_than(meta_model: nn.Module, seq_len: int) -> int | None:
     return window if window is not None and seq_len > window else None
 
 
-def check_attention(cfg: JobConfig, dims: ParallelDims, meta_model: nn.Module, target: Any, backend: str) -> None:
+def check_attention(cfg: JobConfig, dims: ParallelDims, meta_model: nn.Module, target: Target, backend: str) -> None:
     """What flex and flash_attn cannot run, refused with the fix in the message (ConfigError).
     `backend`: the requested one, after resolve_attention_backend. A CUDA-only SDPA kernel is
     refused on another device."""
@@ -162,8 +162,7 @@ def check_attention(cfg: JobConfig, dims: ParallelDims, meta_model: nn.Module, t
     _check_flash_attn(cfg, meta_model, target)
 
 
-def _check_flash_attn(cfg: JobConfig, meta_model: nn.Module, target: Any) -> None:
-    """`target`: a kenotron.train.choices.Target (the machine the job runs on)."""
+def _check_flash_attn(cfg: JobConfig, meta_model: nn.Module, target: Target) -> None:
     t = cfg.training
     cuda = target.device_type == "cuda"
     try:

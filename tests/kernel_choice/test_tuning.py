@@ -1,4 +1,4 @@
-"""Which kernel runs for each config field that offers a Triton kernel (kenotron/kernels/select.py):
+"""Which kernel runs for each config field that offers a Triton kernel (kenotron/kernel_choice/tuning.py):
 auto's pick per device, compile mode and installed triton, and the refusals naming the fix."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from kenotron.config import ConfigError
-from kenotron.kernels.select import (
+from kenotron.kernel_choice.tuning import (
     resolve_adamw_implementation,
     resolve_eager_kernels,
     resolve_grad_norm_kernel,

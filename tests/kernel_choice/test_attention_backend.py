@@ -9,12 +9,12 @@ import pytest
 import torch
 
 from kenotron.config import ConfigError, load_config
-from kenotron.models.common.flex_attention import dense_mask
-from kenotron.train.attention_backend import (
+from kenotron.kernel_choice.attention_backend import (
     BlockMasks,
     attention_context,
     resolve_attention_backend,
 )
+from kenotron.models.common.flex_attention import dense_mask
 from kenotron.train.trainer import resolve_run, run_training
 from tests.models.fake_flash_attn import fake_flash_attn
 from tests.models.fake_flash_attn4 import fake_flash_attn4
@@ -147,7 +147,7 @@ def test_selective_activation_checkpointing_saves_flex_attention_and_trains_the_
 
 
 def test_auto_picks_flash_attention_3_or_4_only_where_it_computes_the_same_attention(monkeypatch):
-    import kenotron.train.attention_backend as ab
+    import kenotron.kernel_choice.attention_backend as ab
     from kenotron.models import get_model_spec
     from kenotron.models.common.flash_attention import (
         FlashAttention,
@@ -189,7 +189,7 @@ def test_auto_picks_flash_attention_3_or_4_only_where_it_computes_the_same_atten
 
 @pytest.mark.parametrize("backend", ["cudnn", "efficient"])
 def test_a_cuda_only_sdpa_kernel_is_refused_on_a_cpu_before_any_process_group(backend):
-    from kenotron.train.choices import Target
+    from kenotron.kernel_choice.target import Target
 
     cfg = load_config(None, ["--model.attention_backend", backend, "--training.device", "cpu"])
     with pytest.raises(ConfigError, match=rf"model.attention_backend='{backend}' is a CUDA kernel and this run is on cpu"):

@@ -21,18 +21,18 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
+from torch.distributed._composable.replicate_with_fsdp import replicate
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
-from kenotron.parallel.plan import matching_modules
-
-if TYPE_CHECKING:
-    from kenotron.parallel.dims import Meshes
-    from kenotron.parallel.plan import Plan
+from kenotron.parallel.dims import Meshes
+from kenotron.parallel.fsdp_gradient_pool import allocate_gradients_in_compute_pool
+from kenotron.parallel.model_layout import ModelLayout, matching_modules
+from kenotron.parallel.parallel_settings import ParallelSettings
+from kenotron.parallel.pipeline import PipelineSplit
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -87,16 +87,15 @@ def fsdp_mesh(meshes: Meshes) -> DeviceMesh | None:
 
 
 def _replicate(module: nn.Module, mesh: DeviceMesh, mp: MixedPrecisionPolicy) -> None:
-    from torch.distributed._composable.replicate_with_fsdp import replicate
-
     replicate(module, mesh=mesh, mp_policy=mp)
 
 
-def apply_data_parallel(model: nn.Module, meshes: Meshes, plan: Plan) -> DataParallelState:
-    """Wrap each unit, then the root, in FSDP (or its replicate-only variant)."""
-    st = plan.settings
+def apply_data_parallel(model: nn.Module, meshes: Meshes, layout: ModelLayout, settings: ParallelSettings,
+                        pipeline: PipelineSplit | None) -> DataParallelState:
+    """A plan's data-parallel step: wrap each unit, then the root, in FSDP (or its replicate-only variant)."""
+    st = settings
     mp = MixedPrecisionPolicy(param_dtype=DTYPES[st.param_dtype], reduce_dtype=DTYPES[st.reduce_dtype])
-    units = [m for pattern in plan.layout.fsdp_units for _, m in matching_modules(model, pattern)]
+    units = [m for pattern in layout.fsdp_units for _, m in matching_modules(model, pattern)]
 
     if st.dp_mode == "zero1":
         # Context-parallel ranks hold the same parameters and partial gradients of them (each
@@ -125,8 +124,8 @@ def apply_data_parallel(model: nn.Module, meshes: Meshes, plan: Plan) -> DataPar
         # all-gather every block again per microbatch. A stage holds 1/pp of the blocks, so
         # keeping them gathered for the step (the schedule reshards after its last backward)
         # costs little memory.
-        pipelined = plan.pipeline is not None and meshes.get("pp") is not None
-        _shard_experts(model, meshes, plan, mp, pipelined)
+        pipelined = pipeline is not None and meshes.get("pp") is not None
+        _shard_experts(model, meshes, layout, settings, mp, pipelined)
         for i, unit in enumerate(units):
             if st.reshard_after_forward == "default":
                 # The last unit's parameters are needed again right away by backward; on a
@@ -140,10 +139,6 @@ def apply_data_parallel(model: nn.Module, meshes: Meshes, plan: Plan) -> DataPar
         root_kwargs = {"reshard_after_forward": False} if st.reshard_after_forward == "never" else {}
         fully_shard(model, mesh=mesh, mp_policy=mp, **root_kwargs)
         if st.gradients_in_compute_pool and kind == "fsdp" and mesh.device_type == "cuda":
-            from kenotron.parallel.fsdp_gradient_pool import (
-                allocate_gradients_in_compute_pool,
-            )
-
             device = torch.device("cuda", torch.cuda.current_device())
             if not allocate_gradients_in_compute_pool([*units, model], device):
                 warnings.warn(
@@ -163,15 +158,16 @@ def expert_fsdp_mesh(meshes: Meshes) -> DeviceMesh | None:
     return meshes.root[("dp_replicate", "efsdp")] if "dp_replicate" in names else meshes.root["efsdp"]
 
 
-def _shard_experts(model: nn.Module, meshes: Meshes, plan: Plan, mp: MixedPrecisionPolicy, pipelined: bool) -> None:
+def _shard_experts(model: nn.Module, meshes: Meshes, layout: ModelLayout, settings: ParallelSettings,
+                   mp: MixedPrecisionPolicy, pipelined: bool) -> None:
     """Under expert parallelism each expert module is its own FSDP unit over the ranks ep leaves
     (resharded after forward as the blocks are). Averaging over that mesh, 1/ep the size of the
     dense parameters', is right because compute scales the experts' gradients by 1/ep
     (parallel/expert.py)."""
     mesh = expert_fsdp_mesh(meshes)
-    if mesh is None or not plan.layout.experts:
+    if mesh is None or not layout.experts:
         return
-    policy = plan.settings.reshard_after_forward
+    policy = settings.reshard_after_forward
     reshard = policy == "always" or (policy == "default" and mesh.size() > 1 and not pipelined)
-    for _, experts in matching_modules(model, plan.layout.experts):
+    for _, experts in matching_modules(model, layout.experts):
         fully_shard(experts, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)

@@ -1,4 +1,5 @@
-"""Every device-dependent choice of a run, settled once by resolve_run before any process group.
+"""Every device-dependent choice of a run, settled once by resolve_run (train/resolve.py) before
+any process group.
 
 A choice depends on the config, the mesh degrees, the meta model and the `Target` the job runs
 on: the device type, its GPU generation and whether Triton imports there. The trainer passes
@@ -20,44 +21,18 @@ import torch
 from torch import nn
 
 from kenotron.config import ConfigError, JobConfig
-from kenotron.kernels.select import (
+from kenotron.kernel_choice.attention_backend import auto_picks_flash_attn, check_attention, resolve_attention_backend
+from kenotron.kernel_choice.target import Target
+from kenotron.kernel_choice.tuning import (
     resolve_adamw_implementation,
     resolve_eager_kernels,
     resolve_expert_kernel,
     resolve_grad_norm_kernel,
     resolve_loss_kernel,
     resolve_ssm_kernel,
-    triton_importable,
 )
-from kenotron.models.common.flash_attention import cuda_major
 from kenotron.models.common.mamba import unsupported_scan_sizes
 from kenotron.parallel.dims import ParallelDims
-from kenotron.train.attention_backend import auto_picks_flash_attn, check_attention, resolve_attention_backend
-
-
-@dataclass(frozen=True)
-class Target:
-    """The machine a job runs on, as far as its choices depend on it."""
-
-    device_type: str
-    """"cuda" or "cpu"."""
-    cuda_major: int = 0
-    """Compute capability major of its GPU (0: no GPU or unknown)."""
-    triton: bool = False
-    """Whether the triton package imports there."""
-
-    @classmethod
-    def of(cls, device: torch.device) -> Target:
-        """The machine this process runs on, for `device`."""
-        return cls(device.type, cuda_major(device), triton_importable() if device.type == "cuda" else False)
-
-    @classmethod
-    def planned(cls, cfg: JobConfig) -> Target:
-        """The GPU machine a config is planned for: CUDA with Triton (of this machine's GPU generation
-        when one is visible), unless training.device = "cpu"."""
-        if cfg.training.device == "cpu":
-            return cls("cpu")
-        return cls("cuda", torch.cuda.get_device_capability()[0] if torch.cuda.is_available() else 0, True)
 
 
 @dataclass(frozen=True)
