@@ -18,8 +18,10 @@ backward, c the compute dtype's size:
 Backward temporaries of the layer: the gradients of its rows P·(D + 2F + F)·c, and under ep the
 all-to-all's receive buffers of the gradients, 2·Tm·k·D·c.
 
-Time (throughput.py): under ep each MoE layer sends its copies' rows out and back in forward
-and again in backward, (ep − 1)/ep of 4·Tm·k·D·c bytes per micro-step, not overlapped.
+Time (throughput.py): under ep each MoE layer sends each token once to every other rank that
+holds one of its experts, and the results back, in forward and again in backward: 4·Tm·r·D·c
+bytes per micro-step, r the remote ranks per token (`remote_rows_per_token`), not overlapped;
+its forward's host read of the split sizes leaves the GPU idle a fitted `Hardware.ep_sync_s`.
 """
 
 from __future__ import annotations
@@ -99,13 +101,27 @@ def moe_backward_temporaries(m: MoEShape, dim: int, c: int) -> int:
     return temp
 
 
-def all_to_all_seconds(run: Any, bandwidth: float, tokens: int) -> float:
-    """Exposed all-to-all time of one optimizer step (0 without ep); `tokens` per micro-step on this rank."""
+def remote_rows_per_token(n_experts: int, top_k: int, ep: int) -> float:
+    """Rows a token sends to other ranks under ep (parallel/expert_dispatch.py: one per rank that
+    holds at least one of its k distinct experts), for uniform routing: (ep − 1) times the chance
+    that a given rank's n/ep experts hold one of the k, 1 − C(n − n/ep, k) / C(n, k)."""
+    miss = 1.0
+    for i in range(top_k):  # C(n − n/ep, k) / C(n, k), as a product
+        miss *= max(n_experts - n_experts // ep - i, 0) / (n_experts - i)
+    return (ep - 1) * (1 - miss)
+
+
+def all_to_all_seconds(run: Any, bandwidth: float, tokens: int, sync_seconds: float = 0.0) -> float:
+    """Exposed all-to-all time of one optimizer step (0 without ep); `tokens` per micro-step on this
+    rank. Each MoE layer sends every token's rows out and the results back, in forward and again
+    in backward, not overlapped; its forward also reads the split sizes on the host, after which
+    the GPU waits `sync_seconds` for the host to launch the rest of the layer."""
     moe = getattr(run.model_args, "moe", None)
     ep = run.dims.ep
     if moe is None or ep == 1:
         return 0.0
     c = 2 if run.cfg.training.param_dtype == "bfloat16" else FP32
-    per_layer = 4 * (ep - 1) / ep * (tokens // run.dims.tp) * moe.top_k * run.model_args.dim * c
+    rows = remote_rows_per_token(moe.n_experts, moe.top_k, ep)
+    per_layer = 4 * (tokens // run.dims.tp) * rows * run.model_args.dim * c / bandwidth + sync_seconds
     layers = run.model_args.n_layers / run.dims.pp  # under pipeline parallel a rank runs its stages' blocks only
-    return run.grad_accum_steps * layers * per_layer / bandwidth
+    return run.grad_accum_steps * layers * per_layer

@@ -8,14 +8,18 @@ and the estimator knows nothing of the planner.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
 
 from kenotron.config import ConfigError, load_config, split_config_arg
-from kenotron.estimate.memory import default_gpu_memory_gib
-from kenotron.planner.closed_form_column import estimate_with_closed_form
+from kenotron.estimate.memory import default_gpu_memory_gib, estimate_run
+from kenotron.planner.closed_form_column import add_closed_form
+from kenotron.planner.hardware import Hardware
+from kenotron.planner.prediction import predict
 from kenotron.planner.search import SEARCH_LEGEND, format_search, search_layouts
+from kenotron.train.resolve import resolve_run
 
 CONFIG_ERRORS = (ConfigError, FileNotFoundError)  # PlanError, ParallelConfigError, UnknownModelError are ConfigErrors
 """What a bad config raises; reported as the trainer reports them (`kenotron: config error: ...`)."""
@@ -41,6 +45,15 @@ def parser(prog: str = "python estimation.py") -> argparse.ArgumentParser:
     p.add_argument("--top-modules", type=int, default=8, help="modules listed by activation memory")
     p.add_argument("--top", type=int, default=10, help="--search: candidates listed")
     p.add_argument("--confirm", type=int, default=3, help="--search: best candidates re-checked on fake tensors")
+    defaults = Hardware()
+    p.add_argument("--gpus-per-node", type=int, default=defaults.gpus_per_node,
+                   help="GPUs joined by NVLink, for the predicted tokens/s (default %(default)s)")
+    p.add_argument("--node-gb-s", type=float, default=defaults.nvlink_bytes_per_s / 1e9,
+                   help="collective bus bandwidth inside a node, GB/s (scripts/bench_collectives.py measures it; "
+                        "default %(default).0f)")
+    p.add_argument("--network-gb-s", type=float, default=defaults.network_bytes_per_s / 1e9,
+                   help="collective bus bandwidth between nodes, GB/s per GPU (400 Gb/s InfiniBand: about 45; "
+                        "default %(default).0f)")
     return p
 
 
@@ -55,16 +68,25 @@ def main(argv: list[str] | None = None, prog: str = "python estimation.py") -> i
     if args.ngpu < 1:
         print(f"kenotron: --ngpu {args.ngpu} must be >= 1", file=sys.stderr)
         return 2
+    for flag, value in (("--gpus-per-node", args.gpus_per_node), ("--node-gb-s", args.node_gb_s),
+                        ("--network-gb-s", args.network_gb_s)):
+        if not value > 0:
+            print(f"kenotron: {flag} {value} must be > 0", file=sys.stderr)
+            return 2
+    hw = dataclasses.replace(Hardware(), gpus_per_node=args.gpus_per_node, nvlink_bytes_per_s=args.node_gb_s * 1e9,
+                             network_bytes_per_s=args.network_gb_s * 1e9)
     budget = args.gpu_memory_gib if args.gpu_memory_gib is not None else default_gpu_memory_gib()
     try:
         cfg = load_config(config_path, overrides)
         if args.search:
-            result = search_layouts(cfg, args.ngpu, budget, top=args.top, confirm=args.confirm)
+            result = search_layouts(cfg, args.ngpu, budget, top=args.top, confirm=args.confirm, hw=hw)
             print(format_search(result))
             payload = result.to_dict()
         else:
-            report = estimate_with_closed_form(cfg, args.ngpu, budget, full_depth=args.full_depth)
+            run = resolve_run(cfg, args.ngpu, check_data=False)
+            report = add_closed_form(estimate_run(run, budget, args.full_depth), run)
             print(report.format(top_modules=args.top_modules))
+            print(predict(run, hw))
             payload = report.to_dict()
     except CONFIG_ERRORS as e:
         print(f"kenotron: config error: {e}", file=sys.stderr)

@@ -32,15 +32,22 @@ m micro-steps of b sequences, t = tp, p = cp, q = pp, T = b·s/p the rank's toke
              per micro-step, 1 with reshard `never` or under pipeline parallel, whose stages stay
              gathered through the schedule step; one reduce-scatter of the fp32 gradients, P_full
              bytes; n = dp_shard·cp; under pipeline parallel U and P_full are a stage's, the model's / q);
-             its copies (each all-gather's copy-out reads and writes U, the reduce-scatter's copy-in
-             reads the gradients and writes P_full) are added to compute at B_mem
+             its copies (each all-gather's copy-in reads the fp32 shard and writes U/n, its
+             copy-out reads and writes U; the reduce-scatter's copy-in reads the gradients and
+             writes P_full) are added to compute at B_mem
   replicas = 2·(r-1)/r · P_local / B_dp once per step      (HSDP / DDP / ZeRO-1 all-reduce of the
              rank's fp32 gradients; ZeRO-1's r = dp·cp)
-  ep       = m · L/q · 4·(e-1)/e · T·k·d·c / B_ep   (expert parallel, e = ep: each MoE layer's k
-             copies of the rank's tokens go out to their experts and back, in forward and again in
-             backward; not overlapped; analytic_moe.py)
-  step     = compute + bubble + p2p + tp + cp + ep + optimizer + max(0, fsdp + replicas − compute)
-             (data-parallel traffic overlaps compute)
+  ep       = m · L/q · (4·T·r·d·c / B_ep + s)   (expert parallel: each MoE layer sends each token
+             once to each of the r other ranks holding one of its experts and gets the results
+             back, in forward and again in backward, not overlapped; s the GPU's idle after the
+             host reads the split sizes, `Hardware.ep_sync_s`; analytic_moe.py)
+  tail     = the root unit's gradient reduction ((n-1)/n or 2(r-1)/r of its fp32 bytes / B): the
+             last one of the backward, after the last matmul, exposed (the first all-gathers of
+             a step run under the previous optimizer step, `parallelism.fsdp_early_all_gather`)
+  compute += σ · (fsdp + replicas)   (the collectives beside the compute slow it: σ the share of
+             their time lost, `Hardware.collective_sm_share`)
+  step     = compute + bubble + p2p + tp + cp + ep + optimizer + max(tail, fsdp + replicas − compute)
+             (data-parallel traffic overlaps compute but for its tail)
   tokens/s per GPU = G·s / step / world
 
 A group's bandwidth is the NVLink figure while it fits in one node (its size times the
@@ -99,10 +106,21 @@ class StepTime:
     """The optimizer step (after the backward, on the critical path), with ZeRO-1's broadcast of
     the updated parameters."""
 
+    data_parallel_tail: float = 0.0
+    """The last gradient reduction of the backward (the root unit's), which nothing overlaps."""
+
     @property
     def seconds(self) -> float:
+        exposed = max(self.data_parallel_tail, self.data_parallel - self.compute)
         return (self.compute + self.pipeline_bubble + self.pipeline_p2p + self.tensor_parallel + self.context_parallel
-                + self.expert_parallel + self.optimizer + max(0.0, self.data_parallel - self.compute))
+                + self.expert_parallel + self.optimizer + exposed)
+
+    def parts(self) -> dict[str, float]:
+        """Seconds per part of the step, as `seconds` adds them (data parallel: its exposed part)."""
+        return {"compute": self.compute, "pipeline bubble": self.pipeline_bubble, "pipeline p2p": self.pipeline_p2p,
+                "tensor parallel": self.tensor_parallel, "context parallel": self.context_parallel,
+                "expert parallel": self.expert_parallel, "optimizer": self.optimizer,
+                "data parallel (exposed)": max(self.data_parallel_tail, self.data_parallel - self.compute)}
 
     @property
     def tokens_per_s_per_gpu(self) -> float:
@@ -164,29 +182,46 @@ def step_time(run: ResolvedRun, model: AnalyticModel, hw: Hardware | None = None
         cp_time = run.grad_accum_steps * layers * per_block / _bandwidth(d.cp, d.tp, hw)
 
     kind = data_parallel_kind(run)
-    dp_time = 0.0
+    dp_time, tail = 0.0, 0.0
     reduce_scale = 0.5 if run.plan.settings.reduce_dtype == "bfloat16" else 1.0  # params.local counts fp32 bytes
     shard = d.dp_shard * d.cp
     stage = 1 / d.pp  # under pipeline parallel a rank holds one stage: about 1/pp of the model's bytes
     if kind in ("fsdp", "hsdp") and shard > 1:
         gathers = 1 if run.plan.settings.reshard_after_forward == "never" or d.pp > 1 else 2
-        gathered = params.root_gathered + a.n_layers * params.block_gathered
-        reduced = params.local * shard * reduce_scale
-        per_micro = (shard - 1) / shard * (gathers * gathered + reduced) * stage
-        dp_time += run.grad_accum_steps * per_micro / _bandwidth(shard, d.tp, hw)
-        # Copies beside the compute: each all-gather's copy-out reads and writes the gathered
-        # weights, the reduce-scatter's copy-in reads the gradients and writes them in the reduce dtype.
-        compute += run.grad_accum_steps * (2 * gathers * gathered + gathered + reduced) * stage / hw.memory_bytes_per_s
+        # Under expert parallelism the routed experts are FSDP units of their own over the ranks
+        # ep leaves (efsdp = shard / ep): a rank gathers only its experts, from fewer ranks.
+        experts = a.n_layers * params.block_experts if d.ep > 1 else 0
+        groups = [(params.root_gathered + a.n_layers * params.block_gathered - experts, shard, gathers)]
+        if experts:
+            efsdp = shard // d.ep
+            groups.append((experts, efsdp, gathers if efsdp > 1 else 1))
+        for gathered, ranks, group_gathers in groups:
+            reduced = gathered * (4 // c) * reduce_scale  # the fp32 gradients, in the reduce dtype
+            if ranks > 1:
+                per_micro = (ranks - 1) / ranks * (group_gathers * gathered + reduced) * stage
+                dp_time += run.grad_accum_steps * per_micro / _bandwidth(ranks, d.tp, hw)
+            # Copies beside the compute: each all-gather's copy-in reads the fp32 shard and writes
+            # it in the compute dtype, its copy-out reads and writes the gathered weights; the
+            # reduce-scatter's copy-in reads the gradients and writes them in the reduce dtype.
+            copy_in = gathered / ranks * (1 + 4 // c)
+            copies = group_gathers * (2 * gathered + copy_in) + gathered + reduced
+            compute += run.grad_accum_steps * copies * stage / hw.memory_bytes_per_s
+        root_reduced = params.root_gathered * (4 // c) * reduce_scale
+        tail = (shard - 1) / shard * root_reduced * stage / _bandwidth(shard, d.tp, hw)
     replicas = d.dp_replicate if kind in ("hsdp", "ddp") else (zero1_ranks(run) if kind == "zero1" else 1)
     if replicas > 1:
         inner = d.tp * (shard if kind == "hsdp" else 1)
         all_reduce = 2 * (replicas - 1) / replicas * params.local * reduce_scale
         dp_time += all_reduce * stage / _bandwidth(replicas, inner, hw)
+        if kind != "zero1":  # the replicas' last bucket: the root unit's gradients
+            root_all_reduce = 2 * (replicas - 1) / replicas * params.root_gathered * (4 // c) * reduce_scale
+            tail += root_all_reduce * stage / _bandwidth(replicas, inner, hw)
         if kind == "zero1":  # the owners' broadcast of the updated parameters follows the optimizer step
             optimizer += (replicas - 1) / replicas * params.local / _bandwidth(replicas, inner, hw)
     # ep is taken from dp_shard x cp, inside tp: its group spans ep x tp ranks.
-    ep_time = all_to_all_seconds(run, _bandwidth(d.ep, d.tp, hw), micro_tokens // d.cp)
-    return StepTime(compute, tp_time, dp_time, cp_time, tokens, d.world_size, bubble, p2p, ep_time, optimizer)
+    ep_time = all_to_all_seconds(run, _bandwidth(d.ep, d.tp, hw), micro_tokens // d.cp, hw.ep_sync_s)
+    compute += hw.collective_sm_share * dp_time
+    return StepTime(compute, tp_time, dp_time, cp_time, tokens, d.world_size, bubble, p2p, ep_time, optimizer, tail)
 
 
 def pipeline_compute(run: ResolvedRun, units: list[Unit], r: Rates, held: float,

@@ -89,3 +89,27 @@ def test_estimation_help_names_config_and_explains_the_search_columns(capsys):
     assert "--config FILE.toml" in out
     for column in ("layout =", "AC =", "batch =", "accum =", "analytic GiB =", "fake GiB =", "tok/s/GPU ="):
         assert column in out
+
+
+def test_the_estimate_ends_with_the_predicted_tokens_per_s_on_the_stated_network(capsys):
+    args = ["--config", "train_configs/debug.toml", "--ngpu", "16", "--gpus-per-node", "8", "--node-gb-s", "200",
+            "--network-gb-s", "25"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "Predicted by the throughput model, not measured:" in out
+    assert "16 GPUs, 8 per node (2 nodes), 200 GB/s bus bandwidth inside a node, 25 GB/s per GPU between nodes" in out
+    # A slower network between the nodes predicts fewer tokens/s for the same layout.
+    assert main([*args[:-1], "5"]) == 0
+    slow = capsys.readouterr().out
+
+    def predicted(text: str) -> float:
+        return float(text.split("not measured: ")[1].split(" tokens/s")[0].replace(",", ""))
+
+    assert predicted(slow) < predicted(out)
+
+
+@pytest.mark.parametrize("flag", ["--gpus-per-node", "--node-gb-s", "--network-gb-s"])
+def test_a_network_figure_that_is_not_positive_stops_in_one_line(flag, capsys):
+    assert main(["--config", "train_configs/debug.toml", "--ngpu", "2", flag, "0"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"kenotron: {flag} 0{'' if flag == '--gpus-per-node' else '.0'} must be > 0"]

@@ -12,22 +12,25 @@ from kenotron.train.resolve import resolve_run
 DEBUG = "train_configs/debug.toml"
 
 
-def _dp_seconds(ngpu: int, *overrides: str) -> tuple[float, int]:
+def _dp_seconds(ngpu: int, *overrides: str) -> tuple[float, int, int]:
+    """(data-parallel seconds, a rank's fp32 bytes, the whole model's fp32 bytes)."""
     run = resolve_run(load_config(DEBUG, ["--training.param_dtype", "bfloat16", *overrides]), ngpu)
     model = AnalyticModel(run)
-    return step_time(run, model, hw=Hardware()).data_parallel, model.parameters(run).local
+    params = model.parameters(run)
+    whole = (params.root_gathered + run.model_args.n_layers * params.block_gathered) * 2  # bf16 -> fp32 bytes
+    return step_time(run, model, hw=Hardware()).data_parallel, params.local, whole
 
 
 @pytest.mark.parametrize("layout", [["--parallelism.dp_shard", "4"],
                                     ["--parallelism.dp_shard", "1", "--parallelism.dp_replicate", "4"]])
 def test_bf16_gradient_reduction_halves_the_reduced_bytes_of_fsdp_and_ddp(layout):
-    fp32, local = _dp_seconds(4, *layout)
-    bf16, _ = _dp_seconds(4, *layout, "--parallelism.fsdp_reduce_dtype", "bfloat16")
+    fp32, local, whole = _dp_seconds(4, *layout)
+    bf16, _, _ = _dp_seconds(4, *layout, "--parallelism.fsdp_reduce_dtype", "bfloat16")
     hw = Hardware()
     if "--parallelism.dp_replicate" in layout:  # all-reduce: 2 (n-1)/n of the whole model's fp32 bytes
         saved = 0.5 * 2 * 3 / 4 * local / hw.nvlink_bytes_per_s
-    else:  # reduce-scatter: (n-1)/n of the whole model, n x a rank's fp32 shard
-        saved = 0.5 * 3 / 4 * local * 4 / hw.nvlink_bytes_per_s
+    else:  # reduce-scatter: (n-1)/n of the whole model's fp32 gradients
+        saved = 0.5 * 3 / 4 * whole / hw.nvlink_bytes_per_s
     assert bf16 < fp32
     assert fp32 - bf16 == pytest.approx(saved, rel=1e-6)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from kenotron.config import load_config
-from kenotron.planner import AnalyticModel, step_time
+from kenotron.planner import AnalyticModel, Hardware, step_time
 from kenotron.train.resolve import resolve_run
 
 TOLERANCE = 0.15
@@ -17,10 +17,12 @@ W8 = ("--model.n_layers 8 --training.local_batch_size 2 --training.seq_len 8192 
       "--compile.enable true")
 F8 = "--training.local_batch_size 2 --training.seq_len 8192 --activation_checkpoint.mode selective-op --compile.enable true"
 MOE = "--model.n_layers 4 --training.local_batch_size 4 --training.seq_len 4096 --activation_checkpoint.mode none"
-# The 1B config's reshard `never` came in session 6: rows measured before it ran with `default`.
+# The 1B config's reshard `never` came on 2026-11-22: rows measured before it ran with `default`.
 OLD_1B = " --parallelism.fsdp_reshard_after_forward default"
 PP16 = " --training.local_batch_size 16 --parallelism.pp 4 --parallelism.pp_schedule"
 PERF, PAR = "docs/performance.md", "docs/parallelism.md"
+DDP2 = " --parallelism.dp_replicate 2 --parallelism.dp_shard 1"
+NEVER = " --parallelism.fsdp_reshard_after_forward never"
 
 
 def _cp(seq: int, cp: int) -> str:
@@ -31,9 +33,9 @@ def _cp(seq: int, cp: int) -> str:
 
 # (row, GPUs, config, overrides, measured tokens/s per GPU, where it is recorded, tolerance)
 ROWS = [
-    ("1B b4x4096 compiled", 1, "llama3_1b", B1, 64_431, f"{PERF}, session 12 side by side", TOLERANCE),
-    ("1B b4x4096 eager", 1, "llama3_1b", B1 + " --compile.enable false", 63_871, f"{PERF}, session 12", TOLERANCE),
-    ("8B width 8L b2x8192 compiled", 1, "llama3_8b", W8, 37_427, f"{PERF}, session 12", TOLERANCE),
+    ("1B b4x4096 compiled", 1, "llama3_1b", B1, 64_431, f"{PERF}, 2026-11-25 side by side", TOLERANCE),
+    ("1B b4x4096 eager", 1, "llama3_1b", B1 + " --compile.enable false", 63_871, f"{PERF}, 2026-11-25", TOLERANCE),
+    ("8B width 8L b2x8192 compiled", 1, "llama3_8b", W8, 37_427, f"{PERF}, 2026-11-25", TOLERANCE),
     ("8B width 8L selective-op", 1, "llama3_8b", W8 + " --activation_checkpoint.mode selective-op", 37_224,
      f"{PERF}, run 42", TOLERANCE),
     ("8B width 16L selective-op", 1, "llama3_8b",
@@ -43,10 +45,10 @@ ROWS = [
     ("Qwen3-30B-A3B width 4L eager", 1, "qwen3_moe_30b_a3b", MOE + " --compile.enable false", 114_174,
      f"{PERF}, MoE side by side", TOLERANCE),
     ("Mamba2-1.3B b8x2048 compiled", 1, "mamba2_1.3b", "--compile.enable true", 41_488,
-     f"{PERF}, Mamba-2 side by side (session 14)", TOLERANCE),
+     f"{PERF}, Mamba-2 side by side (2026-11-25)", TOLERANCE),
     ("Mamba2-1.3B b8x2048 eager", 1, "mamba2_1.3b", "--compile.enable false", 41_248,
-     f"{PERF}, Mamba-2 side by side (session 14)", TOLERANCE),
-    ("1B FSDP 2", 2, "llama3_1b", B1, 59_045, "issue 27 (2 x H200, session 12)", TOLERANCE),
+     f"{PERF}, Mamba-2 side by side (2026-11-25)", TOLERANCE),
+    ("1B FSDP 2", 2, "llama3_1b", B1, 59_045, "issue 27 (2 x H200, 2026-11-25)", TOLERANCE),
     ("1B FSDP 4", 4, "llama3_1b", B1, 61_501, f"{PERF}, run 36", TOLERANCE),
     ("1B HSDP 2x2", 4, "llama3_1b", B1 + OLD_1B + " --parallelism.dp_replicate 2 --parallelism.dp_shard 2", 58_657,
      f"{PAR}, On GPUs", TOLERANCE),
@@ -63,6 +65,17 @@ ROWS = [
     ("8B FSDP 4 selective-op save_matmul_every 2", 4, "llama3_8b", F8 + " --tuning.ac_save_matmul_every 2", 9_532,
      f"{PERF}, run 17", TOLERANCE),
     ("8B FSDP 2 selective-op", 2, "llama3_8b", F8, 10_297, f"{PERF}, run 52", TOLERANCE),
+    # Weak scaling on 2 x H200 (docs/performance.md, runs 70-74).
+    ("1B FSDP 2 (run 70)", 2, "llama3_1b", B1, 61_684, f"{PERF}, run 70", TOLERANCE),
+    ("1B DDP 2", 2, "llama3_1b", B1 + DDP2, 60_181, f"{PERF}, run 70", TOLERANCE),
+    ("MoE 4L FSDP 2", 2, "qwen3_moe_30b_a3b", MOE + " --compile.enable true", 95_762, f"{PERF}, run 70", TOLERANCE),
+    ("MoE 4L FSDP 2 reshard never", 2, "qwen3_moe_30b_a3b", MOE + " --compile.enable true" + NEVER, 97_468,
+     f"{PERF}, run 72", TOLERANCE),
+    ("MoE 4L FSDP 2 reshard never bf16 reduction", 2, "qwen3_moe_30b_a3b",
+     MOE + " --compile.enable true" + NEVER + " --parallelism.fsdp_reduce_dtype bfloat16", 100_795, f"{PERF}, run 72",
+     TOLERANCE),
+    ("MoE 4L EP 2", 2, "qwen3_moe_30b_a3b", MOE + " --compile.enable true --parallelism.ep 2", 98_662,
+     f"{PERF}, run 74", TOLERANCE),
 ] + [
     (f"{shape} cp {cp} seq {seq}", 4, config, _cp(seq, cp) + (OLD_1B if shape == "1B" else ""), measured,
      f"{PAR}, Longest sequence on 4 x H200", TOLERANCE)
@@ -77,9 +90,21 @@ ROWS = [
 ]
 
 
-def modelled_tokens_per_s(ngpu: int, config: str, overrides: str) -> float:
+SLOW_LINK = Hardware(nvlink_bytes_per_s=24e9)
+"""Two GPUs of one host talking through host memory (NCCL_P2P_DISABLE=1): 24 GB/s bus bandwidth
+against NVLink's 210, measured with a collective micro-benchmark (issue 33)."""
+SLOW_LINK_ROWS = [
+    ("1B FSDP 2, slow link", "llama3_1b", B1, 51_926, "issue 33's table (2 x H200)"),
+    ("MoE 4L FSDP 2, slow link", "qwen3_moe_30b_a3b", MOE + " --compile.enable true", 31_240,
+     "issue 33's table (2 x H200)"),
+    ("MoE 4L EP 2, slow link", "qwen3_moe_30b_a3b", MOE + " --compile.enable true --parallelism.ep 2", 59_797,
+     f"{PERF}, run 74"),
+]
+
+
+def modelled_tokens_per_s(ngpu: int, config: str, overrides: str, hw: Hardware | None = None) -> float:
     run = resolve_run(load_config(f"train_configs/{config}.toml", overrides.split()), ngpu, check_data=False)
-    return step_time(run, AnalyticModel(run)).tokens_per_s_per_gpu
+    return step_time(run, AnalyticModel(run), hw).tokens_per_s_per_gpu
 
 
 @pytest.mark.parametrize("row", ROWS, ids=[r[0] for r in ROWS])
@@ -87,6 +112,13 @@ def test_modelled_tokens_per_s_is_within_tolerance_of_the_measured_row(row):
     name, ngpu, config, overrides, measured, source, tolerance = row
     ratio = modelled_tokens_per_s(ngpu, config, overrides) / measured
     assert abs(ratio - 1) <= tolerance, f"{name} ({source}): modelled / measured = {ratio:.3f}"
+
+
+@pytest.mark.parametrize("row", SLOW_LINK_ROWS, ids=[r[0] for r in SLOW_LINK_ROWS])
+def test_modelled_tokens_per_s_on_a_slow_link_is_within_tolerance_of_the_measured_row(row):
+    name, config, overrides, measured, source = row
+    ratio = modelled_tokens_per_s(2, config, overrides, SLOW_LINK) / measured
+    assert abs(ratio - 1) <= TOLERANCE, f"{name} ({source}): modelled / measured = {ratio:.3f}"
 
 
 def test_the_last_pipeline_stage_sets_the_pace_of_pp4_and_interleaving_does_not_pay():
