@@ -88,7 +88,7 @@ def test_every_gpu_preset_is_a_valid_config_for_its_gpu_count(monkeypatch):
     for preset, cases in PRESETS.items():
         if preset == "cpu-smoke":
             continue
-        world = 4 if "4gpu" in preset else 1
+        world = 4 if "4gpu" in preset else 2 if "2gpu" in preset else 1
         for name, overrides in cases.items():
             path, rest = split_config_arg(overrides)
             # The data presets' folders ({sample_data}) are written when the benchmark runs.
