@@ -12,14 +12,14 @@ class Hardware:
 
     peak_flops: float = 989e12
     """Dense bf16 FLOP/s of one GPU (H100 / H200 SXM)."""
-    matmul_efficiency: float = 0.68
+    matmul_efficiency: float = 0.705
     """Share of the peak the matmuls reach (fitted: docs/estimation.md, Throughput model)."""
-    attention_efficiency: float = 0.71
+    attention_efficiency: float = 0.715
     """Share of the peak attention reaches, its FLOPs counted as train/flops.py counts them (the
     whole score matrix, twice what a causal kernel computes; fitted)."""
-    scan_efficiency: float = 0.074
+    scan_efficiency: float = 0.0764
     """Share of the peak Mamba-2's scan reaches, with the memory-bound work around it (fitted)."""
-    elementwise_passes: float = 6.1
+    elementwise_passes: float = 7.49
     """Bytes the elementwise kernels of a block move (norms, SwiGLU, RoPE, residual adds, forward
     and backward), in units of the bytes the block keeps for backward without AC (fitted)."""
     memory_bytes_per_s: float = 4.0e12
