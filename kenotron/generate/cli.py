@@ -23,6 +23,7 @@ A batch of prompts is left-padded to a common length; padding is masked out of a
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -158,6 +159,61 @@ def build_codec(args: argparse.Namespace) -> TextCodec | None:
     return build_tokenizer("")
 
 
+def trained_length(args: argparse.Namespace) -> int | None:
+    """The sequence length the model trained with: the run's training.seq_len, or an HF
+    config's max_position_embeddings; None when unknown (--model, a step folder outside a run)."""
+    if args.checkpoint:
+        located = find_checkpoint(args.checkpoint)
+        if located.run_folder is None:
+            return None
+        seq_len = located.run_config().get("training", {}).get("seq_len")
+        return int(seq_len) if seq_len else None
+    if args.hf:
+        from kenotron.checkpoint.hf_files import read_hf_config
+
+        length = read_hf_config(args.hf).get("max_position_embeddings")
+        return int(length) if length else None
+    return None
+
+
+class TokenPrinter:
+    """Shows one prompt's new tokens as they are sampled (its text, or ids), and keeps every
+    prompt's tokens so that an interrupted run still returns what it made."""
+
+    def __init__(self, codec: TextCodec | None, batch: int, stream: bool, eos_id: int | None) -> None:
+        self.codec, self.stream, self.eos_id = codec, stream, eos_id
+        self.tokens: list[list[int]] = [[] for _ in range(batch)]
+        self.done = [False] * batch
+        self._shown = 0  # tokens of the first prompt whose text is on the screen
+
+    def __call__(self, step: list[int]) -> None:
+        for row, token in enumerate(step):
+            if self.done[row]:
+                continue
+            if token == self.eos_id:
+                self.done[row] = True
+                continue
+            self.tokens[row].append(token)
+            if self.stream and row == 0:
+                self._show()
+
+    def _show(self) -> None:
+        tokens = self.tokens[0]
+        if self.codec is None:
+            sys.stdout.write(f"{tokens[-1]} ")
+        else:
+            # Decode from one token before the new ones, so that a tokenizer that drops a leading
+            # space at the start of a sequence still shows it; wait while a character is incomplete.
+            context = max(self._shown - 1, 0)
+            before = self.codec.decode(tokens[context:self._shown])
+            text = self.codec.decode(tokens[context:])
+            if text.endswith("\ufffd"):
+                return
+            sys.stdout.write(text.removeprefix(before))
+            self._shown = len(tokens)
+        sys.stdout.flush()
+
+
 def main(argv: list[str] | None = None, prog: str = "kenotron generate") -> list[list[int]]:
     args = parse_args(argv, prog)
     device = torch.device(args.device)
@@ -169,23 +225,44 @@ def main(argv: list[str] | None = None, prog: str = "kenotron generate") -> list
         bos = [codec.bos_id] if codec.bos_id is not None and not args.no_bos else []
         prompts = [bos + codec.encode(text) for text in args.prompt]
     max_len = max(len(p) for p in prompts) + args.max_new_tokens
+    trained = trained_length(args)
+    if trained is not None and max_len > trained:
+        print(f"{prog}: warning: the longest prompt ({max(len(p) for p in prompts):,} tokens) and "
+              f"{args.max_new_tokens:,} new tokens make {max_len:,}, past the {trained:,}-token sequences this "
+              f"model trained on: what comes after token {trained:,} is unreliable", file=sys.stderr)
     model = build_model(args, device, dtype, max_len)
 
     sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
     eos_id = None if args.ignore_eos or codec is None else codec.eos_id
     generator = torch.Generator(device=device).manual_seed(args.seed)
+    prefixes = [" ".join(map(str, p)) if codec is None else args.prompt[i] for i, p in enumerate(prompts)]
+    # One prompt streams its tokens as they come; a batch prints each prompt's text at the end.
+    stream = len(prompts) == 1
+    printer = TokenPrinter(codec, len(prompts), stream, eos_id)
+    if stream:
+        print(f"--- [0] {prefixes[0]!r}", flush=True)
     start = time.perf_counter()
-    outputs = generate(
-        model, prompts, max_new_tokens=args.max_new_tokens, sampling=sampling, eos_id=eos_id,
-        use_cache=not args.no_cache, generator=generator,
-    )
+    interrupted = False
+    try:
+        outputs = generate(
+            model, prompts, max_new_tokens=args.max_new_tokens, sampling=sampling, eos_id=eos_id,
+            use_cache=not args.no_cache, generator=generator, on_tokens=printer,
+        )
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM (run()): keep what was made
+        interrupted, outputs = True, printer.tokens
     if device.type == "cuda":
         torch.cuda.synchronize()
     elapsed = time.perf_counter() - start
-    for i, (prompt, new) in enumerate(zip(prompts, outputs)):
-        shown = " ".join(map(str, new)) if codec is None else codec.decode(new)
-        prefix = " ".join(map(str, prompt)) if codec is None else args.prompt[i]
-        print(f"--- [{i}] {prefix!r}\n{shown}")
+    if stream:
+        print(flush=True)
+    else:
+        for i, new in enumerate(outputs):
+            shown = " ".join(map(str, new)) if codec is None else codec.decode(new)
+            print(f"--- [{i}] {prefixes[i]!r}\n{shown}", flush=True)
+    if interrupted:
+        print(f"{prog}: interrupted after {max(map(len, outputs), default=0)} new tokens; the text above is what "
+              "was made", file=sys.stderr)
+        raise KeyboardInterrupt
     n_new = sum(len(o) for o in outputs)
     print(f"{n_new} tokens in {elapsed:.2f} s ({n_new / elapsed:.1f} tokens/s, batch {len(prompts)}, {device}, "
           f"{'no cache' if args.no_cache else cache_description(model)})", file=sys.stderr)
@@ -198,9 +275,20 @@ def run(argv: list[str] | None = None, prog: str = "kenotron generate") -> int:
     """`main` for a console: a missing file or a bad checkpoint is one line and exit code 2."""
     from kenotron.checkpoint import CheckpointError
 
+    signals: list[int] = []
+
+    def stop(signum: int, _frame) -> None:  # SIGTERM ends the generation as Ctrl-C does
+        signals.append(signum)
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, stop)
     try:
         main(argv, prog)
     except (CheckpointError, FileNotFoundError, ValueError) as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        return 128 + (signals[0] if signals else signal.SIGINT)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     return 0

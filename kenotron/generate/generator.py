@@ -10,7 +10,7 @@ path is tested against.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
@@ -45,10 +45,13 @@ def generate(
     pad_id: int = 0,
     use_cache: bool = True,
     generator: torch.Generator | None = None,
+    on_tokens: Callable[[list[int]], None] | None = None,
 ) -> list[list[int]]:
     """The new tokens of each prompt (up to `max_new_tokens`, stopping after `eos_id`, which
     is not included); `sampling` None is greedy. `model` is a kenotron CausalLM whose RoPE tables (`args.max_seq_len`)
-    cover the longest prompt plus `max_new_tokens`; its `new_cache` makes the cache."""
+    cover the longest prompt plus `max_new_tokens`; its `new_cache` makes the cache.
+    `on_tokens` gets each step's new token of every prompt as it is sampled (`pad_id` for a
+    prompt that has finished), so that a caller can show them as they come."""
     args = model.args
     device = model.rope_cos.device
     tokens, token_mask = left_pad(prompts, pad_id, device)
@@ -76,6 +79,8 @@ def generate(
         next_token = sample_next_token(logits, sampling or SamplingConfig(), generator)
         next_token = torch.where(finished, torch.full_like(next_token, pad_id), next_token)
         new_tokens = torch.cat([new_tokens, next_token[:, None]], dim=1)
+        if on_tokens is not None:
+            on_tokens(next_token.tolist())
         if eos_id is not None:
             finished |= next_token == eos_id
             if bool(finished.all()):
