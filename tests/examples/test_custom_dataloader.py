@@ -127,3 +127,11 @@ def test_build_data_loader_wraps_the_custom_loader():
         assert loader.state_dict() == {"step": 1}
     finally:
         loader.close()
+
+
+def test_the_readmes_two_commands_train_into_two_folders():
+    # Two data-parallel ranks make another global batch: another run, which must not share the
+    # one-process run's folder.
+    readme = (EXAMPLE / "README.md").read_text()
+    assert "NPROC=2 ./run_train.sh \\\n    --job.dump_folder outputs/custom-dataloader-dp2" in readme
+    assert 'dump_folder = "./outputs/custom-dataloader"' in (EXAMPLE / "config.toml").read_text()

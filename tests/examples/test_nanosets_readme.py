@@ -44,3 +44,9 @@ def test_the_readme_writes_the_sample_data_and_trains_on_its_tokenized_folder(tm
                           text=True, timeout=300, check=False)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     assert (tmp_path / "out" / "metrics.jsonl").is_file()
+
+
+def test_the_readme_trains_into_a_folder_of_its_own():
+    # The quick start's outputs/debug holds another run (another config): the README's command
+    # must not be refused there after the quick start, nor replace it.
+    assert "--job.dump_folder outputs/nanosets" in readme_command("./run_train.sh")
