@@ -37,8 +37,9 @@ from kenotron.checkpoint.errors import (
     CheckpointFormatError,
     CheckpointSaveError,
     NonFiniteCheckpointError,
+    NonFiniteStateError,
 )
-from kenotron.checkpoint.finite import first_nonfinite_parameter
+from kenotron.checkpoint.finite import first_nonfinite
 from kenotron.checkpoint.folders import (
     LEGACY_FORMAT_TAGS,
     check_checkpoint,
@@ -137,6 +138,7 @@ class CheckpointManager:
         for name, target in (json_states or {}).items():
             self.parts[name] = JsonState([target])
         self.model_parts = list(model_parts)
+        self.optimizers = list(optimizers or ())
         self._optimizer_states = optimizer_states_per_param(list(optimizers or ()))
         self._saver: DcpSaver | None = None  # made on the first save: its gloo group is collective
         self._pending: _PendingSave | None = None
@@ -185,7 +187,7 @@ class CheckpointManager:
         """Save the model weights alone, cast to `dtype` (synchronously): an export, which loads
         as a model-only checkpoint (optimizer, schedule and data position start fresh)."""
         self.wait()
-        self._refuse_nonfinite(step)
+        self._refuse_nonfinite(step, model_only=True)
         path = self._prepare_folder(step)
         weights = self.parts["model"].state_dict()
         state = {"model": {k: v.to(dtype) if v.is_floating_point() else v for k, v in weights.items()}}
@@ -255,13 +257,28 @@ class CheckpointManager:
         write_stamp(path, step)
         return str(path)
 
-    def _refuse_nonfinite(self, step: int) -> None:
-        bad = first_nonfinite_parameter(self.model_parts, self.process_group)
+    def _refuse_nonfinite(self, step: int, *, model_only: bool = False) -> None:
+        bad = first_nonfinite(self.model_parts, [] if model_only else self.optimizers, self.process_group)
         if bad is not None:
             raise NonFiniteCheckpointError(
-                f"not saving {step_folder_name(step)}: the model weights hold NaN or Inf ({bad}), training diverged"
+                f"not saving {step_folder_name(step)}: the run's state holds NaN or Inf ({bad}), training diverged"
                 f"{self._previous_hint(step)}"
             )
+
+    def _refuse_nonfinite_load(self, path: Path, step: int) -> None:
+        """After a load: a NaN or Inf that reached the checkpoint (a bit flipped on disk without
+        checksums) stops the run here, naming the step and the tensor, instead of being trained
+        on until the next save refuses it."""
+        bad = first_nonfinite(self.model_parts, self.optimizers, self.process_group)
+        if bad is None:
+            return
+        earlier = [f.step for f in list_step_folders(self.folder) if f.complete and f.step < step and not f.model_only]
+        fix = (f"resume from an earlier step (--checkpoint.load_step {earlier[-1]}) or delete {path}" if earlier
+               else f"delete {path} or start from another checkpoint")
+        raise NonFiniteStateError(
+            f"{step_folder_name(step)} ({path}) holds NaN or Inf ({bad}): it is damaged or was saved after training "
+            f"diverged, so it is not resumed from; {fix}"
+        )
 
     def _save_failed(self, step: int, path: Path, exc: BaseException) -> CheckpointSaveError:
         """The error to raise for a failed save; rank 0 removes the partial folder (its space
@@ -430,6 +447,7 @@ class CheckpointManager:
             for masters_from_params in self._masters_follow_model:
                 masters_from_params()
         step = int(marker["step"])
+        self._refuse_nonfinite_load(path, step)
         logger.info("loaded %s (%s) from %s", step_folder_name(step), ", ".join(names), path)
         return step
 

@@ -324,7 +324,7 @@ class Checkpoint:
     """Delete a local checkpoint once its upload succeeded (a failed upload always keeps it)."""
 
     checksums: bool = False
-    """Record a SHA-256 of every checkpoint file in its completion marker (rank 0 reads the files back after each save) and verify them before loading: catches files damaged in place. File sizes are always recorded and checked."""
+    """Record a SHA-256 of every checkpoint file in its completion marker (rank 0 reads the files back after each save) and verify them before loading: catches files damaged in place. Off by default: rank 0 alone reads every rank's files, +30-45% on a save and a load of a 1.75 GB checkpoint on CPU. File sizes are always recorded and checked, and NaN or Inf in the loaded state is always refused."""
 
 
 @dataclass

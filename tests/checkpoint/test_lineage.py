@@ -93,7 +93,8 @@ def test_weights_holding_nan_are_never_saved(tmp_path):
     model, *_, manager, _, _ = make_run("single", tmp_path)
     with torch.no_grad():
         next(model.parameters())[0] = float("nan")
-    with pytest.raises(CheckpointError, match=r"not saving step-000002: the model weights hold NaN or Inf .*"
+    with pytest.raises(CheckpointError, match=r"not saving step-000002: the run.s state holds NaN or Inf "
+                                              r"\(parameter tok_embeddings.weight\).*"
                                               r"the latest complete checkpoint is still step-000001"):
         manager.save(2)
     assert steps_on_disk(tmp_path) == [(1, True)]
