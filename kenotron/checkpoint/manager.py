@@ -137,6 +137,10 @@ class CheckpointManager:
             self.parts["train_state"] = train_state
         for name, target in (json_states or {}).items():
             self.parts[name] = JsonState([target])
+        if config.enable:
+            for name, part in self.parts.items():
+                if isinstance(part, JsonState):
+                    part.check_storable(name)
         self.model_parts = list(model_parts)
         self.optimizers = list(optimizers or ())
         self._optimizer_states = optimizer_states_per_param(list(optimizers or ()))

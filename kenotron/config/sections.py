@@ -120,7 +120,7 @@ class Data:
     """Seed of the shuffle order."""
 
     loader: str = ""
-    """A custom data loader: `module:function` building it (see examples/custom-dataloader); empty uses kenotron's."""
+    """A custom data loader: `module:function` or `file.py:function` building it; runs that code (see examples/custom-dataloader); empty uses kenotron's."""
 
     weights_from: str = ""
     """A JSON file of domain weights by source name (a DoReMi proxy run's doremi_weights.json) that replaces the data.sources weights."""
@@ -324,7 +324,7 @@ class Checkpoint:
     """Delete a local checkpoint once its upload succeeded (a failed upload always keeps it)."""
 
     checksums: bool = False
-    """Record a SHA-256 of every checkpoint file in its completion marker (rank 0 reads the files back after each save) and verify them before loading: catches files damaged in place. Off by default: rank 0 alone reads every rank's files, +30-45% on a save and a load of a 1.75 GB checkpoint on CPU. File sizes are always recorded and checked, and NaN or Inf in the loaded state is always refused."""
+    """SHA-256 of every checkpoint file, recorded at each save (rank 0 reads them back) and verified before loading: catches files damaged in place. Costs 30-45% of a save and a load (docs/checkpointing.md)."""
 
 
 @dataclass
