@@ -16,11 +16,15 @@ device and one all-reduce of a flag; the names are gathered only when something 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
+
+from kenotron.checkpoint.errors import NonFiniteStateError
+from kenotron.checkpoint.folders import list_step_folders, step_folder_name
 
 # Wrappers that activation checkpointing and torch.compile put into module names.
 _WRAPPER_NAMES = ("_checkpoint_wrapped_module.", "_orig_mod.")
@@ -93,3 +97,15 @@ def first_nonfinite(
     dist.all_gather_object(reports, bad, group=process_group)
     rank, first = next((r, b) for r, b in enumerate(reports) if b is not None)
     return first if dist.get_world_size(process_group) == 1 else f"{first} on rank {rank}"
+
+
+def nonfinite_load_error(path: Path, step: int, bad: str, folder: Path) -> NonFiniteStateError:
+    """The one line for a loaded checkpoint holding NaN or Inf (`bad` names the tensor): its step,
+    and the earlier complete step of `folder` to resume from instead."""
+    earlier = [f.step for f in list_step_folders(folder) if f.complete and f.step < step and not f.model_only]
+    fix = (f"resume from an earlier step (--checkpoint.load_step {earlier[-1]}) or delete {path}" if earlier
+           else f"delete {path} or start from another checkpoint")
+    return NonFiniteStateError(
+        f"{step_folder_name(step)} ({path}) holds NaN or Inf ({bad}): it is damaged or was saved after training "
+        f"diverged, so it is not resumed from; {fix}"
+    )

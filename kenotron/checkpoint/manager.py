@@ -30,16 +30,21 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 
 from kenotron.checkpoint import integrity
-from kenotron.checkpoint.checks import check_same_family, check_state_fits, flatten_state_dict
+from kenotron.checkpoint.checks import (
+    check_same_family,
+    check_same_settings,
+    check_state_fits,
+    flatten_state_dict,
+    setting_differences,
+)
 from kenotron.checkpoint.diagnose import describe_save_failure, is_checkpoint_exception
 from kenotron.checkpoint.errors import (
     CheckpointError,
     CheckpointFormatError,
     CheckpointSaveError,
     NonFiniteCheckpointError,
-    NonFiniteStateError,
 )
-from kenotron.checkpoint.finite import first_nonfinite
+from kenotron.checkpoint.finite import first_nonfinite, nonfinite_load_error
 from kenotron.checkpoint.folders import (
     LEGACY_FORMAT_TAGS,
     check_checkpoint,
@@ -269,21 +274,6 @@ class CheckpointManager:
                 f"{self._previous_hint(step)}"
             )
 
-    def _refuse_nonfinite_load(self, path: Path, step: int) -> None:
-        """After a load: a NaN or Inf that reached the checkpoint (a bit flipped on disk without
-        checksums) stops the run here, naming the step and the tensor, instead of being trained
-        on until the next save refuses it."""
-        bad = first_nonfinite(self.model_parts, self.optimizers, self.process_group)
-        if bad is None:
-            return
-        earlier = [f.step for f in list_step_folders(self.folder) if f.complete and f.step < step and not f.model_only]
-        fix = (f"resume from an earlier step (--checkpoint.load_step {earlier[-1]}) or delete {path}" if earlier
-               else f"delete {path} or start from another checkpoint")
-        raise NonFiniteStateError(
-            f"{step_folder_name(step)} ({path}) holds NaN or Inf ({bad}): it is damaged or was saved after training "
-            f"diverged, so it is not resumed from; {fix}"
-        )
-
     def _save_failed(self, step: int, path: Path, exc: BaseException) -> CheckpointSaveError:
         """The error to raise for a failed save; rank 0 removes the partial folder (its space
         matters most when the disk is full)."""
@@ -432,6 +422,7 @@ class CheckpointManager:
                 f"to checkpoint.exclude_from_loading to start that part fresh"
             )
         check_same_family(marker.get("model"), self.model_info, path)
+        differences = setting_differences(marker.get("model"), self.model_info) if "model" in names else []
         legacy = [n for n in names if n in ("lr_scheduler", "dataloader", "train_state")]
         if marker.get("format") in LEGACY_FORMAT_TAGS and legacy:
             raise CheckpointFormatError(
@@ -440,7 +431,9 @@ class CheckpointManager:
                 f"Its model and optimizer load safely: add {','.join(legacy)} to checkpoint.exclude_from_loading"
             )
         state = {name: self._load_template(name, metadata) for name in names}
-        check_state_fits(state, metadata, path, _describe_model(marker.get("model")), self._whole_model_keys(state))
+        check_state_fits(state, metadata, path, _describe_model(marker.get("model")), self._whole_model_keys(state),
+                         differences)
+        check_same_settings(differences, path)  # what the shapes cannot tell: RoPE, norm eps, window, ...
         load_state(state, path, process_group=self.process_group)
         for name in names:
             self.parts[name].load_state_dict(state[name])
@@ -451,7 +444,9 @@ class CheckpointManager:
             for masters_from_params in self._masters_follow_model:
                 masters_from_params()
         step = int(marker["step"])
-        self._refuse_nonfinite_load(path, step)
+        bad = first_nonfinite(self.model_parts, self.optimizers, self.process_group)
+        if bad is not None:  # a bit flipped on disk without checksums: stop here, not at the next save
+            raise nonfinite_load_error(path, step, bad, self.folder)
         logger.info("loaded %s (%s) from %s", step_folder_name(step), ", ".join(names), path)
         return step
 
