@@ -66,7 +66,7 @@ def first_nonfinite(
     optimizers: Sequence[torch.optim.Optimizer] = (),
     process_group: dist.ProcessGroup | None = None,
 ) -> str | None:
-    """The first tensor holding NaN or Inf on any rank (e.g. "buffer layers.1.moe.router.expert_bias",
+    """The first tensor holding NaN or Inf on any rank (e.g. "buffer layers.1.feed_forward.router.expert_bias",
     "optimizer state exp_avg of output.weight on rank 3"), or None when all are finite."""
     found = [(d, t) for d, t in checked_tensors(model_parts, optimizers)
              if t.is_floating_point() and t.numel() and t.device.type != "meta"]
