@@ -40,7 +40,7 @@ from kenotron.checkpoint.hf_files import (
 from kenotron.checkpoint.hf_import import (
     HFWeights,
     check_config_fits_weights,
-    check_host_memory,
+    check_memory,
     hf_to_checkpoint,
     spec_for_hf_config,
 )
@@ -93,8 +93,7 @@ def load_hf_model(hf_dir: str | Path, *, max_seq_len: int = 0, dtype: torch.dtyp
     spec = spec_for_hf_config(config)
     args = spec.hf_adapter.args_from_hf_config(config, max_seq_len=max_seq_len)
     stored = check_config_fits_weights(hf_dir, spec, args)
-    if torch.device(device).type == "cpu":
-        check_host_memory(hf_dir, stored, torch.finfo(torch.float32).bits // 8)
+    check_memory(hf_dir, stored, torch.finfo(torch.float32).bits // 8, device)
     with torch.device("meta"):
         model = spec.build(args)
     model.to_empty(device=device)

@@ -77,18 +77,25 @@ def check_config_fits_weights(hf_dir: str | Path, spec: ModelSpec, args: Any) ->
     return stored
 
 
-def check_host_memory(hf_dir: str | Path, stored: Mapping[str, StoredWeight], bytes_per_value: int) -> None:
+def check_memory(hf_dir: str | Path, stored: Mapping[str, StoredWeight], bytes_per_value: int,
+                 device: str | torch.device = "cpu") -> None:
     """CheckpointFormatError when the model, at `bytes_per_value` bytes a value, cannot fit in the
-    host memory available now (Linux's MemAvailable; not checked where it is unknown)."""
+    memory of `device` available now: the host's (Linux's MemAvailable) or the GPU's free memory;
+    not checked where that is unknown."""
     needed = sum(math.prod(w.shape) for w in stored.values()) * bytes_per_value
+    device = torch.device(device)
+    where = "host memory"
     try:
-        with open("/proc/meminfo") as f:
-            available = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
-    except (OSError, StopIteration, ValueError, IndexError):
+        if device.type == "cuda":
+            available, where = torch.cuda.mem_get_info(device)[0], f"memory on {device}"
+        else:
+            with open("/proc/meminfo") as f:
+                available = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, RuntimeError, StopIteration, ValueError, IndexError):
         return
     if needed > available:
         raise CheckpointFormatError(
-            f"the model in {hf_dir} needs {needed / 2**30:.1f} GiB of host memory to load, {available / 2**30:.1f} "
+            f"the model in {hf_dir} needs {needed / 2**30:.1f} GiB of {where} to load, {available / 2**30:.1f} "
             f"GiB are available; free memory, or convert it (kenotron convert to-kenotron, one tensor at a time) "
             f"and load it sharded over several processes"
         )

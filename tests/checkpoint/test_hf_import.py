@@ -224,8 +224,8 @@ def test_an_hf_config_that_does_not_describe_its_weights_is_refused_before_anyth
 def test_a_model_larger_than_the_host_memory_is_refused_before_it_is_allocated(llama_hf_folder):
     from kenotron.checkpoint.errors import CheckpointFormatError
     from kenotron.checkpoint.hf_files import StoredWeight
-    from kenotron.checkpoint.hf_import import check_host_memory
+    from kenotron.checkpoint.hf_import import check_memory
 
     huge = {"w": StoredWeight(llama_hf_folder / "model.safetensors", (1 << 40,), torch.float32)}  # 4 TiB as float32
     with pytest.raises(CheckpointFormatError, match=r"needs 4096.0 GiB of host memory to load, [\d.]+ GiB are available"):
-        check_host_memory(llama_hf_folder, huge, 4)
+        check_memory(llama_hf_folder, huge, 4)
