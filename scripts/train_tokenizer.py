@@ -6,8 +6,8 @@
 (with kenotron importable: `pip install -e .`, or PYTHONPATH=. from the repository root).
 --vocab-size is the total the model sees: the file gets vocab_size - 16 ranks, and the
 tokenizer appends 16 special tokens when it loads the file. Training is deterministic: the
-same corpus gives the same file byte for byte. The corpus is Python's own help topics and
-docstrings, so use the Python the shipped file was made with (CPython 3.11.7) to reproduce it.
+same corpus gives the same file byte for byte. The corpus is the package's snapshot of Python's
+own help topics and docstrings (kenotron/data/corpus.py), the same on every Python.
 """
 
 from __future__ import annotations

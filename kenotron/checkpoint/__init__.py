@@ -11,6 +11,7 @@ from kenotron.checkpoint.errors import (
     CheckpointMismatchError,
     CheckpointSaveError,
     NonFiniteCheckpointError,
+    NonFiniteStateError,
     RemoteStorageError,
 )
 from kenotron.checkpoint.folders import (
@@ -33,6 +34,7 @@ __all__ = [
     "CheckpointMismatchError",
     "CheckpointSaveError",
     "NonFiniteCheckpointError",
+    "NonFiniteStateError",
     "RemoteStorageError",
     "TrainState",
     "check_checkpoint_config",

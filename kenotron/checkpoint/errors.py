@@ -11,6 +11,10 @@ class CheckpointFormatError(CheckpointError):
     """A folder that is not a complete kenotron checkpoint: interrupted, truncated or foreign."""
 
 
+class NonFiniteStateError(CheckpointFormatError):
+    """A loaded checkpoint holds NaN or Inf (parameters, buffers or optimizer state): not resumed from."""
+
+
 class CheckpointMismatchError(CheckpointError):
     """The checkpoint does not fit what it is loaded into (a missing key or another shape)."""
 
@@ -24,4 +28,5 @@ class RemoteStorageError(CheckpointError):
 
 
 class NonFiniteCheckpointError(CheckpointSaveError):
-    """The weights hold NaN or Inf: the save is refused, the previous checkpoint stays the latest."""
+    """The weights, buffers or optimizer state hold NaN or Inf: the save is refused, the previous
+    checkpoint stays the latest."""

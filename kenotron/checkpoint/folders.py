@@ -11,12 +11,14 @@ The marker is written to a temporary name, flushed and renamed, so it is either 
 Deleting a checkpoint removes the marker first, so a deletion that is interrupted leaves an
 incomplete folder, never a "complete" one with files missing. Only folders that kenotron wrote
 (a marker or the save stamp) are ever deleted or replaced: a `step-N` folder of anyone else is
-left alone.
+left alone. A `step-N` that is a symbolic link is never deleted through: only the link itself
+goes (another run's checkpoint it points to keeps its marker and its data).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
@@ -29,6 +31,8 @@ from typing import Any
 from kenotron.checkpoint import integrity
 from kenotron.checkpoint.errors import CheckpointFormatError
 from kenotron.checkpoint.trust import METADATA_NAME, read_metadata
+
+logger = logging.getLogger("kenotron")
 
 MARKER_NAME = "COMPLETE.json"
 """File whose presence makes a step folder a complete checkpoint."""
@@ -192,8 +196,14 @@ def remove_step_folder(path: str | Path) -> None:
     """Delete a checkpoint folder that kenotron wrote, marker first (see the module docstring).
 
     Raises CheckpointFormatError, deleting nothing, for a folder without marker or save stamp.
+    A symbolic link is removed itself, never what it points to (see the module docstring).
     """
     path = Path(path)
+    if path.is_symlink():
+        logger.warning("%s is a symbolic link (to %s): removed the link only; kenotron never deletes through a link",
+                       path, os.readlink(path))
+        path.unlink()
+        return
     if not path.is_dir():
         return
     if not ((path / MARKER_NAME).is_file() or (path / STAMP_NAME).is_file()):

@@ -37,7 +37,13 @@ from kenotron.checkpoint.hf_files import (
     write_hf_folder,
     write_hf_shards,
 )
-from kenotron.checkpoint.hf_import import HFWeights, hf_to_checkpoint, spec_for_hf_config
+from kenotron.checkpoint.hf_import import (
+    HFWeights,
+    check_config_fits_weights,
+    check_memory,
+    hf_to_checkpoint,
+    spec_for_hf_config,
+)
 from kenotron.checkpoint.hf_tokenizer import write_hf_tokenizer
 from kenotron.checkpoint.model_info import model_from_info
 from kenotron.checkpoint.trust import load_state
@@ -66,6 +72,7 @@ def load_hf_weights(model_parts: Sequence[nn.Module], hf_dir: str | Path) -> Non
     config = read_hf_config(hf_dir)
     spec = spec_for_hf_config(config)
     args = spec.hf_adapter.args_from_hf_config(config)
+    check_config_fits_weights(hf_dir, spec, args)
     distributed = _distributed()
     expected: dict[str, torch.Size] = {}
     for part in model_parts:
@@ -85,6 +92,8 @@ def load_hf_model(hf_dir: str | Path, *, max_seq_len: int = 0, dtype: torch.dtyp
     config = read_hf_config(hf_dir)
     spec = spec_for_hf_config(config)
     args = spec.hf_adapter.args_from_hf_config(config, max_seq_len=max_seq_len)
+    stored = check_config_fits_weights(hf_dir, spec, args)
+    check_memory(hf_dir, stored, torch.finfo(torch.float32).bits // 8, device)
     with torch.device("meta"):
         model = spec.build(args)
     model.to_empty(device=device)

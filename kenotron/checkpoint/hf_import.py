@@ -18,7 +18,9 @@ kenotron tensor, up to three times that with a cast to a wider dtype, never the 
 
 from __future__ import annotations
 
+import math
 import os
+import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -34,7 +36,7 @@ from torch.futures import Future
 
 from kenotron.checkpoint.errors import CheckpointFormatError, CheckpointMismatchError
 from kenotron.checkpoint.folders import step_folder_name, write_marker
-from kenotron.checkpoint.hf_files import index_weights, read_hf_config, read_weight
+from kenotron.checkpoint.hf_files import StoredWeight, index_weights, read_hf_config, read_weight
 from kenotron.checkpoint.model_info import describe_model
 from kenotron.models import MODEL_SPECS, ModelSpec
 from kenotron.progress import progress
@@ -50,6 +52,53 @@ def spec_for_hf_config(config: Mapping[str, Any]) -> ModelSpec:
             f"config.json has model_type={model_type!r}, which kenotron cannot convert; supported: {supported}"
         )
     return known[model_type]
+
+
+def check_config_fits_weights(hf_dir: str | Path, spec: ModelSpec, args: Any) -> dict[str, StoredWeight]:
+    """CheckpointMismatchError, before anything is built, when config.json does not describe the
+    folder's weights (read from the safetensors headers): its layer count, or the embedding's
+    vocabulary and width. A config of 100,000 layers or a hidden size of a million would
+    otherwise be built, on meta tensors or for real, for minutes before failing. Returns the index."""
+    stored = index_weights(hf_dir)
+    adapter = spec.hf_adapter
+    layer = re.compile(rf"^{re.escape(adapter.hf_layer_prefix)}\.(\d+)\.")
+    found = 1 + max((int(m.group(1)) for key in stored if (m := layer.match(key))), default=-1)
+    if found != args.n_layers:
+        raise CheckpointMismatchError(
+            f"{hf_dir}: config.json describes {args.n_layers} layers but the weights hold {found} "
+            f"({adapter.hf_layer_prefix}.0 to .{found - 1}); fix config.json or download the folder again"
+        )
+    embedding = adapter.to_hf_key("tok_embeddings.weight")
+    if embedding in stored and stored[embedding].shape != (args.vocab_size, args.dim):
+        raise CheckpointMismatchError(
+            f"{hf_dir}: config.json describes a vocabulary of {args.vocab_size} and a width of {args.dim} but "
+            f"{embedding} has shape {stored[embedding].shape}; fix config.json or download the folder again"
+        )
+    return stored
+
+
+def check_memory(hf_dir: str | Path, stored: Mapping[str, StoredWeight], bytes_per_value: int,
+                 device: str | torch.device = "cpu") -> None:
+    """CheckpointFormatError when the model, at `bytes_per_value` bytes a value, cannot fit in the
+    memory of `device` available now: the host's (Linux's MemAvailable) or the GPU's free memory;
+    not checked where that is unknown."""
+    needed = sum(math.prod(w.shape) for w in stored.values()) * bytes_per_value
+    device = torch.device(device)
+    where = "host memory"
+    try:
+        if device.type == "cuda":
+            available, where = torch.cuda.mem_get_info(device)[0], f"memory on {device}"
+        else:
+            with open("/proc/meminfo") as f:
+                available = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, RuntimeError, StopIteration, ValueError, IndexError):
+        return
+    if needed > available:
+        raise CheckpointFormatError(
+            f"the model in {hf_dir} needs {needed / 2**30:.1f} GiB of {where} to load, {available / 2**30:.1f} "
+            f"GiB are available; free memory, or convert it (kenotron convert to-kenotron, one tensor at a time) "
+            f"and load it sharded over several processes"
+        )
 
 
 class HFWeights:
@@ -157,6 +206,7 @@ def hf_to_checkpoint(hf_dir: str | Path, out_folder: str | Path, *, step: int = 
     config = read_hf_config(hf_dir)
     spec = spec_for_hf_config(config)
     args = spec.hf_adapter.args_from_hf_config(config, max_seq_len=max_seq_len)
+    check_config_fits_weights(hf_dir, spec, args)
     with torch.device("meta"):
         expected = {k: v.shape for k, v in spec.build(args).state_dict().items()}
     weights = HFWeights(hf_dir, spec, args)

@@ -9,11 +9,13 @@ loaded. After that, every step folder of the checkpoint folder is this run's his
 rotation keeps the newest `keep_latest_k` complete, full checkpoints of it.
 
 Rotation never counts or deletes a model-only export (checkpoint.last_save_model_only), and
-nothing here touches a folder that kenotron did not write (folders.StepFolder.ours).
+nothing here touches a folder that kenotron did not write (folders.StepFolder.ours). A step
+folder that is a symbolic link is only ever moved or removed as a link (folders.remove_step_folder).
 """
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
@@ -22,6 +24,7 @@ from kenotron.checkpoint.folders import StepFolder, list_step_folders, step_fold
 
 ABANDONED_PREFIX = "abandoned-"
 """Start of the name of a folder holding the checkpoints of an abandoned continuation."""
+_ABANDONED_FOLDER = re.compile(rf"^{ABANDONED_PREFIX}(\d{{8}}-\d{{6}})(?:-(\d+))?-after-step-(\d+)$")
 
 
 def rotation_victims(folders: list[StepFolder], keep: int, just_saved: int) -> list[StepFolder]:
@@ -48,7 +51,8 @@ def set_aside(folder: str | Path, doomed: list[StepFolder], resume_step: int) ->
     """Move `doomed` into a new `abandoned-<time>-after-step-N` folder of `folder`; returns it.
 
     A rename within one filesystem: nothing is copied, and an interruption leaves each step
-    folder either in place (set aside again at the next resume) or moved whole.
+    folder either in place (set aside again at the next resume) or moved whole. A step folder
+    that is a symbolic link moves as a link: what it points to stays where it is, untouched.
     """
     stamp = time.strftime("%Y%m%d-%H%M%S")
     target = Path(folder) / f"{ABANDONED_PREFIX}{stamp}-after-{step_folder_name(resume_step)}"
@@ -60,6 +64,17 @@ def set_aside(folder: str | Path, doomed: list[StepFolder], resume_step: int) ->
     for f in doomed:
         f.path.rename(target / f.path.name)
     return target
+
+
+def newest_set_aside(folder: str | Path, resume_step: int) -> Path | None:
+    """The folder that the latest resume from `resume_step` set checkpoints aside into (None if
+    none did): the place for the abandoned continuation's metrics records too."""
+    found = []
+    for path in Path(folder).glob(f"{ABANDONED_PREFIX}*"):
+        match = _ABANDONED_FOLDER.match(path.name)
+        if match and int(match.group(3)) == resume_step and path.is_dir() and not path.is_symlink():
+            found.append(((match.group(1), int(match.group(2) or 1)), path))
+    return max(found)[1] if found else None
 
 
 def check_no_foreign_above(folder: str | Path, resume_step: int) -> None:

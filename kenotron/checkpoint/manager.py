@@ -30,7 +30,13 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 
 from kenotron.checkpoint import integrity
-from kenotron.checkpoint.checks import check_same_family, check_state_fits, flatten_state_dict
+from kenotron.checkpoint.checks import (
+    check_same_family,
+    check_same_settings,
+    check_state_fits,
+    flatten_state_dict,
+    setting_differences,
+)
 from kenotron.checkpoint.diagnose import describe_save_failure, is_checkpoint_exception
 from kenotron.checkpoint.errors import (
     CheckpointError,
@@ -38,7 +44,7 @@ from kenotron.checkpoint.errors import (
     CheckpointSaveError,
     NonFiniteCheckpointError,
 )
-from kenotron.checkpoint.finite import first_nonfinite_parameter
+from kenotron.checkpoint.finite import first_nonfinite, nonfinite_load_error
 from kenotron.checkpoint.folders import (
     LEGACY_FORMAT_TAGS,
     check_checkpoint,
@@ -136,7 +142,12 @@ class CheckpointManager:
             self.parts["train_state"] = train_state
         for name, target in (json_states or {}).items():
             self.parts[name] = JsonState([target])
+        if config.enable:
+            for name, part in self.parts.items():
+                if isinstance(part, JsonState):
+                    part.check_storable(name)
         self.model_parts = list(model_parts)
+        self.optimizers = list(optimizers or ())
         self._optimizer_states = optimizer_states_per_param(list(optimizers or ()))
         self._saver: DcpSaver | None = None  # made on the first save: its gloo group is collective
         self._pending: _PendingSave | None = None
@@ -185,7 +196,7 @@ class CheckpointManager:
         """Save the model weights alone, cast to `dtype` (synchronously): an export, which loads
         as a model-only checkpoint (optimizer, schedule and data position start fresh)."""
         self.wait()
-        self._refuse_nonfinite(step)
+        self._refuse_nonfinite(step, model_only=True)
         path = self._prepare_folder(step)
         weights = self.parts["model"].state_dict()
         state = {"model": {k: v.to(dtype) if v.is_floating_point() else v for k, v in weights.items()}}
@@ -255,11 +266,11 @@ class CheckpointManager:
         write_stamp(path, step)
         return str(path)
 
-    def _refuse_nonfinite(self, step: int) -> None:
-        bad = first_nonfinite_parameter(self.model_parts, self.process_group)
+    def _refuse_nonfinite(self, step: int, *, model_only: bool = False) -> None:
+        bad = first_nonfinite(self.model_parts, [] if model_only else self.optimizers, self.process_group)
         if bad is not None:
             raise NonFiniteCheckpointError(
-                f"not saving {step_folder_name(step)}: the model weights hold NaN or Inf ({bad}), training diverged"
+                f"not saving {step_folder_name(step)}: the run's state holds NaN or Inf ({bad}), training diverged"
                 f"{self._previous_hint(step)}"
             )
 
@@ -411,6 +422,7 @@ class CheckpointManager:
                 f"to checkpoint.exclude_from_loading to start that part fresh"
             )
         check_same_family(marker.get("model"), self.model_info, path)
+        differences = setting_differences(marker.get("model"), self.model_info) if "model" in names else []
         legacy = [n for n in names if n in ("lr_scheduler", "dataloader", "train_state")]
         if marker.get("format") in LEGACY_FORMAT_TAGS and legacy:
             raise CheckpointFormatError(
@@ -419,7 +431,9 @@ class CheckpointManager:
                 f"Its model and optimizer load safely: add {','.join(legacy)} to checkpoint.exclude_from_loading"
             )
         state = {name: self._load_template(name, metadata) for name in names}
-        check_state_fits(state, metadata, path, _describe_model(marker.get("model")), self._whole_model_keys(state))
+        check_state_fits(state, metadata, path, _describe_model(marker.get("model")), self._whole_model_keys(state),
+                         differences)
+        check_same_settings(differences, path)  # what the shapes cannot tell: RoPE, norm eps, window, ...
         load_state(state, path, process_group=self.process_group)
         for name in names:
             self.parts[name].load_state_dict(state[name])
@@ -430,6 +444,9 @@ class CheckpointManager:
             for masters_from_params in self._masters_follow_model:
                 masters_from_params()
         step = int(marker["step"])
+        bad = first_nonfinite(self.model_parts, self.optimizers, self.process_group)
+        if bad is not None:  # a bit flipped on disk without checksums: stop here, not at the next save
+            raise nonfinite_load_error(path, step, bad, self.folder)
         logger.info("loaded %s (%s) from %s", step_folder_name(step), ", ".join(names), path)
         return step
 

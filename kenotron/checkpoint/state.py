@@ -36,6 +36,8 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
+from kenotron.errors import DataError
+
 PART_NAMES = ("model", "optimizer", "lr_scheduler", "dataloader", "train_state")
 """Names of the parts, in save order; `checkpoint.exclude_from_loading` takes these."""
 
@@ -92,10 +94,34 @@ class OptimizerState:
             set_optimizer_state_dict(part, optimizer, state, options=_OPTIM_OPTIONS)
 
 
+JSON_VALUES = "dicts with string keys, lists, strings, numbers, booleans and None (numpy numbers and arrays too)"
+"""What a JSON part's state may hold (said in the errors and in the docs of data.loader)."""
+
+
 def json_tensor(value: Any) -> torch.Tensor:
-    """`value` (JSON-able: dicts, lists, numbers, strings, None; numpy scalars too) as uint8 bytes."""
+    """`value` (JSON_VALUES) as uint8 bytes."""
     text = json.dumps(value, default=_plain, sort_keys=True)
     return torch.frombuffer(bytearray(text.encode()), dtype=torch.uint8)
+
+
+def unstorable_field(value: Any, where: str = "state") -> str | None:
+    """The first field of `value` that a JSON part cannot store as it is (`state['seen'] is a set`,
+    `state has key 3 (int): JSON turns it into '3'`), or None when all of it round-trips."""
+    if value is None or isinstance(value, (bool, int, float, str, np.generic)):
+        return None
+    if isinstance(value, np.ndarray):
+        return None if value.dtype.kind in "biuf" else f"{where} is a numpy array of {value.dtype}"
+    if isinstance(value, (list, tuple)):
+        return next((p for i, v in enumerate(value) if (p := unstorable_field(v, f"{where}[{i}]"))), None)
+    if isinstance(value, dict):
+        for key, v in value.items():
+            if not isinstance(key, str):
+                return f"{where} has key {key!r} ({type(key).__name__}): JSON turns it into {json.dumps(str(key))}"
+            if problem := unstorable_field(v, f"{where}[{key!r}]"):
+                return problem
+        return None
+    kind = type(value).__name__
+    return f"{where} is {'an' if kind[0].lower() in 'aeiou' else 'a'} {kind}"
 
 
 def tensor_json(tensor: torch.Tensor) -> Any:
@@ -130,6 +156,15 @@ class JsonState:
 
     def state_dict(self) -> dict[str, Any]:
         return {"json": json_tensor(self.targets[0].state_dict())}
+
+    def check_storable(self, part: str) -> None:
+        """DataError naming the first field of the state that JSON cannot store: said when the
+        run starts rather than at its first save, checkpoint.interval steps in."""
+        problem = unstorable_field(self.targets[0].state_dict())
+        if problem is not None:
+            custom = "; a custom data.loader's state_dict() must hold only these" if part == "dataloader" else ""
+            raise DataError(f"the {part} state cannot be stored in a checkpoint: {problem}; a checkpoint stores it as "
+                            f"JSON: {JSON_VALUES} (a set as a sorted list, bytes as a string){custom}")
 
     def load_template(self, saved: dict[str, torch.Size]) -> dict[str, Any]:
         return _templates({"json": saved.get("json", torch.Size([0]))}, {})

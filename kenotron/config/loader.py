@@ -15,6 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from kenotron.config.ranges import field_range, range_problem
 from kenotron.config.schema import FieldInfo, all_fields, open_field, section_classes
 from kenotron.config.sections import JobConfig
 from kenotron.errors import ConfigError
@@ -48,6 +49,14 @@ def _unknown_key(key: str) -> ConfigError:
 
 
 def _convert(info: FieldInfo, value: Any, *, from_cli: bool) -> Any:
+    """Check or parse `value` against the field's type and range; CLI values arrive as strings."""
+    converted = _convert_type(info, value, from_cli=from_cli)
+    if isinstance(converted, (int, float)) and (problem := range_problem(info.key, converted, info.range, info.default)):
+        raise ConfigError(problem)
+    return converted
+
+
+def _convert_type(info: FieldInfo, value: Any, *, from_cli: bool) -> Any:
     """Check or parse `value` against the field's type; CLI values arrive as strings."""
     typ = info.type
     choices = info.choices
@@ -68,7 +77,7 @@ def _convert(info: FieldInfo, value: Any, *, from_cli: bool) -> Any:
         table = _inline_toml(info, value) if from_cli and isinstance(value, str) else value
         if not isinstance(table, dict):
             raise ConfigError(f"{info.key} expects a table such as {{a = 1.0, b = 2.0}}, got {value!r}")
-        sub = FieldInfo(info.section, info.name, inner, None, "")
+        sub = FieldInfo(info.section, info.name, inner, None, "", range=info.range)
         return {str(k): _convert(replace(sub, name=f"{info.name}.{k}"), v, from_cli=False) for k, v in table.items()}
     if origin is tuple:  # args fields such as tuple[int, ...] (a hybrid's layers) or tuple[float, float]
         if not isinstance(value, list):
@@ -89,7 +98,7 @@ def _convert(info: FieldInfo, value: Any, *, from_cli: bool) -> Any:
             items = value
         else:
             raise ConfigError(f"{info.key} expects a list of {inner.__name__}, got {value!r}")
-        sub = FieldInfo(info.section, info.name, inner, None, "")
+        sub = FieldInfo(info.section, info.name, inner, None, "", range=info.range)
         return [_convert(sub, v, from_cli=from_cli) for v in items]
     if typ is bool:
         if isinstance(value, bool):
@@ -178,7 +187,7 @@ def _table(info: FieldInfo, cls: type, index: int, item: Any) -> Any:
     for key, value in item.items():
         if key not in names:
             raise ConfigError(f"unknown key '{key}' in {where}{_suggest(key, names)} (keys: {', '.join(names)})")
-        sub = FieldInfo(info.section, f"{info.name}[{index}].{key}", hints[key], None, "")
+        sub = FieldInfo(info.section, f"{info.name}[{index}].{key}", hints[key], None, "", range=field_range(cls, key))
         values[key] = _convert(sub, value, from_cli=False)
     return cls(**values)
 
@@ -321,7 +330,8 @@ def config_reference_markdown() -> str:
         "Generated from the dataclasses in `kenotron/config/sections.py` by",
         "`python scripts/gen_config_reference.py`; a test fails when this file is stale.",
         "Set a value in a TOML file (`[section]` then `key = value`) or on the command line",
-        "(`--section.key value`); the command line wins.",
+        "(`--section.key value`); the command line wins. A number must lie in the range beside its",
+        "type (and a float be finite); any other value stops the job, before it starts, with one line.",
     ]
     section = None
     for info in all_fields(JobConfig).values():
@@ -329,7 +339,7 @@ def config_reference_markdown() -> str:
             section = info.section
             out += ["", f"## [{section}]", "", "| key | type | default | meaning |", "|---|---|---|---|"]
         doc = info.doc.replace("|", "\\|")
-        kind = info.type_name().replace("|", "\\|")
+        kind = info.type_name().replace("|", "\\|") + (f", {info.range.short()}" if info.range else "")
         out.append(f"| `{info.key}` | {kind} | `{toml_value(info.default)}` | {doc} |")
     return "\n".join(out) + "\n"
 

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any, Literal
 
+from kenotron.config.ranges import RANGE_KEY, Range
+
 
 @dataclass(frozen=True)
 class FieldInfo:
@@ -28,6 +30,8 @@ class FieldInfo:
     doc: str
     open: bool = False
     """The section's catch-all: it collects `section.<any other name>` (model.<field>: the family's args)."""
+    range: Range | None = None
+    """The numbers it accepts (config/ranges.py); None for a field that is not a number."""
 
     @property
     def key(self) -> str:
@@ -95,6 +99,6 @@ def all_fields(root: type) -> dict[str, FieldInfo]:
         defaults = cls()
         for f in dataclasses.fields(cls):
             info = FieldInfo(section, f.name, hints[f.name], getattr(defaults, f.name), docs.get(f.name, ""),
-                             open=bool(f.metadata.get("open")))
+                             open=bool(f.metadata.get("open")), range=f.metadata.get(RANGE_KEY))
             out[info.key] = info
     return out

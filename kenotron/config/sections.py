@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from kenotron.config.ranges import RANGE_KEY, above, at_least, between, ranged
 from kenotron.config.tuning import Tuning
 
 
@@ -63,7 +64,7 @@ class DataSource:
     path: str = ""
     """Same meaning as data.path."""
 
-    weight: float = 1.0
+    weight: float = ranged(1.0, at_least(0))
     """Share of the samples (weights are normalized over the sources)."""
 
     text_field: str = "text"
@@ -77,13 +78,13 @@ class DataSource:
 class DataStage:
     """A data stage (an entry of data.stages): from start_step on, its own mixture and sequence length."""
 
-    start_step: int = 0
+    start_step: int = ranged(0, at_least(0))
     """Optimizer steps completed before the stage begins; the first stage starts at 0."""
 
-    weights: dict[str, float] = field(default_factory=dict)
+    weights: dict[str, float] = field(default_factory=dict, metadata={RANGE_KEY: at_least(0)})
     """Weight of each data.sources entry by name (missing names weigh 0); empty keeps the sources' weights."""
 
-    seq_len: int = 0
+    seq_len: int = ranged(0, at_least(1, (0, "training.seq_len")))
     """Sequence length of the stage, at most training.seq_len; 0 = training.seq_len."""
 
 
@@ -116,11 +117,11 @@ class Data:
     shuffle: bool = True
     """Read the windows of tokenized datasets in a seeded order that changes every epoch (raw text is read in order)."""
 
-    seed: int = 0
+    seed: int = ranged(0, at_least(0))
     """Seed of the shuffle order."""
 
     loader: str = ""
-    """A custom data loader: `module:function` building it (see examples/custom-dataloader); empty uses kenotron's."""
+    """A custom data loader: `module:function` or `file.py:function` building it; runs that code (see examples/custom-dataloader); empty uses kenotron's."""
 
     weights_from: str = ""
     """A JSON file of domain weights by source name (a DoReMi proxy run's doremi_weights.json) that replaces the data.sources weights."""
@@ -128,19 +129,19 @@ class Data:
 
 @dataclass
 class Training:
-    steps: int = 200
+    steps: int = ranged(200, at_least(1))
     """Number of optimizer steps to run."""
 
-    seq_len: int = 256
+    seq_len: int = ranged(256, at_least(1))
     """Tokens per sequence (each packed window holds seq_len + 1 tokens)."""
 
-    local_batch_size: int = 8
+    local_batch_size: int = ranged(8, at_least(1))
     """Sequences per rank per micro-step."""
 
-    global_batch_size: int = -1
+    global_batch_size: int = ranged(-1, at_least(1, (-1, "local_batch_size x dp")))
     """Sequences per optimizer step over all ranks; -1 = local_batch_size x data-parallel degree. Gradient accumulation makes up the rest."""
 
-    seed: int = 42
+    seed: int = ranged(42, at_least(0))
     """Seed for weight init and dropout-free training randomness; identical on every rank."""
 
     deterministic: bool = False
@@ -150,7 +151,7 @@ class Training:
     """Compute dtype. bfloat16 keeps fp32 master weights, gradients and optimizer state and computes in bf16."""
 
 
-    max_norm: float = 1.0
+    max_norm: float = ranged(1.0, above(0, (0, "no clipping")))
     """Clip the global gradient norm to this value; 0 disables clipping (the norm is still reported)."""
 
     device: Literal["auto", "cpu", "cuda"] = "auto"
@@ -168,50 +169,50 @@ class Optimizer:
     name: Literal["adamw", "sgd"] = "adamw"
     """AdamW with decoupled weight decay (none on norms and biases), or plain SGD (used by parity tests)."""
 
-    lr: float = 3e-3
+    lr: float = ranged(3e-3, above(0))
     """Peak learning rate, reached at the end of warmup."""
 
-    weight_decay: float = 0.1
+    weight_decay: float = ranged(0.1, at_least(0))
     """Decoupled weight decay for matrices and embeddings."""
 
-    beta1: float = 0.9
+    beta1: float = ranged(0.9, between(0, 1, high_open=True))
     """AdamW first-moment decay."""
 
-    beta2: float = 0.95
+    beta2: float = ranged(0.95, between(0, 1, high_open=True))
     """AdamW second-moment decay."""
 
-    eps: float = 1e-8
+    eps: float = ranged(1e-8, above(0))
     """AdamW epsilon."""
 
 
 
 @dataclass
 class LRScheduler:
-    warmup_steps: int = 20
+    warmup_steps: int = ranged(20, at_least(0))
     """Steps of linear warmup from 0 to optimizer.lr."""
 
     decay: Literal["linear", "cosine", "wsd", "1-sqrt", "constant"] = "cosine"
     """Shape after warmup: linear or cosine down to min_lr; wsd and 1-sqrt hold the peak, then decay over the last decay_ratio of steps; constant holds the peak."""
 
-    decay_ratio: float = 0.2
+    decay_ratio: float = ranged(0.2, between(0, 1, low_open=True))
     """For wsd and 1-sqrt: fraction of training steps spent decaying at the end."""
 
-    min_lr_ratio: float = 0.1
+    min_lr_ratio: float = ranged(0.1, between(0, 1))
     """Final learning rate as a fraction of optimizer.lr."""
 
 
 @dataclass
 class Parallelism:
-    dp_replicate: int = 1
+    dp_replicate: int = ranged(1, at_least(1))
     """Data-parallel replicas (DDP, or the replicate dimension of HSDP)."""
 
-    dp_shard: int = -1
+    dp_shard: int = ranged(-1, at_least(1, (-1, "what the other degrees leave")))
     """FSDP sharding degree; -1 fills what the other degrees leave of the world size."""
 
-    tp: int = 1
+    tp: int = ranged(1, at_least(1))
     """Tensor-parallel degree (with sequence parallel)."""
 
-    pp: int = 1
+    pp: int = ranged(1, at_least(1))
     """Pipeline-parallel degree: ranks along the pipeline (each holds one stage, or several with looped/V schedules)."""
 
     pp_schedule: Literal[
@@ -219,13 +220,13 @@ class Parallelism:
     ] = "1F1B"
     """torch.distributed.pipelining schedule. GPipe and 1F1B run one stage per rank; the looped schedules several (stage s on rank s mod pp); ZBVZeroBubble and DualPipeV two per rank in a V."""
 
-    pp_microbatches: int = 0
+    pp_microbatches: int = ranged(0, at_least(1, (0, "one sequence each")))
     """Pipeline microbatches per micro-step (they split training.local_batch_size; must divide it); 0 = one sequence each. 1F1B needs >= pp, DualPipeV >= 2·pp."""
 
-    pp_stages_per_rank: int = 0
+    pp_stages_per_rank: int = ranged(0, at_least(1, (0, "the schedule's own")))
     """Stages per pipeline rank for the automatic split: 0 = the schedule's own (1 for GPipe/1F1B, 2 for the looped and V schedules)."""
 
-    pp_layers_per_stage: list[int] = field(default_factory=list)
+    pp_layers_per_stage: list[int] = field(default_factory=list, metadata={RANGE_KEY: at_least(1)})
     """Explicit blocks per stage, in order (e.g. `3,5,5,3`); must add up to the model's layers. Empty = balanced automatically."""
 
     pp_stage_modules: list[str] = field(default_factory=list)
@@ -233,10 +234,10 @@ class Parallelism:
 
 
 
-    cp: int = 1
+    cp: int = ranged(1, at_least(1))
     """Context-parallel degree: each sequence is split over this many ranks; training.seq_len must be a multiple of 2·cp·tp."""
 
-    ep: int = 1
+    ep: int = ranged(1, at_least(1))
     """Expert-parallel degree (MoE models): each MoE layer's experts are split over this many of the dp_shard × cp ranks, tokens reach them by all-to-all, and expert weights are FSDP-sharded over the rest."""
 
 
@@ -261,7 +262,7 @@ class Parallelism:
     async_tp: bool = False
     """With tp > 1 on CUDA and compile on: overlap TP communication with the matmuls."""
 
-    collective_timeout_s: float = 600.0
+    collective_timeout_s: float = ranged(600.0, above(0))
     """Seconds a collective waits for the other ranks before the job fails (every process group of the job). A watchdog names a rank that stopped making progress after a quarter of this (at most 60 s)."""
 
 
@@ -269,13 +270,13 @@ class Parallelism:
 class MoE:
     """How MoE families train (load balancing). The experts' shape is the model's: model.moe.n_experts, model.moe.top_k, model.moe.ffn_dim."""
 
-    aux_loss_coef: float = 0.001
+    aux_loss_coef: float = ranged(0.001, above(0, (0, "off")))
     """Weight of the load-balancing auxiliary loss (Switch/Mixtral/Qwen form, over each micro-batch of all data-parallel ranks, averaged over layers); 0 turns it off."""
 
-    z_loss_coef: float = 0.0
+    z_loss_coef: float = ranged(0.0, above(0, (0, "off")))
     """Weight of the router z-loss (mean over tokens of logsumexp(router logits)², averaged over layers); 0 turns it off."""
 
-    bias_update_rate: float = 0.0
+    bias_update_rate: float = ranged(0.0, above(0, (0, "off")))
     """Auxiliary-loss-free balancing (DeepSeek-V3): after each step every expert's routing bias moves by this much toward balance (sign of mean load − its load); 0 turns it off."""
 
 
@@ -287,13 +288,13 @@ class Checkpoint:
     folder: str = "checkpoints"
     """Checkpoint folder, relative to job.dump_folder unless absolute."""
 
-    interval: int = 500
+    interval: int = ranged(500, at_least(1))
     """Save every this many steps (and at the last step)."""
 
-    keep_latest_k: int = 0
+    keep_latest_k: int = ranged(0, at_least(1, (0, "keep all")))
     """Keep only the newest k complete checkpoints, deleting older ones after each save; 0 keeps all."""
 
-    load_step: int = -1
+    load_step: int = ranged(-1, at_least(0, (-1, "the latest")))
     """Step to resume from: -1 the latest complete checkpoint (local or remote), 0 start fresh, N that step."""
 
     exclude_from_loading: list[str] = field(default_factory=list)
@@ -324,7 +325,7 @@ class Checkpoint:
     """Delete a local checkpoint once its upload succeeded (a failed upload always keeps it)."""
 
     checksums: bool = False
-    """Record a SHA-256 of every checkpoint file in its completion marker (rank 0 reads the files back after each save) and verify them before loading: catches files damaged in place. File sizes are always recorded and checked."""
+    """SHA-256 of every checkpoint file, recorded at each save (rank 0 reads them back) and verified before loading: catches files damaged in place. Costs 30-45% of a save and a load (docs/checkpointing.md)."""
 
 
 @dataclass
@@ -339,7 +340,7 @@ class Float8:
 
 @dataclass
 class Metrics:
-    log_freq: int = 10
+    log_freq: int = ranged(10, at_least(1))
     """Print one progress line and append one record to metrics.jsonl every this many steps."""
 
     tensorboard: bool = False
@@ -363,17 +364,17 @@ class ActivationCheckpoint:
     mode: Literal["none", "full", "selective-op", "every-n-layers"] = "none"
     """none; full (recompute each block in backward); selective-op (save matmul/attention outputs, recompute the rest); every-n-layers (full on one block in every_n)."""
 
-    every_n: int = 2
+    every_n: int = ranged(2, at_least(1))
     """For every-n-layers: checkpoint one block in every this many."""
 
 
-    offload_blocks: int = 0
+    offload_blocks: int = ranged(0, at_least(0))
     """Keep what the first this many blocks (of each pipeline stage) save for backward in pinned host memory instead of on the GPU, copied out and back beside the compute; those blocks are not checkpointed. 0 = off."""
 
 
 @dataclass
 class Validation:
-    every: int = 0
+    every: int = ranged(0, at_least(1, (0, "off")))
     """Evaluate the validation loss every this many steps (and after the last step); 0 = off."""
 
     dataset: str = "tokenized"
@@ -388,7 +389,7 @@ class Validation:
     split: str = "validation"
     """Split to read (hub datasets)."""
 
-    batches: int = 10
+    batches: int = ranged(10, at_least(1))
     """Global batches per evaluation: the first ones of the dataset, the same every time."""
 
 
@@ -397,10 +398,10 @@ class DoReMi:
     reference: str = ""
     """Checkpoint step folder of a reference model of the same shape, trained on data.sources; set, this run trains a DoReMi proxy that learns domain weights (docs/doremi.md)."""
 
-    step_size: float = 1.0
+    step_size: float = ranged(1.0, above(0))
     """η, the step size of the domain weights' exponentiated-gradient update (Xie et al. use 1)."""
 
-    smoothing: float = 1e-3
+    smoothing: float = ranged(1e-3, between(0, 1))
     """c, the share of the uniform weights mixed into the domain weights at every step (Xie et al. use 1e-3)."""
 
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from kenotron.config.ranges import at_least, ranged
+
 
 @dataclass
 class Tuning:
@@ -28,7 +30,7 @@ class Tuning:
     loss: Literal["auto", "plain", "fused"] = "auto"
     """plain: logits then cross-entropy; fused: both in token chunks without full logits; auto: fused unless tensor or pipeline parallel applies."""
 
-    loss_chunk_tokens: int = 16384
+    loss_chunk_tokens: int = ranged(16384, at_least(1))
     """Tokens per chunk of the fused loss."""
 
     loss_kernel: Literal["auto", "triton", "compiled", "torch"] = "auto"
@@ -58,7 +60,7 @@ class Tuning:
     float8_all_gather: bool = False
     """With float8 tensorwise under FSDP, all-gather weights in float8."""
 
-    ac_save_matmul_every: int = 1
+    ac_save_matmul_every: int = ranged(1, at_least(1))
     """For selective-op checkpointing: keep one matmul output in every this many (the rest are recomputed)."""
 
     loss_parallel: bool = True
@@ -73,8 +75,8 @@ class Tuning:
     cp_attention: Literal["auto", "torch", "ring"] = "auto"
     """Context-parallel attention: torch (its ring over fused SDPA; CUDA), ring (kenotron's exact ring), auto (torch on CUDA)."""
 
-    pp_first_stage_weight: float = 1.0
+    pp_first_stage_weight: float = ranged(1.0, at_least(0))
     """Cost of the embedding in the automatic pipeline split, in blocks."""
 
-    pp_last_stage_weight: float = 1.0
+    pp_last_stage_weight: float = ranged(1.0, at_least(0))
     """Cost of the final norm, output projection and loss in the automatic pipeline split, in blocks."""

@@ -1,153 +1,63 @@
-"""The built-in corpus: English text and code that ships with every CPython, no download.
+"""The built-in corpus: English text and code from Python's own documentation, shipped in the package.
 
-Two parts:
+Read from `assets/builtin_corpus.json.gz`, a snapshot made once from CPython 3.11.7's help
+topics and standard-library docstrings (corpus_build.py says how, and rebuilds it), never from
+the running Python: their documentation differs between patch versions, and with it the
+documents, the tokens and every loss of the quick start. So every Python gives the same 1,910
+documents, and the file's SHA-256 is checked against SNAPSHOT_SHA256 before it is used.
 
-1. the 79 topics of the Python language reference that `help()` shows
-   (`pydoc_data.topics.topics`, ~465 KB), sorted by topic name;
-2. for a fixed list of pure-Python standard-library modules, one document per module
-   docstring and one per public top-level class or function: its signature and docstring,
-   and for a class those of its documented public methods, in source order.
+Two domains: `reference` (the language reference's 79 help topics: prose) and `stdlib` (the
+modules' signatures and docstrings: API text). `builtin_documents` interleaves them by the
+fixed permutation stored in the snapshot, so any stretch of training sees both.
 
-The two parts are then interleaved by a fixed permutation (a seeded shuffle), so any stretch
-of training sees both prose and API text: a debug run's loss then falls smoothly instead of
-jumping where one kind of text gives way to the other.
-
-The docstrings are read from the modules' source files with `ast`, never from live objects:
-importing nothing means no side effects, and the text cannot depend on what was imported or
-monkeypatched before (torch, for one, replaces `inspect.getfile`). The order is fixed (sorted
-topic names, a fixed module list, source order), so every process builds the same list.
-Docstrings change a little between Python versions; that only matters for reproducing the
-shipped tokenizer byte for byte (use the Python version named in scripts/train_tokenizer.py).
+This module imports nothing heavy (no torch, no datasets): data-loading processes read it cheaply.
 """
 
 from __future__ import annotations
 
-import ast
 import functools
-import importlib.util
-import random
+import gzip
+import hashlib
+import json
 from pathlib import Path
 
-# Pure-Python modules present in CPython 3.11 through 3.14 (none of those removed in 3.12 or
-# 3.13). A module whose source cannot be found (a stripped or zipped install without .py
-# files, or tkinter/turtle left out by a distribution) is skipped.
-# fmt: off
-STDLIB_MODULES: tuple[str, ...] = (
-    "abc", "argparse", "ast", "asyncio.base_events", "asyncio.events", "asyncio.futures",
-    "asyncio.locks", "asyncio.queues", "asyncio.streams", "asyncio.subprocess", "asyncio.tasks",
-    "base64", "bdb", "bisect", "bz2", "calendar", "cmd", "code", "codecs", "codeop",
-    "collections", "colorsys", "concurrent.futures.process", "concurrent.futures.thread",
-    "configparser", "contextlib", "contextvars", "copy", "copyreg", "csv", "dataclasses",
-    "datetime", "decimal", "difflib", "dis", "doctest", "email.headerregistry", "email.message",
-    "email.parser", "email.policy", "email.utils", "enum", "filecmp", "fileinput", "fnmatch",
-    "fractions", "ftplib", "functools", "getopt", "gettext", "glob", "graphlib", "gzip",
-    "hashlib", "heapq", "hmac", "html", "html.parser", "http.client", "http.cookiejar",
-    "http.cookies", "http.server", "imaplib", "importlib.abc", "importlib.metadata",
-    "importlib.util", "inspect", "io", "ipaddress", "json", "json.decoder", "json.encoder",
-    "keyword", "linecache", "locale", "logging", "logging.handlers", "lzma", "mailbox",
-    "mimetypes", "multiprocessing.connection", "multiprocessing.managers", "multiprocessing.pool",
-    "netrc", "numbers", "operator", "optparse", "os", "pathlib", "pdb", "pickle", "pickletools",
-    "pkgutil", "platform", "plistlib", "poplib", "pprint", "profile", "pstats", "pydoc", "queue",
-    "quopri", "random", "reprlib", "sched", "secrets", "selectors", "shelve", "shlex", "shutil",
-    "smtplib", "socket", "socketserver", "stat", "statistics", "string", "subprocess",
-    "symtable", "sysconfig", "tabnanny", "tarfile", "tempfile", "textwrap", "threading",
-    "timeit", "tokenize", "trace", "traceback", "tracemalloc", "turtle", "types", "typing",
-    "unittest.case", "unittest.loader", "unittest.mock", "urllib.parse", "urllib.request",
-    "urllib.robotparser", "uuid", "warnings", "wave", "weakref", "xml.dom.minidom",
-    "xml.dom.pulldom", "xml.etree.ElementTree", "xml.sax.handler", "xml.sax.saxutils",
-    "zipfile", "zipimport", "zoneinfo",
-)
-# fmt: on
+from kenotron.errors import DataError
 
-# Seed of the fixed permutation that interleaves the corpus (part of its definition).
-SHUFFLE_SEED = 1234
-
-_DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
-
-
-def _module_source(module_name: str) -> str | None:
-    """Source text of a stdlib module without importing it (parent packages are imported)."""
-    try:
-        spec = importlib.util.find_spec(module_name)
-    except (ImportError, ValueError):
-        return None
-    if spec is None or spec.loader is None:
-        return None
-    get_source = getattr(spec.loader, "get_source", None)
-    source = get_source(module_name) if get_source is not None else None
-    # Frozen modules (os, io, abc, codecs, ... since 3.11) have no get_source but keep the
-    # path of their .py file in loader_state.
-    filename = getattr(spec.loader_state, "filename", None)
-    if source is None and filename and Path(filename).is_file():
-        source = Path(filename).read_text(encoding="utf-8")
-    return source
-
-
-def _signature(node: ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) -> str:
-    if isinstance(node, ast.ClassDef):
-        bases = ", ".join(ast.unparse(b) for b in node.bases + node.keywords)
-        return f"class {node.name}({bases})" if bases else f"class {node.name}"
-    prefix = "async def" if isinstance(node, ast.AsyncFunctionDef) else "def"
-    return f"{prefix} {node.name}({ast.unparse(node.args)})"
-
-
-def _public_definitions(
-    body: list[ast.stmt],
-) -> list[ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef]:
-    return [n for n in body if isinstance(n, _DEFINITIONS) and not n.name.startswith("_")]
-
-
-def _join(sections: list[str]) -> str:
-    return "\n\n".join(section for section in sections if section) + "\n"
-
-
-def module_documents(module_name: str, source: str) -> list[str]:
-    """Markdown-ish documents of a module's docstrings: `# module` and its docstring, then per
-    public definition a `## module.name` header, its signature and its docstring (for a class,
-    followed by its documented public methods)."""
-    tree = ast.parse(source)
-    documents = [_join([f"# {module_name}", ast.get_docstring(tree) or ""])]
-    for node in _public_definitions(tree.body):
-        sections = [f"## {module_name}.{node.name}", _signature(node), ast.get_docstring(node) or ""]
-        if isinstance(node, ast.ClassDef):
-            for method in _public_definitions(node.body):
-                method_doc = ast.get_docstring(method)
-                if method_doc:
-                    sections += [f"### {module_name}.{node.name}.{method.name}", _signature(method), method_doc]
-        documents.append(_join(sections))
-    return documents
-
-
-def _stdlib_documents() -> list[str]:
-    documents = []
-    for module_name in STDLIB_MODULES:
-        source = _module_source(module_name)
-        if source is not None:
-            documents.extend(module_documents(module_name, source))
-    return documents
-
-
-def _help_topic_documents() -> list[str]:
-    from pydoc_data.topics import topics
-
-    return [topics[name] for name in sorted(topics)]
+SNAPSHOT_PATH = Path(__file__).parent / "assets" / "builtin_corpus.json.gz"
+"""The snapshot file (package data: pyproject's `data/assets/*`)."""
+SNAPSHOT_SHA256 = "c483bee02058c5e3ce669f06c7663a0bb30fcc3fb22eb5cf2a69fa8ce5bd77ef"
+"""SHA-256 of the snapshot file: a changed or damaged file is refused, never trained on."""
+SNAPSHOT_FORMAT = "kenotron-builtin-corpus/1"
+"""Format tag inside the snapshot (corpus_build.SNAPSHOT_FORMAT)."""
 
 
 @functools.cache
-def _builtin_documents() -> tuple[str, ...]:
-    # Parsing ~5 MB of stdlib source takes about a second; the result is a pure function of
-    # the Python installation, so it is built once per process and kept immutable.
-    documents = _help_topic_documents() + _stdlib_documents()
-    random.Random(SHUFFLE_SEED).shuffle(documents)
-    return tuple(documents)
+def _snapshot() -> tuple[dict[str, tuple[str, ...]], tuple[str, ...]]:
+    # ~0.4 MB to read and check once per process; the result is kept immutable.
+    fix = "reinstall kenotron (pip install --force-reinstall), or restore the file from the repository"
+    try:
+        data = SNAPSHOT_PATH.read_bytes()
+    except OSError as exc:
+        raise DataError(f"the built-in corpus {SNAPSHOT_PATH} cannot be read ({exc.strerror or exc}); {fix}") from None
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != SNAPSHOT_SHA256:
+        raise DataError(f"the built-in corpus {SNAPSHOT_PATH} has SHA-256 {digest}, expected {SNAPSHOT_SHA256}: "
+                        f"the file was changed or damaged; {fix}")
+    body = json.loads(gzip.decompress(data))
+    if body.get("format") != SNAPSHOT_FORMAT:  # a rebuilt file of another format with its checksum updated
+        raise DataError(f"the built-in corpus {SNAPSHOT_PATH} has format {body.get('format')!r}, expected "
+                        f"{SNAPSHOT_FORMAT!r}; rebuild it with python -m kenotron.data.corpus_build")
+    domains = {name: tuple(documents) for name, documents in body["domains"].items()}
+    every = [text for documents in domains.values() for text in documents]
+    return domains, tuple(every[i] for i in body["order"])
 
 
 def builtin_documents() -> list[str]:
     """The built-in corpus as a list of documents, in a fixed order (see the module docstring)."""
-    return list(_builtin_documents())
+    return list(_snapshot()[1])
 
 
 def builtin_domains() -> dict[str, list[str]]:
     """The built-in corpus as two domains, each in a fixed order: `reference` (the language
     reference's help topics: prose) and `stdlib` (the modules' signatures and docstrings: API text)."""
-    return {"reference": _help_topic_documents(), "stdlib": _stdlib_documents()}
+    return {name: list(documents) for name, documents in _snapshot()[0].items()}

@@ -1,7 +1,8 @@
 """Custom data loaders: the protocol, and loading the builder that `data.loader` names.
 
 `data.loader = "my_package.my_module:build"` (or `"path/to/file.py:build"`) names a callable
-that takes a `LoaderContext` and returns a loader. A loader is any object with:
+that takes a `LoaderContext` and returns a loader; importing it runs that code (a trust boundary,
+like any import). A loader is any object with:
 
     next_step() -> list[MicroBatch]
         This dp rank's micro-batches of the next optimizer step, in order: exactly
@@ -10,8 +11,9 @@ that takes a `LoaderContext` and returns a loader. A loader is any object with:
         Where ctx.feed_inputs (ctx.feed_labels) is False, this rank is a pipeline stage that does
         not use them: give None there and skip the work.
     state_dict() -> dict
-        Its position after the last step returned: small, picklable, and the same on every
-        rank (a checkpoint stores one copy and hands it to every rank on resume).
+        Its position after the last step returned: small, the same on every rank (a checkpoint
+        stores one copy, as JSON, and hands it to every rank on resume), and JSON-storable
+        (checkpoint/state.py's JSON_VALUES; checked when the run starts).
     load_state_dict(state: dict) -> None
         Continue from `state`, possibly under another number of ranks.
 

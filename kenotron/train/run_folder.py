@@ -9,7 +9,8 @@ What a launch does with the folder it is given:
 - a checkpoint of it will be resumed (checkpoint.enable, load_step != 0): the run goes on. Its
   records after the resumed step (written after that checkpoint, by the launch that died) are
   dropped from metrics.jsonl, and TensorBoard is told to purge them (`purge_step`), so every
-  step appears once. The run must be the same model on the same data (IDENTITY_KEYS);
+  step appears once (the records of a continuation whose checkpoints were set aside move beside
+  them, into its `abandoned-*` folder). The run must be the same model on the same data (IDENTITY_KEYS);
 - records but nothing to resume, and the same config: the run starts again from step 0 and its
   earlier records are replaced (a run that died before its first checkpoint, or run twice);
 - records or checkpoints of a *different* config, or checkpoints a fresh start
@@ -29,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from kenotron.checkpoint.folders import list_step_folders, step_folder_name
+from kenotron.checkpoint.lineage import newest_set_aside
 from kenotron.checkpoint.remote import redact_url
 from kenotron.config import ConfigError, JobConfig, all_fields, config_to_toml, toml_value
 
@@ -161,26 +163,26 @@ def check_run_folder(cfg: JobConfig) -> FolderState:
     return state
 
 
-def _truncate_records(path: Path, last_step: int) -> int:
-    """Keep the records of steps <= last_step; returns how many were dropped."""
+def _truncate_records(path: Path, last_step: int, keep_dropped: Path | None = None) -> int:
+    """Keep the records of steps <= last_step; returns how many were dropped. The dropped ones
+    are first written to `keep_dropped` when given (an abandoned continuation's records)."""
     if not path.is_file():
         return 0
-    kept, dropped = [], 0
+    kept, dropped = [], []
     for line in path.read_text().splitlines():
         try:
             step = int(json.loads(line)["step"])
         except (ValueError, KeyError, TypeError):
-            dropped += 1
+            dropped.append(line)
             continue
-        if step <= last_step:
-            kept.append(line)
-        else:
-            dropped += 1
+        (kept if step <= last_step else dropped).append(line)
     if dropped:
+        if keep_dropped is not None:
+            keep_dropped.write_text("".join(f"{line}\n" for line in dropped))
         tmp = path.with_suffix(".jsonl.tmp")
         tmp.write_text("".join(f"{line}\n" for line in kept))
         os.replace(tmp, path)
-    return dropped
+    return len(dropped)
 
 
 def start_run_folder(cfg: JobConfig, step: int) -> int | None:
@@ -190,11 +192,15 @@ def start_run_folder(cfg: JobConfig, step: int) -> int | None:
     folder.mkdir(parents=True, exist_ok=True)
     state = read_folder_state(cfg)
     toml = config_to_toml(cfg)
-    dropped = _truncate_records(folder / METRICS_NAME, step)
+    # A resume that set later checkpoints aside keeps their records beside them (lineage.py).
+    aside = newest_set_aside(checkpoint_folder(cfg), step)
+    keep = aside / METRICS_NAME if aside is not None and not (aside / METRICS_NAME).exists() else None
+    dropped = _truncate_records(folder / METRICS_NAME, step, keep)
     if step > 0:
         changed = _differences(state.previous_config or {}, _flat(toml))
         logger.info("resuming the run in %s at step %d%s%s", folder, step,
-                    f"; {dropped} later record(s) of the interrupted launch dropped" if dropped else "",
+                    (f"; {dropped} later record(s) moved to {keep}" if keep else
+                     f"; {dropped} later record(s) of the interrupted launch dropped") if dropped else "",
                     f"; changed since its last launch: {', '.join(changed)}" if changed else "")
     elif state.used:
         logger.warning("restarting the run in %s from step 0 (same config, nothing to resume): its %s are replaced",

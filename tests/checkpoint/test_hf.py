@@ -7,6 +7,7 @@ import dataclasses
 import json
 
 import pytest
+import safetensors.torch
 import torch
 
 from kenotron.checkpoint import CheckpointFormatError, CheckpointMismatchError
@@ -125,11 +126,20 @@ def test_trainer_checkpoint_exports_to_transformers_in_bfloat16(tmp_path):
 
 def test_weights_that_do_not_match_config_json_name_the_first_missing_parameter(hf_folder):
     folder, _, _ = hf_folder
+    weights = safetensors.torch.load_file(folder / "model.safetensors")
+    del weights["model.layers.1.input_layernorm.weight"]  # an incomplete file of the right layer count
+    safetensors.torch.save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(CheckpointMismatchError, match=r"has no weight for parameter 'layers.1.attention_norm.weight' "
+                                                      r"\('model.layers.1.input_layernorm.weight'\)"):
+        load_hf_model(folder)
+
+
+def test_a_config_json_with_more_layers_than_its_weights_is_refused_before_building(hf_folder):
+    folder, _, _ = hf_folder
     config = json.loads((folder / "config.json").read_text())
     config["num_hidden_layers"] = 3
     (folder / "config.json").write_text(json.dumps(config))
-    with pytest.raises(CheckpointMismatchError, match=r"has no weight for parameter 'layers.2.attention_norm.weight' "
-                                                      r"\('model.layers.2.input_layernorm.weight'\)"):
+    with pytest.raises(CheckpointMismatchError, match=r"config.json describes 3 layers but the weights hold 2"):
         load_hf_model(folder)
 
 

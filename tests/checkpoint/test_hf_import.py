@@ -179,3 +179,53 @@ def test_conversion_holds_a_tensor_and_its_sources_never_the_model(family, dtype
     # (a cast or regrouped copy doubles it), though the whole model was read in all.
     assert live.now == 0 and len(list((tmp_path / "hf").glob("*.safetensors"))) >= 4
     assert live.peak <= 2 * largest < total / 10, (live.peak, largest, total)
+
+
+@pytest.fixture
+def llama_hf_folder(tmp_path):
+    spec, args = get_model_spec("llama3"), SMALL["llama3"]
+    save_hf(random_kenotron_model(spec, args), tmp_path / "hf", spec=spec, args=args)
+    return tmp_path / "hf"
+
+
+def _edit_config(hf_dir, **changes) -> None:
+    import json
+
+    config = json.loads((hf_dir / "config.json").read_text())
+    (hf_dir / "config.json").write_text(json.dumps({**config, **changes}))
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"num_hidden_layers": 3}, r"config.json describes 3 layers but the weights hold 2 \(model.layers.0 to .1\)"),
+    ({"num_hidden_layers": 100_000}, r"config.json describes 100000 layers but the weights hold 2"),
+    ({"hidden_size": 1_000_000, "head_dim": 250_000},
+     (r"config.json describes a vocabulary of 128 and a width of 1000000 but model.embed_tokens.weight has shape "
+      r"\(128, 64\); fix config.json")),
+])
+@pytest.mark.parametrize("entry", ["convert", "load"])
+def test_an_hf_config_that_does_not_describe_its_weights_is_refused_before_anything_is_built(
+        llama_hf_folder, tmp_path, changes, message, entry):
+    import time
+
+    from kenotron.checkpoint.errors import CheckpointMismatchError
+    from kenotron.checkpoint.hf import load_hf_model
+
+    _edit_config(llama_hf_folder, **changes)
+    start = time.perf_counter()
+    with pytest.raises(CheckpointMismatchError, match=message) as err:
+        if entry == "convert":
+            hf_to_checkpoint(llama_hf_folder, tmp_path / "out")
+        else:
+            load_hf_model(llama_hf_folder)
+    assert time.perf_counter() - start < 1.0 and "\n" not in str(err.value)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_model_larger_than_the_host_memory_is_refused_before_it_is_allocated(llama_hf_folder):
+    from kenotron.checkpoint.errors import CheckpointFormatError
+    from kenotron.checkpoint.hf_files import StoredWeight
+    from kenotron.checkpoint.hf_import import check_memory
+
+    huge = {"w": StoredWeight(llama_hf_folder / "model.safetensors", (1 << 40,), torch.float32)}  # 4 TiB as float32
+    with pytest.raises(CheckpointFormatError, match=r"needs 4096.0 GiB of host memory to load, [\d.]+ GiB are available"):
+        check_memory(llama_hf_folder, huge, 4)

@@ -93,7 +93,72 @@ def test_weights_holding_nan_are_never_saved(tmp_path):
     model, *_, manager, _, _ = make_run("single", tmp_path)
     with torch.no_grad():
         next(model.parameters())[0] = float("nan")
-    with pytest.raises(CheckpointError, match=r"not saving step-000002: the model weights hold NaN or Inf .*"
+    with pytest.raises(CheckpointError, match=r"not saving step-000002: the run.s state holds NaN or Inf "
+                                              r"\(parameter tok_embeddings.weight\).*"
                                               r"the latest complete checkpoint is still step-000001"):
         manager.save(2)
     assert steps_on_disk(tmp_path) == [(1, True)]
+
+
+def link_to_other_runs_checkpoint(tmp_path, step: int, linked_as: int):
+    """Another run (`other/`) with a complete checkpoint of `step`, linked from this run's folder
+    (`run/`) as step `linked_as`; returns (other's step folder, this run's folder)."""
+    other = tmp_path / "other"
+    run_layout("single", other, until=step, save_at=(step,))
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / f"step-{linked_as:06d}").symlink_to(other / f"step-{step:06d}", target_is_directory=True)
+    return other / f"step-{step:06d}", run
+
+
+def test_rotation_removes_a_link_to_another_runs_checkpoint_never_its_marker(tmp_path, caplog):
+    target, run = link_to_other_runs_checkpoint(tmp_path, step=2, linked_as=2)
+    marker = (target / MARKER_NAME).read_text()
+    run_layout("single", run, until=4, save_at=(3, 4), load=True, keep_latest_k=1)  # resumes through the link
+    assert (target / MARKER_NAME).read_text() == marker  # the other run's step 2 is still complete
+    assert steps_on_disk(tmp_path / "other") == [(2, True)]
+    assert steps_on_disk(run) == [(4, True)] and not (run / "step-000002").is_symlink()
+    assert "is a symbolic link" in caplog.text and "removed the link only" in caplog.text
+    *_, state, manager, _, _ = make_run("single", tmp_path / "other")
+    assert manager.load() == 2 and state.step == 2
+
+
+def test_an_interrupted_save_behind_a_link_is_unlinked_not_emptied(tmp_path):
+    other = tmp_path / "other" / "step-000005"
+    other.mkdir(parents=True)
+    (other / STAMP_NAME).write_text("{}")
+    (other / "notes.txt").write_text("the other run's")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "step-000005").symlink_to(other, target_is_directory=True)
+    run_layout("single", run, until=6, save_at=(6,))  # the save of step 6 cleans up older debris
+    assert (other / "notes.txt").read_text() == "the other run's" and (other / STAMP_NAME).is_file()
+    assert steps_on_disk(run) == [(6, True)]
+
+
+def test_setting_aside_a_link_moves_the_link_and_leaves_what_it_points_to(tmp_path):
+    target, run = link_to_other_runs_checkpoint(tmp_path, step=4, linked_as=4)
+    run_layout("single", run, until=2, save_at=(2,))
+    *_, manager, _, _ = make_run("single", run, load_step=2)
+    assert manager.load() == 2
+    assert abandoned_steps(run) == ["step-000004"]
+    assert next(run.glob("abandoned-*/step-000004")).is_symlink()
+    assert (target / MARKER_NAME).is_file() and steps_on_disk(tmp_path / "other") == [(4, True)]
+
+
+def test_the_records_of_an_abandoned_continuation_are_kept_beside_its_checkpoints(tmp_path):
+    from kenotron.checkpoint.resume import abandon_later
+    from kenotron.config import load_config
+    from kenotron.train.run_folder import start_run_folder
+
+    run = tmp_path / "run"
+    cfg = load_config(None, ["--job.dump_folder", str(run), "--checkpoint.enable", "true"])
+    run_layout("single", run / "checkpoints", until=6, save_at=(2, 4, 6))
+    lines = [json.dumps({"step": s, "loss": 9.0 - s}) for s in range(1, 8)]
+    (run / "metrics.jsonl").write_text("".join(f"{line}\n" for line in lines))
+    abandon_later(run / "checkpoints", 2, None)  # what a resume with checkpoint.load_step 2 does
+    start_run_folder(cfg, 2)
+    assert (run / "metrics.jsonl").read_text().splitlines() == lines[:2]
+    aside = next((run / "checkpoints").glob("abandoned-*"))
+    assert (aside / "metrics.jsonl").read_text().splitlines() == lines[2:]
+    assert sorted(p.name for p in aside.iterdir()) == ["metrics.jsonl", "step-000004", "step-000006"]

@@ -19,7 +19,7 @@ from kenotron.checkpoint import (
 from kenotron.checkpoint.folders import STAMP_NAME
 from kenotron.config import ConfigError
 from kenotron.config.sections import Checkpoint
-from tests.checkpoint.tiny import eval_loss, make_run, run_layout
+from tests.checkpoint.tiny import eval_loss, make_run, run_layout, tiny_args
 
 
 def test_resumed_run_repeats_the_uninterrupted_losses_bitwise(tmp_path):
@@ -102,20 +102,40 @@ def test_a_different_vocabulary_names_the_embedding_as_the_first_mismatch(tmp_pa
     run_layout("single", tmp_path, until=1, save_at=(1,))
     *_, manager, _, _ = make_run("single", tmp_path, arg_changes={"vocab_size": 512})
     message = (r"parameter 'tok_embeddings.weight' has shape \(256, 256\) in checkpoint .*step-000001 "
-               r"\(saved with name=llama3, flavor=tiny-test\) but \(512, 256\) here \(first of 6 mismatching")
+               r"\(saved with name=llama3, flavor=tiny-test\) but \(512, 256\) here \(first of 6 mismatching "
+               r"tensors\)\. The checkpoint's model has vocab_size=256, this run's vocab_size=512: set model.vocab_size=256$")
     with pytest.raises(CheckpointMismatchError, match=message):
         manager.load()
 
 
 @pytest.mark.parametrize("n_layers, message", [
-    (3, r"has no parameter 'layers.2.attention_norm.weight' and \d+ more"),
-    (1, r"has parameter 'layers.1.attention_norm.weight' and \d+ more that the model here lacks"),
+    (3, (r"has no parameter 'layers.2.attention_norm.weight' and \d+ more \(the checkpoint's model has n_layers=2, "
+         r"this run's n_layers=3: set model.n_layers=2\)")),
+    (1, (r"has parameter 'layers.1.attention_norm.weight' and \d+ more that the model here lacks; the checkpoint's "
+         r"model has n_layers=2, this run's n_layers=1: set model.n_layers=2$")),
 ])
 def test_a_different_depth_names_the_first_missing_or_extra_layer(tmp_path, n_layers, message):
     run_layout("single", tmp_path, until=1, save_at=(1,))
     *_, manager, _, _ = make_run("single", tmp_path, arg_changes={"n_layers": n_layers}, exclude_from_loading=["optimizer"])
     with pytest.raises(CheckpointMismatchError, match=message):
         manager.load()
+
+
+def test_a_checkpoint_of_other_model_settings_is_refused_naming_each_differing_key(tmp_path):
+    # Same shapes, other RoPE base and norm epsilon: the weights would load into a model that
+    # computes something else (a checkpoint of rope_theta 10000 into a run built with 500000).
+    run_layout("single", tmp_path, until=1, save_at=(1,), checksums=False)
+    saved = tiny_args()
+    *_, manager, _, _ = make_run("single", tmp_path, arg_changes={"rope_theta": 500000.0, "norm_eps": 1e-6})
+    with pytest.raises(CheckpointMismatchError) as err:
+        manager.load()
+    assert str(err.value).endswith(
+        f"was saved from another model than this run builds: the checkpoint's model has norm_eps={saved.norm_eps!r}, "
+        f"rope_theta={saved.rope_theta!r}, this run's norm_eps=1e-06, rope_theta=500000.0: set "
+        f"model.norm_eps={saved.norm_eps!r}, model.rope_theta={saved.rope_theta!r} (TOML [model] or --model.<key>) "
+        f"to load it, or load a checkpoint of this model")
+    *_, state, manager, _, _ = make_run("single", tmp_path, arg_changes={"max_seq_len": 64})
+    assert manager.load() == 1 and state.step == 1  # the RoPE tables' length is the run's own
 
 
 def test_truncated_data_file_is_reported_with_its_name(tmp_path):

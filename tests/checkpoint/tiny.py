@@ -22,13 +22,14 @@ from kenotron.models import get_model_spec
 VOCAB, SEQ, BATCH = 256, 16, 4
 
 
-def tiny_args(n_layers: int = 2, vocab_size: int = VOCAB):
-    return get_model_spec("llama3").model_args("debug", n_layers=n_layers, vocab_size=vocab_size, max_seq_len=SEQ)
+def tiny_args(n_layers: int = 2, vocab_size: int = VOCAB, max_seq_len: int = SEQ, **fields):
+    return get_model_spec("llama3").model_args("debug", n_layers=n_layers, vocab_size=vocab_size,
+                                               max_seq_len=max_seq_len, **fields)
 
 
 def build_model(layout: str = "single", **arg_changes) -> tuple[nn.Module, int, int]:
     """(model, dp rank, dp size) for layout "single", "fsdp" (all ranks) or "fsdp_tp" (dp x 2);
-    `arg_changes` (n_layers, vocab_size) change the model's shape."""
+    `arg_changes` (n_layers, vocab_size, rope_theta, ...: Llama3Args fields) change the model."""
     return build_llama(tiny_args(**arg_changes), layout)
 
 

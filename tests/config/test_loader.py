@@ -154,12 +154,12 @@ def test_help_lists_every_field_with_doc_and_default():
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--training.steps", "0"], r"training.steps=0 must be a positive integer"),
-        (["--training.global_batch_size", "0"], r"global_batch_size=0 must be positive, or -1"),
-        (["--optimizer.lr", "-1"], r"optimizer.lr=-1.0 must be positive"),
+        (["--training.steps", "0"], r"training.steps=0 must be >= 1"),
+        (["--training.global_batch_size", "0"], r"global_batch_size=0 must be >= 1, or -1 \(local_batch_size x dp\)"),
+        (["--optimizer.lr", "-1"], r"optimizer.lr=-1.0 must be > 0 and finite"),
         (["--lr_scheduler.min_lr_ratio", "2"], r"min_lr_ratio=2.0 must lie in \[0, 1\]"),
-        (["--training.max_norm", "-1"], r"max_norm=-1.0 must be >= 0"),
-        (["--tuning.loss_chunk_tokens", "0"], r"tuning.loss_chunk_tokens=0 must be a positive integer"),
+        (["--training.max_norm", "-1"], r"max_norm=-1.0 must be > 0 and finite, or 0 \(no clipping\)"),
+        (["--tuning.loss_chunk_tokens", "0"], r"tuning.loss_chunk_tokens=0 must be >= 1"),
     ],
 )
 def test_validation_errors_name_the_value(args, message):
@@ -172,7 +172,7 @@ def test_validation_errors_name_the_value(args, message):
     [
         (["--activation_checkpoint.every_n", "0"], r"activation_checkpoint.every_n=0 must be >= 1"),
         (["--tuning.ac_save_matmul_every", "0"], r"tuning.ac_save_matmul_every=0 must be >= 1"),
-        (["--activation_checkpoint.offload_blocks", "-1"], r"activation_checkpoint.offload_blocks=-1 must lie in"),
+        (["--activation_checkpoint.offload_blocks", "-1"], r"activation_checkpoint.offload_blocks=-1 must be >= 0"),
         (["--activation_checkpoint.offload_blocks", "9", "--model.n_layers", "8"],
          r"activation_checkpoint.offload_blocks=9 must lie in \[0, 8\] \(the model's blocks\)"),
     ],

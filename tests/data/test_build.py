@@ -38,7 +38,7 @@ def test_sources_and_stages_become_loader_stages(tokenized):
      "data stage starting at step 20 comes after the one starting at step 50"),
     (["--data.stages", '[{start_step = 10}]'], "the first data stage starts at step 10; it must start at step 0"),
     (["--data.stages", '[{start_step = 0, weights = {web = -1, code = 1}}]'],
-     r"data.stages\[0\].weights: weight -1.0 is negative"),
+     r"data.stages\[0\].weights.web=-1.0 must be >= 0 and finite"),
     (["--data.stages", '[{start_step = 0, weights = {web = 0, code = 0}}]'], "the weights are all zero"),
     (["--data.stages", '[{start_step = 0, weights = {wbe = 1}}]'], r"names 'wbe', which is not a data source"),
     (["--data.stages", '[{start_step = 0, seq_len = 128}]'], r"seq_len=128 must lie in 1..training.seq_len=64"),
@@ -51,9 +51,8 @@ def test_bad_data_settings_fail_before_training(tokenized, extra, message):
 
 
 def test_bad_source_weights_and_names(tokenized):
-    cfg = load_config(None, ["--data.sources", f'[{{path = "{tokenized}", weight = -2}}]'])
-    with pytest.raises(ConfigError, match="data.sources weights: weight -2.0 is negative"):
-        resolve_run(cfg, world_size=1)
+    with pytest.raises(ConfigError, match=r"data.sources\[0\].weight=-2.0 must be >= 0 and finite"):
+        load_config(None, ["--data.sources", f'[{{path = "{tokenized}", weight = -2}}]'])
     cfg = load_config(None, ["--data.sources", f'[{{path = "{tokenized}"}}, {{path = "{tokenized}"}}]'])
     with pytest.raises(ConfigError, match="several sources named 'tokenized'"):
         resolve_run(cfg, world_size=1)
