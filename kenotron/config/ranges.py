@@ -46,15 +46,22 @@ class Range:
             return False
         return not (self.high is not None and (value >= self.high if self.high_open else value > self.high))
 
+    def _interval(self) -> str:
+        return (f"{'(' if self.low_open else '['}{_num(self.low)}, {_num(self.high)}"
+                f"{')' if self.high_open else ']'}")
+
+    def _bound(self) -> str:
+        """`> 0`, `<= 1`: the one bound of a half-open range."""
+        if self.low is not None:
+            return f"{'>' if self.low_open else '>='} {_num(self.low)}"
+        return f"{'<' if self.high_open else '<='} {_num(self.high)}"
+
     def short(self) -> str:
         """`> 0`, `[0, 1)`, `>= 1 or -1`: the range in the config reference's type column."""
         if self.low is not None and self.high is not None:
-            text = (f"{'(' if self.low_open else '['}{_num(self.low)}, {_num(self.high)}"
-                    f"{')' if self.high_open else ']'}")
-        elif self.low is not None:
-            text = f"{'>' if self.low_open else '>='} {_num(self.low)}"
-        elif self.high is not None:
-            text = f"{'<' if self.high_open else '<='} {_num(self.high)}"
+            text = self._interval()
+        elif self.low is not None or self.high is not None:
+            text = self._bound()
         else:
             text = "finite"
         return " or ".join([text, *(_num(v) for v, _ in self.also)])
@@ -62,12 +69,9 @@ class Range:
     def describe(self, *, is_float: bool) -> str:
         """`must be > 0 and finite`, `must lie in [0, 1)`, `must be >= 1, or -1 (automatic)`."""
         if self.low is not None and self.high is not None:
-            rule = (f"lie in {'(' if self.low_open else '['}{_num(self.low)}, {_num(self.high)}"
-                    f"{')' if self.high_open else ']'}")
-        elif self.low is not None:
-            rule = f"be {'>' if self.low_open else '>='} {_num(self.low)}{' and finite' if is_float else ''}"
-        elif self.high is not None:
-            rule = f"be {'<' if self.high_open else '<='} {_num(self.high)}{' and finite' if is_float else ''}"
+            rule = f"lie in {self._interval()}"
+        elif self.low is not None or self.high is not None:
+            rule = f"be {self._bound()}{' and finite' if is_float else ''}"
         else:
             rule = "be finite"
         specials = ", ".join(f"{_num(v)} ({meaning})" for v, meaning in self.also)
