@@ -2,7 +2,7 @@
 
 A run that diverged between two logging steps used to save checkpoints full of NaN as complete,
 and rotation then deleted the last good one. The trainer stops at the first non-finite
-gradient norm (train/guards.py); this is the checkpointer's own last line of defence, for every
+gradient norm (runtime/divergence.py); this is the checkpointer's own last line of defence, for every
 caller: one pass over the local weights and one all-reduce of a flag, at each save only.
 """
 
