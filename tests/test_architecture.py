@@ -25,10 +25,17 @@ LEAVES = {"errors", "dtensor"}
 FORBIDDEN: dict[str, set[str] | str] = {
     "config": "all",  # the config is plain data: it imports no other room
     "kernels": "all",  # kernels and their choice: torch and triton only, so every room may use them
-    "models": {"data", "parallel", "checkpoint", "estimate", "train", "tools", "generate"},  # config, kernels
-    "data": {"models", "parallel", "train"},
-    "parallel": {"train", "estimate", "checkpoint", "tools"},
-    "checkpoint": {"train", "estimate", "tools"},
+    "models": {"data", "parallel", "checkpoint", "estimate", "train", "tools", "generate", "runtime", "launch"},
+    "data": {"models", "parallel", "train", "runtime", "launch"},
+    "parallel": {"train", "estimate", "checkpoint", "tools", "runtime", "launch"},
+    "checkpoint": {"train", "estimate", "tools", "runtime", "launch"},
+    # A process's life around the step: it is handed the trainer's function, never imports it.
+    "runtime": {"train", "launch", "estimate", "tools", "generate"},
+    # The launcher starts processes; only the command line starts a launcher.
+    "train": {"launch", "estimate", "tools"},
+    "estimate": {"launch", "runtime"},
+    "generate": {"launch"},
+    "tools": {"launch"},
 }
 
 # Modules of one room that another may not import, whatever the rooms above allow.
@@ -37,6 +44,9 @@ FORBIDDEN_MODULES: dict[str, set[str]] = {
     # through the trainer object or the command line.
     "estimate": {"kenotron.train.trainer", "kenotron.train.__main__"},
 }
+
+# Rooms whose modules import one another without a cycle, function-level imports included.
+ACYCLIC_ROOMS = ("train", "runtime", "launch")
 
 # Edges known to break the rules above, being removed by the rewrite of the trainer's build and
 # step (issue 21). Empty this list as they go: the test fails on an entry that no longer exists.
@@ -130,6 +140,71 @@ def test_rooms_form_no_import_cycle():
             visit(room, [room])
 
 
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of `graph` (its nodes in order, the first again at the end), or None."""
+    state: dict[str, str] = {}
+
+    def visit(node: str, path: list[str]) -> list[str] | None:
+        state[node] = "open"
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == "open":
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt, path + [nxt])):
+                return found
+        state[node] = "done"
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node, [node])):
+            return found
+    return None
+
+
+def _module_graph(room: str) -> dict[str, set[str]]:
+    """Imports between the modules of `room` (a package's own __init__ left out: it re-exports)."""
+    graph: dict[str, set[str]] = defaultdict(set)
+    face = f"kenotron.{room}"
+    for source, target in _import_edges():
+        if _room(source) == room == _room(target) and source != target and face not in (source, target):
+            graph[source].add(target)
+    return graph
+
+
+def test_the_modules_of_train_runtime_and_launch_form_no_import_cycle():
+    for room in ACYCLIC_ROOMS:
+        cycle = _cycle(_module_graph(room))
+        assert cycle is None, f"import cycle inside {room}/: " + " -> ".join(cycle or [])
+
+
+def test_the_cycle_finder_finds_a_cycle_of_three_modules():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert _cycle(graph) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+OPTIONAL = ("kenotron.kernels.adamw", "kenotron.kernels.loss")
+"""kenotron modules that import an optional dependency (triton): imported where they run."""
+
+
+def _nested_kenotron_imports(path: Path) -> list[str]:
+    """`file:line module` of every kenotron import inside a function, a class or an `if` (an
+    `if TYPE_CHECKING:` import hides a cycle as a function-level one does), optional ones aside."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.If)):
+            for inner in ast.walk(node):
+                names = ([a.name for a in inner.names] if isinstance(inner, ast.Import)
+                         else [inner.module or ""] if isinstance(inner, ast.ImportFrom) else [])
+                found.update(f"{path.name}:{inner.lineno} {n}" for n in names
+                             if n.startswith("kenotron") and n not in OPTIONAL)
+    return sorted(found)
+
+
+def test_train_imports_kenotron_at_the_top_of_its_modules():
+    found = [hit for path in sorted((PACKAGE / "train").glob("*.py")) for hit in _nested_kenotron_imports(path)]
+    assert not found, f"kenotron imports inside functions or under `if` in train/: {found}"
+
+
 def test_the_rule_checker_sees_a_forbidden_lazy_import(tmp_path, monkeypatch):
     """The checks read imports inside functions too: a lazy import of train from parallel is caught."""
     fake = tmp_path / "kenotron"
@@ -175,21 +250,27 @@ sys.exit(1 if failed else 0)
 
 
 def test_package_faces_load_nothing_until_used_and_export_what_they_list():
-    """`import kenotron.parallel` / `kenotron.train` loads none of their modules (no cost, no
-    cycle); each name of their __all__ then resolves, `from kenotron.parallel import Plan` style."""
+    """`import kenotron.parallel` loads none of its modules (no cost, no cycle); each name of its
+    __all__ then resolves, `from kenotron.parallel import Plan` style. `kenotron.train` imports
+    its names plainly, and each is defined in one of its modules (or the divergence guard's)."""
     script = """
 import sys
-import kenotron.parallel, kenotron.train
-loaded = [m for m in sys.modules if m.startswith(("kenotron.parallel.", "kenotron.train.")) or m == "torch"]
+import kenotron.parallel
+loaded = [m for m in sys.modules if m.startswith("kenotron.parallel.") or m == "torch"]
 assert not loaded, loaded
-for face in (kenotron.parallel, kenotron.train):
-    assert sorted(face.__all__) == sorted(face._EXPORTS), face.__name__
-    for name in face.__all__:
-        value = getattr(face, name)
-        assert value.__module__.startswith(face.__name__ + "."), (name, value.__module__)
+face = kenotron.parallel
+assert sorted(face.__all__) == sorted(face._EXPORTS), face.__name__
+for name in face.__all__:
+    value = getattr(face, name)
+    assert value.__module__.startswith(face.__name__ + "."), (name, value.__module__)
+import kenotron.train
+for name in kenotron.train.__all__:
+    value = getattr(kenotron.train, name)
+    assert value.__module__.startswith(("kenotron.train.", "kenotron.runtime.")), (name, value.__module__)
 from kenotron.parallel import Plan, plan_for
-from kenotron.train import Trainer
+from kenotron.train import Trainer, build_job, train_step
 assert Plan.__name__ == "Plan" and callable(plan_for) and Trainer.__name__ == "Trainer"
+assert callable(build_job) and callable(train_step)
 print("ok")
 """
     proc = subprocess.run([sys.executable, "-c", script], check=False, capture_output=True, text=True,
