@@ -29,9 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kenotron.config import ConfigError, JobConfig, load_config, split_config_arg
-from kenotron.runtime.info_flags import answer_info_flags
-from kenotron.runtime.preflight import resolve_degrees, resolve_model
+from kenotron.config import ConfigError, JobConfig, load_config, split_config_arg, validate_config
+from kenotron.runtime.degrees import layout_degrees
 
 # What torchrun logs and kenotron says better itself: the failure summary, the signal forwarding.
 _REPLACED_LOG_LINES = ("failed (exitcode", "death signal, shutting down workers", "closing signal",
@@ -165,13 +164,27 @@ TRAINER = "kenotron.launch.rank"
 """The program of every rank: the trainer, told that the checks below ran here (launch/rank.py)."""
 
 
+def _answer_info_flags(train_argv: list[str]) -> bool:
+    """--help / --list-models (runtime/info_flags.py, which imports the model registry: only when asked)."""
+    if not any(flag in train_argv for flag in ("-h", "--help", "--list-models")):
+        return False
+    from kenotron.runtime.info_flags import answer_info_flags
+
+    return answer_info_flags(train_argv, prog="kenotron train")
+
+
 def check_config(cfg: JobConfig, world_size: int) -> None:
-    """Every check of the ranks' start, once, here (ConfigError). The config-only ones first: they
-    need neither torch nor the trainer, so the common mistakes come back in about a second."""
+    """Every check of the ranks' start, once, here (ConfigError), cheapest first. Each round
+    imports what it needs only once the round before passed: the config's own checks need
+    neither torch nor a model; the model's shape needs the model registry (which imports
+    torch); the rest needs the trainer (seconds to import)."""
+    validate_config(cfg)
+    layout_degrees(cfg, world_size)
+    from kenotron.runtime.preflight import resolve_degrees, resolve_model
+
     spec, args = resolve_model(cfg)
-    # The target's device type only matters to a check the full resolve repeats with the real one.
+    # The device type matters only to a check that check_run repeats with the real one.
     resolve_degrees(cfg, world_size, spec, args, "cpu" if cfg.training.device == "cpu" else "cuda")
-    # Imported only now: torch and the trainer take seconds to import (launch/run_checks.py).
     from kenotron.launch.run_checks import check_run
 
     check_run(cfg, world_size)
@@ -186,7 +199,7 @@ def launch(train_argv: Sequence[str], *, nproc: int | None = None, nnodes: int =
     another program needs `log_dir`."""
     train_argv = list(train_argv)
     try:
-        if module == TRAINER and answer_info_flags(train_argv, prog="kenotron train"):
+        if module == TRAINER and _answer_info_flags(train_argv):
             return 0
         nproc = nproc or default_nproc()
         if module == TRAINER:

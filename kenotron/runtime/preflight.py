@@ -5,9 +5,8 @@
 
 They are resolve_run's first steps (kenotron/train/resolve.py), kept where importing them
 costs no more than the config and the model registry: the launcher runs them before it
-imports the trainer, so the common mistakes (degrees that do not fit the world size or the
-model, batch sizes that do not divide) are reported in about the time Python and the model
-registry take to start. Every error is a ConfigError naming the key and the fix.
+imports the trainer, after the config-only ones (runtime/degrees.py). Every error is a
+ConfigError naming the key and the fix.
 """
 
 from __future__ import annotations
@@ -18,6 +17,7 @@ from typing import Any
 from kenotron.config import ConfigError, JobConfig, MoE, validate_config
 from kenotron.models import MODEL_SPECS, ModelSpec, get_model_spec
 from kenotron.parallel.dims import ParallelDims, expert_parallel_degrees
+from kenotron.runtime.degrees import layout_degrees
 
 
 def check_moe_config(cfg: JobConfig, spec: ModelSpec) -> None:
@@ -76,14 +76,11 @@ def resolve_degrees(cfg: JobConfig, world_size: int, spec: ModelSpec, args: Any,
     the global batch size and the gradient-accumulation steps. `device_type` is the target's
     ("cuda" or "cpu")."""
     p, t = cfg.parallelism, cfg.training
-    dims = ParallelDims.from_degrees(world_size, dp_replicate=p.dp_replicate, dp_shard=p.dp_shard, cp=p.cp, tp=p.tp,
-                                     pp=p.pp, ep=p.ep)
-    # An MoE layer's width is not split by tensor parallel (it runs on this rank's sequence shard).
+    dims, global_batch, accum = layout_degrees(cfg, world_size)
     dims.check_model(spec.tp_divisors(args), n_layers=args.n_layers)
+    # An MoE layer's width is not split by tensor parallel (it runs on this rank's sequence shard).
     dims.check_seq_len(t.seq_len, sequence_parallel=p.sequence_parallel or spec.is_moe)
     check_expert_parallel(cfg, dims, spec, args)
-    global_batch = t.global_batch_size if t.global_batch_size != -1 else t.local_batch_size * dims.dp
-    accum = dims.grad_accum_steps(global_batch, t.local_batch_size)
     if p.async_tp and dims.tp > 1 and not (device_type == "cuda" and cfg.compile.enable):
         raise ConfigError("parallelism.async_tp needs CUDA and compile.enable=true (the overlap is done by the "
                           "compiler); turn it off or enable both")
