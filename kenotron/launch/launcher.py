@@ -207,6 +207,10 @@ def launch(train_argv: Sequence[str], *, nproc: int | None = None, nnodes: int =
             cfg = load_config(path, overrides)
             check_config(cfg, nproc * nnodes)
             log_dir = log_dir or str(Path(cfg.job.dump_folder) / "logs")
+    except (ConfigError, FileNotFoundError) as e:  # what a rank reports as a config error (runtime/rank_process.py)
+        print(f"kenotron: config error: {e}", file=sys.stderr)
+        return 2
+    try:
         if not log_dir:
             raise ValueError(f"launching {module} needs a log_dir")
         shown = {int(r) for r in log_ranks.split(",") if r.strip()}
