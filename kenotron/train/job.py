@@ -8,7 +8,8 @@
 `build_job` follows the recipe's order: model on the meta device, the resolved kernels put
 in place (attention, eager RoPE/SwiGLU, Mamba's scan), `plan.apply` (pipeline split -> TP/SP -> CP -> AC ->
 compile -> FSDP), materialize and initialize (seeded identically on every rank), one optimizer
-and LR scheduler per model part, the pipeline executor, the early all-gather and the loss.
+and LR scheduler per model part, the loss, then the job's extensions (train/extension.py): the
+MoE routers' balancing, the pipeline executor, the early all-gather, DoReMi's reference model.
 The trainer calls it as it is; the memory estimator calls it under its fake process group
 with `tensor_mode` a FakeTensorMode, `init_values=False` (values do not change memory) and
 `hooks` that swap CUDA kernels for stand-ins with their allocations.
