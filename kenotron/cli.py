@@ -16,6 +16,9 @@ import argparse
 import sys
 from collections.abc import Callable
 
+from kenotron.config import ConfigError
+from kenotron.config.help import help_for_argv
+
 COMMANDS = {
     "train": "train a model (torchrun on this node; ./run_train.sh is the shortcut)",
     "estimate": "per-rank memory of a job from a dry run on fake tensors (no GPU needed)",
@@ -40,8 +43,14 @@ def launcher_parser() -> argparse.ArgumentParser:
 def train(argv: list[str]) -> int:
     parser = launcher_parser()
     args, rest = parser.parse_known_args(argv)
-    if "-h" in rest or "--help" in rest:
+    if "-h" in rest or "--help" in rest:  # answered here: the launcher's import costs the model registry's
         print(parser.format_help())
+        try:
+            print(help_for_argv([a for a in rest if a not in ("-h", "--help")], prog="kenotron train"))
+        except ConfigError as e:
+            print(f"kenotron: config error: {e}", file=sys.stderr)
+            return 2
+        return 0
     from kenotron.launch.launcher import launch
 
     return launch(rest, nproc=args.nproc, nnodes=args.nnodes, rdzv_endpoint=args.rdzv_endpoint,

@@ -28,12 +28,19 @@ FORBIDDEN: dict[str, set[str] | str] = {
     "config": "all",  # the config is plain data: it imports no other room
     "kernels": "all",  # the kernels: torch and triton only, so every room may use them
     # Which kernels run: reads the config, the model, the mesh degrees (kernel_choice/__init__.py).
-    "kernel_choice": {"train", "estimate", "planner", "checkpoint", "tools", "generate", "launch", "runs"},
-    "models": {"data", "parallel", "checkpoint", "estimate", "planner", "train", "tools", "generate", "kernel_choice"},
-    "data": {"models", "parallel", "train", "kernel_choice"},
-    "parallel": {"train", "estimate", "planner", "checkpoint", "tools", "kernel_choice"},
-    "checkpoint": {"train", "estimate", "planner", "tools", "kernel_choice"},
-    "estimate": {"planner"},  # the fake-tensor estimator is the authority the planner checks against
+    "kernel_choice": {"train", "estimate", "planner", "checkpoint", "tools", "generate", "launch", "runs", "runtime"},
+    "models": {"data", "parallel", "checkpoint", "estimate", "planner", "train", "tools", "generate", "kernel_choice",
+               "runtime", "launch"},
+    "data": {"models", "parallel", "train", "kernel_choice", "runtime", "launch"},
+    "parallel": {"train", "estimate", "planner", "checkpoint", "tools", "kernel_choice", "runtime", "launch"},
+    "checkpoint": {"train", "estimate", "planner", "tools", "kernel_choice", "runtime", "launch"},
+    # A process's life around the step: it is handed the trainer's function, never imports it.
+    "runtime": {"train", "launch", "estimate", "planner", "tools", "generate"},
+    # The launcher starts processes; only the command line starts a launcher.
+    "train": {"launch", "estimate", "planner", "tools"},
+    "estimate": {"planner", "launch", "runtime"},  # the fake-tensor estimator is the authority the planner checks against
+    "generate": {"launch"},
+    "tools": {"launch"},
 }
 
 # Modules of one room that another may not import, whatever the rooms above allow.
@@ -43,6 +50,8 @@ FORBIDDEN_MODULES: dict[str, set[str]] = {
     "estimate": {"kenotron.train.trainer", "kenotron.train.__main__"},
     "planner": {"kenotron.train.trainer", "kenotron.train.__main__"},
 }
+
+# Rooms whose modules import one another without a cycle, function-level imports included.
 
 # Edges known to break the rules above, being removed by the rewrite of the trainer's build and
 # step (issue 21). Empty this list as they go: the test fails on an entry that no longer exists.
@@ -323,6 +332,29 @@ def test_the_module_cycle_checker_finds_a_cycle_hidden_in_a_function(tmp_path, m
     ]
 
 
+OPTIONAL = ("kenotron.kernels.adamw", "kenotron.kernels.loss")
+"""kenotron modules that import an optional dependency (triton): imported where they run."""
+
+
+def _nested_kenotron_imports(path: Path) -> list[str]:
+    """`file:line module` of every kenotron import inside a function, a class or an `if` (an
+    `if TYPE_CHECKING:` import hides a cycle as a function-level one does), optional ones aside."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.If)):
+            for inner in ast.walk(node):
+                names = ([a.name for a in inner.names] if isinstance(inner, ast.Import)
+                         else [inner.module or ""] if isinstance(inner, ast.ImportFrom) else [])
+                found.update(f"{path.name}:{inner.lineno} {n}" for n in names
+                             if n.startswith("kenotron") and n not in OPTIONAL)
+    return sorted(found)
+
+
+def test_train_imports_kenotron_at_the_top_of_its_modules():
+    found = [hit for path in sorted((PACKAGE / "train").glob("*.py")) for hit in _nested_kenotron_imports(path)]
+    assert not found, f"kenotron imports inside functions or under `if` in train/: {found}"
+
+
 def test_the_rule_checker_sees_a_forbidden_lazy_import(tmp_path, monkeypatch):
     """The checks read imports inside functions too: a lazy import of train from parallel is caught."""
     fake = tmp_path / "kenotron"
@@ -380,8 +412,9 @@ for face in (kenotron.parallel, kenotron.train):
         if face is kenotron.parallel:
             assert value.__module__.startswith("kenotron.parallel."), (name, value.__module__)
 from kenotron.parallel import Plan, plan_for
-from kenotron.train import Trainer
+from kenotron.train import Trainer, build_job, train_step
 assert Plan.__name__ == "Plan" and callable(plan_for) and Trainer.__name__ == "Trainer"
+assert callable(build_job) and callable(train_step)
 print("ok")
 """
     proc = subprocess.run([sys.executable, "-c", script], check=False, capture_output=True, text=True,

@@ -2,7 +2,7 @@
 
 A run that diverged between two logging steps used to save checkpoints full of NaN as complete,
 and rotation then deleted the last good one. The trainer stops at the first non-finite
-gradient norm (train/guards.py); this is the checkpointer's own last line of defence, for every
+gradient norm (runtime/divergence.py); this is the checkpointer's own last line of defence, for every
 caller, at each save and after each load: the model's parameters, its persistent buffers (an
 MoE router's `expert_bias`, which no gradient norm sees) and the optimizers' state. A NaN
 that reaches a checkpoint anyway (a bit flipped on disk without checksums) is named on load,

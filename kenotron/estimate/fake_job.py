@@ -28,8 +28,10 @@ from kenotron.estimate.cp_ring_memory import use_torch_ring
 from kenotron.estimate.cuda_kernels import use_fused_gate_memory
 from kenotron.estimate.moe_memory import plan_even_routing, use_moe_memory
 from kenotron.train.fused_loss import chunk_fn_for
-from kenotron.train.job import BuildHooks, Job, PipelineExecutor, build_job, build_meshes
+from kenotron.train.job import BuildHooks, build_job, build_meshes
+from kenotron.train.pipeline_step import PipelineExecutor
 from kenotron.train.resolve import ResolvedRun
+from kenotron.train.training_job import TrainingJob
 
 FAKE_DEVICE = torch.device("cpu")
 """Where the fake tensors live; memory is counted as the target device's allocator would."""
@@ -103,7 +105,7 @@ def estimated_run(run: ResolvedRun, n_layers: int | None = None) -> ResolvedRun:
     return dataclasses.replace(run, plan=plan, choices=choices, model_args=args)
 
 
-def build_fake_job(run: ResolvedRun, fake_mode: Any, pipeline: Any = None) -> Job:
+def build_fake_job(run: ResolvedRun, fake_mode: Any, pipeline: Any = None) -> TrainingJob:
     """Build `run`'s job inside an active fake process group, its tensors under `fake_mode`
     (`pipeline`: the estimator's replay of the schedule, under pipeline parallel)."""
     gate = run.choices.eager_kernels == "triton"

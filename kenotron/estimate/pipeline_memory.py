@@ -75,9 +75,9 @@ from kenotron.estimate.tracker import (
     allocated_bytes,
 )
 from kenotron.parallel.pipeline import SINGLE_STAGE_SCHEDULES
-from kenotron.train.job import Job
 from kenotron.train.resolve import ResolvedRun
 from kenotron.train.step import NO_OBSERVER, clip_gradients, optimizer_step, train_step
+from kenotron.train.training_job import TrainingJob
 
 MIN_UNITS = 3
 """Blocks of the smallest stage in the shallower copy: its first and last blocks and one plain
@@ -116,7 +116,7 @@ class RankStep:
     """The global rank whose fake job ran."""
 
 
-def _warmup(job: Job, pipe: SimulatedPipeline) -> None:
+def _warmup(job: TrainingJob, pipe: SimulatedPipeline) -> None:
     """One microbatch forward through every local stage and back, the reduction, the optimizer step."""
     local = sorted(pipe.stages)
     actions = ([Action("F", s, 0) for s in local] + [Action("B", s, 0) for s in reversed(local)]

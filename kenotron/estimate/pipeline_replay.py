@@ -48,10 +48,10 @@ from kenotron.parallel.model_layout import matching_modules
 from kenotron.parallel.pipeline import PipelineSplit, pipeline_units, tied_groups
 from kenotron.parallel.pipeline_tied import TiedAcrossStages
 from kenotron.parallel.plan import AppliedPlan
-from kenotron.train.job import Job
 from kenotron.train.pipeline_step import RETURN_OUTPUTS
 from kenotron.train.resolve import ResolvedRun
 from kenotron.train.step import microbatch_loss, step_context
+from kenotron.train.training_job import TrainingJob
 
 
 def stage_block_counts(split: PipelineSplit, blocks: str = "layers.*") -> list[int]:
@@ -135,7 +135,7 @@ class SimulatedPipeline:
     `actions` and `numbering` are the order one schedule step runs (set by the caller: the
     warm-up's or the schedule's); `forward_backward` runs them once per micro-step."""
 
-    def __init__(self, job: Job, fake_mode: Any) -> None:
+    def __init__(self, job: TrainingJob, fake_mode: Any) -> None:
         self.job = job
         applied = job.applied
         split = applied.plan.pipeline
@@ -332,7 +332,7 @@ def run_actions(pipe: SimulatedPipeline, actions: list[Action], numbering: Numbe
                 observer.end_backward()
 
 
-def _rank_batch(job: Job, vocab: int) -> torch.Tensor:
+def _rank_batch(job: TrainingJob, vocab: int) -> torch.Tensor:
     """Random token ids of one micro-step's local batch, as this rank holds them."""
     t, sharder = job.run.cfg.training, job.applied.sequence_sharder
     batch = torch.randint(0, vocab, (t.local_batch_size, t.seq_len))

@@ -5,7 +5,9 @@
 `kenotron train` and `./run_train.sh` call this. It runs torchrun's own launcher in this process
 (torch.distributed.run: its rendezvous, its per-rank log files, its restarts), and adds:
 
-- the config is loaded first: a bad key is one line and exit code 2, before any process starts;
+- the config is checked first, in this process, before any rank starts: a bad key, degrees that
+  do not fit the world size or the model (runtime/preflight.py: the config and the model registry), then
+  everything resolve_run and the trainer check (launch/run_checks.py): one line, exit code 2;
 - a rank's failure ends with that rank's one-line error on the console, also when the rank's own
   output is not shown (`log_ranks`), instead of torchrun's ChildFailedError block; a rank that
   died without a word (a signal, a native crash) is named with the end of its log;
@@ -27,7 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kenotron.config import ConfigError, load_config, split_config_arg
+from kenotron.config import ConfigError, JobConfig, load_config, split_config_arg, validate_config
+from kenotron.runtime.degrees import layout_degrees
 
 # What torchrun logs and kenotron says better itself: the failure summary, the signal forwarding.
 _REPLACED_LOG_LINES = ("failed (exitcode", "death signal, shutting down workers", "closing signal",
@@ -73,7 +76,7 @@ def _quiet_torchrun_logs() -> None:
 
 def default_nproc() -> int:
     """One process per visible GPU, or one on a machine without GPUs."""
-    import torch
+    import torch  # only without --nproc: counting GPUs needs torch, which config errors must not wait for
 
     return max(torch.cuda.device_count(), 1)
 
@@ -157,19 +160,34 @@ def report(failures: list[Failure], *, shown_local_ranks: set[int] | None, log_d
     return "\n".join(out)
 
 
-TRAINER = "kenotron.train"
+TRAINER = "kenotron.launch.rank"
+"""The program of every rank: the trainer, told that the checks below ran here (launch/rank.py)."""
 
 
-def _check_trainer_config(train_argv: list[str]) -> str:
-    """Load the trainer's config and check its run folder (ConfigError); returns the log folder."""
-    from kenotron.train.run_folder import check_run_folder
-    from kenotron.train.wandb_logger import check_wandb
+def _answer_info_flags(train_argv: list[str]) -> bool:
+    """--help / --list-models (runtime/info_flags.py, which imports the model registry: only when asked)."""
+    if not any(flag in train_argv for flag in ("-h", "--help", "--list-models")):
+        return False
+    from kenotron.runtime.info_flags import answer_info_flags
 
-    path, overrides = split_config_arg(train_argv)
-    cfg = load_config(path, overrides)
-    check_run_folder(cfg)
-    check_wandb(cfg)
-    return str(Path(cfg.job.dump_folder) / "logs")
+    return answer_info_flags(train_argv, prog="kenotron train")
+
+
+def check_config(cfg: JobConfig, world_size: int) -> None:
+    """Every check of the ranks' start, once, here (ConfigError), cheapest first. Each round
+    imports what it needs only once the round before passed: the config's own checks need
+    neither torch nor a model; the model's shape needs the model registry (which imports
+    torch); the rest needs the trainer (seconds to import)."""
+    validate_config(cfg)
+    layout_degrees(cfg, world_size)
+    from kenotron.runtime.preflight import resolve_degrees, resolve_model
+
+    spec, args = resolve_model(cfg)
+    # The device type matters only to a check that check_run repeats with the real one.
+    resolve_degrees(cfg, world_size, spec, args, "cpu" if cfg.training.device == "cpu" else "cuda")
+    from kenotron.launch.run_checks import check_run
+
+    check_run(cfg, world_size)
 
 
 def launch(train_argv: Sequence[str], *, nproc: int | None = None, nnodes: int = 1, rdzv_endpoint: str = "",
@@ -181,15 +199,20 @@ def launch(train_argv: Sequence[str], *, nproc: int | None = None, nnodes: int =
     another program needs `log_dir`."""
     train_argv = list(train_argv)
     try:
+        if module == TRAINER and _answer_info_flags(train_argv):
+            return 0
+        nproc = nproc or default_nproc()
         if module == TRAINER:
-            from kenotron.train.__main__ import answer_info_flags
-
-            if answer_info_flags(train_argv, prog="kenotron train"):
-                return 0
-            log_dir = log_dir or _check_trainer_config(train_argv)
+            path, overrides = split_config_arg(train_argv)
+            cfg = load_config(path, overrides)
+            check_config(cfg, nproc * nnodes)
+            log_dir = log_dir or str(Path(cfg.job.dump_folder) / "logs")
+    except (ConfigError, FileNotFoundError) as e:  # what a rank reports as a config error (runtime/rank_process.py)
+        print(f"kenotron: config error: {e}", file=sys.stderr)
+        return 2
+    try:
         if not log_dir:
             raise ValueError(f"launching {module} needs a log_dir")
-        nproc = nproc or default_nproc()
         shown = {int(r) for r in log_ranks.split(",") if r.strip()}
         argv = torchrun_args(train_argv, nproc=nproc, nnodes=nnodes, rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id,
                              log_ranks=log_ranks, log_dir=log_dir, module=module)
@@ -198,6 +221,7 @@ def launch(train_argv: Sequence[str], *, nproc: int | None = None, nnodes: int =
         return 2
     if nproc * nnodes > 1 and "OMP_NUM_THREADS" not in os.environ:
         os.environ["OMP_NUM_THREADS"] = "1"  # one thread per rank on CPU unless the caller chose otherwise
+    # torch's launcher, imported once the config passed every check.
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run

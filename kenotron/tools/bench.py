@@ -165,7 +165,7 @@ def _profile(trainer, steps: int = 3, rows: int = 30) -> tuple[str, list[dict]]:
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         t0 = time.perf_counter()
         for _ in range(steps):
-            trainer.train_step(trainer.loader.next_step())
+            trainer.run_step(trainer.loader.next_step())
         torch.cuda.synchronize()
         wall_us = (time.perf_counter() - t0) * 1e6
     averages = prof.key_averages()
@@ -221,7 +221,7 @@ def _trace(trainer) -> str:
     blocks = [m for _, m in matching_modules(trainer.job.model_parts[0], trainer.run.plan.layout.blocks)]
     timer = BlockTimer(blocks, trainer.device)
     try:
-        trainer.train_step(trainer.loader.next_step())
+        trainer.run_step(trainer.loader.next_step())
         forward, tail, backward = timer.times()
     finally:
         timer.close()
@@ -236,7 +236,7 @@ def time_steps(trainer, warmup: int, steps: int, timing: str) -> tuple[list[floa
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     losses = []
     for _ in range(warmup):
-        losses.append(trainer.train_step(trainer.loader.next_step())[0])
+        losses.append(trainer.run_step(trainer.loader.next_step())[0])
     sync()
     if cuda:
         torch.cuda.reset_peak_memory_stats(trainer.device)
@@ -245,7 +245,7 @@ def time_steps(trainer, warmup: int, steps: int, timing: str) -> tuple[list[floa
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(steps + 1)]
         for i in range(steps):
             starts[i].record()
-            losses.append(trainer.train_step(trainer.loader.next_step())[0])
+            losses.append(trainer.run_step(trainer.loader.next_step())[0])
         starts[steps].record()
         sync()
         times = [starts[i].elapsed_time(starts[i + 1]) / 1e3 for i in range(steps)]
@@ -254,7 +254,7 @@ def time_steps(trainer, warmup: int, steps: int, timing: str) -> tuple[list[floa
             batch = trainer.loader.next_step()
             sync()
             t0 = time.perf_counter()
-            losses.append(trainer.train_step(batch)[0])
+            losses.append(trainer.run_step(batch)[0])
             sync()
             times.append(time.perf_counter() - t0)
     return times, losses
@@ -267,7 +267,7 @@ def run_worker(out_path: str, warmup: int, steps: int, overrides: list[str], pro
     import torch.distributed as dist
 
     from kenotron.config import load_config, split_config_arg
-    from kenotron.train.distributed import WorldInfo
+    from kenotron.runtime.distributed import WorldInfo
     from kenotron.train.trainer import Trainer, setup_logging
 
     world = WorldInfo.from_env()

@@ -88,7 +88,7 @@ def run_width(width: int, parametrization: str, steps: int, overrides: list[str]
             probe = trainer.loader.next_step()[0].inputs
             rms = {name: [value] for name, value in _probe(trainer.job.model, probe).items()}
             for _ in range(steps):
-                trainer.train_step(trainer.loader.next_step())
+                trainer.run_step(trainer.loader.next_step())
                 for name, value in _probe(trainer.job.model, probe).items():
                     rms[name].append(value)
         finally:

@@ -51,7 +51,7 @@ def run_one(width: int, lr: float, parametrization: str, steps: int, overrides: 
         losses: list[float] = []
         try:
             for _ in range(steps):
-                loss, _ = trainer.train_step(trainer.loader.next_step())
+                loss, _ = trainer.run_step(trainer.loader.next_step())
                 value = trainer.global_losses([loss])[0].item()
                 losses.append(value if math.isfinite(value) else math.inf)
                 if not math.isfinite(value):

@@ -13,32 +13,37 @@ Pretraining"): learn a blend's domain weights with a small proxy model, then tra
 λ_t needs the whole global batch (every micro-batch, every rank) before the proxy's gradient,
 so a proxy step runs two passes: the losses of both models without gradients, one all-reduce
 of the per-domain sums, the weight update, then forward and backward of the weighted loss.
-The one training step (train/step.py) calls `forward_backward` here when the job has a DoReMi
-proxy; `build_job` builds the reference model under the same plan, and the trainer loads its
-weights and checkpoints the domain weights with the run.
+`DoReMi` is one of the job's extensions (train/extension.py): it runs the step's passes in
+place of the plain ones; `build_job` builds the reference model under the same plan and loads
+its weights; the checkpoints keep the domain weights, the run folder doremi_weights.json. Its
+config checks are train/doremi_checks.py.
 """
 
 from __future__ import annotations
 
 import json
-import math
+import logging
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from kenotron.config import ConfigError, JobConfig
+from kenotron.checkpoint import CheckpointManager
+from kenotron.config.sections import Checkpoint
 from kenotron.data import MicroBatch
+from kenotron.data.build import source_specs
+from kenotron.train.extension import JobExtension
 from kenotron.train.loss import IGNORE_INDEX
+from kenotron.train.step import step_context
+from kenotron.train.training_job import TrainingJob
 
-if TYPE_CHECKING:
-    from kenotron.train.job import Job
+logger = logging.getLogger("kenotron")
 
 WEIGHTS_FILE = "doremi_weights.json"
 
@@ -113,7 +118,7 @@ def domain_sums(values: torch.Tensor, domains: torch.Tensor, k: int) -> torch.Te
     return out.index_add_(0, domains.to(values.device), values.to(torch.float64).sum(-1))
 
 
-def token_losses(job: Job, model: nn.Module, mb: MicroBatch) -> tuple[torch.Tensor, torch.Tensor]:
+def token_losses(job: TrainingJob, model: nn.Module, mb: MicroBatch) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token cross-entropy [b, s] of `model` on `mb` (fp32; 0 where the label is ignored) and
     the label mask; inside train/step.py's step_context."""
     inputs = mb.inputs.to(job.device, non_blocking=True)
@@ -126,14 +131,31 @@ def token_losses(job: Job, model: nn.Module, mb: MicroBatch) -> tuple[torch.Tens
     return loss.view(labels.shape), labels != IGNORE_INDEX
 
 
-class DoReMi:
+class DoReMi(JobExtension):
     """A proxy run's DoReMi state: the reference model (under the job's plan), the domain weights
     and the last step's per-domain statistics (for metrics)."""
 
-    def __init__(self, reference: nn.Module, weights: DomainWeights) -> None:
+    name = "doremi"
+
+    def __init__(self, job: TrainingJob, reference: nn.Module, weights: DomainWeights) -> None:
+        self.job = job
         self.reference = reference
         self.weights = weights
         self.last: DomainStats | None = None
+
+    def forward_backward(self, microbatches: Sequence[MicroBatch], observer: Any) -> torch.Tensor:
+        return forward_backward(self.job, self, microbatches)
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        return {"doremi": self.weights}
+
+    def write_records(self, folder: Path, final: bool) -> None:
+        """doremi_weights.json (the weights so far survive a run cut short); at the end, where it is."""
+        path = self.write(folder)
+        if final:
+            logger.info("DoReMi domain weights (average over %d steps) in %s: %s; train on them with "
+                        "--data.weights_from %s", self.weights.steps, path,
+                        ", ".join(f"{k} {v:.3f}" for k, v in self.weights.to_json()["weights"].items()), path)
 
     def metrics(self) -> dict[str, float]:
         """The last step's per-domain losses, excess losses and weights, and the running average ᾱ."""
@@ -157,17 +179,14 @@ class DoReMi:
         return path
 
 
-def forward_backward(job: Job, microbatches: Sequence[MicroBatch]) -> torch.Tensor:
+def forward_backward(job: TrainingJob, doremi: DoReMi, microbatches: Sequence[MicroBatch]) -> torch.Tensor:
     """A DoReMi proxy step's forward and backward (module docstring): returns this rank's share of
     the step's mean (unweighted) proxy loss, as train/step.py's forward_backward does."""
-    doremi, model, applied = job.doremi, job.model, job.applied
-    assert doremi is not None
+    model, applied = job.model, job.applied
     k = len(doremi.weights.names)
     if any(mb.domains is None for mb in microbatches):
         raise RuntimeError("a DoReMi proxy step needs each sequence's domain (MicroBatch.domains); "
                            "kenotron's blend gives them, a custom data.loader does not")
-    from kenotron.train.step import step_context
-
     sums = torch.zeros(4, k, dtype=torch.float64, device=job.device)
     with torch.no_grad(), step_context(job):
         for mb in microbatches:
@@ -197,65 +216,16 @@ def forward_backward(job: Job, microbatches: Sequence[MicroBatch]) -> torch.Tens
     return local_loss.to(torch.float32)
 
 
-def check_doremi(cfg: JobConfig, spec: Any, args: Any) -> None:
-    """Every DoReMi check that needs no process group (resolve_run calls it when doremi.reference
-    is set): ConfigError naming the fix."""
-    from kenotron.checkpoint.folders import check_checkpoint
-    from kenotron.checkpoint.model_info import describe_model
-    from kenotron.data.build import data_stages, source_specs
-
-    d, p = cfg.doremi, cfg.parallelism
-    if not math.isfinite(d.step_size) or d.step_size <= 0:
-        raise ConfigError(f"doremi.step_size={d.step_size} must be > 0 (Xie et al. use 1)")
-    if not 0 <= d.smoothing <= 1:
-        raise ConfigError(f"doremi.smoothing={d.smoothing} must lie in [0, 1] (Xie et al. use 1e-3)")
-    if cfg.data.loader:
-        raise ConfigError("doremi.reference trains a proxy on kenotron's blend of data.sources, which a custom "
-                          "data.loader replaces; drop data.loader")
-    if len(cfg.data.sources) < 2:
-        raise ConfigError("doremi.reference learns the weights of several domains, but the data has one source; "
-                          "list the domains as [[data.sources]] tables")
-    stages = data_stages(cfg, source_specs(cfg))
-    if len(stages) > 1 or len(set(stages[0].weights)) > 1 or cfg.data.weights_from:
-        raise ConfigError("a DoReMi proxy samples every domain equally (Xie et al., Algorithm 1): give the "
-                          "data.sources equal weights (the default), no data.stages and no data.weights_from; the "
-                          "reference run is the one trained on the given weights")
-    for name, degree in (("tp", p.tp), ("pp", p.pp), ("cp", p.cp)):
-        if degree > 1:
-            raise ConfigError(f"a DoReMi proxy runs with data parallelism only (parallelism.{name}={degree}); "
-                              f"set parallelism.{name}=1: the proxy is a small model")
-    if cfg.tuning.loss == "fused":
-        raise ConfigError("tuning.loss='fused' does not combine with DoReMi (it needs per-token losses); use "
-                          "'auto' or 'plain'")
-    try:
-        marker, _ = check_checkpoint(d.reference, verify_checksums=False)
-    except Exception as err:  # noqa: BLE001 - a missing, incomplete or foreign folder: one line
-        raise ConfigError(f"doremi.reference={d.reference!r} is not a loadable checkpoint ({err}); give a step "
-                          "folder of the reference run, e.g. outputs/reference/checkpoints/step-000200") from None
-    saved = marker.get("model")
-    mine = json.loads(json.dumps(describe_model(spec, args, cfg.model.flavor)))  # as the marker stores it
-    if saved is not None and (saved.get("name"), saved.get("hf_config")) != (mine["name"], mine.get("hf_config")):
-        raise ConfigError(f"doremi.reference={d.reference!r} holds a model of another shape than this proxy "
-                          f"({saved.get('name')} {saved.get('flavor')}); train the reference with this run's "
-                          "[model] settings (the proxy has the reference's shape)")
-
-
-def build_doremi(job: Job, reference: nn.Module) -> DoReMi:
+def build_doremi(job: TrainingJob, reference: nn.Module) -> DoReMi:
     """The job's DoReMi state around its (already parallelized) reference model."""
-    from kenotron.data.build import source_specs
-
     cfg = job.run.cfg
     reference.requires_grad_(False)
     reference.eval()
     names = [s.name for s in source_specs(cfg)]
-    return DoReMi(reference, DomainWeights(names, cfg.doremi.step_size, cfg.doremi.smoothing))
+    return DoReMi(job, reference, DomainWeights(names, cfg.doremi.step_size, cfg.doremi.smoothing))
 
 
-def load_reference(job: Job) -> None:
-    """The reference model's weights from doremi.reference (every rank: DCP reshards to this layout)."""
-    from kenotron.checkpoint import CheckpointManager
-    from kenotron.config.sections import Checkpoint
-
-    assert job.doremi is not None
-    path = Path(job.run.cfg.doremi.reference)
-    CheckpointManager(Checkpoint(), path.parent, model_parts=[job.doremi.reference]).load_from(path)
+def load_reference(doremi: DoReMi, reference: str) -> None:
+    """The reference model's weights from `reference` (doremi.reference; every rank: DCP reshards to this layout)."""
+    path = Path(reference)
+    CheckpointManager(Checkpoint(), path.parent, model_parts=[doremi.reference]).load_from(path)

@@ -1,11 +1,14 @@
 """The MoE layers' load balancing over a job: what the step does around their routers.
 
-    balance = ExpertBalance(job)        # built by build_job when the model has MoE layers
-    balance.set_loss_weights(units)     # forward_backward: how much each router's terms weigh
+    balance = ExpertBalance(job)        # attached by build_job when the model has MoE layers
+    balance.set_loss_weights(units)     # before forward_backward: how much each router's terms weigh
     ...forward / backward...
-    balance.after_step()                # optimizer_step: loads summed over ranks, bias update
-    balance.check_collapse(step)        # the trainer: a warning naming a collapsed layer
+    balance.after_step()                # after the optimizer step: loads summed over ranks, bias update
+    balance.check_collapse()            # every COLLAPSE_CHECK_EVERY steps: a warning naming a collapsed layer
     balance.metrics()                   # the trainer, at log steps: per-layer loads and losses
+
+It is one of the job's extensions (train/extension.py): the step and the loop call it through
+the hooks below.
 
 Loss weights: the step's loss is the token cross-entropy + moe.aux_loss_coef x the auxiliary
 loss (mean over MoE layers and micro-batches, each micro-batch's over all its ranks) +
@@ -22,15 +25,16 @@ moe.bias_update_rate > 0 each expert's bias moves by rate x sign(mean load - its
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from kenotron.data import MicroBatch
 from kenotron.models.common.router import TopKRouter
-
-if TYPE_CHECKING:
-    from kenotron.train.job import Job
+from kenotron.train.extension import JobExtension
+from kenotron.train.training_job import TrainingJob
 
 logger = logging.getLogger("kenotron")
 
@@ -38,12 +42,16 @@ COLLAPSE_SHARE = 0.9
 """A router has collapsed when one expert takes more than this share of the tokens ..."""
 COLLAPSE_STEPS = 100
 """... for this many steps in a row."""
+COLLAPSE_CHECK_EVERY = 10
+"""Steps between two looks at the collapse streaks (each a host read)."""
 
 
-class ExpertBalance:
+class ExpertBalance(JobExtension):
     """The routers of this rank's model parts, named by their layer (see the module docstring)."""
 
-    def __init__(self, job: Job) -> None:
+    name = "experts"
+
+    def __init__(self, job: TrainingJob) -> None:
         self.job = job
         self.routers: dict[str, TopKRouter] = {}
         for part in job.model_parts:
@@ -68,6 +76,18 @@ class ExpertBalance:
         for router in self.routers.values():
             router.balance.aux = cfg.aux_loss_coef * scale
             router.balance.z = cfg.z_loss_coef * scale
+
+    def before_forward_backward(self, microbatches: Sequence[MicroBatch]) -> None:
+        plan = self.job.run.plan
+        pipelined = plan.pipeline.microbatches if self.job.applied.stage_ids else 1
+        self.set_loss_weights(len(microbatches) * pipelined)
+
+    def after_optimizer_step(self) -> None:
+        self.after_step()
+
+    def on_step(self, step: int) -> None:
+        if step % COLLAPSE_CHECK_EVERY == 0:
+            self.check_collapse()
 
     @torch.no_grad()
     def after_step(self) -> None:
@@ -136,13 +156,8 @@ class ExpertBalance:
         return out
 
 
-def _moe_layers(job: Job) -> int:
+def _moe_layers(job: TrainingJob) -> int:
     """MoE layers of the whole model (every pipeline stage)."""
     with torch.device("meta"):
         model = job.run.spec.build(job.run.model_args)
     return sum(isinstance(m, TopKRouter) for m in model.modules())
-
-
-def build_expert_balance(job: Job) -> ExpertBalance | None:
-    """The job's ExpertBalance, or None for a model without MoE layers."""
-    return ExpertBalance(job) if job.run.spec.is_moe else None

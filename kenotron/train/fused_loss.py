@@ -72,7 +72,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
             if single_chunk:
                 # Kept in the matmul dtype until backward, which widens it once: the same values
                 # as accumulating one term in fp32, without a zero-filled fp32 buffer, a cast and an
-                # add over the whole (vocab, dim) matrix (~1.3 ms per 1B step on an H200).
+                # add over the whole (vocab, dim) matrix (measured: docs/performance.md).
                 grad_w = part
             elif grad_w is None:
                 grad_w = part.to(torch.promote_types(part.dtype, torch.float32))
@@ -131,7 +131,7 @@ def _chunk_loss_and_grad_for_compile(
     Written as explicit fp32 math (log-sum-exp, target logit, exp(logit - lse) - one-hot,
     masked rows) so that Inductor fuses it into one row-reduction kernel that reads the logits
     and writes the gradient, with no fp32 copy and no softmax / scatter passes (into a buffer
-    of its own: measured, the compiled step peaks as high as the eager one). Eagerly this form
+    of its own; its peak memory: docs/performance.md). Eagerly this form
     would materialise fp32 copies of the logits, hence the separate eager function.
     """
     logits = h @ w.t()

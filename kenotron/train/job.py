@@ -8,7 +8,8 @@
 `build_job` follows the recipe's order: model on the meta device, the resolved kernels put
 in place (attention, eager RoPE/SwiGLU, Mamba's scan), `plan.apply` (pipeline split -> TP/SP -> CP -> AC ->
 compile -> FSDP), materialize and initialize (seeded identically on every rank), one optimizer
-and LR scheduler per model part, the pipeline executor, the early all-gather and the loss.
+and LR scheduler per model part, the loss, then the job's extensions (train/extension.py): the
+MoE routers' balancing, the pipeline executor, the early all-gather, DoReMi's reference model.
 The trainer calls it as it is; the memory estimator calls it under its fake process group
 with `tensor_mode` a FakeTensorMode, `init_values=False` (values do not change memory) and
 `hooks` that swap CUDA kernels for stand-ins with their allocations.
@@ -17,39 +18,30 @@ with `tensor_mode` a FakeTensorMode, `init_values=False` (values do not change m
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 from torch import nn
 
-from kenotron.data import MicroBatch
 from kenotron.kernel_choice.attention_backend import BlockMasks, use_attention_kernel
 from kenotron.models.common.eager_kernels import use_eager_kernels, use_expert_kernel
 from kenotron.models.common.mamba import use_scan_kernel
 from kenotron.models.common.parametrization import spectral_lr_scales
 from kenotron.parallel.dims import Meshes
 from kenotron.parallel.early_gather import EarlyGather
-from kenotron.parallel.model_layout import matching_modules
-from kenotron.parallel.plan import AppliedPlan
 from kenotron.parallel.zero1 import Zero1Optimizer
-from kenotron.train.doremi import DoReMi, build_doremi, load_reference
-from kenotron.train.expert_balance import build_expert_balance
+from kenotron.train.doremi import build_doremi, load_reference
+from kenotron.train.expert_balance import ExpertBalance
+from kenotron.train.extension import JobExtension, check_one_runs_the_passes
 from kenotron.train.flops import active_matmul_params
 from kenotron.train.fused_loss import chunk_fn_for
 from kenotron.train.lr_schedule import LRSchedule, build_lr_scheduler
 from kenotron.train.optim import optimizer_factory, param_groups
+from kenotron.train.pipeline_step import PipelineExecutor, PipelineExtension, PipelineRunner
 from kenotron.train.resolve import ResolvedRun
-
-
-class PipelineExecutor(Protocol):
-    """Runs forward and backward of one step through this rank's pipeline stages (the trainer's
-    is torch's schedule, train/pipeline_step.py; the estimator replays it on fake tensors)."""
-
-    def forward_backward(self, microbatches: Sequence[MicroBatch], observer: Any) -> torch.Tensor: ...
-
-    def norm_duplicates(self) -> set[int]: ...
+from kenotron.train.training_job import TrainingJob
 
 
 @dataclass
@@ -60,74 +52,6 @@ class BuildHooks:
     """Called with the meta model once the resolved kernels are in place, before the plan is applied."""
     applied: Callable[[nn.Module, Meshes], None] | None = None
     """Called with each model part (the model, or this rank's pipeline stages) and the meshes right after `plan.apply`."""
-
-
-@dataclass
-class Job:
-    """A built job: everything one training step needs, and nothing about data or storage."""
-
-    run: ResolvedRun
-    """The resolved config the job was built from."""
-    device: torch.device
-    """Where the tensors live."""
-    meshes: Meshes
-    applied: AppliedPlan
-    """What plan.apply made: the model parts this rank runs and how they are wrapped."""
-    optimizers: list[Any]
-    """One optimizer per model part (a Zero1Optimizer under ZeRO-1)."""
-    lr_schedulers: list[Any]
-    """One LambdaLR per optimizer, following `schedule`."""
-    schedule: LRSchedule
-    fused_loss: bool
-    """The model stops at its final norm and the loss applies the output weight in chunks."""
-    loss_chunk_fn: Callable | None
-    """The fused loss's chunk step (None: PyTorch's ops)."""
-    block_masks: BlockMasks | None
-    """FlexAttention: one BlockMask per micro-batch, shared by every layer."""
-    pipeline: PipelineExecutor | None = None
-    early_gather: EarlyGather | None = None
-    grad_divisor: torch.Tensor | None = None
-    """Set by clip_gradients when the optimizers clip inside their kernel; used once by optimizer_step."""
-    n_params: int = 0
-    """Parameters of the whole model (all stages)."""
-    matmul_params: int = 0
-    """Parameters that enter matrix products for each token (what the FLOP count uses, train/flops.py):
-    an MoE layer counts its top-k routed experts, not all of them."""
-    experts: Any = None
-    """train/expert_balance.ExpertBalance of a model with MoE layers (None otherwise)."""
-    doremi: DoReMi | None = None
-    """A DoReMi proxy run's reference model and domain weights (doremi.reference; train/doremi.py)."""
-
-    @property
-    def model_parts(self) -> list[nn.Module]:
-        """One module per local pipeline stage; without pipeline parallel, the model itself."""
-        return self.applied.model_parts
-
-    @property
-    def model(self) -> nn.Module:
-        """The whole model, or this rank's first stage."""
-        return self.applied.model_parts[0]
-
-    @property
-    def use_autocast(self) -> bool:
-        return self.run.choices.precision == "autocast"
-
-    @property
-    def compute_dtype(self) -> torch.dtype:
-        return self.run.choices.compute_dtype
-
-    def blocks(self) -> list[nn.Module]:
-        """The blocks of every local model part, in order."""
-        return [m for part in self.model_parts for _, m in matching_modules(part, self.run.plan.layout.blocks)]
-
-    @property
-    def torch_optimizers(self) -> list[torch.optim.Optimizer]:
-        """The torch optimizers (a ZeRO-1 wrapper's inner one): what schedules and checkpoints hold."""
-        return [o.inner if isinstance(o, Zero1Optimizer) else o for o in self.optimizers]
-
-    def optimizer_state(self) -> list[torch.Tensor]:
-        return [v for o in self.torch_optimizers for s in o.state.values() for v in s.values()
-                if isinstance(v, torch.Tensor)]
 
 
 def build_meshes(run: ResolvedRun, device_type: str) -> Meshes:
@@ -142,10 +66,6 @@ def build_meshes(run: ResolvedRun, device_type: str) -> Meshes:
     return Meshes(run.dims, init_device_mesh(device_type, (1,), mesh_dim_names=("dp_shard",)))
 
 
-def _hidden_states(h: torch.Tensor) -> torch.Tensor:
-    return h
-
-
 def build_job(
     run: ResolvedRun,
     device: torch.device,
@@ -154,8 +74,8 @@ def build_job(
     tensor_mode: contextlib.AbstractContextManager | None = None,
     init_values: bool = True,
     hooks: BuildHooks | None = None,
-    pipeline: Callable[[Job], PipelineExecutor] | None = None,
-) -> Job:
+    pipeline: Callable[[TrainingJob], PipelineExecutor] | None = None,
+) -> TrainingJob:
     """Build the job on `device` over `meshes` (see the module docstring).
 
     `tensor_mode` is entered around everything that makes tensors (the estimator's
@@ -208,29 +128,38 @@ def build_job(
     if choices.attention_backend == "flex":
         eos_id = run.tokenizer.eos_id if cfg.data.document_masking else None
         block_masks = BlockMasks(eos_id, getattr(model, "sliding_window", None))
-    if fused_loss:
-        for part in applied.model_parts:  # the model stops at the final norm; the loss applies the output weight
-            part.output.forward = _hidden_states  # type: ignore[union-attr,method-assign]
-    job = Job(
+    job = TrainingJob(
         run=run, device=device, meshes=meshes, applied=applied, optimizers=optimizers,
         lr_schedulers=[], schedule=schedule,
         fused_loss=fused_loss, loss_chunk_fn=chunk_fn_for(choices.loss_kernel) if fused_loss else None,
         block_masks=block_masks, n_params=n_params, matmul_params=n_matmul,
     )
     job.lr_schedulers = [build_lr_scheduler(o, schedule) for o in job.torch_optimizers]
-    if applied.stage_ids:
-        if pipeline is None:
-            from kenotron.train.pipeline_step import PipelineRunner
-
-            pipeline = PipelineRunner
-        job.pipeline = pipeline(job)
-    job.early_gather = _early_gather(job)
-    job.experts = build_expert_balance(job)
-    if cfg.doremi.reference:
-        job.doremi = build_doremi(job, _reference_model(run, device, meshes, tensor_mode, hooks))
-        if init_values:
-            load_reference(job)
+    job.extensions = _extensions(job, pipeline or PipelineRunner, tensor_mode, hooks, init_values)
+    check_one_runs_the_passes(job.extensions)
     return job
+
+
+def _extensions(job: TrainingJob, pipeline: Callable[[TrainingJob], PipelineExecutor],
+                tensor_mode: contextlib.AbstractContextManager | None, hooks: BuildHooks,
+                init_values: bool) -> list[JobExtension]:
+    """The optional features this job attaches, in the order their hooks run: the MoE routers'
+    balancing first (its loss weights are set before any pass runs), then whatever runs the passes."""
+    run, applied = job.run, job.applied
+    out: list[JobExtension] = []
+    if run.spec.is_moe:
+        out.append(ExpertBalance(job))
+    if applied.stage_ids:
+        out.append(PipelineExtension(pipeline(job)))
+    gather = _early_gather(job)
+    if gather is not None:
+        out.append(EarlyGatherStep(gather))
+    if run.cfg.doremi.reference:
+        doremi = build_doremi(job, _reference_model(run, job.device, job.meshes, tensor_mode, hooks))
+        if init_values:
+            load_reference(doremi, run.cfg.doremi.reference)
+        out.append(doremi)
+    return out
 
 
 def _reference_model(run: ResolvedRun, device: torch.device, meshes: Meshes,
@@ -249,11 +178,29 @@ def _reference_model(run: ResolvedRun, device: torch.device, meshes: Meshes,
     return part
 
 
-def _early_gather(job: Job) -> EarlyGather | None:
+def _early_gather(job: TrainingJob) -> EarlyGather | None:
     """The early all-gather where it applies: FSDP / HSDP sharding over more than one rank, one
-    model part, one optimizer of its own (not ZeRO-1's)."""
+    model part (no pipeline), one optimizer of its own (not ZeRO-1's)."""
     dp = job.applied.data_parallel
     if (not job.run.plan.settings.early_all_gather or dp.kind not in ("fsdp", "hsdp") or dp.mesh is None
-            or dp.mesh.size() == 1 or job.pipeline is not None or len(job.optimizers) != 1):
+            or dp.mesh.size() == 1 or job.applied.stage_ids or len(job.optimizers) != 1):
         return None
     return EarlyGather(job.model)
+
+
+class EarlyGatherStep(JobExtension):
+    """FSDP's early all-gather (parallel/early_gather.py) as the job's optimizer step: the
+    first unit's parameters step first, their all-gather for the next forward starts, the rest
+    step while it runs."""
+
+    name = "early_gather"
+
+    def __init__(self, gather: EarlyGather) -> None:
+        self.gather = gather
+
+    def step_optimizer(self, optimizer: Any) -> bool:
+        self.gather.step(optimizer)
+        return True
+
+    def finish(self) -> None:
+        self.gather.finish()  # no forward waits for the last step's all-gathers

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch.optim.adamw import adamw
 
-from kenotron.train.optim import closure_loss
+from kenotron.train.closure import closure_loss
 
 KERNELS = ("triton", "fused", "foreach", "for-loop")
 

@@ -3,22 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
 
 import torch
 from torch import nn
 
 from kenotron.config import ConfigError
 from kenotron.config import Optimizer as OptimizerConfig
-
-
-def closure_loss(closure: Callable[[], Any] | None) -> Any:
-    """What an optimizer's `step(closure)` returns: the closure's loss, evaluated with grad enabled
-    (steps run under no_grad), or None without a closure."""
-    if closure is None:
-        return None
-    with torch.enable_grad():
-        return closure()
+from kenotron.train.closure import closure_loss
+from kenotron.train.master_weights import MasterWeightAdamW
 
 
 class TritonAdamW(torch.optim.AdamW):
@@ -99,8 +91,6 @@ def optimizer_factory(cfg: OptimizerConfig, implementation: str, master_weights:
         raise ConfigError(f"optimizer.name={cfg.name!r} is not supported; use 'adamw' or 'sgd'")
     betas = (cfg.beta1, cfg.beta2)
     if master_weights:
-        from kenotron.train.master_weights import MasterWeightAdamW
-
         return lambda groups: MasterWeightAdamW(groups, lr=cfg.lr, betas=betas, eps=cfg.eps, kernel=implementation)
     if implementation == "triton":
         return lambda groups: TritonAdamW(groups, lr=cfg.lr, betas=betas, eps=cfg.eps)

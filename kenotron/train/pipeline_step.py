@@ -19,19 +19,19 @@ microbatch are already a fraction of a micro-step's.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
 
 from kenotron.data import MicroBatch
 from kenotron.dtensor import full_tensor
+from kenotron.models.common.router import TopKRouter
 from kenotron.parallel.pipeline import build_schedule
 from kenotron.parallel.pipeline_tied import TiedAcrossStages
+from kenotron.train.extension import JobExtension
 from kenotron.train.step import microbatch_loss, step_context
-
-if TYPE_CHECKING:
-    from kenotron.train.job import Job
+from kenotron.train.training_job import TrainingJob
 
 RETURN_OUTPUTS = False
 """Whether `schedule.step()` keeps and returns the last stage's outputs. torch's default (True)
@@ -41,11 +41,38 @@ trainer never reads (the losses come through `losses`). The estimator simulates 
 choice (kenotron/estimate/pipeline_replay.py)."""
 
 
+class PipelineExecutor(Protocol):
+    """Runs forward and backward of one step through this rank's pipeline stages (the trainer's
+    is torch's schedule, PipelineRunner; the estimator replays it on fake tensors)."""
+
+    def forward_backward(self, microbatches: Sequence[MicroBatch], observer: Any) -> torch.Tensor: ...
+
+    def norm_duplicates(self) -> set[int]: ...
+
+
+class PipelineExtension(JobExtension):
+    """The job's pipeline: its executor runs the step's passes (and validation's, where it can)."""
+
+    name = "pipeline"
+
+    def __init__(self, executor: PipelineExecutor) -> None:
+        self.executor = executor
+
+    def forward_backward(self, microbatches: Sequence[MicroBatch], observer: Any) -> torch.Tensor:
+        return self.executor.forward_backward(microbatches, observer)
+
+    def eval_loss(self, microbatches: Sequence[MicroBatch]) -> torch.Tensor:
+        return self.executor.eval_loss(microbatches)  # type: ignore[attr-defined]
+
+    def norm_duplicates(self) -> set[int]:
+        return self.executor.norm_duplicates()
+
+
 class PipelineRunner:
     """Owns the schedule of this rank's stages and runs the micro-steps of one optimizer step
     (the job's PipelineExecutor on real devices)."""
 
-    def __init__(self, job: Job) -> None:
+    def __init__(self, job: TrainingJob) -> None:
         applied = job.applied
         split = applied.plan.pipeline
         pp_mesh = applied.meshes.get("pp")
@@ -122,8 +149,6 @@ def _quiet_routers_during_metadata_inference(schedule: Any, parts: list[torch.nn
     the first microbatch or on placeholder tensors, before the real ones: MoE routers must not
     count that run in the step's expert loads (older torch infers on meta tensors, which the MoE
     layer passes through without routing)."""
-    from kenotron.models.common.router import TopKRouter
-
     routers = [m for part in parts for m in part.modules() if isinstance(m, TopKRouter)]
     stages = getattr(schedule, "_stages", None) or [getattr(schedule, "_stage", None)]
     if not routers:
@@ -163,7 +188,7 @@ class ForwardOnlyPipeline:
     logits are no larger than in training.
     """
 
-    def __init__(self, job: Job, pp_mesh: Any) -> None:
+    def __init__(self, job: TrainingJob, pp_mesh: Any) -> None:
         split = job.applied.plan.pipeline
         self.job, self.split = job, split
         self.group = pp_mesh.get_group()

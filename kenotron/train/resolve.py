@@ -10,25 +10,26 @@ is made here too (kenotron/kernel_choice/choices.py), once, for the trainer and 
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from kenotron.checkpoint import check_checkpoint_config
-from kenotron.config import ConfigError, JobConfig, MoE, validate_config
+from kenotron.config import ConfigError, JobConfig
 from kenotron.data import build_tokenizer, check_data_config
 from kenotron.kernel_choice.attention_backend import window_shorter_than
 from kenotron.kernel_choice.choices import Choices, resolve_choices
 from kenotron.kernel_choice.target import Target
-from kenotron.models import MODEL_SPECS, ModelSpec, get_model_spec
+from kenotron.models import ModelSpec
 from kenotron.models.common.parametrization import matrix_fans
 from kenotron.parallel.context.apply import cp_attention_kind
-from kenotron.parallel.dims import ParallelDims, expert_parallel_degrees
+from kenotron.parallel.dims import ParallelDims
 from kenotron.parallel.parallel_settings import ParallelSettings
 from kenotron.parallel.pipeline import PipelineSplit, build_pipeline_split, check_compile
 from kenotron.parallel.plan import Plan, layout_for
+from kenotron.runtime.preflight import resolve_degrees, resolve_model
+from kenotron.train.doremi_checks import check_doremi
 
 
 @dataclass(frozen=True)
@@ -94,45 +95,6 @@ def check_parametrization(cfg: JobConfig, args: Any, meta_model: torch.nn.Module
     matrix_fans(meta_model)
 
 
-def check_moe_config(cfg: JobConfig, spec: ModelSpec) -> None:
-    """[moe] values that are invalid, or set for a family without experts."""
-    m, default = cfg.moe, MoE()
-    for name in ("aux_loss_coef", "z_loss_coef", "bias_update_rate"):
-        if getattr(m, name) < 0:
-            raise ConfigError(f"moe.{name}={getattr(m, name)} must be >= 0")
-    if spec.is_moe:
-        return
-    changed = [f"moe.{f.name}={getattr(m, f.name)!r}" for f in dataclasses.fields(m)
-               if getattr(m, f.name) != getattr(default, f.name)]
-    if cfg.parallelism.ep > 1:
-        changed.append(f"parallelism.ep={cfg.parallelism.ep}")
-    if changed:
-        moe_families = ", ".join(name for name, s in MODEL_SPECS.items() if s.is_moe)
-        raise ConfigError(f"{', '.join(changed)} set, but model.name={spec.name!r} has no experts; leave it at its "
-                          f"default or use an MoE family ({moe_families})")
-
-
-def check_moe_args(args: Any) -> None:
-    moe = getattr(args, "moe", None)
-    if moe is not None and not 1 <= moe.top_k <= moe.n_experts:
-        raise ConfigError(f"model.moe.top_k={moe.top_k} must lie in [1, n_experts={moe.n_experts}] (each token "
-                          f"picks top_k distinct experts); use at most {moe.n_experts} or set model.moe.n_experts")
-
-
-def check_expert_parallel(cfg: JobConfig, dims: ParallelDims, spec: ModelSpec, args: Any) -> None:
-    """ep against the experts and the data-parallel mode."""
-    if dims.ep == 1:
-        return
-    n_experts = args.moe.n_experts
-    if n_experts % dims.ep:
-        valid = expert_parallel_degrees(dims.dp_shard, dims.cp, n_experts)
-        raise ConfigError(f"parallelism.ep={dims.ep} does not divide the {n_experts} experts of {spec.name} "
-                          f"{cfg.model.flavor}; use one of {valid}")
-    if cfg.parallelism.dp_mode != "fsdp":
-        raise ConfigError(f"parallelism.ep={dims.ep} shards the experts with FSDP over the remaining ranks; "
-                          f"use parallelism.dp_mode='fsdp'")
-
-
 def build_pipeline_split_from_config(meta_model: torch.nn.Module, cfg: JobConfig, pp: int, blocks: str) -> PipelineSplit:
     """The pipeline split that `[parallelism]`'s pp_* fields describe (checked; ParallelConfigError)."""
     p, u = cfg.parallelism, cfg.tuning
@@ -153,11 +115,7 @@ def resolve_run(cfg: JobConfig, world_size: int, target: Target | None = None, c
     with the fix in the message. `check_data=False` leaves the data unopened: the estimator plans
     jobs whose data lives on another machine.
     """
-    validate_config(cfg)
-    spec = get_model_spec(cfg.model.name)
-    check_moe_config(cfg, spec)
-    args = spec.model_args(cfg.model.flavor, cfg.model.args, max_seq_len=cfg.training.seq_len)
-    check_moe_args(args)
+    spec, args = resolve_model(cfg)
     tokenizer = build_tokenizer(cfg.tokenizer.path)
     if tokenizer.vocab_size > args.vocab_size:
         raise ConfigError(
@@ -173,8 +131,6 @@ def resolve_run(cfg: JobConfig, world_size: int, target: Target | None = None, c
     layout_for(spec).check(meta_model)  # the family's layout fits its model whatever the parallel layout
     check_parametrization(cfg, args, meta_model)
     if cfg.doremi.reference:
-        from kenotron.train.doremi import check_doremi
-
         check_doremi(cfg, spec, args)
     run = resolve_layout(cfg, world_size, spec, args, meta_model, tokenizer, target or Target.planned(cfg))
     if cfg.doremi.reference and run.global_batch_size < len(cfg.data.sources):
@@ -193,20 +149,8 @@ def resolve_layout(cfg: JobConfig, world_size: int, spec: ModelSpec, args: Any, 
     """The checks and choices that depend on the parallel layout (`cfg.parallelism`, the batch
     sizes, activation checkpointing): resolve_run's second half, which the planner runs for
     every candidate layout. `meta_model` is `spec.build(args)` on the meta device."""
-    p, t = cfg.parallelism, cfg.training
-    dims = ParallelDims.from_degrees(world_size, dp_replicate=p.dp_replicate, dp_shard=p.dp_shard, cp=p.cp, tp=p.tp,
-                                     pp=p.pp, ep=p.ep)
-    # An MoE layer's width is not split by tensor parallel (it runs on this rank's sequence shard).
-    dims.check_model(spec.tp_divisors(args), n_layers=args.n_layers)
-    dims.check_seq_len(t.seq_len, sequence_parallel=p.sequence_parallel or spec.is_moe)
-    check_expert_parallel(cfg, dims, spec, args)
-    global_batch = t.global_batch_size if t.global_batch_size != -1 else t.local_batch_size * dims.dp
-    accum = dims.grad_accum_steps(global_batch, t.local_batch_size)
-    if p.async_tp and dims.tp > 1 and not (target.device_type == "cuda" and cfg.compile.enable):
-        raise ConfigError("parallelism.async_tp needs CUDA and compile.enable=true (the overlap is done by the "
-                          "compiler); turn it off or enable both")
-    if dims.tp > 1 and not spec.tp_styles:
-        raise ConfigError(f"model.name={spec.name!r} has no tensor-parallel plan yet; use parallelism.tp=1")
+    p = cfg.parallelism
+    dims, global_batch, accum = resolve_degrees(cfg, world_size, spec, args, target.device_type)
     plan = Plan(layout_for(spec, args), ParallelSettings.from_config(cfg))
     # The kind of ring the target runs (the estimator builds a CUDA job's torch ring on its CPU mesh).
     plan.settings.cp_attention = cp_attention_kind(plan.settings.cp_attention, target.device_type)

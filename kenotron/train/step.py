@@ -12,11 +12,10 @@ the whole global batch, so each token weighs the same whatever the layout; data 
 averages gradients over its ranks, so the back-propagated loss is multiplied by that averaging
 size (the backends' native averaging collectives stay; gloo has no pre-multiplied sum).
 
-MoE models: forward_backward first sets how much each router's load-balancing terms weigh
-(the auxiliary loss and the z-loss, train/expert_balance.py); the routers add them through
-their layers' outputs, so the pipeline runner and the estimator's replay get them too. The
-returned loss stays the cross-entropy; optimizer_step ends with the routers' step statistics
-and bias updates.
+This is the plain step. The job's extensions (train/extension.py) hook into it: the pipeline
+schedule and DoReMi run the passes themselves, the MoE routers' balancing sets its loss
+weights before them and updates the biases after the optimizer step, FSDP's early all-gather
+steps the optimizer in its own order.
 """
 
 from __future__ import annotations
@@ -38,10 +37,9 @@ from kenotron.parallel.grad_norm import (
     reduce_partial_grads_,
     total_grad_norm,
 )
-from kenotron.train.doremi import forward_backward as doremi_forward_backward
 from kenotron.train.fused_loss import linear_cross_entropy_sum
-from kenotron.train.job import Job
 from kenotron.train.loss import IGNORE_INDEX, cross_entropy_sum
+from kenotron.train.training_job import TrainingJob
 
 
 class StepObserver(Protocol):
@@ -76,7 +74,7 @@ NO_OBSERVER = NoObserver()
 
 
 @contextlib.contextmanager
-def step_context(job: Job) -> Iterator[None]:
+def step_context(job: TrainingJob) -> Iterator[None]:
     """Around forward and backward: vocab-parallel loss, the attention kernel, bf16 autocast."""
     lp = loss_parallel() if job.applied.loss_parallel else contextlib.nullcontext()
     autocast = torch.autocast(job.device.type, dtype=torch.bfloat16, enabled=job.use_autocast)
@@ -84,13 +82,13 @@ def step_context(job: Job) -> Iterator[None]:
         yield
 
 
-def label_tokens(job: Job, seq_len: int | None = None) -> int:
+def label_tokens(job: TrainingJob, seq_len: int | None = None) -> int:
     """The loss's denominator: label tokens of the whole global batch (of `seq_len`-token
     sequences: a data stage may set a shorter one than training.seq_len)."""
     return job.run.global_batch_size * (seq_len or job.run.cfg.training.seq_len)
 
 
-def microbatch_loss(job: Job, output: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+def microbatch_loss(job: TrainingJob, output: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """What a model part that ends in logits back-propagates for one micro-batch (or pipeline
     microbatch): its summed token loss over the global label count, times the data-parallel
     averaging size. `labels` are this rank's part of every sequence: whole sequences, or under
@@ -99,7 +97,7 @@ def microbatch_loss(job: Job, output: torch.Tensor, labels: torch.Tensor) -> tor
     return cross_entropy_sum(output, labels) / denominator * job.applied.data_parallel.averaging_size
 
 
-def check_label_tokens(job: Job, microbatches: Sequence[MicroBatch]) -> None:
+def check_label_tokens(job: TrainingJob, microbatches: Sequence[MicroBatch]) -> None:
     """Packed windows never hold ignored labels: each rank has its exact share of the global
     count that the loss divides by. Anything else would need a global count: refuse it.
     (Pipeline stages without the loss get no labels: nothing to check.)"""
@@ -111,7 +109,7 @@ def check_label_tokens(job: Job, microbatches: Sequence[MicroBatch]) -> None:
         raise RuntimeError(f"expected {expected} label tokens per rank, got {local}")
 
 
-def microbatch_forward(job: Job, mb: MicroBatch, denominator: int) -> torch.Tensor:
+def microbatch_forward(job: TrainingJob, mb: MicroBatch, denominator: int) -> torch.Tensor:
     """One micro-batch through the (unpipelined) model and the loss, inside step_context: its
     summed token loss over `denominator`, this rank's share (context parallel included)."""
     model, applied = job.model, job.applied
@@ -127,31 +125,46 @@ def microbatch_forward(job: Job, mb: MicroBatch, denominator: int) -> torch.Tens
         kwargs["block_mask"] = job.block_masks(inputs)
     elif positions is not None:
         kwargs["positions"] = positions
-    out = model(inputs, **kwargs)
-    if job.fused_loss:
+    if job.fused_loss:  # the model stops at its final norm; the loss applies the output weight chunk by chunk
+        out = model(inputs, logits=False, **kwargs)
         loss_sum = linear_cross_entropy_sum(
             out, model.output.weight, labels, chunk_tokens=job.run.choices.loss_chunk_tokens,
             compute_dtype=job.compute_dtype, chunk_fn=job.loss_chunk_fn,
         )
         return loss_sum / denominator
-    return cross_entropy_sum(out, labels) / denominator
+    return cross_entropy_sum(model(inputs, **kwargs), labels) / denominator
 
 
-def forward_backward(job: Job, microbatches: Sequence[MicroBatch], observer: StepObserver = NO_OBSERVER) -> torch.Tensor:
+def forward_backward(job: TrainingJob, microbatches: Sequence[MicroBatch], observer: StepObserver = NO_OBSERVER) -> torch.Tensor:
     """Accumulate this rank's gradients over its micro-batches.
 
     Returns this rank's share of the step loss (sum of token losses / global token count),
     detached; summed over the data- and context-parallel ranks (each cp rank holds part of
     every sequence) it is the step's mean loss. Under pipeline parallel the job's pipeline
-    runs the schedule instead (0 on ranks without the last stage).
+    runs the schedule instead (0 on ranks without the last stage), a DoReMi proxy its two passes.
     """
-    if job.experts is not None:
-        pipelined = job.run.plan.pipeline.microbatches if job.pipeline is not None else 1
-        job.experts.set_loss_weights(len(microbatches) * pipelined)
-    if job.pipeline is not None:
-        return job.pipeline.forward_backward(microbatches, observer)
-    if job.doremi is not None:  # a DoReMi proxy: the domain-weighted objective (train/doremi.py)
-        return doremi_forward_backward(job, microbatches)
+    for ext in job.extensions:
+        ext.before_forward_backward(microbatches)
+    loss = _extension_passes(job, microbatches, observer)
+    if loss is None:
+        loss = plain_forward_backward(job, microbatches, observer)
+    for ext in job.extensions:
+        ext.after_forward_backward()
+    return loss
+
+
+def _extension_passes(job: TrainingJob, microbatches: Sequence[MicroBatch], observer: StepObserver) -> torch.Tensor | None:
+    """The loss of the extension that runs the passes itself (at most one, build_job checks), or None."""
+    for ext in job.extensions:
+        loss = ext.forward_backward(microbatches, observer)
+        if loss is not None:
+            return loss
+    return None
+
+
+def plain_forward_backward(job: TrainingJob, microbatches: Sequence[MicroBatch],
+                           observer: StepObserver = NO_OBSERVER) -> torch.Tensor:
+    """forward_backward's passes over the unpipelined model, micro-batch by micro-batch."""
     model, applied = job.model, job.applied
     total = torch.zeros((), device=job.device)
     n = len(microbatches)
@@ -172,13 +185,15 @@ def forward_backward(job: Job, microbatches: Sequence[MicroBatch], observer: Ste
 
 
 @torch.no_grad()
-def eval_loss(job: Job, microbatches: Sequence[MicroBatch]) -> torch.Tensor:
+def eval_loss(job: TrainingJob, microbatches: Sequence[MicroBatch]) -> torch.Tensor:
     """The step's forward and loss without backward, for validation: this rank's share of the
     batch's mean token loss, as forward_backward returns it (summed over the data-, context- and
     pipeline-parallel ranks it is the batch's mean loss). No gradient is touched. Under pipeline
     parallel the schedule runs forward only (0 on ranks without the last stage)."""
-    if job.pipeline is not None:
-        return job.pipeline.eval_loss(microbatches)
+    for ext in job.extensions:
+        loss = ext.eval_loss(microbatches)
+        if loss is not None:
+            return loss
     total = torch.zeros((), device=job.device)
     denominator = label_tokens(job, microbatches[0].labels.shape[-1])
     for mb in microbatches:
@@ -187,50 +202,49 @@ def eval_loss(job: Job, microbatches: Sequence[MicroBatch]) -> torch.Tensor:
     return total
 
 
-def clip_gradients(job: Job, observer: StepObserver = NO_OBSERVER) -> torch.Tensor:
-    """Global L2 norm of all gradients; scaled down to training.max_norm when above it (by the
-    optimizers' own kernels when they divide by `grad_scale`, see optimizer_step)."""
+def clip_gradients(job: TrainingJob, observer: StepObserver = NO_OBSERVER) -> torch.Tensor:
+    """Global L2 norm of all gradients; scaled down to training.max_norm when above it: in place,
+    or, when every optimizer divides by its `grad_scale` inside its kernel (torch's GradScaler
+    protocol), by handing each optimizer the divisor, which its next step uses and optimizer_step
+    clears."""
     observer.set_phase("optimizer")
     params = [p for part in job.model_parts for p in part.parameters() if p.grad is not None]
     reduce_partial_grads_(params)
     grads = [p.grad for p in params]
     # A weight tied across pipeline stages has one copy per stage: its norm counts once.
-    duplicates = job.pipeline.norm_duplicates() if job.pipeline is not None else set()
+    duplicates = set().union(*(ext.norm_duplicates() for ext in job.extensions))
     norm = total_grad_norm([p.grad for p in params if id(p) not in duplicates], pp_mesh=job.meshes.get("pp"),
                            kernel=job.run.choices.grad_norm_kernel)
     max_norm = job.run.cfg.training.max_norm
-    job.grad_divisor = None
     if max_norm > 0:
         if all(optimizer_unscales_gradients(o) for o in job.optimizers):
-            job.grad_divisor = clip_divisor(max_norm, norm)
+            divisor = clip_divisor(max_norm, norm)
+            for optimizer in job.optimizers:
+                optimizer.grad_scale = divisor
         else:
             clip_grads_(grads, max_norm, norm)
     observer.mark_gradients(params)
     return norm
 
 
-def optimizer_step(job: Job, before_update: Callable[[], None] | None = None) -> None:
-    """Every part's optimizer step (clipping inside the kernel when clip_gradients left a
+def optimizer_step(job: TrainingJob, before_update: Callable[[], None] | None = None) -> None:
+    """Every part's optimizer step (clipping inside the kernel when clip_gradients handed it a
     divisor), its LR schedule step, and zeroed gradients. `before_update` runs first (the
     trainer waits there for a background checkpoint copy of the weights)."""
     if before_update is not None:
         before_update()
-    divisor, job.grad_divisor = job.grad_divisor, None
     for optimizer, lr_scheduler in zip(job.optimizers, job.lr_schedulers):
-        optimizer.grad_scale = divisor  # None: nothing to clip (torch's GradScaler protocol)
-        if job.early_gather is not None:
-            job.early_gather.step(optimizer)
-        else:
+        if not any(ext.step_optimizer(optimizer) for ext in job.extensions):
             optimizer.step()
-        optimizer.grad_scale = None
+        optimizer.grad_scale = None  # the divisor is for this step only
         lr_scheduler.step()
         optimizer.zero_grad(set_to_none=True)
-    if job.experts is not None:
-        job.experts.after_step()
+    for ext in job.extensions:
+        ext.after_optimizer_step()
 
 
 def train_step(
-    job: Job,
+    job: TrainingJob,
     microbatches: Sequence[MicroBatch],
     observer: StepObserver = NO_OBSERVER,
     before_update: Callable[[], None] | None = None,

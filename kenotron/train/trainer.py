@@ -1,6 +1,7 @@
 """The training loop: the recipe, then the loop.
 
-    Trainer(cfg): check the run folder, resolve (every check and choice, before any process group)
+    Trainer(cfg): check the run (folder, wandb, float8: check_before_start, unless the launcher
+                  did), resolve (every check and choice, before any process group)
                   -> process group -> build the job (train/job.py)
                   -> loader, metrics, checkpoint manager (maybe resume)
     trainer.train(): batches -> train_step (train/step.py) -> log -> validate (eval_loss) -> save
@@ -28,41 +29,55 @@ from kenotron.data import MicroBatch, ValidationSet, build_data_loader
 from kenotron.kernel_choice.target import Target
 from kenotron.parallel.float8 import check_float8_available, use_fast_cpu_float8
 from kenotron.parallel.plan import Plan
-from kenotron.train.console import ensure_console_logging
-from kenotron.train.distributed import WorldInfo, destroy_distributed, init_distributed, pick_device
+from kenotron.runtime.console import ensure_console_logging
+from kenotron.runtime.distributed import WorldInfo, destroy_distributed, init_distributed, pick_device
+from kenotron.runtime.divergence import DivergenceGuard, NonFiniteLossError, divergence_advice, warn_if_nothing_to_train
+from kenotron.runtime.interrupt import stop_training
+from kenotron.runtime.run_folder import check_run_folder, start_run_folder
+from kenotron.runtime.run_lock import lock_run_folders
+from kenotron.runtime.watchdog import start_watchdog
 from kenotron.train.flops import flops_per_token
-from kenotron.train.guards import DivergenceGuard, NonFiniteLossError, divergence_advice, warn_if_nothing_to_train
-from kenotron.train.interrupt import stop_training
-from kenotron.train.job import Job, build_job, build_meshes
+from kenotron.train.job import build_job, build_meshes
 from kenotron.train.metrics import MetricsLogger
 from kenotron.train.resolve import ResolvedRun, resolve_run
-from kenotron.train.run_folder import check_run_folder, start_run_folder
-from kenotron.train.run_lock import lock_run_folders
 from kenotron.train.step import check_label_tokens, eval_loss, train_step
-from kenotron.train.wandb_logger import wandb_sink
-from kenotron.train.watchdog import start_watchdog
+from kenotron.train.training_job import TrainingJob
+from kenotron.train.wandb_logger import check_wandb, wandb_sink
 
 logger = logging.getLogger("kenotron")
+
+
+def check_before_start(cfg: JobConfig) -> None:
+    """The checks of a training run beyond resolve_run's (which the estimator shares): the run
+    folder holds no other run (runtime/run_folder.py), wandb is installed when asked for, and
+    this machine's torchao runs float8 (the estimator plans float8 jobs without it). The
+    launcher runs them once before any rank starts; a Trainer made without it runs them itself."""
+    check_run_folder(cfg)
+    check_wandb(cfg)
+    if cfg.float8.enable:
+        check_float8_available()
 
 
 class Trainer:
     """Owns the job, loader, metrics and checkpoints of one run."""
 
-    def __init__(self, cfg: JobConfig, edit_plan: Callable[[Plan], None] | None = None) -> None:
-        """`edit_plan` changes the resolved plan before the job is built, as a notebook would."""
+    def __init__(self, cfg: JobConfig, edit_plan: Callable[[Plan], None] | None = None, *,
+                 checked_by_launcher: bool = False) -> None:
+        """`edit_plan` changes the resolved plan before the job is built, as a notebook would.
+        `checked_by_launcher`: the launcher ran check_before_start before starting this process."""
         self.cfg = cfg
         self.world = WorldInfo.from_env()
         self.is_rank0 = self.world.rank == 0
         # -- resolve: every check and choice, on every rank, before any process group --
-        check_run_folder(cfg)  # job.dump_folder holds no other run (train/run_folder.py): the CLI's path and a notebook's
+        if not checked_by_launcher:
+            check_before_start(cfg)  # a notebook's Trainer(cfg), or ranks started by torchrun itself
         self.device = pick_device(cfg.training.device, self.world, cfg.tuning.expandable_segments)
         if cfg.float8.enable:
-            check_float8_available()  # this machine's torchao (the estimator plans float8 jobs without it)
             use_fast_cpu_float8(self.device.type)
         self.run: ResolvedRun = resolve_run(cfg, self.world.world_size, Target.of(self.device))
         if edit_plan is not None:
             edit_plan(self.run.plan)
-        # One live job per run folder (train/run_lock.py), before any process group: a busy folder fails at once.
+        # One live job per run folder (runtime/run_lock.py), before any process group: a busy folder fails at once.
         self._locks = lock_run_folders(cfg.job.dump_folder, Path(cfg.job.dump_folder) / cfg.checkpoint.folder
                                        if cfg.checkpoint.enable else None) if self.is_rank0 else []
         # -- process group --
@@ -72,13 +87,13 @@ class Trainer:
                                        lambda: self.train_state.step)
         if cfg.training.deterministic:
             torch.use_deterministic_algorithms(True)
-        self.dump_folder = Path(cfg.job.dump_folder)  # config.toml and records: train/run_folder.py
+        self.dump_folder = Path(cfg.job.dump_folder)  # config.toml and records: runtime/run_folder.py
         if self.is_rank0:
             logger.info("attention: %s (model.attention_backend=%s)", self.run.choices.attention_backend,
                         cfg.model.attention_backend)
         # -- build: meshes, model, plan.apply, init, optimizers and schedules --
-        self.job: Job = build_job(self.run, self.device, build_meshes(self.run, self.device.type))
-        if self.job.pipeline is not None and self.is_rank0:
+        self.job: TrainingJob = build_job(self.run, self.device, build_meshes(self.run, self.device.type))
+        if self.run.plan.pipeline is not None and self.is_rank0:
             logger.info("%s", self.run.plan.pipeline)
         args = self.run.model_args
         self.flops_per_token = flops_per_token(self.job.matmul_params,
@@ -100,10 +115,10 @@ class Trainer:
             cfg.checkpoint, self.dump_folder / cfg.checkpoint.folder, model_parts=self.job.model_parts,
             optimizers=self.job.torch_optimizers, lr_schedulers=self.job.lr_schedulers, dataloader=self.loader,
             train_state=self.train_state, model_info=describe_model(self.run.spec, args, cfg.model.flavor),
-            json_states={"doremi": self.job.doremi.weights} if self.job.doremi is not None else None,
+            json_states={k: v for ext in self.job.extensions for k, v in ext.checkpoint_state().items()} or None,
         )
         self.checkpointer.load()
-        if self.is_rank0:  # records after the resumed step dropped, config.toml written: train/run_folder.py
+        if self.is_rank0:  # records after the resumed step dropped, config.toml written: runtime/run_folder.py
             self.metrics.open(start_run_folder(cfg, self.step))
             warn_if_nothing_to_train(self.step, cfg.training.steps)
         self.guard = DivergenceGuard(divergence_advice(cfg.optimizer.lr, cfg.lr_scheduler.warmup_steps,
@@ -141,8 +156,9 @@ class Trainer:
     def tokens_seen(self) -> int:
         return self.train_state.tokens_seen
 
-    def train_step(self, microbatches: list[MicroBatch]) -> tuple[torch.Tensor, torch.Tensor]:
-        """One optimizer step (train/step.py); returns this rank's loss share and the grad norm."""
+    def run_step(self, microbatches: list[MicroBatch]) -> tuple[torch.Tensor, torch.Tensor]:
+        """One optimizer step (train/step.py's train_step, with the label count checked and the
+        checkpoint's staging awaited before the update); returns this rank's loss share and the grad norm."""
         check_label_tokens(self.job, microbatches)
         loss, grad_norm = train_step(self.job, microbatches, before_update=self.checkpointer.wait_for_staging)
         if self._empty_cache_pending:
@@ -179,23 +195,23 @@ class Trainer:
         window_start = self.step + 1
         self.metrics.reset_clock()
         while self.step < cfg.training.steps:
-            loss, grad_norm = self.train_step(self.loader.next_step())
+            loss, grad_norm = self.run_step(self.loader.next_step())
             # A data stage may set its own sequence length.
             tokens_per_step = run.global_batch_size * (self.loader.last_seq_len or cfg.training.seq_len)
             self.train_state.step += 1
             self.train_state.tokens_seen += tokens_per_step
             self.metrics.count(tokens_per_step)
             window.append(loss)
-            self.guard.observe(self.step, grad_norm)  # no synchronization (train/guards.py)
-            if self.job.experts is not None and self.step % 10 == 0:
-                self.job.experts.check_collapse()
+            self.guard.observe(self.step, grad_norm)  # no synchronization (runtime/divergence.py)
+            for ext in self.job.extensions:
+                ext.on_step(self.step)
             if self.metrics.should_log(self.step):
                 self.guard.check()
                 losses = self.global_losses(window)
                 self.guard.check_losses(losses, window_start)
                 extra = self._data_metrics(len(window))
-                if self.job.experts is not None:
-                    extra.update(self.job.experts.metrics())
+                for ext in self.job.extensions:
+                    extra.update(ext.metrics())
                 rec = self.metrics.record(
                     step=self.step, loss=losses[-1].item(), loss_avg=losses.mean().item(),
                     grad_norm=grad_norm.item(), lr=self._lr_of_step(self.step), tokens_seen=self.tokens_seen,
@@ -203,8 +219,7 @@ class Trainer:
                 )
                 records.append(rec)
                 window, window_start = [], self.step + 1
-                if self.job.doremi is not None and self.is_rank0:
-                    self.job.doremi.write(self.dump_folder)  # the weights so far survive a run cut short
+                self._write_records(final=False)
             if self.validation is not None and (
                 self.step % cfg.validation.every == 0 or self.step == cfg.training.steps
             ):
@@ -212,15 +227,10 @@ class Trainer:
             if self.checkpointer.should_save(self.step, last=self.step == cfg.training.steps):
                 self.guard.check()  # a diverged state is never saved
             self.checkpointer.maybe_save(self.step, last=self.step == cfg.training.steps)
-        if self.job.early_gather is not None:
-            self.job.early_gather.finish()  # no forward waits for the last step's all-gathers
+        for ext in self.job.extensions:
+            ext.finish()
         self.checkpointer.close()  # the last save and uploads are complete when train() returns
-        if self.job.doremi is not None and self.is_rank0:
-            path = self.job.doremi.write(self.dump_folder)
-            logger.info("DoReMi domain weights (average over %d steps) in %s: %s; train on them with "
-                        "--data.weights_from %s", self.job.doremi.weights.steps, path,
-                        ", ".join(f"{k} {v:.3f}" for k, v in self.job.doremi.weights.to_json()["weights"].items()),
-                        path)
+        self._write_records(final=True)
         self.metrics.close()
         self._finished = True
         return records
@@ -235,12 +245,16 @@ class Trainer:
         return self.metrics.record_validation(step=self.step, loss=loss, tokens=tokens,
                                               seconds=time.perf_counter() - start)
 
+    def _write_records(self, final: bool) -> None:
+        """The extensions' files in the run folder (rank 0)."""
+        if self.is_rank0:
+            for ext in self.job.extensions:
+                ext.write_records(self.dump_folder, final)
+
     def _data_metrics(self, steps: int) -> dict[str, float]:
         """data_wait_s (seconds per step the loop waited for its batch) and the tokens each dataset gave."""
         out = {"data_wait_s": self.loader.take_wait_seconds() / max(steps, 1)}
         out.update({f"tokens_seen/{name}": n for name, n in self.loader.tokens_by_dataset().items()})
-        if self.job.doremi is not None:  # per-domain losses and the domain weights
-            out.update(self.job.doremi.metrics())
         return out
 
     def _lr_of_step(self, step: int) -> float:
@@ -251,8 +265,9 @@ class Trainer:
         self.loader.close()
         if self.watchdog is not None:
             self.watchdog.stop()
-        if self._finished and self.job.early_gather is not None:
-            self.job.early_gather.finish()
+        if self._finished:
+            for ext in self.job.extensions:
+                ext.finish()
         self.checkpointer.close()
         if self._owns_process_group:
             destroy_distributed(finished=self._finished)
@@ -264,13 +279,13 @@ def setup_logging(rank: int) -> None:
     ensure_console_logging(rank)
 
 
-def run_training(cfg: JobConfig) -> list[dict[str, Any]]:
-    """Build and train; returns the metric records (rank 0's view)."""
+def run_training(cfg: JobConfig, *, checked_by_launcher: bool = False) -> list[dict[str, Any]]:
+    """Build and train; returns the metric records (rank 0's view). `checked_by_launcher`: as Trainer's."""
     rank = WorldInfo.from_env().rank
     setup_logging(rank)
     if not faulthandler.is_enabled():
         faulthandler.enable(all_threads=True)  # a rank killed by a signal (SIGABRT, SIGSEGV) prints its stacks
-    trainer = Trainer(cfg)
+    trainer = Trainer(cfg, checked_by_launcher=checked_by_launcher)
     try:
         return trainer.train()
     except NonFiniteLossError:

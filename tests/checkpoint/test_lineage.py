@@ -149,7 +149,7 @@ def test_setting_aside_a_link_moves_the_link_and_leaves_what_it_points_to(tmp_pa
 def test_the_records_of_an_abandoned_continuation_are_kept_beside_its_checkpoints(tmp_path):
     from kenotron.checkpoint.resume import abandon_later
     from kenotron.config import load_config
-    from kenotron.train.run_folder import start_run_folder
+    from kenotron.runtime.run_folder import start_run_folder
 
     run = tmp_path / "run"
     cfg = load_config(None, ["--job.dump_folder", str(run), "--checkpoint.enable", "true"])

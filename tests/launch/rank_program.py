@@ -14,7 +14,7 @@ import sys
 import time
 
 from kenotron.config import split_config_arg
-from kenotron.train.worker_guard import WorkerGuard, exit_code_of, report_failure
+from kenotron.runtime.worker_guard import WorkerGuard, exit_code_of, report_failure
 
 
 def main(argv: list[str]) -> int:

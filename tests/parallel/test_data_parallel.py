@@ -25,7 +25,7 @@ def _optimizer_state_bytes(mode: str, folder: str) -> int:
         "--parallelism.dp_mode", mode, "--job.dump_folder", folder, "--metrics.tensorboard", "false",
     ] + (["--parallelism.dp_replicate", "4", "--parallelism.dp_shard", "1"] if mode == "fsdp" else []))
     trainer = Trainer(cfg)
-    trainer.train_step(trainer.loader.next_step())
+    trainer.run_step(trainer.loader.next_step())
     opt = trainer.job.optimizers[0]
     state = opt.inner.state if mode == "zero1" else opt.state
     total = 0
@@ -120,7 +120,7 @@ def _train_with_early_gather(early: bool, folder: str) -> tuple[list[float], dic
     assert (trainer.job.early_gather is not None) == early
     losses, issued = [], False
     for _ in range(3):
-        loss, _norm = trainer.train_step(trainer.loader.next_step())
+        loss, _norm = trainer.run_step(trainer.loader.next_step())
         losses.append(float(loss))
         if early:  # the next step's first all-gathers are in flight before its forward
             groups = [u._get_fsdp_state()._fsdp_param_group for u in trainer.job.early_gather.units]

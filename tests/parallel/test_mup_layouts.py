@@ -27,7 +27,7 @@ def init_rates_and_losses(overrides: list[str], dump_folder: str, steps: int = 2
     names = {id(p): name for name, p in named_parameters(trainer)}
     rates = {names[id(p)]: g["lr"] for o in trainer.job.torch_optimizers for g in o.param_groups for p in g["params"]}
     weights = {name: full(p) for name, p in named_parameters(trainer)}
-    losses = [trainer.global_losses([trainer.train_step(trainer.loader.next_step())[0]])[0].item()
+    losses = [trainer.global_losses([trainer.run_step(trainer.loader.next_step())[0]])[0].item()
               for _ in range(steps)]
     trainer.close()
     rank0 = not dist.is_initialized() or dist.get_rank() == 0

@@ -49,7 +49,7 @@ def _tied_copies_after_steps(overrides: list[str], folder: str, steps: int) -> d
     )
     trainer = Trainer(cfg)
     for _ in range(steps):
-        trainer.train_step(trainer.loader.next_step())
+        trainer.run_step(trainer.loader.next_step())
     weights = {}
     for part in trainer.job.model_parts:
         for name in ("tok_embeddings", "output"):

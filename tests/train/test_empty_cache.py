@@ -22,7 +22,7 @@ def _empty_cache_calls(monkeypatch, tmp_path, *extra: str) -> list[int]:
     try:
         per_step = []
         for _ in range(3):
-            trainer.train_step(trainer.loader.next_step())
+            trainer.run_step(trainer.loader.next_step())
             per_step.append(len(calls))
     finally:
         trainer.close()

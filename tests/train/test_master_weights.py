@@ -150,7 +150,7 @@ def _masters_and_weights(folder: Path, *extra: str, resumed_at: int, steps: int 
     try:
         assert trainer.step == resumed_at
         for _ in range(steps):
-            trainer.train_step(trainer.loader.next_step())
+            trainer.run_step(trainer.loader.next_step())
         params = list(trainer.job.model.parameters())
         return [trainer.job.optimizers[0].state[p]["master"].clone() for p in params], [p.detach().float() for p in params]
     finally:

@@ -131,7 +131,7 @@ def test_a_router_sending_most_tokens_to_one_expert_for_100_steps_is_reported(tr
 
 
 def test_list_models_names_the_fields_of_an_moe_familys_expert_shape(capsys):
-    from kenotron.train.__main__ import answer_info_flags
+    from kenotron.runtime.info_flags import answer_info_flags
 
     assert answer_info_flags(["--list-models"])
     listing = capsys.readouterr().out

@@ -56,7 +56,7 @@ def assert_expert_metrics(records: list[dict]) -> None:
 
 
 def test_one_rank_writes_every_layers_expert_loads_to_metrics_and_tensorboard(one_rank, one_rank_folder):
-    from tests.train.test_run_folder import _tensorboard_steps
+    from tests.runtime.test_run_folder import _tensorboard_steps
 
     assert_expert_metrics(one_rank)
     for key in ("moe_load_max/1", "moe_load_mean/0", "moe_aux/1", "aux_loss"):

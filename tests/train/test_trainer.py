@@ -8,7 +8,7 @@ import pytest
 
 from kenotron.config import ConfigError, load_config
 from kenotron.parallel.dims import ParallelConfigError
-from kenotron.train.guards import NonFiniteLossError
+from kenotron.runtime.divergence import NonFiniteLossError
 from kenotron.train.trainer import resolve_run, run_training
 
 TINY = [

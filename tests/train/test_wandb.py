@@ -6,7 +6,7 @@ import pytest
 
 from kenotron.config import ConfigError, load_config
 from kenotron.train.trainer import run_training
-from tests.train.test_run_folder import _tensorboard_steps
+from tests.runtime.test_run_folder import _tensorboard_steps
 
 TINY = ["--model.n_layers", "2", "--training.seq_len", "16", "--training.local_batch_size", "2",
         "--training.steps", "3", "--metrics.log_freq", "1", "--training.device", "cpu"]

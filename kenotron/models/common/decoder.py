@@ -136,9 +136,13 @@ class CausalLM(nn.Module):
         kv_cache: KVCache | None = None,
         token_mask: torch.Tensor | None = None,
         block_mask: BlockMask | None = None,
+        logits: bool = True,
     ) -> torch.Tensor:
         """`tokens` are ids (or hidden states on a later pipeline stage); `positions` (seq,)
         overrides 0..seq-1, e.g. for a context-parallel shard of the sequence.
+
+        `logits=False` stops at the final norm and returns its hidden states: the fused loss
+        (train/fused_loss.py) applies the output weight itself, chunk by chunk.
 
         Training with FlexAttention: `block_mask` (common/flex_attention.py) is handed to every
         layer in place of any other mask; it must include the model's `sliding_window`, if any.
@@ -150,7 +154,7 @@ class CausalLM(nn.Module):
         h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
         for name, layer in self.layers.items():
             h = self._attention_layer(layer, int(name), h, cos, sin, attn_mask, kv_cache, block_mask)
-        return self._finish(h, kv_cache, tokens.shape[1])
+        return self._finish(h, kv_cache, tokens.shape[1], logits)
 
     def _prepare(
         self, tokens: torch.Tensor, positions: torch.Tensor | None, kv_cache: KVCache | None,
@@ -190,12 +194,12 @@ class CausalLM(nn.Module):
         layer_cache = kv_cache.layer(index) if kv_cache is not None else None
         return layer(h, cos, sin, attn_mask=attn_mask, kv_cache=layer_cache)
 
-    def _finish(self, h: torch.Tensor, kv_cache: KVCache | None, seqlen: int) -> torch.Tensor:
-        """Mark the cache's reserved slots filled; the final norm and the output projection."""
+    def _finish(self, h: torch.Tensor, kv_cache: KVCache | None, seqlen: int, logits: bool = True) -> torch.Tensor:
+        """Mark the cache's reserved slots filled; the final norm and (with `logits`) the output projection."""
         if kv_cache is not None:
             kv_cache.advance(seqlen)
         h = self.norm(h) if self.norm is not None else h
-        return self.output(h) if self.output is not None else h
+        return self.output(h) if self.output is not None and logits else h
 
     def new_cache(self, batch: int, max_len: int, *, dtype: torch.dtype = torch.float32,
                   device: torch.device | str | None = None) -> KVCache:

@@ -134,7 +134,8 @@ class Mamba2(CausalLM):
         super().__init__(args, mamba2_block, RMSNorm(args.dim, args.norm_eps))
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None, *, kv_cache: RecurrentCache | None = None,
-                token_mask: torch.Tensor | None = None, block_mask: BlockMask | None = None) -> torch.Tensor:
+                token_mask: torch.Tensor | None = None, block_mask: BlockMask | None = None,
+                logits: bool = True) -> torch.Tensor:
         """As CausalLM.forward; `kv_cache` is a RecurrentCache (`new_cache`), `token_mask` marks left padding."""
         cos, sin, attn_mask = self._prepare(tokens, positions, kv_cache, token_mask, block_mask,
                                             attention=bool(self.args.attention_layers))
@@ -145,7 +146,7 @@ class Mamba2(CausalLM):
                 h = layer(h, state=state, token_mask=token_mask)
             else:
                 h = self._attention_layer(layer, int(name), h, cos, sin, attn_mask, kv_cache, block_mask)
-        return self._finish(h, kv_cache, tokens.shape[1])
+        return self._finish(h, kv_cache, tokens.shape[1], logits)
 
     def new_cache(self, batch: int, max_len: int, *, dtype: torch.dtype = torch.float32,
                   device: torch.device | str | None = None) -> RecurrentCache:

@@ -7,7 +7,7 @@ import threading
 import time
 from collections.abc import Iterator
 
-from kenotron.train.watchdog import KEY_PREFIX, ProgressWatchdog
+from kenotron.runtime.watchdog import KEY_PREFIX, ProgressWatchdog
 
 
 class DictStore:

@@ -1,4 +1,5 @@
-"""Every user-caused failure ends with one line naming the file or key and the fix, never a traceback."""
+"""Every user-caused failure ends a training process with one line naming the file or key and the fix,
+never a traceback (runtime/rank_process.py)."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from kenotron.checkpoint import list_step_folders
 from kenotron.checkpoint.trust import read_metadata
 from kenotron.config import load_config
-from kenotron.train.guards import NonFiniteLossError
+from kenotron.runtime.divergence import NonFiniteLossError
 from kenotron.train.trainer import run_training
 
 TINY = ["--training.seq_len", "64", "--training.local_batch_size", "2", "--model.n_layers", "2"]

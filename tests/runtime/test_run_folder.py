@@ -1,4 +1,4 @@
-"""One run, one folder (kenotron/train/run_folder.py): a resume keeps every step once in
+"""One run, one folder (kenotron/runtime/run_folder.py): a resume keeps every step once in
 metrics.jsonl and TensorBoard, a different config never mixes into a used folder, whether the run
 starts from the CLI or from `Trainer(cfg)` in a notebook."""
 
@@ -12,9 +12,9 @@ import torch.distributed as dist
 
 from kenotron.checkpoint.folders import step_folder_name, write_marker
 from kenotron.config import ConfigError, config_to_toml, load_config
+from kenotron.runtime.run_folder import check_run_folder, start_run_folder
 from kenotron.train import trainer as trainer_module
 from kenotron.train.metrics import MetricsLogger
-from kenotron.train.run_folder import check_run_folder, start_run_folder
 from tests.checkpoint.test_trainer_resume import train
 
 

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from kenotron.runtime.run_lock import RunFolderBusyError, RunFolderLock
 from kenotron.train.__main__ import main
-from kenotron.train.run_lock import RunFolderBusyError, RunFolderLock
 
 REPO = Path(__file__).resolve().parents[2]
-HOLD = ("import sys, time; from kenotron.train.run_lock import RunFolderLock; RunFolderLock(sys.argv[1]).acquire(); "
+HOLD = ("import sys, time; from kenotron.runtime.run_lock import RunFolderLock; RunFolderLock(sys.argv[1]).acquire(); "
         "print('held', flush=True); time.sleep(600)")
 
 

@@ -1,0 +1,89 @@
+"""The checks of a config that need only its values, the world size and the model's shape.
+
+    spec, args = resolve_model(cfg)                           # the family and its checked args
+    dims, global_batch, accum = resolve_degrees(cfg, world_size, spec, args, device_type)
+
+They are resolve_run's first steps (kenotron/train/resolve.py), kept where importing them
+costs no more than the config and the model registry: the launcher runs them before it
+imports the trainer, after the config-only ones (runtime/degrees.py). Every error is a
+ConfigError naming the key and the fix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from kenotron.config import ConfigError, JobConfig, MoE, validate_config
+from kenotron.models import MODEL_SPECS, ModelSpec, get_model_spec
+from kenotron.parallel.dims import ParallelDims, expert_parallel_degrees
+from kenotron.runtime.degrees import layout_degrees
+
+
+def check_moe_config(cfg: JobConfig, spec: ModelSpec) -> None:
+    """[moe] values that are invalid, or set for a family without experts."""
+    m, default = cfg.moe, MoE()
+    for name in ("aux_loss_coef", "z_loss_coef", "bias_update_rate"):
+        if getattr(m, name) < 0:
+            raise ConfigError(f"moe.{name}={getattr(m, name)} must be >= 0")
+    if spec.is_moe:
+        return
+    changed = [f"moe.{f.name}={getattr(m, f.name)!r}" for f in dataclasses.fields(m)
+               if getattr(m, f.name) != getattr(default, f.name)]
+    if cfg.parallelism.ep > 1:
+        changed.append(f"parallelism.ep={cfg.parallelism.ep}")
+    if changed:
+        moe_families = ", ".join(name for name, s in MODEL_SPECS.items() if s.is_moe)
+        raise ConfigError(f"{', '.join(changed)} set, but model.name={spec.name!r} has no experts; leave it at its "
+                          f"default or use an MoE family ({moe_families})")
+
+
+def check_moe_args(args: Any) -> None:
+    moe = getattr(args, "moe", None)
+    if moe is not None and not 1 <= moe.top_k <= moe.n_experts:
+        raise ConfigError(f"model.moe.top_k={moe.top_k} must lie in [1, n_experts={moe.n_experts}] (each token "
+                          f"picks top_k distinct experts); use at most {moe.n_experts} or set model.moe.n_experts")
+
+
+def check_expert_parallel(cfg: JobConfig, dims: ParallelDims, spec: ModelSpec, args: Any) -> None:
+    """ep against the experts and the data-parallel mode."""
+    if dims.ep == 1:
+        return
+    n_experts = args.moe.n_experts
+    if n_experts % dims.ep:
+        valid = expert_parallel_degrees(dims.dp_shard, dims.cp, n_experts)
+        raise ConfigError(f"parallelism.ep={dims.ep} does not divide the {n_experts} experts of {spec.name} "
+                          f"{cfg.model.flavor}; use one of {valid}")
+    if cfg.parallelism.dp_mode != "fsdp":
+        raise ConfigError(f"parallelism.ep={dims.ep} shards the experts with FSDP over the remaining ranks; "
+                          f"use parallelism.dp_mode='fsdp'")
+
+
+def resolve_model(cfg: JobConfig) -> tuple[ModelSpec, Any]:
+    """The config's values checked together, its model family and the family's args (the flavor
+    with the config's model.<field> values)."""
+    validate_config(cfg)
+    spec = get_model_spec(cfg.model.name)
+    check_moe_config(cfg, spec)
+    args = spec.model_args(cfg.model.flavor, cfg.model.args, max_seq_len=cfg.training.seq_len)
+    check_moe_args(args)
+    return spec, args
+
+
+def resolve_degrees(cfg: JobConfig, world_size: int, spec: ModelSpec, args: Any,
+                    device_type: str) -> tuple[ParallelDims, int, int]:
+    """The parallel degrees laid out on `world_size` and checked against the model's dimensions,
+    the global batch size and the gradient-accumulation steps. `device_type` is the target's
+    ("cuda" or "cpu")."""
+    p, t = cfg.parallelism, cfg.training
+    dims, global_batch, accum = layout_degrees(cfg, world_size)
+    dims.check_model(spec.tp_divisors(args), n_layers=args.n_layers)
+    # An MoE layer's width is not split by tensor parallel (it runs on this rank's sequence shard).
+    dims.check_seq_len(t.seq_len, sequence_parallel=p.sequence_parallel or spec.is_moe)
+    check_expert_parallel(cfg, dims, spec, args)
+    if p.async_tp and dims.tp > 1 and not (device_type == "cuda" and cfg.compile.enable):
+        raise ConfigError("parallelism.async_tp needs CUDA and compile.enable=true (the overlap is done by the "
+                          "compiler); turn it off or enable both")
+    if dims.tp > 1 and not spec.tp_styles:
+        raise ConfigError(f"model.name={spec.name!r} has no tensor-parallel plan yet; use parallelism.tp=1")
+    return dims, global_batch, accum

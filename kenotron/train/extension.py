@@ -1,0 +1,89 @@
+"""How a feature attaches to a training job: one small interface of named hooks.
+
+The step (train/step.py) and the loop (train/trainer.py) are written for the plain case and
+call these hooks on every extension of the job, in the order `build_job` attached them:
+
+    before_forward_backward(microbatches)      # e.g. the MoE routers' loss weights
+    forward_backward(microbatches, observer)   # an extension that runs the passes itself
+    eval_loss(microbatches)                    #   (the pipeline schedule, DoReMi's two passes)
+    after_forward_backward()
+    norm_duplicates()                          # parameters another rank's copy counts in the norm
+    step_optimizer(optimizer) -> bool          # around each optimizer step (the early all-gather)
+    after_optimizer_step()                     # e.g. the routers' bias update
+    checkpoint_state()                         # JSON-able state the checkpoints keep
+    metrics()                                  # at logging steps, every rank
+    on_step(step)                              # the loop, after each step
+    write_records(folder, final)               # rank 0, at logging steps and once at the end
+    finish()                                   # every rank, once the last step is done
+
+Every hook is a no-op here; a feature overrides the ones it needs. At most one extension runs
+the passes (`forward_backward` / `eval_loss` return a value instead of None): build_job checks it.
+A new feature (an optimizer's own step, multi-token prediction, fault tolerance) is a new
+subclass attached by build_job, not a new branch in the step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+
+from kenotron.data import MicroBatch
+
+
+class JobExtension:
+    """A feature of a training job (module docstring); `name` finds it on the job (`job.extension(name)`)."""
+
+    name: ClassVar[str] = ""
+
+    def before_forward_backward(self, microbatches: Sequence[MicroBatch]) -> None:
+        """Before the step's forward and backward passes."""
+
+    def forward_backward(self, microbatches: Sequence[MicroBatch], observer: Any) -> torch.Tensor | None:
+        """Run the step's passes instead of the plain ones and return this rank's loss share; None: not this one."""
+        return None
+
+    def eval_loss(self, microbatches: Sequence[MicroBatch]) -> torch.Tensor | None:
+        """Run validation's forward instead of the plain one and return this rank's loss share; None: not this one."""
+        return None
+
+    def after_forward_backward(self) -> None:
+        """After the passes, before the gradient norm."""
+
+    def norm_duplicates(self) -> set[int]:
+        """ids of parameters whose gradient another copy already counts in the global norm."""
+        return set()
+
+    def step_optimizer(self, optimizer: Any) -> bool:
+        """Step `optimizer` in this extension's way and return True; False: the plain `optimizer.step()`."""
+        return False
+
+    def after_optimizer_step(self) -> None:
+        """After every optimizer and LR schedule stepped, gradients zeroed."""
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        """{key: object with state_dict / load_state_dict, equal on every rank}: saved as JSON in each checkpoint."""
+        return {}
+
+    def metrics(self) -> dict[str, Any]:
+        """Values for the logging step's record (called on every rank: it may be collective)."""
+        return {}
+
+    def on_step(self, step: int) -> None:
+        """The loop, once step `step` is done and counted."""
+
+    def write_records(self, folder: Path, final: bool) -> None:
+        """Rank 0: files of this feature in the run folder, at logging steps and once at the end (`final`)."""
+
+    def finish(self) -> None:
+        """Every rank, after the last step: nothing of the step may still be in flight afterwards."""
+
+
+def check_one_runs_the_passes(extensions: Sequence[JobExtension]) -> None:
+    """At most one extension replaces the plain passes (two would each expect to run them)."""
+    runners = [e.name for e in extensions
+               if type(e).forward_backward is not JobExtension.forward_backward]
+    if len(runners) > 1:
+        raise ValueError(f"extensions {runners} each run the step's passes; a job has at most one")

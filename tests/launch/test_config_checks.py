@@ -1,0 +1,63 @@
+"""`kenotron train` checks the whole config once, in the launcher, before torchrun starts any
+rank: one line, exit code 2; the config-only mistakes before torch is even imported."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# Runs `kenotron train ARGS` in this interpreter, then reports whether torch was imported.
+PROGRAM = """
+import sys
+from kenotron.cli import main
+code = main(["train", *sys.argv[1:]])
+print("torch imported" if "torch" in sys.modules else "torch not imported")
+sys.exit(code)
+"""
+
+
+def _kenotron_train(*args: str, folder: Path) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+               OMP_NUM_THREADS="1")
+    return subprocess.run([sys.executable, "-c", PROGRAM, "--config", "train_configs/debug.toml",
+                           "--job.dump_folder", str(folder), *args],
+                          check=False, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_degrees_that_do_not_fit_the_world_size_are_one_line_before_torch_is_imported(tmp_path):
+    proc = _kenotron_train("--nproc", "2", "--parallelism.tp", "3", folder=tmp_path / "run")
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [(
+        "kenotron: config error: dp_shard=-1 has no room: dp_replicate x cp x tp x pp = 1 x 1 x 3 x 1 = 3 does not "
+        "divide the world size 2; choose degrees whose product divides 2 (divisors: [1, 2])")]
+    assert proc.stdout.strip() == "torch not imported"
+    assert not (tmp_path / "run").exists()  # nothing started
+
+
+def test_tp_not_dividing_the_heads_is_one_line_from_the_launcher_not_from_each_rank(tmp_path):
+    proc = _kenotron_train("--nproc", "3", "--parallelism.tp", "3", folder=tmp_path / "run")
+    assert proc.returncode == 2, proc.stderr
+    # A rank's line would carry torchrun's "[rankN]:" prefix and come once per rank.
+    assert proc.stderr.strip().splitlines() == [
+        "kenotron: config error: tp=3 does not divide n_heads=8; use one of [1, 2, 4, 8]"]
+    assert not (tmp_path / "run" / "logs").exists()  # torchrun never started
+
+
+def test_an_error_only_the_full_resolve_finds_is_one_line_from_the_launcher(tmp_path):
+    proc = _kenotron_train("--nproc", "2", "--tuning.loss", "fused", "--parallelism.tp", "2",
+                           folder=tmp_path / "run")
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        "kenotron: config error: tuning.loss='fused' does not combine with tensor parallel; use 'auto' or 'plain'"]
+    assert not (tmp_path / "run" / "logs").exists()
+
+
+def test_train_help_answers_without_importing_torch(tmp_path):
+    proc = _kenotron_train("--help", folder=tmp_path / "run")
+    assert proc.returncode == 0, proc.stderr
+    assert "--nproc" in proc.stdout and "--training.steps" in proc.stdout
+    assert proc.stdout.strip().endswith("torch not imported")

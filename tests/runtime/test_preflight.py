@@ -1,0 +1,47 @@
+"""The config-only checks (runtime/degrees.py, runtime/preflight.py): the errors resolve_run
+gives, from modules the launcher imports before the trainer."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kenotron.config import ConfigError, load_config
+from kenotron.kernel_choice.target import Target
+from kenotron.runtime.degrees import layout_degrees
+from kenotron.runtime.preflight import resolve_degrees, resolve_model
+from kenotron.train.resolve import resolve_run
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_layout_degrees_give_the_batch_and_accumulation_of_the_world():
+    cfg = load_config("train_configs/debug.toml", ["--training.global_batch_size", "16"])
+    dims, global_batch, accum = layout_degrees(cfg, 2)
+    assert (dims.dp, global_batch, accum) == (2, 16, 2)
+
+
+@pytest.mark.parametrize("overrides, world, message", [
+    (["--parallelism.tp", "3"], 2, "does not divide the world size 2"),
+    (["--parallelism.tp", "3"], 3, "tp=3 does not divide n_heads=8"),
+    (["--training.global_batch_size", "6"], 4, "global_batch_size"),
+])
+def test_the_preflight_errors_are_resolve_runs(overrides, world, message):
+    cfg = load_config("train_configs/debug.toml", overrides)
+    with pytest.raises(ConfigError, match=message) as early:
+        spec, args = resolve_model(cfg)
+        resolve_degrees(cfg, world, spec, args, "cpu")
+    with pytest.raises(ConfigError) as full:
+        resolve_run(cfg, world, Target("cpu"))
+    assert str(early.value) == str(full.value)
+
+
+def test_the_config_only_checks_import_no_torch():
+    code = ("import sys; import kenotron.runtime.degrees, kenotron.launch.launcher; "
+            "assert 'torch' not in sys.modules, 'torch imported'; print('ok')")
+    proc = subprocess.run([sys.executable, "-c", code], check=False, cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.stdout.strip() == "ok", proc.stderr[-2000:]
