@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kenotron.parallel.dims import ParallelDims
+from kenotron.degrees import ParallelDims
 
 
 @dataclass(frozen=True)

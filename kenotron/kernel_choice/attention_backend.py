@@ -29,6 +29,7 @@ from torch.nn.attention.flex_attention import BlockMask
 
 from kenotron.config import ConfigError, JobConfig
 from kenotron.data import document_ids
+from kenotron.degrees import ParallelDims
 from kenotron.kernel_choice.target import Target
 from kenotron.models.common.attention import GQAttention
 from kenotron.models.common.flash_attention import (
@@ -40,7 +41,6 @@ from kenotron.models.common.flash_attention import (
     load_flash_attention,
 )
 from kenotron.models.common.flex_attention import causal_block_mask, document_block_mask
-from kenotron.parallel.dims import ParallelDims
 
 NAMED = {
     "cudnn": SDPBackend.CUDNN_ATTENTION,

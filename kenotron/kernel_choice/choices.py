@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from kenotron.config import ConfigError, JobConfig
+from kenotron.degrees import ParallelDims
 from kenotron.kernel_choice.attention_backend import auto_picks_flash_attn, check_attention, resolve_attention_backend
 from kenotron.kernel_choice.target import Target
 from kenotron.kernel_choice.tuning import (
@@ -32,7 +33,6 @@ from kenotron.kernel_choice.tuning import (
     resolve_ssm_kernel,
 )
 from kenotron.models.common.mamba import unsupported_scan_sizes
-from kenotron.parallel.dims import ParallelDims
 
 
 @dataclass(frozen=True)

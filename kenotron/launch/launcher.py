@@ -24,7 +24,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -74,11 +74,26 @@ def _quiet_torchrun_logs() -> None:
         logger.propagate = False
 
 
-def default_nproc() -> int:
-    """One process per visible GPU, or one on a machine without GPUs."""
-    import torch  # only without --nproc: counting GPUs needs torch, which config errors must not wait for
+NVIDIA_GPUS = "/proc/driver/nvidia/gpus"
+"""One folder per GPU that the NVIDIA driver sees (Linux)."""
 
-    return max(torch.cuda.device_count(), 1)
+
+def default_nproc(environ: Mapping[str, str] = os.environ, driver_gpus: str = NVIDIA_GPUS) -> int:
+    """One process per visible GPU, or one on a machine without GPUs. Counted without torch
+    (whose import config errors must not wait for): the driver's GPUs, narrowed by
+    CUDA_VISIBLE_DEVICES as CUDA reads it (its list ends at the first entry that is not a device,
+    such as -1)."""
+    gpus = len(glob.glob(os.path.join(driver_gpus, "*")))
+    visible = environ.get("CUDA_VISIBLE_DEVICES")
+    if gpus and visible is not None:
+        entries = 0
+        for entry in visible.split(","):
+            entry = entry.strip()
+            if not entry or entry.startswith("-"):
+                break
+            entries += 1
+        gpus = min(gpus, entries)
+    return max(gpus, 1)
 
 
 def torchrun_args(train_argv: Sequence[str], *, nproc: int, nnodes: int, rdzv_endpoint: str, rdzv_id: str,

@@ -7,8 +7,9 @@ Importing this package imports the plan and everything it applies (torch.distrib
 tensor parallel and pipelining).
 """
 
+from kenotron.degrees import ParallelConfigError, ParallelDims
 from kenotron.parallel.describe import describe_parameters, format_description
-from kenotron.parallel.dims import Meshes, ParallelConfigError, ParallelDims
+from kenotron.parallel.dims import Meshes
 from kenotron.parallel.grad_norm import clip_grads_, total_grad_norm
 from kenotron.parallel.model_layout import ModelLayout, PlanError, matching_modules
 from kenotron.parallel.parallel_settings import ParallelSettings

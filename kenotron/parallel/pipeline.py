@@ -28,8 +28,8 @@ from torch import nn
 from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining.schedules import _PipelineSchedule, get_schedule_class
 
+from kenotron.degrees import ParallelConfigError
 from kenotron.parallel.context.apply import SequenceSharder
-from kenotron.parallel.dims import ParallelConfigError
 
 SINGLE_STAGE_SCHEDULES = ("GPipe", "1F1B")
 LOOPED_SCHEDULES = ("Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble")

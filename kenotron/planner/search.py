@@ -28,10 +28,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kenotron.config import ConfigError, JobConfig
+from kenotron.degrees import ParallelConfigError, ParallelDims, expert_parallel_degrees
 from kenotron.estimate.memory import estimate_run
 from kenotron.estimate.report import RESERVED_FRACTION, describe_model, gib
 from kenotron.kernel_choice.target import Target
-from kenotron.parallel.dims import ParallelConfigError, ParallelDims, expert_parallel_degrees
 from kenotron.planner.analytic_model import AnalyticModel
 from kenotron.planner.hardware import Hardware
 from kenotron.planner.throughput import StepTime, step_time

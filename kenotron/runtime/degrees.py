@@ -11,7 +11,7 @@ the layout.
 from __future__ import annotations
 
 from kenotron.config import JobConfig
-from kenotron.parallel.dims import ParallelDims
+from kenotron.degrees import ParallelDims
 
 
 def layout_degrees(cfg: JobConfig, world_size: int) -> tuple[ParallelDims, int, int]:

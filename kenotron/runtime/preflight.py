@@ -15,8 +15,8 @@ import dataclasses
 from typing import Any
 
 from kenotron.config import ConfigError, JobConfig, MoE, validate_config
+from kenotron.degrees import ParallelDims, expert_parallel_degrees
 from kenotron.models import MODEL_SPECS, ModelSpec, get_model_spec
-from kenotron.parallel.dims import ParallelDims, expert_parallel_degrees
 from kenotron.runtime.degrees import layout_degrees
 
 

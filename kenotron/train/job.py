@@ -29,7 +29,7 @@ from kenotron.kernel_choice.attention_backend import BlockMasks, use_attention_k
 from kenotron.models.common.eager_kernels import use_eager_kernels, use_expert_kernel
 from kenotron.models.common.mamba import use_scan_kernel
 from kenotron.models.common.parametrization import spectral_lr_scales
-from kenotron.parallel.dims import Meshes
+from kenotron.parallel.dims import Meshes, build_device_meshes
 from kenotron.parallel.early_gather import EarlyGather
 from kenotron.parallel.zero1 import Zero1Optimizer
 from kenotron.train.doremi import build_doremi, load_reference
@@ -58,7 +58,7 @@ def build_meshes(run: ResolvedRun, device_type: str) -> Meshes:
     """The job's meshes (the process group must exist with more than one rank, or when FSDP's
     mixed precision runs on one device, whose 1-device mesh this returns)."""
     if run.dims.world_size > 1:
-        return run.dims.build_meshes(device_type)
+        return build_device_meshes(run.dims, device_type)
     if run.choices.precision != "fsdp":
         return Meshes(run.dims, None)
     from torch.distributed.device_mesh import init_device_mesh

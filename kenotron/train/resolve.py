@@ -18,13 +18,13 @@ import torch
 from kenotron.checkpoint import check_checkpoint_config
 from kenotron.config import ConfigError, JobConfig
 from kenotron.data import build_tokenizer, check_data_config
+from kenotron.degrees import ParallelDims
 from kenotron.kernel_choice.attention_backend import window_shorter_than
 from kenotron.kernel_choice.choices import Choices, resolve_choices
 from kenotron.kernel_choice.target import Target
 from kenotron.models import ModelSpec
 from kenotron.models.common.parametrization import matrix_fans
 from kenotron.parallel.context.apply import cp_attention_kind
-from kenotron.parallel.dims import ParallelDims
 from kenotron.parallel.parallel_settings import ParallelSettings
 from kenotron.parallel.pipeline import PipelineSplit, build_pipeline_split, check_compile
 from kenotron.parallel.plan import Plan, layout_for

@@ -144,3 +144,29 @@ def test_the_cause_is_the_rank_that_failed_not_the_ones_the_launcher_stopped(tmp
     config = failure(1, 2, {"line": "kenotron: config error: x", "kind": "config", "time": 2.0})
     first = failures_of(SimpleNamespace(failures={0: interrupted, 1: config}))[0]
     assert (first.rank, first.exit_code, first.line) == (1, 2, "kenotron: config error: x")
+
+
+def test_default_nproc_counts_the_drivers_gpus_narrowed_by_cuda_visible_devices(tmp_path):
+    from kenotron.launch.launcher import default_nproc
+
+    for i in range(4):
+        (tmp_path / f"0000:0{i}:00.0").mkdir()
+    assert default_nproc({}, str(tmp_path)) == 4
+    assert default_nproc({"CUDA_VISIBLE_DEVICES": "2,3"}, str(tmp_path)) == 2
+    assert default_nproc({"CUDA_VISIBLE_DEVICES": "0,-1,2"}, str(tmp_path)) == 1  # CUDA stops at -1
+    assert default_nproc({"CUDA_VISIBLE_DEVICES": ""}, str(tmp_path)) == 1  # none visible: one CPU process
+    assert default_nproc({}, str(tmp_path / "absent")) == 1  # no NVIDIA driver
+
+
+def test_a_layout_error_needs_no_torch_import(tmp_path):
+    """`kenotron train` with a bad layout (and no --nproc) stops before anything imports torch."""
+    import subprocess
+    import sys
+
+    probe = ("import sys, runpy\nsys.argv = ['kenotron', 'train', '--parallelism.tp', '3', '--job.dump_folder', "
+             f"{str(tmp_path / 'run')!r}]\n"
+             "try:\n    runpy.run_module('kenotron.cli', run_name='__main__')\n"
+             "except SystemExit as e:\n    print('EXIT', e.code, 'torch' in sys.modules)\n")
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=False)
+    assert proc.stdout.strip().splitlines()[-1] == "EXIT 2 False", proc.stdout + proc.stderr
+    assert "does not divide the world size" in proc.stderr

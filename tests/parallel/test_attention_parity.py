@@ -14,6 +14,7 @@ import torch
 
 from kenotron.config import load_config
 from kenotron.kernel_choice.attention_backend import use_attention_kernel
+from kenotron.parallel.dims import build_device_meshes
 from kenotron.train.resolve import resolve_run
 from tests.distributed.pool import run_on_ranks
 from tests.models.fake_flash_attn import fake_flash_attn, install, uninstall
@@ -51,7 +52,7 @@ def _build(world_size: int, flash: bool) -> torch.nn.Module:
     if flash:
         use_attention_kernel(model, "flash_attn", torch.device("cpu"))
     if world_size > 1:
-        run.plan.apply(model, run.dims.build_meshes("cpu"))
+        run.plan.apply(model, build_device_meshes(run.dims, "cpu"))
     model.to_empty(device="cpu")
     model.init_weights(seed=0)
     return model

@@ -123,15 +123,17 @@ def test_a_window_as_long_as_the_sequence_is_plain_causal_attention_and_allowed(
 
 
 def _applied_attention_rank():
+    from kenotron.degrees import ParallelDims
     from kenotron.models import get_model_spec
     from kenotron.parallel.context import RingAttention
-    from kenotron.parallel.dims import ParallelDims
+    from kenotron.parallel.dims import build_device_meshes
     from kenotron.parallel.plan import plan_for
 
     spec = get_model_spec("llama3")
     with torch.device("meta"):
         model = spec.build(spec.model_args("debug", n_layers=2, max_seq_len=64))
-    applied = plan_for(spec, cp_rotate_method="alltoall").apply(model, ParallelDims.from_degrees(2, cp=2).build_meshes("cpu"))
+    meshes = build_device_meshes(ParallelDims.from_degrees(2, cp=2), "cpu")
+    applied = plan_for(spec, cp_rotate_method="alltoall").apply(model, meshes)
     fns = [block.attention.attention_fn for block in model.layers.values()]
     assert all(isinstance(fn, RingAttention) and fn.rotate_method == "alltoall" for fn in fns), fns
     assert sum(1 for _ in model.parameters()) == sum(1 for _ in spec.build(spec.model_args("debug", n_layers=2)).parameters())

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kenotron.config import load_config
-from kenotron.parallel.dims import ParallelConfigError, ParallelDims
+from kenotron.degrees import ParallelConfigError, ParallelDims
 from kenotron.train.resolve import resolve_run
 
 

@@ -8,8 +8,8 @@ import torch
 import torch.distributed as dist
 
 from kenotron.config import load_config
+from kenotron.degrees import ParallelConfigError
 from kenotron.models import get_model_spec
-from kenotron.parallel.dims import ParallelConfigError
 from kenotron.parallel.pipeline import (
     PipelineSplit,
     balanced_layer_counts,

@@ -6,9 +6,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from kenotron.degrees import ParallelDims
 from kenotron.dtensor import local_tensor
 from kenotron.models import get_model_spec
-from kenotron.parallel.dims import ParallelDims
+from kenotron.parallel.dims import build_device_meshes
 from kenotron.parallel.model_layout import PlanError
 from kenotron.parallel.plan import plan_for
 from tests.distributed.pool import run_on_ranks
@@ -89,7 +90,7 @@ def test_a_plan_with_a_bad_style_or_mode_is_rejected():
 
 def _applied_local_shapes(mesh_shape: dict[str, int]) -> dict[str, tuple]:
     dims = ParallelDims.from_degrees(dist.get_world_size(), **mesh_shape)
-    meshes = dims.build_meshes("cpu")
+    meshes = build_device_meshes(dims, "cpu")
     model = meta_model()
     plan_for(SPEC).apply(model, meshes)
     return {n: tuple(local_tensor(p).shape) for n, p in model.named_parameters()}

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from kenotron.config import ConfigError, load_config
-from kenotron.parallel.dims import ParallelConfigError
+from kenotron.degrees import ParallelConfigError
 from kenotron.train.resolve import resolve_run
 
 MAMBA = ["--model.name", "mamba2"]

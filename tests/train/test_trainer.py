@@ -7,7 +7,7 @@ import json
 import pytest
 
 from kenotron.config import ConfigError, load_config
-from kenotron.parallel.dims import ParallelConfigError
+from kenotron.degrees import ParallelConfigError
 from kenotron.runtime.divergence import NonFiniteLossError
 from kenotron.train.trainer import resolve_run, run_training
 

@@ -1,0 +1,182 @@
+"""A job's parallel degrees and every check on them, before any process group or mesh exists.
+
+Plain arithmetic on the config's numbers (no torch): the launcher checks a layout with it in
+the time Python and the config take to import, and parallel/dims.py builds the job's
+DeviceMesh from it.
+
+Mesh dimensions, outermost first: pp, dp_replicate, dp_shard, cp, tp. Only degrees > 1
+become mesh dimensions; flattened views are built for the groups the plans need:
+
+- "dp"          = dp_replicate x dp_shard  (data loading: which slice of the global batch)
+- "dp_shard_cp" = dp_shard x cp            (FSDP shards parameters over this)
+- "dp_cp"       = dp_replicate x dp_shard x cp (the loss is averaged over this)
+- "dp_cp_tp"    = every dimension but pp   (the ranks holding other tokens of one micro-batch)
+
+Expert parallelism (ep > 1) borrows its ranks from dp_shard x cp: dp_shard is split into
+"efsdp" (outer, dp_shard x cp / ep, kept even at size 1) and "dp_shard_in_ep" (ep / cp), and
+"ep" = dp_shard_in_ep x cp is a flattened view. Each MoE layer's experts are sharded over ep and
+FSDP-sharded over efsdp (x dp_replicate); "dp_shard" becomes the view efsdp x dp_shard_in_ep.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from kenotron.errors import ConfigError
+
+
+class ParallelConfigError(ConfigError):
+    """Degrees that cannot be laid out on the world size or the model; the message says how to fix them."""
+
+
+MESH_DIM_ORDER = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
+EP_MESH_DIM_ORDER = ("pp", "dp_replicate", "efsdp", "dp_shard_in_ep", "cp", "tp")
+"""The physical dimensions under expert parallelism: dp_shard split in two."""
+FLATTENED_DIMS: dict[str, tuple[str, ...]] = {
+    "dp": ("dp_replicate", "dp_shard"),
+    "dp_shard_cp": ("dp_shard", "cp"),
+    "dp_cp": ("dp_replicate", "dp_shard", "cp"),
+    "dp_cp_tp": ("dp_replicate", "dp_shard", "cp", "tp"),
+}
+EP_FLATTENED_DIMS: dict[str, tuple[str, ...]] = {
+    "dp_shard": ("efsdp", "dp_shard_in_ep"),
+    "dp": ("dp_replicate", "efsdp", "dp_shard_in_ep"),
+    "dp_shard_cp": ("efsdp", "dp_shard_in_ep", "cp"),
+    "dp_cp": ("dp_replicate", "efsdp", "dp_shard_in_ep", "cp"),
+    "dp_cp_tp": ("dp_replicate", "efsdp", "dp_shard_in_ep", "cp", "tp"),
+    "ep": ("dp_shard_in_ep", "cp"),
+}
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+@dataclass(frozen=True)
+class ParallelDims:
+    """Resolved parallel degrees of one job (dp_shard never -1 here)."""
+
+    dp_replicate: int
+    dp_shard: int
+    cp: int
+    tp: int
+    pp: int
+    ep: int
+    world_size: int
+
+    @classmethod
+    def from_degrees(
+        cls,
+        world_size: int,
+        *,
+        dp_replicate: int = 1,
+        dp_shard: int = -1,
+        cp: int = 1,
+        tp: int = 1,
+        pp: int = 1,
+        ep: int = 1,
+    ) -> ParallelDims:
+        """Check the degrees against the world size, filling dp_shard=-1 with what is left."""
+        named = {"dp_replicate": dp_replicate, "cp": cp, "tp": tp, "pp": pp, "ep": ep}
+        for name, value in named.items():
+            if value < 1:
+                raise ParallelConfigError(f"parallelism.{name}={value} must be >= 1")
+        if dp_shard == 0 or dp_shard < -1:
+            raise ParallelConfigError(f"parallelism.dp_shard={dp_shard} must be >= 1, or -1 to fill the rest")
+        others = dp_replicate * cp * tp * pp
+        if dp_shard == -1:
+            if world_size % others != 0:
+                raise ParallelConfigError(
+                    f"dp_shard=-1 has no room: dp_replicate x cp x tp x pp = {dp_replicate} x {cp} x {tp} x {pp} "
+                    f"= {others} does not divide the world size {world_size}; choose degrees whose product "
+                    f"divides {world_size} (divisors: {_divisors(world_size)})"
+                )
+            dp_shard = world_size // others
+        if others * dp_shard != world_size:
+            raise ParallelConfigError(
+                f"parallel degrees multiply to {others * dp_shard} (dp_replicate {dp_replicate} x dp_shard "
+                f"{dp_shard} x cp {cp} x tp {tp} x pp {pp}) but the world size is {world_size}; "
+                f"set parallelism.dp_shard=-1 to fill the rest, or change the degrees"
+            )
+        if ep > 1 and ep not in expert_parallel_degrees(dp_shard, cp):
+            raise ParallelConfigError(
+                f"parallelism.ep={ep} cannot be taken from dp_shard x cp = {dp_shard} x {cp} (expert parallelism "
+                f"borrows all {cp} context-parallel ranks and a divisor of dp_shard); use one of "
+                f"{expert_parallel_degrees(dp_shard, cp)}"
+            )
+        return cls(dp_replicate, dp_shard, cp, tp, pp, ep, world_size)
+
+    @property
+    def efsdp(self) -> int:
+        """Ranks the expert weights are FSDP-sharded over (besides dp_replicate): dp_shard x cp / ep."""
+        return self.dp_shard * self.cp // self.ep
+
+    @property
+    def dp(self) -> int:
+        """Data-parallel degree: how many different slices of the global batch are in flight."""
+        return self.dp_replicate * self.dp_shard
+
+    def degrees(self) -> dict[str, int]:
+        """The degrees of the mesh dimensions (pp, dp_replicate, dp_shard, cp, tp), plus ep when > 1."""
+        out = {name: getattr(self, name) for name in MESH_DIM_ORDER}
+        if self.ep > 1:
+            out["ep"] = self.ep
+        return out
+
+    def mesh_shape(self) -> tuple[tuple[str, ...], tuple[int, ...]]:
+        """(names, sizes) of the mesh dimensions with degree > 1 (and efsdp under ep), outermost first."""
+        if self.ep > 1:
+            sizes = {"pp": self.pp, "dp_replicate": self.dp_replicate, "efsdp": self.efsdp,
+                     "dp_shard_in_ep": self.ep // self.cp, "cp": self.cp, "tp": self.tp}
+            dims = [(n, sizes[n]) for n in EP_MESH_DIM_ORDER if sizes[n] > 1 or n == "efsdp"]
+        else:
+            dims = [(n, d) for n, d in self.degrees().items() if d > 1]
+        return tuple(n for n, _ in dims), tuple(d for _, d in dims)
+
+    @property
+    def flattened_dims(self) -> dict[str, tuple[str, ...]]:
+        return EP_FLATTENED_DIMS if self.ep > 1 else FLATTENED_DIMS
+
+    def grad_accum_steps(self, global_batch_size: int, local_batch_size: int) -> int:
+        """Micro-steps per optimizer step so that `global_batch_size` sequences are seen."""
+        per_micro = local_batch_size * self.dp
+        if global_batch_size % per_micro != 0:
+            raise ParallelConfigError(
+                f"training.global_batch_size={global_batch_size} is not divisible by local_batch_size x dp = "
+                f"{local_batch_size} x {self.dp} = {per_micro}; use a multiple of {per_micro}"
+            )
+        return global_batch_size // per_micro
+
+    def check_model(self, tp_divisors: Mapping[str, int], n_layers: int) -> None:
+        """Tensor/pipeline degrees against the model's dimensions: `tp_divisors` ({name: size},
+        the family's ModelSpec.tp_divisors) are what tensor parallel splits."""
+        tp = self.tp
+        for name, value in tp_divisors.items():
+            if value % tp != 0:
+                valid = [d for d in _divisors(value) if d <= max(value, 1)][:12]
+                raise ParallelConfigError(f"tp={tp} does not divide {name}={value}; use one of {valid}")
+        if self.pp > n_layers:
+            raise ParallelConfigError(f"pp={self.pp} stages but the model has only {n_layers} layers; use pp <= {n_layers}")
+
+    def check_seq_len(self, seq_len: int, sequence_parallel: bool = True) -> None:
+        """Sequence parallel splits by tp, load-balanced context parallel by 2 x cp."""
+        tp = self.tp if sequence_parallel else 1
+        unit = tp * (2 * self.cp if self.cp > 1 else 1)
+        if seq_len % unit != 0:
+            what = f"tp x 2 x cp = {tp} x 2 x {self.cp} = {unit}" if self.cp > 1 else f"tp={tp}"
+            raise ParallelConfigError(
+                f"training.seq_len={seq_len} is not divisible by {what} (sequence parallel splits each sequence "
+                f"over the ranks); use a multiple of {unit}"
+            )
+
+    def __str__(self) -> str:
+        degrees = " x ".join(f"{n} {d}" for n, d in self.degrees().items() if n != "ep")
+        return f"ParallelDims(world {self.world_size}: {degrees}, ep {self.ep})"
+
+
+def expert_parallel_degrees(dp_shard: int, cp: int, n_experts: int = 0) -> list[int]:
+    """The ep degrees these ranks allow: 1, and cp x d for each divisor d of dp_shard (dividing
+    `n_experts` when given)."""
+    out = sorted({1} | {cp * d for d in _divisors(dp_shard)})
+    return [e for e in out if not n_experts or n_experts % e == 0]
