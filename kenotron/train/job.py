@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
 
 from kenotron.kernel_choice.attention_backend import BlockMasks, use_attention_kernel
 from kenotron.models.common.eager_kernels import use_eager_kernels, use_expert_kernel
@@ -61,8 +62,6 @@ def build_meshes(run: ResolvedRun, device_type: str) -> Meshes:
         return build_device_meshes(run.dims, device_type)
     if run.choices.precision != "fsdp":
         return Meshes(run.dims, None)
-    from torch.distributed.device_mesh import init_device_mesh
-
     return Meshes(run.dims, init_device_mesh(device_type, (1,), mesh_dim_names=("dp_shard",)))
 
 
