@@ -198,7 +198,7 @@ def _timeline(trainer, folder: str, steps: int = 3) -> str:
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
             with record_function(STEP_RANGE):
-                trainer.train_step(trainer.loader.next_step())
+                trainer.run_step(trainer.loader.next_step())
         torch.cuda.synchronize()
     raw = Path(folder) / f"rank{rank}.json"
     prof.export_chrome_trace(str(raw))
