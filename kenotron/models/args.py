@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from collections.abc import Mapping
@@ -18,6 +19,7 @@ from typing import Any
 
 from kenotron.config import convert_value
 from kenotron.errors import ConfigError
+from kenotron.models.common.router import SCORE_FUNCS
 
 SET_BY_THE_TRAINER = {"max_seq_len": "training.seq_len"}
 """Args fields that follow another config key."""
@@ -83,11 +85,11 @@ def args_with_overrides(args: Any, overrides: Mapping[str, Any], family: str) ->
     return _updated("model", args, overrides, family)
 
 
-def _positive(args: Any, names: tuple[str, ...]) -> None:
+def _positive(args: Any, names: tuple[str, ...], prefix: str = "model") -> None:
     for name in names:
         value = getattr(args, name, None)
         if value is not None and not value > 0:
-            raise ConfigError(f"model.{name}={value} must be positive")
+            raise ConfigError(f"{prefix}.{name}={value} must be positive")
 
 
 def _divisors(n: int, even_quotient: bool = False) -> str:
@@ -111,6 +113,9 @@ def check_decoder_args(args: Any) -> None:
     if args.head_dim % 2:
         raise ConfigError(f"the head size is {args.head_dim}, odd: RoPE rotates pairs of dimensions; choose "
                           f"model.dim and model.n_heads (or model.head_dim) for an even head size")
+    moe = getattr(args, "moe", None)
+    if moe is not None:
+        check_moe_args(moe)
     scaling = getattr(args, "rope_scaling", None)
     if scaling is not None:
         for f in dataclasses.fields(scaling):
@@ -119,3 +124,18 @@ def check_decoder_args(args: Any) -> None:
         if scaling.high_freq_factor <= scaling.low_freq_factor:
             raise ConfigError(f"model.rope_scaling.high_freq_factor={scaling.high_freq_factor} must exceed "
                               f"low_freq_factor={scaling.low_freq_factor}")
+
+
+def check_moe_args(moe: Any) -> None:
+    """An MoE family's expert shape and routing (model.moe.*), before anything is built."""
+    _positive(moe, ("n_experts", "top_k", "ffn_dim"), prefix="model.moe")
+    if moe.top_k > moe.n_experts:
+        raise ConfigError(f"model.moe.top_k={moe.top_k} must lie in [1, n_experts={moe.n_experts}] (each token picks "
+                          f"top_k distinct experts); use at most {moe.n_experts} or set model.moe.n_experts")
+    if moe.score_func not in SCORE_FUNCS:
+        raise ConfigError(f"model.moe.score_func={moe.score_func!r} is not one of {', '.join(SCORE_FUNCS)}")
+    if not (moe.route_scale > 0 and math.isfinite(moe.route_scale)):
+        raise ConfigError(f"model.moe.route_scale={moe.route_scale} must be > 0 and finite (the routing weights' factor; "
+                          "1 leaves them as the router gives them)")
+    if getattr(moe, "shared_ffn_dim", 0) < 0:
+        raise ConfigError(f"model.moe.shared_ffn_dim={moe.shared_ffn_dim} must be >= 0 (0: no shared expert)")

@@ -38,13 +38,6 @@ def check_moe_config(cfg: JobConfig, spec: ModelSpec) -> None:
                           f"default or use an MoE family ({moe_families})")
 
 
-def check_moe_args(args: Any) -> None:
-    moe = getattr(args, "moe", None)
-    if moe is not None and not 1 <= moe.top_k <= moe.n_experts:
-        raise ConfigError(f"model.moe.top_k={moe.top_k} must lie in [1, n_experts={moe.n_experts}] (each token "
-                          f"picks top_k distinct experts); use at most {moe.n_experts} or set model.moe.n_experts")
-
-
 def check_expert_parallel(cfg: JobConfig, dims: ParallelDims, spec: ModelSpec, args: Any) -> None:
     """ep against the experts and the data-parallel mode."""
     if dims.ep == 1:
@@ -65,8 +58,7 @@ def resolve_model(cfg: JobConfig) -> tuple[ModelSpec, Any]:
     validate_config(cfg)
     spec = get_model_spec(cfg.model.name)
     check_moe_config(cfg, spec)
-    args = spec.model_args(cfg.model.flavor, cfg.model.args, max_seq_len=cfg.training.seq_len)
-    check_moe_args(args)
+    args = spec.model_args(cfg.model.flavor, cfg.model.args, max_seq_len=cfg.training.seq_len)  # checked there
     return spec, args
 
 

@@ -136,3 +136,16 @@ def test_list_models_names_the_fields_of_an_moe_familys_expert_shape(capsys):
     assert answer_info_flags(["--list-models"])
     listing = capsys.readouterr().out
     assert "moe (n_experts, top_k, ffn_dim," in listing.split("qwen3_moe:")[1].split("\n")[1]
+
+
+@pytest.mark.parametrize("override, message", [
+    (("--model.moe.ffn_dim", "0"), r"model.moe.ffn_dim=0 must be positive"),
+    (("--model.moe.n_experts", "0"), r"model.moe.n_experts=0 must be positive"),
+    (("--model.moe.score_func", "bogus"), r"model.moe.score_func='bogus' is not one of softmax, sigmoid"),
+    (("--model.moe.route_scale", "nan"), r"model.moe.route_scale=nan must be > 0 and finite"),
+    (("--model.moe.route_scale", "-1"), r"model.moe.route_scale=-1.0 must be > 0 and finite"),
+])
+def test_an_impossible_expert_shape_or_routing_stops_in_one_line(override, message):
+    # Each of these used to train (ffn_dim 0, a NaN route scale) or end in a traceback (score_func).
+    with pytest.raises(ConfigError, match=message):
+        resolve(1, *MOE, *override)
