@@ -11,6 +11,7 @@ or `model-0000i-of-0000n.safetensors` plus `model.safetensors.index.json` above 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -149,6 +150,7 @@ def write_hf_shards(
         # safetensors refuses views and shared storage: give each tensor its own contiguous copy.
         tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in load(keys).items()}
         safetensors.torch.save_file(tensors, str(out / name), metadata={"format": "pt"})
+        _readable_like_the_rest(out / name)
         weight_map.update(dict.fromkeys(tensors, name))
         total += sum(t.numel() * t.element_size() for t in tensors.values())
         del tensors
@@ -156,6 +158,14 @@ def write_hf_shards(
         index = {"metadata": {"total_size": total}, "weight_map": weight_map}
         (out / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
     return out
+
+
+def _readable_like_the_rest(path: Path) -> None:
+    """safetensors creates its files private (0600); an exported folder's files get the mode the
+    process's umask gives the others (config.json: 0644 under the usual umask 022)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    path.chmod(0o666 & ~umask)
 
 
 def write_hf_folder(

@@ -177,3 +177,16 @@ def test_convert_hf_script_goes_both_ways_and_keeps_the_logits(hf_folder, tmp_pa
     capsys.readouterr()
     assert main(["to-hf", str(tmp_path / "nowhere"), str(tmp_path / "x")]) == 2
     assert "kenotron convert: " in (err := capsys.readouterr().err) and "nowhere does not exist" in err
+
+
+def test_exported_weights_are_readable_like_the_config_beside_them(tmp_path):
+    # safetensors creates its files 0600: an export shared with another user could not be read.
+    pytest.importorskip("safetensors")
+    import stat
+
+    from kenotron.checkpoint.hf_files import write_hf_folder
+
+    out = write_hf_folder(tmp_path / "hf", {"model_type": "llama"}, {"w": torch.zeros(4), "v": torch.ones(3)},
+                          max_shard_bytes=16)
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in out.iterdir()}
+    assert len(set(modes.values())) == 1, modes
