@@ -44,3 +44,11 @@ def test_the_readme_quick_start_gives_the_stated_losses(tmp_path):
         assert abs(last["loss"] - stated_last) <= 0.011, (where, last["loss"])
     comparison = compare_losses(folder, GOLDEN, rtol=0.01)
     assert comparison.ok, comparison.format()
+
+
+def test_the_variables_readme_gives_several_nodes_are_those_run_train_reads():
+    readme = (ROOT / "README.md").read_text()
+    sentence = readme[readme.index("several nodes take"):].split(".")[0]
+    taken = re.findall(r"`([A-Z_]+)`", sentence.split("(")[0])
+    script = (ROOT / "run_train.sh").read_text()
+    assert taken and all(f"${{{name}" in script for name in taken), (taken, sentence)
