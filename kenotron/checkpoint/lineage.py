@@ -1,8 +1,9 @@
 """Which checkpoints belong to the run that is going on, and which ones rotation may delete.
 
 A run that resumes from step S continues the history up to S; complete checkpoints above S in
-the same folder belong to a continuation that this run abandons (a resume from an earlier step,
-or `checkpoint.load_step = 0`). Left in place they would be loaded by the next restart (it takes
+the same folder belong to a continuation that this run abandons (a resume from an earlier step;
+`checkpoint.load_step = 0` on a folder with checkpoints is refused before this, runtime/run_folder.py).
+Left in place they would be loaded by the next restart (it takes
 the highest step) and `keep_latest_k` would keep them instead of this run's own saves. So they
 are moved aside, into `abandoned-<time>/` beside the step folders, never deleted and never
 loaded. After that, every step folder of the checkpoint folder is this run's history, and
