@@ -10,17 +10,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Any, TypeVar
 
+from tqdm.auto import tqdm
+
 T = TypeVar("T")
 
 
 def progress(items: Iterable[T], *, total: int | None = None, desc: str = "", unit: str = "it",
              enabled: bool | None = None) -> Iterator[T]:
     """`items` with a tqdm bar on stderr when it is a terminal (`enabled=None`), else plain."""
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:  # tqdm is a dependency; a bare environment still works without the bar
-        yield from items
-        return
     bar: Any = tqdm(items, total=total, desc=desc, unit=unit, disable=None if enabled is None else not enabled,
                     leave=False, dynamic_ncols=True)
     try:
@@ -29,18 +26,6 @@ def progress(items: Iterable[T], *, total: int | None = None, desc: str = "", un
         bar.close()
 
 
-class _NoBar:
-    def update(self, n: int = 1) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
 def progress_bar(total: int, *, desc: str = "", unit: str = "it") -> Any:
     """A bar advanced by hand (`.update()`, `.close()`), on a terminal only; otherwise a no-op."""
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:
-        return _NoBar()
     return tqdm(total=total, desc=desc, unit=unit, disable=None, leave=False, dynamic_ncols=True)

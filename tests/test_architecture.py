@@ -239,19 +239,44 @@ def test_modules_form_no_import_cycle():
     assert not cycles, f"{len(cycles)} import cycles between modules (cut one import of each):\n  " + "\n  ".join(cycles)
 
 
-# Third-party packages kenotron runs without: a module imports them inside the function that
-# needs them (or a kenotron module that imports one at its top, such as a Triton kernel).
+# Third-party packages kenotron runs without (the extras of pyproject.toml, and packages read for
+# one input format): a module imports them inside the function that needs them, or imports a
+# kenotron module that imports one at its top (a Triton kernel).
 OPTIONAL_PACKAGES = {"triton", "torchao", "flash_attn", "flash_attn_interface", "flash_attn_4", "boto3", "wandb",
-                     "matplotlib", "safetensors", "tokenizers", "tiktoken"}
+                     "matplotlib", "safetensors", "tokenizers", "tiktoken", "datasets", "pyarrow", "datatrove",
+                     "transformers"}
 
-# Rooms held to plain top-level imports: a function-level import there is an optional dependency.
-PLAIN_IMPORT_ROOMS = ("parallel", "kernels", "kernel_choice")
-
-# Function-level imports kept on purpose, each with its reason in the module.
-LAZY_ON_PURPOSE = {
+# Function-level imports of required modules kept on purpose, as (module, imported module); each
+# has its reason beside the import too. A pair that is no longer in the tree fails the test.
+LAZY_ON_PURPOSE: dict[tuple[str, str], str] = {
     # torch's private CP module keeps the DTensor op handlers present at its import (torch_ring.py).
-    ("kenotron.parallel.context.torch_ring", "torch.distributed.tensor.experimental._context_parallel"),
-    ("kenotron.parallel.context.torch_ring", "torch.distributed.tensor.experimental"),
+    ("kenotron.parallel.context.torch_ring", "torch.distributed.tensor.experimental._context_parallel"): "side effect",
+    ("kenotron.parallel.context.torch_ring", "torch.distributed.tensor.experimental"): "side effect",
+    # The Mamba kernels load only for a model with Mamba blocks (issue 34: loaded on demand).
+    ("kenotron.models.common.mamba", "kenotron.kernels.mamba_mixer_op"): "on demand: Mamba kernels",
+    ("kenotron.models.common.mamba", "kenotron.kernels.ssd_op"): "on demand: Mamba kernels",
+    # Command dispatch: `kenotron train --help` answers without torch; each command loads its own room.
+    ("kenotron.cli", "kenotron.launch.launcher"): "command dispatch",
+    ("kenotron.cli", "kenotron.planner.cli"): "command dispatch",
+    ("kenotron.cli", "kenotron.generate.cli"): "command dispatch",
+    ("kenotron.cli", "kenotron.checkpoint.convert_cli"): "command dispatch",
+    ("kenotron.cli", "kenotron.runs.cli"): "command dispatch",
+    ("kenotron.cli", "difflib"): "an unknown command's suggestion only",
+    # The launcher checks the config before it imports torch or the model registry (errors first,
+    # fast): each round of checks imports what it needs once the cheaper round passed.
+    ("kenotron.launch.launcher", "kenotron.runtime.info_flags"): "on demand: --help / --list-models",
+    ("kenotron.launch.launcher", "kenotron.runtime.preflight"): "after the torch-free checks",
+    ("kenotron.launch.launcher", "kenotron.launch.run_checks"): "after the model's checks",
+    ("kenotron.launch.launcher", "torch.distributed.elastic.multiprocessing.api"): "torchrun, once the config passed",
+    ("kenotron.launch.launcher", "torch.distributed.elastic.multiprocessing.errors"): "torchrun, as above",
+    ("kenotron.launch.launcher", "torch.distributed.run"): "torchrun, as above",
+    ("kenotron.runtime.run_lock", "fcntl"): "POSIX only: the lock is taken where it exists",
+    ("kenotron.runtime.watchdog", "torch.distributed"): "private distributed_c10d store, inside its guard",
+    ("kenotron.train.job", "torch.distributed.device_mesh"): "the one-device mesh of FSDP mixed precision only",
+    ("kenotron.train.metrics", "torch.utils.tensorboard"): "only with metrics.tensorboard (slow import)",
+    # The benchmark's parent process only starts workers (bench_worker.py) and stays free of torch.
+    ("kenotron.tools.bench", "torch"): "a GPU preset's device check only",
+    ("kenotron.tools.bench", "kenotron.data.sample_data"): "data cases only (kenotron.data imports torch)",
 }
 
 
@@ -266,38 +291,58 @@ def _top_level_packages(path: Path) -> set[str]:
     return found
 
 
-def _lazy_imports_of_required_modules(rooms: tuple[str, ...]) -> list[str]:
-    """Imports inside functions, in `rooms`, of anything but an optional package (or a kenotron
-    module importing one at its top), as "module:line -> target"."""
-    modules = _all_modules()
-    bad = []
-    for name, path in modules.items():
-        if _room(name) not in rooms:
+def _function_level_imports(name: str, path: Path, modules: dict[str, Path]) -> list[tuple[int, str]]:
+    """(line, imported module) of each import inside a function of `name`; relative imports
+    resolved, and `from pkg import sub` of a submodule read as pkg.sub."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
             continue
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+        for inner in ast.walk(node):
+            if isinstance(inner, ast.Import):
+                found.update((inner.lineno, alias.name) for alias in inner.names)
+            elif isinstance(inner, ast.ImportFrom):
+                base = inner.module or ""
+                if inner.level:
+                    parts = package.split(".")[: len(package.split(".")) - inner.level + 1]
+                    base = ".".join(parts + ([inner.module] if inner.module else []))
+                subs = [f"{base}.{alias.name}" for alias in inner.names if f"{base}.{alias.name}" in modules]
+                found.update((inner.lineno, target) for target in subs + ([base] if len(subs) < len(inner.names) else []))
+    return sorted(found)
+
+
+def _lazy_imports_of_required_modules(rooms: tuple[str, ...] | None = None) -> tuple[list[str], set[tuple[str, str]]]:
+    """Imports inside functions (in `rooms`, or everywhere) of anything but an optional package or a
+    kenotron module importing one at its top, as "module:line -> target", with the allowlisted
+    pairs met on the way. An allowlisted pair is not reported."""
+    modules = _all_modules()
+    bad, allowed = [], set()
+    for name, path in modules.items():
+        if rooms is not None and _room(name) not in rooms:
+            continue
+        for line, target in _function_level_imports(name, path, modules):
+            optional = target.split(".")[0] in OPTIONAL_PACKAGES or (
+                target in modules and _top_level_packages(modules[target]) & OPTIONAL_PACKAGES)
+            if optional:
                 continue
-            for inner in ast.walk(node):
-                if isinstance(inner, ast.Import):
-                    targets = [alias.name for alias in inner.names]
-                elif isinstance(inner, ast.ImportFrom) and not inner.level:
-                    targets = [inner.module or ""]
-                else:
-                    continue
-                for target in targets:
-                    optional = target.split(".")[0] in OPTIONAL_PACKAGES or (
-                        target in modules and _top_level_packages(modules[target]) & OPTIONAL_PACKAGES)
-                    if not optional and (name, target) not in LAZY_ON_PURPOSE:
-                        bad.append(f"{name}:{inner.lineno} -> {target}")
-    return sorted(bad)
+            if (name, target) in LAZY_ON_PURPOSE:
+                allowed.add((name, target))
+            else:
+                bad.append(f"{name}:{line} -> {target}")
+    return sorted(bad), allowed
 
 
-def test_parallel_and_kernel_rooms_import_at_the_top_but_optional_packages():
-    """parallel, kernels and kernel_choice import what they need at the top of the module; only an
-    optional package (triton, torchao, flash-attn), or a kernel module importing one, waits for
-    the function that needs it."""
-    bad = _lazy_imports_of_required_modules(PLAIN_IMPORT_ROOMS)
-    assert not bad, "imports inside functions of packages every run has; move them to the top:\n  " + "\n  ".join(bad)
+def test_every_module_imports_at_the_top_but_optional_packages_and_listed_on_demand_loads():
+    """Across kenotron/, an import inside a function is of an optional package (or a kenotron
+    module importing one at its top, a Triton kernel), or a pair of LAZY_ON_PURPOSE, whose
+    reason is given there (command dispatch, the Mamba kernels on demand, a launcher that must
+    not import torch). Anything else is a required module: it goes to the top of its module."""
+    bad, allowed = _lazy_imports_of_required_modules()
+    assert not bad, ("imports inside functions of modules every run has; move them to the top, or, when the "
+                     "laziness is deliberate, add the pair to LAZY_ON_PURPOSE with its reason:\n  " + "\n  ".join(bad))
+    stale = sorted(set(LAZY_ON_PURPOSE) - allowed)
+    assert not stale, f"no longer imported inside a function, remove from LAZY_ON_PURPOSE: {stale}"
 
 
 def test_the_lazy_import_reader_tells_a_triton_kernel_from_a_required_module(tmp_path, monkeypatch):
@@ -310,7 +355,7 @@ def test_the_lazy_import_reader_tells_a_triton_kernel_from_a_required_module(tmp
         "def run():\n    from kenotron.kernels.kernel import k\n    import triton\n    import torch\n"
     )
     monkeypatch.setattr(sys.modules[__name__], "PACKAGE", fake)
-    assert _lazy_imports_of_required_modules(("kernels",)) == ["kenotron.kernels.op:4 -> torch"]
+    assert _lazy_imports_of_required_modules(("kernels",)) == (["kenotron.kernels.op:4 -> torch"], set())
 
 
 def test_the_module_cycle_checker_finds_a_cycle_hidden_in_a_function(tmp_path, monkeypatch):

@@ -20,6 +20,14 @@ from __future__ import annotations
 import argparse
 import sys
 
+import torch
+
+from kenotron.checkpoint import CheckpointError
+from kenotron.checkpoint.hf import checkpoint_to_hf, hf_to_checkpoint
+from kenotron.checkpoint.locate import find_checkpoint
+from kenotron.data import build_tokenizer
+from kenotron.models.hf_adapter import HFConversionError
+
 DTYPES = ("keep", "float32", "bfloat16", "float16")
 
 
@@ -45,8 +53,6 @@ def parse_args(argv: list[str] | None, prog: str) -> argparse.Namespace:
 
 
 def _tokenizer_for(args: argparse.Namespace, located: object) -> object:
-    from kenotron.data import build_tokenizer
-
     if args.no_tokenizer:
         return None
     path = args.tokenizer if args.tokenizer is not None else located.tokenizer_path()  # type: ignore[attr-defined]
@@ -60,13 +66,6 @@ def _tokenizer_for(args: argparse.Namespace, located: object) -> object:
 
 def main(argv: list[str] | None = None, prog: str = "kenotron convert") -> int:
     args = parse_args(argv, prog)
-    import torch
-
-    from kenotron.checkpoint import CheckpointError
-    from kenotron.checkpoint.hf import checkpoint_to_hf, hf_to_checkpoint
-    from kenotron.checkpoint.locate import find_checkpoint
-    from kenotron.models.hf_adapter import HFConversionError
-
     dtype = None if args.dtype == "keep" else getattr(torch, args.dtype)
     try:
         if args.direction == "to-kenotron":

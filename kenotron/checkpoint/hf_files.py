@@ -46,7 +46,7 @@ def _dtype(name: str, key: str) -> torch.dtype:
 
 def _safetensors() -> Any:
     try:
-        import safetensors.torch
+        import safetensors.torch  # optional package (the hf extra): only Hugging Face folders need it
     except ImportError:
         raise CheckpointFormatError("Hugging Face folders need safetensors; pip install 'kenotron[hf]'") from None
     return safetensors

@@ -71,7 +71,7 @@ def bpe_vocab_and_merges(ranks: dict[bytes, int]) -> tuple[dict[str, int], list[
 def tiktoken_to_tokenizer_json(tokenizer: TiktokenTokenizer) -> str:
     """tokenizer.json text for a kenotron tiktoken tokenizer (needs the `tokenizers` package)."""
     try:
-        from tokenizers import (
+        from tokenizers import (  # optional package (the hf extra): only tokenizer.json needs it
             AddedToken,
             Regex,
             decoders,
@@ -79,7 +79,7 @@ def tiktoken_to_tokenizer_json(tokenizer: TiktokenTokenizer) -> str:
             pre_tokenizers,
             processors,
         )
-        from tokenizers import Tokenizer as HFTokenizer
+        from tokenizers import Tokenizer as HFTokenizer  # optional package, as above
     except ImportError:
         raise CheckpointFormatError(
             "writing tokenizer.json needs the tokenizers package: pip install 'kenotron[hf]'"

@@ -82,7 +82,7 @@ class S3Store:
 
     def _client(self) -> Any:
         try:
-            import boto3
+            import boto3  # optional package (the s3 extra): loaded when an s3:// folder is used
         except ImportError:
             raise RemoteStorageError(
                 f"checkpoint.remote_folder={self.location} needs boto3; pip install 'kenotron[s3]' (or boto3)"

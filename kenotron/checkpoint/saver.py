@@ -30,7 +30,11 @@ from typing import Any, Literal
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+
+# Private in both torch 2.11 and 2.13; it is what DefaultStager wraps.
+from torch.distributed.checkpoint._state_dict_stager import StateDictStager
 from torch.distributed.checkpoint.staging import AsyncStager
+from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 
 from kenotron.checkpoint.errors import CheckpointError
 
@@ -75,8 +79,6 @@ class DcpSaver:
         if self.mode == "disabled":
             dcp.save(state_dict, checkpoint_id=checkpoint_id, process_group=self.process_group)
             return SaveInFlight(path, staged=None, written=None)
-        from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
-
         if self.mode == "async":
             future = dcp.async_save(
                 state_dict, checkpoint_id=checkpoint_id, process_group=self._background_group,
@@ -115,9 +117,6 @@ class ReusingStager(AsyncStager):
     _synchronize_after_execute = False  # the caller waits on the staging future instead
 
     def __init__(self) -> None:
-        # Private in both torch 2.11 and 2.13; it is what DefaultStager wraps.
-        from torch.distributed.checkpoint._state_dict_stager import StateDictStager
-
         self._on_cuda = torch.cuda.is_available()
         self._copier = StateDictStager(pin_memory=self._on_cuda, share_memory=True)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kenotron-staging")

@@ -30,6 +30,7 @@ import torch.distributed.checkpoint as dcp
 import torch.serialization
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.metadata import StorageMeta
 
 from kenotron.checkpoint.diagnose import is_checkpoint_exception, root_causes
 from kenotron.checkpoint.errors import CheckpointError, CheckpointFormatError
@@ -106,8 +107,6 @@ class SafeFileSystemReader(FileSystemReader):
     """FileSystemReader whose metadata goes through MetadataUnpickler."""
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
-        from torch.distributed.checkpoint.metadata import StorageMeta
-
         metadata = read_metadata(self.path, kwargs.get("rank"))
         if getattr(metadata, "storage_meta", None) is None:
             metadata.storage_meta = StorageMeta()

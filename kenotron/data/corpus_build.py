@@ -38,6 +38,7 @@ import platform
 import random
 import sys
 from pathlib import Path
+from pydoc_data.topics import topics
 
 # Pure-Python modules present in CPython 3.11 through 3.14 (none of those removed in 3.12 or
 # 3.13). A module whose source cannot be found (a stripped or zipped install without .py
@@ -141,8 +142,6 @@ def _stdlib_documents() -> list[str]:
 
 
 def _help_topic_documents() -> list[str]:
-    from pydoc_data.topics import topics
-
     return [topics[name] for name in sorted(topics)]
 
 

@@ -39,7 +39,7 @@ class HFTokenizer(Tokenizer):
     """A `tokenizers.Tokenizer` from a tokenizer.json, with BOS/EOS from tokenizer_config.json."""
 
     def __init__(self, tokenizer_json: str | Path) -> None:
-        from tokenizers import Tokenizer as _Tokenizer
+        from tokenizers import Tokenizer as _Tokenizer  # the tokenizers package is loaded when a tokenizer.json is read
 
         path = Path(tokenizer_json)
         try:

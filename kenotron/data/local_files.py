@@ -220,6 +220,7 @@ class LocalDocuments(DocumentSource):
 
     def _load_row_group(self, path: Path) -> bool:
         """Load the row group holding row `offset` of a Parquet file; False past the last row."""
+        # optional package: only Parquet files need pyarrow
         import pyarrow.parquet as pq
 
         try:
@@ -253,6 +254,7 @@ def open_local_documents(dataset: str, path: str, text_field: str = "text", key:
     source = LocalDocuments(f"{fmt} files at {path!r}", files, fmt, text_field, where)
     if fmt == "parquet":
         try:
+            # optional package: only Parquet files need pyarrow
             import pyarrow.parquet  # noqa: F401
         except ImportError as err:
             raise ImportError("reading Parquet files needs pyarrow; pip install pyarrow") from err

@@ -175,6 +175,7 @@ def text_of(record: dict[str, Any], text_field: str, name: str) -> str:
 def import_datasets() -> Any:
     """The `datasets` package, imported when a hub dataset is read (it takes seconds to import)."""
     try:
+        # on demand: datasets takes seconds to import, hub datasets only
         import datasets
     except ImportError as err:
         raise ImportError(

@@ -23,6 +23,11 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor, debug
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
+try:  # private, and not in every torch version
+    from torch.distributed.tensor._redistribute import clear_redistribute_planner_cache
+except ImportError:
+    clear_redistribute_planner_cache = None
+
 from kenotron.data import MicroBatch
 from kenotron.estimate.cp_ring_memory import use_torch_ring
 from kenotron.estimate.cuda_kernels import use_fused_gate_memory
@@ -65,13 +70,8 @@ def forget_dtensor_caches() -> None:
         clear = getattr(getattr(propagator, name, None), "cache_clear", None)
         if clear is not None:
             clear()
-    try:  # private, and not in every torch version
-        from torch.distributed.tensor._redistribute import (
-            clear_redistribute_planner_cache,
-        )
-    except ImportError:
-        return
-    clear_redistribute_planner_cache()
+    if clear_redistribute_planner_cache is not None:
+        clear_redistribute_planner_cache()
 
 
 @contextlib.contextmanager

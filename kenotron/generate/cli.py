@@ -33,7 +33,10 @@ from typing import Protocol
 import torch
 from torch import nn
 
+from kenotron.checkpoint import CheckpointError
+from kenotron.checkpoint.hf_files import read_hf_config
 from kenotron.checkpoint.locate import find_checkpoint
+from kenotron.data import build_tokenizer
 from kenotron.generate import (
     SamplingConfig,
     build_kenotron_model,
@@ -69,7 +72,7 @@ class HFTokenizerFile:
 
     def __post_init__(self) -> None:
         try:
-            from tokenizers import Tokenizer
+            from tokenizers import Tokenizer  # optional package (the hf extra): tokenizer.json only
         except ImportError as err:
             raise SystemExit(
                 f"reading {self.path} needs the `tokenizers` package (pip install tokenizers), or pass "
@@ -133,8 +136,6 @@ def build_model(args: argparse.Namespace, device: torch.device, dtype: torch.dty
 
 
 def build_codec(args: argparse.Namespace) -> TextCodec | None:
-    from kenotron.data import build_tokenizer
-
     if args.prompt_ids:
         return None
     if args.tokenizer is not None:
@@ -142,8 +143,6 @@ def build_codec(args: argparse.Namespace) -> TextCodec | None:
     if args.hf:
         folder = Path(args.hf)
         if (folder / "tokenizer.json").is_file():
-            from kenotron.checkpoint.hf_files import read_hf_config
-
             eos = read_hf_config(folder).get("eos_token_id")
             return HFTokenizerFile(folder / "tokenizer.json", eos[0] if isinstance(eos, list) else eos, not args.no_bos)
         if (folder / "tokenizer.model").is_file():
@@ -169,8 +168,6 @@ def trained_length(args: argparse.Namespace) -> int | None:
         seq_len = located.run_config().get("training", {}).get("seq_len")
         return int(seq_len) if seq_len else None
     if args.hf:
-        from kenotron.checkpoint.hf_files import read_hf_config
-
         length = read_hf_config(args.hf).get("max_position_embeddings")
         return int(length) if length else None
     return None
@@ -273,8 +270,6 @@ def main(argv: list[str] | None = None, prog: str = "kenotron generate") -> list
 
 def run(argv: list[str] | None = None, prog: str = "kenotron generate") -> int:
     """`main` for a console: a missing file or a bad checkpoint is one line and exit code 2."""
-    from kenotron.checkpoint import CheckpointError
-
     signals: list[int] = []
 
     def stop(signum: int, _frame) -> None:  # SIGTERM ends the generation as Ctrl-C does

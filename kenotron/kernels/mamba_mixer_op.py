@@ -84,6 +84,7 @@ def _constants(s: _Sizes) -> dict[str, int]:
 
 
 def _conv_forward(proj: Tensor, weight: Tensor, bias: Tensor | None, s: _Sizes) -> Tensor:
+    # optional package: the Triton kernels load on the first CUDA call
     from kenotron.kernels.mamba_mixer import _conv_forward_kernel
 
     act = torch.empty(s.b, s.l, s.channels, dtype=proj.dtype, device=proj.device)
@@ -105,6 +106,7 @@ def mamba_mixer(proj: Tensor, conv_weight: Tensor, conv_bias: Tensor | None, A: 
                 ) -> tuple[Tensor, Tensor, Tensor]:
     """(out, y, rstd): the gated norm's output (b, l, heads·head_dim), and the scan's output and
     the norm's 1/rms (b·l, G), which backward reads. conv_weight (channels, K); A = -exp(A_log)."""
+    # optional package: Triton kernel, loaded on use
     from kenotron.kernels.mamba_mixer import _gated_norm_forward_kernel
 
     proj = proj.contiguous()
@@ -149,6 +151,7 @@ def mamba_mixer_backward(dout: Tensor, proj: Tensor, y: Tensor, rstd: Tensor, co
                          ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """(dproj, dconv_weight, dconv_bias, dA, dD, d dt_bias, dnorm_weight) of `mamba_mixer`'s out
     (dconv_bias is computed, and ignored by autograd, when the convolution has no bias)."""
+    # optional package: Triton kernels, loaded on use
     from kenotron.kernels.mamba_mixer import _conv_input_grad_kernel, _conv_slope_kernel, _gated_norm_backward_kernel
 
     dout = dout.contiguous()

@@ -58,6 +58,7 @@ def _precision(x: Tensor) -> str:
 
 
 def _run_forward_kernels(x, dt, A, B, C, dt_bias, s, buf) -> None:
+    # optional package: the Triton kernels load on the first CUDA scan
     from kenotron.kernels.ssd import _dt_kernel, _scores_kernel, _states_kernel
 
     prec = _precision(x)
@@ -75,6 +76,7 @@ def _run_forward_kernels(x, dt, A, B, C, dt_bias, s, buf) -> None:
 def scan_forward(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor, dt_bias: Tensor, chunk_size: int,
                  y: Tensor) -> None:
     """Write the scan's output into `y` (b, l, heads, head_dim; any strides with the last one 1)."""
+    # optional package: Triton kernel, loaded on use
     from kenotron.kernels.ssd import _output_kernel
 
     s = _sizes(x, B, chunk_size)
@@ -132,6 +134,7 @@ def scan_backward(dy: Tensor, x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Te
                   chunk_size: int, dx: Tensor, ddt_raw: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """Write the gradients of x and dt into `dx` and `ddt_raw` (any strides with the last one 1, in
     x's and dt's dtypes); return (dA, dB, dC, dD, d dt_bias), dB and dC as fp32 (b, l, groups, N) views."""
+    # optional package: Triton kernels, loaded on use
     from kenotron.kernels.ssd_backward import (
         _b_grad_kernel,
         _c_grad_kernel,

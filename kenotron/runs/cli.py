@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
+
+from kenotron.runs.compare import compare_losses
+from kenotron.runs.plots import plot_runs
 
 
 def report_main(argv: list[str] | None = None, prog: str = "kenotron report") -> int:
@@ -12,10 +16,6 @@ def report_main(argv: list[str] | None = None, prog: str = "kenotron report") ->
     p.add_argument("runs", nargs="+", help="run folders (job.dump_folder) or metrics.jsonl files")
     p.add_argument("--out", default="", help="folder for the PNG files (default: <first run>/report)")
     args = p.parse_args(argv)
-    from pathlib import Path
-
-    from kenotron.runs.plots import plot_runs
-
     out = args.out or str(Path(args.runs[0]) / "report")
     try:
         written = plot_runs(args.runs, out)
@@ -37,8 +37,6 @@ def compare_main(argv: list[str] | None = None, prog: str = "kenotron compare") 
     p.add_argument("--key", default="loss", help="record key compared (default loss; e.g. loss_avg)")
     p.add_argument("--assert", dest="check", action="store_true", help="exit 1 when the runs differ")
     args = p.parse_args(argv)
-    from kenotron.runs.compare import compare_losses
-
     try:
         result = compare_losses(args.run, args.reference, rtol=args.rtol, atol=args.atol, key=args.key)
     except (FileNotFoundError, ValueError) as exc:

@@ -29,10 +29,12 @@ GROUPS = {
 
 def _pyplot():
     try:
+        # optional package (the report extra)
         import matplotlib
     except ImportError:
         raise ImportError("kenotron report needs matplotlib: pip install 'kenotron[report]'") from None
     matplotlib.use("Agg")
+    # after matplotlib.use('Agg'): no display needed
     import matplotlib.pyplot as plt
 
     return plt

@@ -10,8 +10,12 @@ synchronisation). Kinds are read from the kernel names of cuBLAS, cuDNN, NCCL, T
 from __future__ import annotations
 
 import re
+import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
+
+import torch
+from torch.autograd import DeviceType
 
 # First match wins: attention before matmul (cuDNN's attention kernels contain "gemm"-like
 # substrings in some builds), the optimizer before generic elementwise.
@@ -71,8 +75,6 @@ def summarize_kernels(kernels: list[tuple[str, float]], steps: int, wall_us: flo
 
 def device_kernels(prof) -> list[tuple[str, float]]:
     """(name, device us) of the device-side kernel events of a finished torch.profiler run."""
-    from torch.autograd import DeviceType
-
     out = []
     for evt in prof.events():
         # Ranges such as "Optimizer.step#AdamW.step" also appear on the device timeline
@@ -98,10 +100,6 @@ def top_kernels(kernels: list[tuple[str, float]], steps: int, n: int = 60) -> li
 def median_cuda_ms(fn, reps: int = 20, warmup: int = 5) -> float:
     """Median device time of `fn()` in ms over `reps` calls after `warmup` (CUDA events around
     each call): how the scripts/bench_*.py microbenchmarks time one kernel or one step alone."""
-    import statistics
-
-    import torch
-
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()

@@ -40,6 +40,7 @@ def use_eager_kernels(model: nn.Module, kernels: str) -> None:
     experts' module) its fused gate."""
     if kernels != "triton":
         return
+    # optional package: Triton kernels, only with tuning.eager_kernels=triton
     from kenotron.kernels.expert_swiglu import triton_expert_swiglu
     from kenotron.kernels.rope_swiglu import triton_rope, triton_silu_mul
 

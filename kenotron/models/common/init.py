@@ -18,6 +18,7 @@ from typing import Literal
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor, distribute_tensor
 
 
 @dataclass(frozen=True)
@@ -86,8 +87,6 @@ def fill_(tensor: torch.Tensor, spec: InitSpec, generator: torch.Generator | Non
 @torch.no_grad()
 def init_parameters(model: nn.Module, specs: dict[str, InitSpec], seed: int) -> None:
     """Initialize every parameter of `model` from `specs`, layout-invariantly (see module doc)."""
-    from torch.distributed.tensor import DTensor, distribute_tensor
-
     for fqn, param in model.named_parameters():
         if fqn not in specs:
             raise KeyError(f"no init spec for parameter {fqn!r}; add it to the model's param_init_specs()")

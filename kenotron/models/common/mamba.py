@@ -218,6 +218,7 @@ class Mamba2Mixer(nn.Module):
 
     def _triton_mixer(self, proj: torch.Tensor) -> torch.Tensor:
         """The convolution, scan and gated norm in kenotron's one op (kernels/mamba_mixer_op.py)."""
+        # on demand: only models with Mamba blocks load the Mamba kernels
         from kenotron.kernels.mamba_mixer_op import mamba_mixer
 
         s, conv = self.shape, self.conv1d

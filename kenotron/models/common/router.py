@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed._functional_collectives import all_reduce
 
 from kenotron.models.common.init import InitSpec, trunc_normal
 
@@ -151,8 +152,6 @@ class TopKRouter(nn.Module):
             probs_sum = r.probs.sum(0)
             stats = torch.stack([r.counts, probs_sum.detach()])
             if w.group is not None:
-                from torch.distributed._functional_collectives import all_reduce
-
                 stats = all_reduce(stats, "sum", w.group)
             share = stats[0] / tokens
             if track:
