@@ -272,7 +272,6 @@ LAZY_ON_PURPOSE: dict[tuple[str, str], str] = {
     ("kenotron.launch.launcher", "torch.distributed.run"): "torchrun, as above",
     ("kenotron.runtime.run_lock", "fcntl"): "POSIX only: the lock is taken where it exists",
     ("kenotron.runtime.watchdog", "torch.distributed"): "private distributed_c10d store, inside its guard",
-    ("kenotron.train.job", "torch.distributed.device_mesh"): "the one-device mesh of FSDP mixed precision only",
     ("kenotron.train.metrics", "torch.utils.tensorboard"): "only with metrics.tensorboard (slow import)",
     # The benchmark's parent process only starts workers (bench_worker.py) and stays free of torch.
     ("kenotron.tools.bench", "torch"): "a GPU preset's device check only",
