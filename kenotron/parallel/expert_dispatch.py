@@ -7,8 +7,7 @@ sending one per (token, rank) moves at most min(k, ep). A sent row carries, besi
 which of its experts live on the receiving rank (their local ids; `local` marks the others) and
 their routing weights (0 for the others). The receiver runs each row through those experts,
 weights and sums their outputs, and sends one row back per row received; the sender adds the
-rows of each token (one per rank). On 2 H200s the step of Qwen3-30B-A3B's width spent 25 ms of
-its 182 in the all-to-alls this cuts by about 4x (docs/performance.md).
+rows of each token (one per rank). What it saves on GPUs: docs/performance.md, weak scaling.
 
 Both directions move rows with deterministic backwards (no scatter-add atomics): a token's sent
 rows are told apart by their slot, token * ep + rank, which is unique.
@@ -18,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from kenotron.models.common.experts import Grouping, group_by_expert
+from kenotron.models.common.experts import Grouping, group_by_expert, padded_counts
 
 
 class SelectRows(torch.autograd.Function):
@@ -27,14 +26,14 @@ class SelectRows(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, token: torch.Tensor, slot: torch.Tensor, slots_per_token: int) -> torch.Tensor:
-        ctx.save_for_backward(token, slot)
+        ctx.save_for_backward(slot)
         ctx.tokens, ctx.slots = x.shape[0], slots_per_token
         return x.index_select(0, token)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        token, slot = ctx.saved_tensors
-        return combine_slots(grad, token, slot, ctx.tokens, ctx.slots), None, None, None
+        (slot,) = ctx.saved_tensors
+        return combine_slots(grad, slot, ctx.tokens, ctx.slots), None, None, None
 
 
 class CombineRows(torch.autograd.Function):
@@ -44,7 +43,7 @@ class CombineRows(torch.autograd.Function):
     def forward(ctx, rows: torch.Tensor, token: torch.Tensor, slot: torch.Tensor, tokens: int,
                 slots_per_token: int) -> torch.Tensor:
         ctx.save_for_backward(token)
-        return combine_slots(rows, token, slot, tokens, slots_per_token)
+        return combine_slots(rows, slot, tokens, slots_per_token)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
@@ -52,9 +51,8 @@ class CombineRows(torch.autograd.Function):
         return grad.index_select(0, token), None, None, None, None
 
 
-def combine_slots(rows: torch.Tensor, token: torch.Tensor, slot: torch.Tensor, tokens: int,
-                  slots_per_token: int) -> torch.Tensor:
-    del token  # the slot names it
+def combine_slots(rows: torch.Tensor, slot: torch.Tensor, tokens: int, slots_per_token: int) -> torch.Tensor:
+    """Each token's sum of `rows`, row i written to slot[i] (token * slots_per_token + rank)."""
     buffer = rows.new_zeros((tokens * slots_per_token, *rows.shape[1:]))
     buffer.index_copy_(0, slot, rows)
     return buffer.view(tokens, slots_per_token, *rows.shape[1:]).sum(1)
@@ -81,8 +79,9 @@ def send_order(present: torch.Tensor) -> torch.Tensor:
 
 
 def padded_rows(pairs_per_expert: torch.Tensor, align: int) -> torch.Tensor:
-    """Rows of the experts' grouped buffer: each expert's pairs padded to `align` (0-d tensor)."""
-    return ((pairs_per_expert + align - 1) // align * align).sum()
+    """Rows of the experts' grouped buffer before its last group's tail: each expert's pairs padded
+    as group_by_expert pads them (0-d tensor); `received_grouping` cuts the buffer there."""
+    return padded_counts(pairs_per_expert, align).sum()
 
 
 def received_grouping(local_ids: torch.Tensor, pairs: torch.Tensor, k: int, align: int, real_rows: int) -> Grouping:

@@ -66,6 +66,11 @@ class Grouping:
         return self.dest_row.shape[0]
 
 
+def padded_counts(counts: torch.Tensor, align: int) -> torch.Tensor:
+    """Each group's rows in the grouped buffer: its copies rounded up to a multiple of `align`."""
+    return (counts + align - 1) // align * align
+
+
 def group_by_expert(expert_ids: torch.Tensor, n_groups: int, k: int, align: int = 1,
                     counts: torch.Tensor | None = None) -> Grouping:
     """Group the copies whose experts are `expert_ids` (copies,) by expert, each group padded to a
@@ -80,11 +85,8 @@ def group_by_expert(expert_ids: torch.Tensor, n_groups: int, k: int, align: int 
     if counts is None:
         counts = torch.zeros(n_groups, dtype=torch.int64, device=device)
         counts.index_add_(0, expert_ids, torch.ones_like(expert_ids))
-    if align > 1:
-        padded = (counts + align - 1) // align * align
-        rows = copies + n_groups * (align - 1)
-    else:
-        padded, rows = counts, copies
+    padded = padded_counts(counts, align)
+    rows = copies + n_groups * (align - 1)
     ends = torch.cumsum(padded, 0)
     ends[-1] = rows  # the tail of the static buffer belongs to the last group
     starts = torch.cumsum(padded, 0) - padded
