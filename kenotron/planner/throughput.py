@@ -184,6 +184,7 @@ def step_time(run: ResolvedRun, model: AnalyticModel, hw: Hardware | None = None
     kind = data_parallel_kind(run)
     dp_time, tail = 0.0, 0.0
     reduce_scale = 0.5 if run.plan.settings.reduce_dtype == "bfloat16" else 1.0  # params.local counts fp32 bytes
+    root_reduced = params.root_gathered * (4 // c) * reduce_scale  # the last gradients of the backward
     shard = d.dp_shard * d.cp
     stage = 1 / d.pp  # under pipeline parallel a rank holds one stage: about 1/pp of the model's bytes
     if kind in ("fsdp", "hsdp") and shard > 1:
@@ -206,7 +207,6 @@ def step_time(run: ResolvedRun, model: AnalyticModel, hw: Hardware | None = None
             copy_in = gathered / ranks * (1 + 4 // c)
             copies = group_gathers * (2 * gathered + copy_in) + gathered + reduced
             compute += run.grad_accum_steps * copies * stage / hw.memory_bytes_per_s
-        root_reduced = params.root_gathered * (4 // c) * reduce_scale
         tail = (shard - 1) / shard * root_reduced * stage / _bandwidth(shard, d.tp, hw)
     replicas = d.dp_replicate if kind in ("hsdp", "ddp") else (zero1_ranks(run) if kind == "zero1" else 1)
     if replicas > 1:
@@ -214,8 +214,7 @@ def step_time(run: ResolvedRun, model: AnalyticModel, hw: Hardware | None = None
         all_reduce = 2 * (replicas - 1) / replicas * params.local * reduce_scale
         dp_time += all_reduce * stage / _bandwidth(replicas, inner, hw)
         if kind != "zero1":  # the replicas' last bucket: the root unit's gradients
-            root_all_reduce = 2 * (replicas - 1) / replicas * params.root_gathered * (4 // c) * reduce_scale
-            tail += root_all_reduce * stage / _bandwidth(replicas, inner, hw)
+            tail += 2 * (replicas - 1) / replicas * root_reduced * stage / _bandwidth(replicas, inner, hw)
         if kind == "zero1":  # the owners' broadcast of the updated parameters follows the optimizer step
             optimizer += (replicas - 1) / replicas * params.local / _bandwidth(replicas, inner, hw)
     # ep is taken from dp_shard x cp, inside tp: its group spans ep x tp ranks.
