@@ -1,6 +1,6 @@
 """Per-rank GPU memory of a kenotron job without GPUs (a dry run on fake tensors).
 
-    python estimation.py --config train_configs/llama3_8b.toml --ngpu 64 [--section.key value ...]
+    python estimation.py --config llama3_8b --ngpu 64 [--section.key value ...]
                          [--gpu-memory-gib 80] [--json report.json] [--search] [--full-depth]
 
 The estimator lives in kenotron/estimate, the planner and this command in kenotron/planner

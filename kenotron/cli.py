@@ -1,13 +1,14 @@
 """`kenotron COMMAND ...`: the console entry point pip installs.
 
-    kenotron train    [--nproc N] [--config X.toml] [--section.key value ...]   # ./run_train.sh
-    kenotron estimate --config X.toml --ngpu 64 [--search]                    # python estimation.py
+    kenotron train    [--nproc N] [--config NAME|X.toml] [--section.key value ...]   # ./run_train.sh
+    kenotron estimate --config NAME|X.toml --ngpu 64 [--search]                    # python estimation.py
     kenotron generate --run outputs/debug --prompt "def fib(n):"
     kenotron convert  to-hf outputs/debug hf_out
     kenotron report   outputs/run_a outputs/run_b --out plots/
     kenotron compare  outputs/run_a outputs/run_b --rtol 0.01 --assert
 
-`kenotron COMMAND --help` explains each.
+`kenotron COMMAND --help` explains each; `kenotron --version` prints the release. `--config`
+takes a shipped preset's name (`debug`, `llama3_8b`: kenotron/presets/) or a TOML file's path.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import argparse
 import sys
 from collections.abc import Callable
 
+from kenotron import __version__
 from kenotron.config import ConfigError
 from kenotron.config.help import help_for_argv
 
@@ -94,9 +96,10 @@ RUNNERS: dict[str, Callable[[list[str]], int]] = {
 
 
 def usage() -> str:
-    lines = ["usage: kenotron COMMAND [options]", "", "commands:"]
+    lines = ["usage: kenotron COMMAND [options]   (kenotron --version: the release)", "", "commands:"]
     lines += [f"  {name:<9} {text}" for name, text in COMMANDS.items()]
-    lines += ["", "`kenotron COMMAND --help` explains each."]
+    lines += ["", "`kenotron COMMAND --help` explains each; --config takes a preset's name (debug, llama3_8b) or a "
+              "TOML file."]
     return "\n".join(lines)
 
 
@@ -104,6 +107,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(usage())
+        return 0
+    if argv[0] in ("-V", "--version"):
+        print(f"kenotron {__version__}")
         return 0
     command, rest = argv[0], argv[1:]
     if command not in RUNNERS:

@@ -28,9 +28,9 @@ from pathlib import Path
 from kenotron.tools.bench import run_case
 
 SHAPES: dict[str, list[str]] = {
-    "1B": ["--config", "train_configs/llama3_1b.toml"],
-    "8B": ["--config", "train_configs/llama3_8b.toml"],
-    "8B-width-8L": ["--config", "train_configs/llama3_8b.toml", "--model.n_layers", "8"],
+    "1B": ["--config", "llama3_1b"],
+    "8B": ["--config", "llama3_8b"],
+    "8B-width-8L": ["--config", "llama3_8b", "--model.n_layers", "8"],
     "debug": [],
 }
 

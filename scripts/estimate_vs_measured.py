@@ -30,11 +30,11 @@ from kenotron.tools.bench import SYNTHETIC, run_case
 ACCEPTED_ERROR = 0.10
 """The issue's bar: each estimate within 10% of the measured peak."""
 
-_1B = ["--config", "train_configs/llama3_1b.toml", "--training.seq_len", "4096", "--compile.enable", "false"]
-_8B_WIDTH = ["--config", "train_configs/llama3_8b.toml", "--model.n_layers", "8", "--training.seq_len", "8192",
+_1B = ["--config", "llama3_1b", "--training.seq_len", "4096", "--compile.enable", "false"]
+_8B_WIDTH = ["--config", "llama3_8b", "--model.n_layers", "8", "--training.seq_len", "8192",
              "--compile.enable", "false"]
 # Context parallel as the CP sweep ran it (docs/parallelism.md): one sequence per data-parallel rank, FSDP over the rest.
-_1B_LONG = ["--config", "train_configs/llama3_1b.toml", "--compile.enable", "false", "--training.local_batch_size", "1",
+_1B_LONG = ["--config", "llama3_1b", "--compile.enable", "false", "--training.local_batch_size", "1",
             "--training.global_batch_size", "-1", "--activation_checkpoint.mode", "none", "--parallelism.dp_shard", "-1"]
 
 # (GPUs, overrides): 1B and 8B-width shapes, AC none / selective-op / full, FSDP, TP, HSDP, ZeRO-1, CP.

@@ -41,7 +41,7 @@ def main() -> None:
     rows = _rows_module()
     priced = []
     for name, ngpu, config, overrides, measured, source, tolerance in rows.ROWS:
-        run = resolve_run(load_config(f"train_configs/{config}.toml", overrides.split()), ngpu, check_data=False)
+        run = resolve_run(load_config(config, overrides.split()), ngpu, check_data=False)
         priced.append((name, run, AnalyticModel(run), measured, source, tolerance == rows.TOLERANCE))
 
     def ratios(hw: Hardware) -> list[float]:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Multi-node training under Slurm: one launcher (kenotron train, torchrun inside) per node,
 # rendezvous on the first node (docs/multi-node.md).
-#   sbatch --nodes 4 --gpus-per-node 8 scripts/slurm_train.sh --config train_configs/llama3_8b.toml
+#   sbatch --nodes 4 --gpus-per-node 8 scripts/slurm_train.sh --config llama3_8b
 # Extra arguments go to the trainer (`--config`, `--section.key value` overrides). The job's exit
 # code is the failing rank's (2 for a config error); each node keeps its ranks' output under
 # <job.dump_folder>/logs/.

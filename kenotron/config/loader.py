@@ -15,6 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from kenotron.config.presets import resolve_config_path
 from kenotron.config.ranges import field_range, range_problem
 from kenotron.config.schema import FieldInfo, all_fields, open_field, section_classes
 from kenotron.config.sections import JobConfig
@@ -193,12 +194,12 @@ def _table(info: FieldInfo, cls: type, index: int, item: Any) -> Any:
 
 
 def split_config_arg(argv: Sequence[str]) -> tuple[str | None, list[str]]:
-    """Take `--config PATH` / `--config=PATH` out of argv: (path or None, the other arguments)."""
+    """Take `--config X` / `--config=X` out of argv: (X, a path or a preset name, or None; the other arguments)."""
     path, rest, i = None, [], 0
     while i < len(argv):
         if argv[i] == "--config":
             if i + 1 >= len(argv):
-                raise ConfigError("--config needs a TOML file path")
+                raise ConfigError("--config needs a TOML file's path or a preset name (--config debug)")
             path, i = argv[i + 1], i + 2
             continue
         if argv[i].startswith("--config="):
@@ -270,12 +271,11 @@ def config_from_dict(data: dict[str, Any], cfg: JobConfig | None = None) -> JobC
 
 
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> JobConfig:
-    """Defaults <- TOML file <- command-line overrides, each value type-checked."""
+    """Defaults <- TOML file <- command-line overrides, each value type-checked. `path` is a
+    TOML file or a shipped preset's name (`"debug"`, `"llama3_8b"`: kenotron/presets/)."""
     cfg = JobConfig()
     if path:
-        p = Path(path)
-        if not p.is_file():
-            raise ConfigError(f"config file {str(p)!r} does not exist; pass --config with a TOML file (see train_configs/)")
+        p = resolve_config_path(path)
         try:
             data = tomllib.loads(p.read_text())
         except tomllib.TOMLDecodeError as e:

@@ -4,7 +4,7 @@ The string literal under each field is its documentation: `--help` prints it and
 reference in README.md is generated from it, so keep it to one or two sentences that say
 what the value means and which values are valid.
 
-These names are the public interface of kenotron: configs in `train_configs/`, command-line
+These names are the public interface of kenotron: configs (the presets in `kenotron/presets/`), command-line
 overrides (`--training.steps 20`) and later features all rely on them.
 """
 

@@ -1,7 +1,7 @@
 """The memory estimator behind estimation.py: per-rank GPU memory of a job without GPUs.
 
     from kenotron.estimate import estimate_memory
-    report = estimate_memory(load_config("train_configs/llama3_8b.toml"), ngpu=64)
+    report = estimate_memory(load_config("llama3_8b"), ngpu=64)
     print(report.format())          # or report.to_dict() for JSON
 
 It is the authority on memory; the planner (kenotron/planner) builds on it and it knows nothing

@@ -1,6 +1,6 @@
 """Start the training processes of one node through torchrun, and end with one clear line.
 
-    launch(["--config", "train_configs/debug.toml", "--training.steps", "20"], nproc=2)
+    launch(["--config", "debug", "--training.steps", "20"], nproc=2)
 
 `kenotron train` and `./run_train.sh` call this. It runs torchrun's own launcher in this process
 (torch.distributed.run: its rendezvous, its per-rank log files, its restarts), and adds:

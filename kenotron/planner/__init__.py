@@ -1,7 +1,7 @@
 """The planner behind `estimation.py --search`: layouts that fit, ranked by modelled throughput.
 
     from kenotron.planner import search_layouts, format_search
-    print(format_search(search_layouts(load_config("train_configs/llama3_8b.toml"), ngpu=64, gpu_memory_gib=80)))
+    print(format_search(search_layouts(load_config("llama3_8b"), ngpu=64, gpu_memory_gib=80)))
 
 A closed form prices hundreds of layouts in a second; the best few are then confirmed by the
 fake-tensor estimator (kenotron/estimate), which stays the authority on memory.

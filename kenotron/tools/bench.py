@@ -1,8 +1,8 @@
 """Benchmark: run the real trainer on a few configurations, print one table row each.
 
     python scripts/bench.py --preset h200-1gpu                       # the reference shapes
-    python scripts/bench.py --case "1B eager=--config train_configs/llama3_1b.toml" \\
-                            --case "1B compiled=--config train_configs/llama3_1b.toml --compile.enable true"
+    python scripts/bench.py --case "1B eager=--config llama3_1b" \\
+                            --case "1B compiled=--config llama3_1b --compile.enable true"
     python scripts/bench.py --ngpu 4 --preset h200-4gpu --json results.json
 
 Each case runs in its own process (kenotron/tools/bench_worker.py; torchrun for several GPUs) so compile caches, CUDA memory
@@ -36,19 +36,19 @@ import time
 from pathlib import Path
 
 SYNTHETIC = ["--data.dataset", "synthetic", "--metrics.tensorboard", "false", "--metrics.log_freq", "1000000"]
-_1B = ["--config", "train_configs/llama3_1b.toml", "--training.local_batch_size", "4", "--training.seq_len", "4096"]
+_1B = ["--config", "llama3_1b", "--training.local_batch_size", "4", "--training.seq_len", "4096"]
 _8B_WIDTH = [
-    "--config", "train_configs/llama3_8b.toml", "--model.n_layers", "8", "--training.local_batch_size", "2",
+    "--config", "llama3_8b", "--model.n_layers", "8", "--training.local_batch_size", "2",
     "--training.seq_len", "8192", "--activation_checkpoint.mode", "none",
 ]
 _8B_FSDP = [
-    "--config", "train_configs/llama3_8b.toml", "--training.local_batch_size", "2", "--training.seq_len", "8192",
+    "--config", "llama3_8b", "--training.local_batch_size", "2", "--training.seq_len", "8192",
     "--compile.enable", "true", "--activation_checkpoint.mode", "selective-op",
 ]
 _MASTER_WEIGHTS = ["--tuning.mixed_precision", "master_weights"]
 # Qwen3-30B-A3B's width with 4 layers (3.11 B parameters), the MoE reference shape.
 _MOE_30B_4L = [
-    "--config", "train_configs/qwen3_moe_30b_a3b.toml", "--model.n_layers", "4", "--training.local_batch_size", "4",
+    "--config", "qwen3_moe_30b_a3b", "--model.n_layers", "4", "--training.local_batch_size", "4",
     "--training.seq_len", "4096", "--activation_checkpoint.mode", "none",
 ]
 _MAMBA2_13B = [

@@ -9,7 +9,7 @@ from kenotron.config.help import config_help, help_for_argv
 
 
 def test_help_shows_the_loaded_configs_values_and_the_defaults_they_replace():
-    text = help_for_argv(["--config", "train_configs/debug.toml", "--training.seq_len", "64", "training"])
+    text = help_for_argv(["--config", "debug", "--training.seq_len", "64", "training"])
     assert "  --training.steps 250   (default 200)" in text  # from the TOML file
     assert "  --training.seq_len 64   (default 256)" in text  # from the command line
     assert "  --training.seed 42\n" in text  # unchanged: no default repeated

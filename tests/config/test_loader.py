@@ -193,9 +193,7 @@ def test_a_plan_error_from_the_command_line_is_one_line_with_exit_code_2(capsys)
 
 
 def test_shipped_configs_load_and_validate():
-    from pathlib import Path
-
-    configs = sorted(Path(__file__).parents[2].joinpath("train_configs").glob("*.toml"))
+    configs = sorted(PRESETS_DIR.glob("*.toml"))
     assert configs
     for path in configs:
         validate_config(load_config(path))

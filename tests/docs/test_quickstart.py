@@ -1,5 +1,5 @@
 """README.md's quick start, run as a user runs it: `./run_train.sh` trains the debug model for
-250 steps. Its first and last losses are the ones README.md and train_configs/debug.toml state,
+250 steps. Its first and last losses are the ones README.md and kenotron/presets/debug.toml state,
 every logged loss is within 1% of the golden run (tests/golden/debug_losses.jsonl, made by
 `kenotron compare`'s own reader), and the run prints no warning of kenotron's own."""
 
@@ -38,7 +38,7 @@ def test_the_readme_quick_start_gives_the_stated_losses(tmp_path):
     records = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
     first, last = records[0], records[-1]
     assert (first["step"], last["step"]) == (1, 250)
-    for where in ("README.md", "train_configs/debug.toml"):
+    for where in ("README.md", "kenotron/presets/debug.toml"):
         stated_first, stated_last = _stated((ROOT / where).read_text(), where)
         assert abs(first["loss"] - stated_first) <= 0.011, (where, first["loss"])
         assert abs(last["loss"] - stated_last) <= 0.011, (where, last["loss"])

@@ -17,7 +17,7 @@ from kenotron.planner import AnalyticModel, Hardware, estimate_with_closed_form
 from kenotron.planner.search import enumerate_candidates, target_global_batch
 from kenotron.train.resolve import resolve_run
 
-DEBUG = "train_configs/debug.toml"
+DEBUG = "debug"
 # bf16 as the GPU runs are, one sequence per rank, long enough that activations dominate.
 LONG = ["--training.param_dtype", "bfloat16", "--training.local_batch_size", "1", "--training.seq_len", "2048"]
 

@@ -16,7 +16,7 @@ from kenotron.models import UnknownModelError
 from kenotron.planner import AnalyticModel, estimate_with_closed_form
 from kenotron.train.resolve import resolve_run
 
-DEBUG = "train_configs/debug.toml"
+DEBUG = "debug"
 
 
 def estimate(ngpu: int, *overrides: str, full_depth: bool = False):

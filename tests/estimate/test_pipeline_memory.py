@@ -16,7 +16,7 @@ from kenotron.parallel.pipeline import stage_module
 from kenotron.planner import estimate_with_closed_form
 from kenotron.train.resolve import resolve_run
 
-DEBUG = "train_configs/debug.toml"
+DEBUG = "debug"
 # Llama 3.2 1B's widths with 4 blocks (tied embeddings on the first and last stage).
 ONE_B = ["--model.flavor", "1B", "--model.n_layers", "4", "--training.seq_len", "512",
          "--training.param_dtype", "bfloat16", "--compile.enable", "false"]

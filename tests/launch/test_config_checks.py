@@ -23,7 +23,7 @@ sys.exit(code)
 def _kenotron_train(*args: str, folder: Path) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
                OMP_NUM_THREADS="1")
-    return subprocess.run([sys.executable, "-c", PROGRAM, "--config", "train_configs/debug.toml",
+    return subprocess.run([sys.executable, "-c", PROGRAM, "--config", "debug",
                            "--job.dump_folder", str(folder), *args],
                           check=False, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
 

@@ -116,16 +116,16 @@ def test_the_estimator_and_the_planner_take_the_configured_shape():
     from kenotron.planner import search_layouts
 
     shape = ["--model.dim", "512", "--model.n_heads", "16", "--model.ffn_dim", "1536", "--model.n_layers", "2"]
-    cfg = load_config("train_configs/debug.toml", shape + ["--model.parametrization", "spectral_mup"])
+    cfg = load_config("debug", shape + ["--model.parametrization", "spectral_mup"])
     report = estimate_memory(cfg, 2)  # spectral µP's per-matrix groups build on fake tensors too
     assert "llama3 debug dim=512 n_heads=16 ffn_dim=1536 n_layers=2" in report.model
-    narrow = estimate_memory(load_config("train_configs/debug.toml", shape[6:]), 2)
+    narrow = estimate_memory(load_config("debug", shape[6:]), 2)
     assert report.ranks[0].peak.total > narrow.ranks[0].peak.total
-    result = search_layouts(load_config("train_configs/debug.toml", shape + ["--training.global_batch_size", "4"]),
+    result = search_layouts(load_config("debug", shape + ["--training.global_batch_size", "4"]),
                             2, 1.0, top=4, confirm=1)
     assert result.ranked and "dim=512" in result.model
     with pytest.raises(ConfigError, match=r"model.n_kv_heads=3 does not divide"):
-        search_layouts(load_config("train_configs/debug.toml", ["--model.n_kv_heads", "3"]), 2, 1.0)
+        search_layouts(load_config("debug", ["--model.n_kv_heads", "3"]), 2, 1.0)
 
 
 def test_a_list_field_sets_a_hybrid_layout_and_its_length_and_types_are_checked():

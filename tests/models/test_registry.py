@@ -30,7 +30,7 @@ from kenotron.config import load_config
 from kenotron.kernel_choice.target import Target
 from kenotron.train.job import build_job, build_meshes
 from kenotron.train.resolve import resolve_run
-run = resolve_run(load_config("train_configs/debug.toml", []), 1, Target.of(torch.device("cpu")))
+run = resolve_run(load_config("debug", []), 1, Target.of(torch.device("cpu")))
 job = build_job(run, torch.device("cpu"), build_meshes(run, "cpu"))
 assert run.spec.name == "llama3", run.spec.name
 print("\\n".join(sorted(m for m in sys.modules if m.startswith("kenotron."))))

@@ -42,7 +42,7 @@ SHAPE = ["--model.flavor", "1B", "--model.n_layers", "4", "--training.seq_len", 
          "fsdp-first-block-offloaded", "zero1-over-dp2-cp2"],
 )
 def test_analytic_peak_matches_the_fake_tensor_estimate(ngpu, overrides):
-    report = estimate_with_closed_form(load_config("train_configs/debug.toml", SHAPE + overrides), ngpu, gpu_memory_gib=80)
+    report = estimate_with_closed_form(load_config("debug", SHAPE + overrides), ngpu, gpu_memory_gib=80)
     rank = report.ranks[0]
     assert rank.analytic is not None
     assert rank.analytic.total == pytest.approx(rank.peak.total, rel=TOLERANCE)
@@ -77,7 +77,7 @@ PP_SHAPE = ["--model.flavor", "1B", "--model.n_layers", "8", "--training.seq_len
          "pp2-cp2-fsdp-over-cp"],
 )
 def test_analytic_pipeline_ranks_match_the_fake_tensor_estimate(ngpu, overrides):
-    report = estimate_with_closed_form(load_config("train_configs/debug.toml", PP_SHAPE + overrides), ngpu, gpu_memory_gib=80)
+    report = estimate_with_closed_form(load_config("debug", PP_SHAPE + overrides), ngpu, gpu_memory_gib=80)
     assert len(report.ranks) == int(overrides[1])
     for rank in report.ranks:
         assert rank.analytic is not None, rank.ranks
@@ -102,7 +102,7 @@ MOE_SHAPE = ["--model.n_layers", "2", "--training.seq_len", "2048", "--compile.e
     ids=["one-gpu-master-weights", "ep8-selective", "ep2-tp2", "qwen2-moe-shared-expert-fp32-ep2"],
 )
 def test_analytic_peak_of_moe_layouts_matches_the_fake_tensor_estimate(config, ngpu, overrides):
-    cfg = load_config(f"train_configs/{config}.toml", MOE_SHAPE + overrides)
+    cfg = load_config(config, MOE_SHAPE + overrides)
     rank = estimate_with_closed_form(cfg, ngpu, gpu_memory_gib=80).ranks[0]
     assert rank.analytic.total == pytest.approx(rank.peak.total, rel=TOLERANCE)
     assert rank.analytic.optimizer_state == rank.peak.optimizer_state

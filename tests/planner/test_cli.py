@@ -33,7 +33,7 @@ def test_8b_on_64_gpus_in_under_a_minute_and_2_gib(tmp_path):
     out = tmp_path / "report.json"
     start = time.perf_counter()
     proc = subprocess.run(
-        [sys.executable, "-c", _RUN_AND_MEASURE, "--config", "train_configs/llama3_8b.toml", "--ngpu", "64",
+        [sys.executable, "-c", _RUN_AND_MEASURE, "--config", "llama3_8b", "--ngpu", "64",
          "--json", str(out)],
         cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
     )
@@ -52,14 +52,14 @@ def test_8b_on_64_gpus_in_under_a_minute_and_2_gib(tmp_path):
 
 
 def test_config_errors_are_reported_as_the_trainer_does(capsys):
-    code = main(["--config", "train_configs/debug.toml", "--ngpu", "6", "--parallelism.tp", "3"])
+    code = main(["--config", "debug", "--ngpu", "6", "--parallelism.tp", "3"])
     err = capsys.readouterr().err
     assert code == 2
     assert err.startswith("kenotron: config error: tp=3 does not divide n_heads=8")
 
 
 def test_unknown_keys_get_the_loaders_suggestion(capsys):
-    code = main(["--config", "train_configs/debug.toml", "--ngpu", "4", "--training.local_batch", "2"])
+    code = main(["--config", "debug", "--ngpu", "4", "--training.local_batch", "2"])
     assert code == 2
     assert "did you mean 'training.local_batch_size'" in capsys.readouterr().err
 
@@ -92,7 +92,7 @@ def test_estimation_help_names_config_and_explains_the_search_columns(capsys):
 
 
 def test_the_estimate_ends_with_the_predicted_tokens_per_s_on_the_stated_network(capsys):
-    args = ["--config", "train_configs/debug.toml", "--ngpu", "16", "--gpus-per-node", "8", "--node-gb-s", "200",
+    args = ["--config", "debug", "--ngpu", "16", "--gpus-per-node", "8", "--node-gb-s", "200",
             "--network-gb-s", "25"]
     assert main(args) == 0
     out = capsys.readouterr().out
@@ -110,6 +110,6 @@ def test_the_estimate_ends_with_the_predicted_tokens_per_s_on_the_stated_network
 
 @pytest.mark.parametrize("flag", ["--gpus-per-node", "--node-gb-s", "--network-gb-s"])
 def test_a_network_figure_that_is_not_positive_stops_in_one_line(flag, capsys):
-    assert main(["--config", "train_configs/debug.toml", "--ngpu", "2", flag, "0"]) == 2
+    assert main(["--config", "debug", "--ngpu", "2", flag, "0"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"kenotron: {flag} 0{'' if flag == '--gpus-per-node' else '.0'} must be > 0"]

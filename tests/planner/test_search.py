@@ -13,7 +13,7 @@ BUDGET_GIB = 0.25
 
 @pytest.fixture(scope="module")
 def result():
-    cfg = load_config("train_configs/debug.toml", ["--training.global_batch_size", "16"])
+    cfg = load_config("debug", ["--training.global_batch_size", "16"])
     return search_layouts(cfg, 4, BUDGET_GIB, top=8, confirm=2)
 
 
@@ -51,7 +51,7 @@ def test_pipeline_candidates_follow_the_trainers_rules_and_are_confirmed():
     from kenotron.train.resolve import resolve_run
 
     budget = 0.03
-    cfg = load_config("train_configs/debug.toml", ["--training.global_batch_size", "4", "--training.seq_len", "258"])
+    cfg = load_config("debug", ["--training.global_batch_size", "4", "--training.seq_len", "258"])
     result = search_layouts(cfg, 8, budget, top=20, confirm=2, hw=Hardware(gpus_per_node=2))
     pipelines = [c for c in result.ranked if c.degrees["pp"] > 1]
     assert pipelines and any(c.degrees["pp"] == 1 for c in result.ranked)
@@ -59,7 +59,7 @@ def test_pipeline_candidates_follow_the_trainers_rules_and_are_confirmed():
     for c in pipelines:
         assert c.analytic_peak <= budget * 0.9 * 2**30
         assert "--parallelism.pp_schedule 1F1B" in c.overrides()
-        run = resolve_run(load_config("train_configs/debug.toml",
+        run = resolve_run(load_config("debug",
                                       ["--training.seq_len", "258", "--training.global_batch_size", "4"]
                                       + " ".join(c.overrides()).split()), 8)
         split = run.plan.pipeline
@@ -71,7 +71,7 @@ def test_pipeline_candidates_follow_the_trainers_rules_and_are_confirmed():
 
 
 def test_moe_models_are_searched_over_expert_parallel_degrees():
-    cfg = load_config("train_configs/qwen3_moe_debug.toml", ["--training.global_batch_size", "8",
+    cfg = load_config("qwen3_moe_debug", ["--training.global_batch_size", "8",
                                                              "--training.seq_len", "256"])
     result = search_layouts(cfg, 4, 4.0, top=1000, confirm=1)
     eps = {c.degrees["ep"] for c in result.ranked}
@@ -87,11 +87,11 @@ def test_the_search_pairs_context_parallel_with_pipelines_and_with_zero1():
     from kenotron.train.resolve import resolve_run
 
     args = ["--training.global_batch_size", "8"]
-    result = search_layouts(load_config("train_configs/debug.toml", args), 8, 80, top=1000, confirm=0)
+    result = search_layouts(load_config("debug", args), 8, 80, top=1000, confirm=0)
     pp_cp = [c for c in result.ranked if c.degrees["pp"] > 1 and c.degrees["cp"] > 1]
     zero1_cp = [c for c in result.ranked if c.dp_mode == "zero1" and c.degrees["cp"] > 1]
     assert pp_cp and zero1_cp
     for c in (pp_cp[0], zero1_cp[0]):
-        run = resolve_run(load_config("train_configs/debug.toml", args + " ".join(c.overrides()).split()), 8)
+        run = resolve_run(load_config("debug", args + " ".join(c.overrides()).split()), 8)
         assert {"ep": 1, **run.dims.degrees()} == c.degrees and run.plan.settings.dp_mode == c.dp_mode
         assert (run.plan.pipeline is not None) == (c.degrees["pp"] > 1)

@@ -9,7 +9,7 @@ from kenotron.config import load_config
 from kenotron.planner import AnalyticModel, Hardware, step_time
 from kenotron.train.resolve import resolve_run
 
-DEBUG = "train_configs/debug.toml"
+DEBUG = "debug"
 
 
 def _dp_seconds(ngpu: int, *overrides: str) -> tuple[float, int, int]:

@@ -103,7 +103,7 @@ SLOW_LINK_ROWS = [
 
 
 def modelled_tokens_per_s(ngpu: int, config: str, overrides: str, hw: Hardware | None = None) -> float:
-    run = resolve_run(load_config(f"train_configs/{config}.toml", overrides.split()), ngpu, check_data=False)
+    run = resolve_run(load_config(config, overrides.split()), ngpu, check_data=False)
     return step_time(run, AnalyticModel(run), hw).tokens_per_s_per_gpu
 
 

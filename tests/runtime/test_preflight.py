@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_layout_degrees_give_the_batch_and_accumulation_of_the_world():
-    cfg = load_config("train_configs/debug.toml", ["--training.global_batch_size", "16"])
+    cfg = load_config("debug", ["--training.global_batch_size", "16"])
     dims, global_batch, accum = layout_degrees(cfg, 2)
     assert (dims.dp, global_batch, accum) == (2, 16, 2)
 
@@ -30,7 +30,7 @@ def test_layout_degrees_give_the_batch_and_accumulation_of_the_world():
     (["--training.global_batch_size", "6"], 4, "global_batch_size"),
 ])
 def test_the_preflight_errors_are_resolve_runs(overrides, world, message):
-    cfg = load_config("train_configs/debug.toml", overrides)
+    cfg = load_config("debug", overrides)
     with pytest.raises(ConfigError, match=message) as early:
         spec, args = resolve_model(cfg)
         resolve_degrees(cfg, world, spec, args, "cpu")
