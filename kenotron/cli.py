@@ -98,8 +98,8 @@ RUNNERS: dict[str, Callable[[list[str]], int]] = {
 def usage() -> str:
     lines = ["usage: kenotron COMMAND [options]   (kenotron --version: the release)", "", "commands:"]
     lines += [f"  {name:<9} {text}" for name, text in COMMANDS.items()]
-    lines += ["", "`kenotron COMMAND --help` explains each; --config takes a preset's name (debug, llama3_8b) or a "
-              "TOML file."]
+    lines += ["", "`kenotron COMMAND --help` explains each.",
+              "--config takes a preset's name (debug, llama3_8b: kenotron/presets/) or a TOML file."]
     return "\n".join(lines)
 
 

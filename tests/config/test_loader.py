@@ -16,6 +16,7 @@ from kenotron.config import (
     load_config,
     validate_config,
 )
+from kenotron.config.presets import PRESETS_DIR
 
 PUBLIC_KEYS = [
     "job.dump_folder", "model.name", "model.flavor", "tokenizer.path", "data.dataset", "data.path",

@@ -74,7 +74,7 @@ def test_the_gpu_accuracy_script_covers_the_issues_matrix(capsys):
     flat = [" ".join(overrides) for _, overrides in cases]
     assert len(script.CASES) >= 6
     assert {n for n, _ in cases} >= {1, 2, 4}
-    for needed in ("llama3_1b.toml", "--model.n_layers 8", "mode none", "mode selective-op", "mode full",
+    for needed in ("--config llama3_1b", "--model.n_layers 8", "mode none", "mode selective-op", "mode full",
                    "--parallelism.tp", "--parallelism.cp"):
         assert any(needed in f for f in flat), needed
     assert script.main(["--list"]) == 0 and "8B-width" in capsys.readouterr().out
