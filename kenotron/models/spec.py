@@ -7,6 +7,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch import nn
 
 from kenotron.errors import ConfigError
@@ -69,6 +70,9 @@ class ModelSpec:
 
     check_args: Callable[[Any], None] = check_decoder_args
     """Raises ConfigError (naming `model.<field>` keys) for args that do not make a valid model."""
+    parameter_count: Callable[[Any], int] | None = None
+    """args -> the model's parameter count (a tied embedding once), from the args alone
+    (models/common/param_count.py; `--list-models`); None: counted on a meta-device build."""
 
     @property
     def is_moe(self) -> bool:
@@ -91,6 +95,14 @@ class ModelSpec:
     def tp_styles_of(self, args: Any) -> dict[str, str]:
         """The tensor-parallel styles of the model `args` builds."""
         return dict(self.tp_styles_for(args) if self.tp_styles_for is not None else self.tp_styles)
+
+    def count_parameters(self, args: Any) -> int:
+        """The parameters the model `args` builds has: from the args where the family says how,
+        else from a build on the meta device (no memory, slower)."""
+        if self.parameter_count is not None:
+            return self.parameter_count(args)
+        with torch.device("meta"):
+            return sum(p.numel() for p in self.build(args).parameters())
 
     def build(self, args: Any) -> nn.Module:
         """Construct the model on the current default device (use `torch.device("meta")`)."""

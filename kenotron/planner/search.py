@@ -166,10 +166,9 @@ def _candidate_run(base: ResolvedRun, cfg: JobConfig, meta_model: Any) -> Resolv
         return None
 
 
-def enumerate_candidates(
-    base: ResolvedRun, model: AnalyticModel, ngpu: int, global_batch: int, hw: Hardware
-) -> list[Candidate]:
-    """Every valid candidate, priced (analytic memory, modelled step time)."""
+def _trials(base: ResolvedRun, ngpu: int, global_batch: int, hw: Hardware) -> list[tuple[ParallelDims, str, int, str, int]]:
+    """Every (dims, dp_mode, ep, AC mode, local batch) the search prices, before any is priced:
+    the count is the progress bar's total."""
     moe = getattr(base.model_args, "moe", None)
     out = []
     # Every tp x pp x cp that divides the world (cp inside pipeline stages too); the trainer's own
@@ -186,24 +185,39 @@ def enumerate_candidates(
                 continue
             per_rank = global_batch // dims.dp
             eps = expert_parallel_degrees(dp_shard, cp, moe.n_experts) if moe is not None and dp_mode == "fsdp" else [1]
-            for ep, ac in ((ep, ac) for ep in eps for ac in AC_CHOICES):
-                for local in [b for b in (1, 2, 4, 8, MAX_LOCAL_BATCH) if per_rank % b == 0]:
-                    degrees = {"dp_replicate": dp_replicate, "dp_shard": dp_shard, "tp": tp, "pp": pp, "cp": cp,
-                               "ep": ep}
-                    cfg = _with(
-                        base.cfg,
-                        parallelism=candidate_parallelism(degrees, dp_mode),
-                        activation_checkpoint={"mode": ac},
-                        training={"local_batch_size": local, "global_batch_size": global_batch},
-                    )
-                    run = _candidate_run(base, cfg, model.model)
-                    if run is None:
-                        continue
-                    degrees = {**dims.degrees(), "ep": ep}
-                    out.append(Candidate(
-                        degrees, dp_mode, ac, local, run.grad_accum_steps, model.peak(run).total,
-                        step_time(run, model, hw),
-                    ))
+            out += [(dims, dp_mode, ep, ac, local) for ep in eps for ac in AC_CHOICES
+                    for local in (1, 2, 4, 8, MAX_LOCAL_BATCH) if per_rank % local == 0]
+    return out
+
+
+def enumerate_candidates(
+    base: ResolvedRun, model: AnalyticModel, ngpu: int, global_batch: int, hw: Hardware
+) -> list[Candidate]:
+    """Every valid candidate, priced (analytic memory, modelled step time). On a terminal a bar
+    counts the layouts priced out of all to price (stderr; nothing when it is a file or a pipe)."""
+    trials = _trials(base, ngpu, global_batch, hw)
+    out = []
+    bar = progress_bar(len(trials), desc="pricing layouts", unit="layout")
+    try:
+        for dims, dp_mode, ep, ac, local in trials:
+            bar.update()
+            degrees = {"dp_replicate": dims.dp_replicate, "dp_shard": dims.dp_shard, "tp": dims.tp, "pp": dims.pp,
+                       "cp": dims.cp, "ep": ep}
+            cfg = _with(
+                base.cfg,
+                parallelism=candidate_parallelism(degrees, dp_mode),
+                activation_checkpoint={"mode": ac},
+                training={"local_batch_size": local, "global_batch_size": global_batch},
+            )
+            run = _candidate_run(base, cfg, model.model)
+            if run is None:
+                continue
+            out.append(Candidate(
+                {**dims.degrees(), "ep": ep}, dp_mode, ac, local, run.grad_accum_steps, model.peak(run).total,
+                step_time(run, model, hw),
+            ))
+    finally:
+        bar.close()
     return out
 
 

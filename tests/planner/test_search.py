@@ -3,6 +3,10 @@ ones are confirmed on fake tensors."""
 
 from __future__ import annotations
 
+import io
+import re
+import sys
+
 import pytest
 
 from kenotron.config import load_config
@@ -95,3 +99,25 @@ def test_the_search_pairs_context_parallel_with_pipelines_and_with_zero1():
         run = resolve_run(load_config("debug", args + " ".join(c.overrides()).split()), 8)
         assert {"ep": 1, **run.dims.degrees()} == c.degrees and run.plan.settings.dp_mode == c.dp_mode
         assert (run.plan.pipeline is not None) == (c.degrees["pp"] > 1)
+
+
+class _Terminal(io.StringIO):
+    """stderr as a terminal: tqdm draws its bars only there."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+def test_the_search_shows_the_layouts_priced_out_of_all_on_a_terminal(monkeypatch):
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    result = search_layouts(load_config("debug", ["--training.global_batch_size", "4"]), 2, 80, top=2, confirm=0)
+    shown = terminal.getvalue()
+    total = re.search(r"pricing layouts:\s+0%\|[^|]*\| 0/(\d+)", shown)
+    assert total, shown
+    assert int(total.group(1)) >= result.considered > 0
+
+
+def test_the_search_prints_no_progress_when_stderr_is_a_log(capsys):
+    search_layouts(load_config("debug", ["--training.global_batch_size", "4"]), 2, 80, top=2, confirm=0)
+    assert capsys.readouterr().err == ""

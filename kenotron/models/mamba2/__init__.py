@@ -1,5 +1,6 @@
 """Mamba-2 family (and hybrids with attention layers): model, flavors, HF adapter and spec."""
 
+from kenotron.models.common import param_count
 from kenotron.models.mamba2.flavors import MAMBA2_FLAVORS
 from kenotron.models.mamba2.hf import MAMBA2_HF_ADAPTER
 from kenotron.models.mamba2.model import Mamba2, Mamba2Args, check_mamba2_args
@@ -26,6 +27,7 @@ MAMBA2_SPEC = ModelSpec(
     no_context_parallel=NO_CONTEXT_PARALLEL,
     no_document_masking=NO_DOCUMENT_MASKING,
     check_args=check_mamba2_args,
+    parameter_count=param_count.mamba2,
 )
 
 __all__ = ["MAMBA2_FLAVORS", "MAMBA2_HF_ADAPTER", "MAMBA2_SPEC", "Mamba2", "Mamba2Args"]

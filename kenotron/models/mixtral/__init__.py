@@ -1,5 +1,6 @@
 """Mixtral family: model, flavors, HF adapter and spec."""
 
+from kenotron.models.common import param_count
 from kenotron.models.mixtral.flavors import MIXTRAL_FLAVORS
 from kenotron.models.mixtral.hf import MIXTRAL_HF_ADAPTER
 from kenotron.models.mixtral.model import Mixtral, MixtralArgs
@@ -14,6 +15,7 @@ MIXTRAL_SPEC = ModelSpec(
     tp_styles=dict(MOE_TP_STYLES),
     moe_modules=MOE_MODULES,
     experts=EXPERTS,
+    parameter_count=param_count.mixtral,
 )
 
 __all__ = ["MIXTRAL_FLAVORS", "MIXTRAL_HF_ADAPTER", "MIXTRAL_SPEC", "Mixtral", "MixtralArgs"]

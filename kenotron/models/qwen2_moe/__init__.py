@@ -1,5 +1,6 @@
 """Qwen2-MoE family: model, flavors, HF adapter and spec."""
 
+from kenotron.models.common import param_count
 from kenotron.models.qwen2_moe.flavors import QWEN2_MOE_FLAVORS
 from kenotron.models.qwen2_moe.hf import QWEN2_MOE_HF_ADAPTER
 from kenotron.models.qwen2_moe.model import Qwen2MoE, Qwen2MoEArgs
@@ -14,6 +15,7 @@ QWEN2_MOE_SPEC = ModelSpec(
     tp_styles=dict(MOE_TP_STYLES),
     moe_modules=MOE_MODULES,
     experts=EXPERTS,
+    parameter_count=param_count.qwen2_moe,
 )
 
 __all__ = ["QWEN2_MOE_FLAVORS", "QWEN2_MOE_HF_ADAPTER", "QWEN2_MOE_SPEC", "Qwen2MoE", "Qwen2MoEArgs"]

@@ -1,5 +1,6 @@
 """Qwen3 family: model, flavors, HF adapter and spec."""
 
+from kenotron.models.common import param_count
 from kenotron.models.llama3.parallel_hints import LLAMA3_TP_STYLES
 from kenotron.models.qwen3.flavors import QWEN3_FLAVORS
 from kenotron.models.qwen3.hf import QWEN3_HF_ADAPTER
@@ -17,6 +18,7 @@ QWEN3_SPEC = ModelSpec(
         "layers.*.attention.q_norm": "head_norm",
         "layers.*.attention.k_norm": "head_norm",
     },
+    parameter_count=param_count.qwen3,
 )
 
 __all__ = ["QWEN3_FLAVORS", "QWEN3_HF_ADAPTER", "QWEN3_SPEC", "Qwen3", "Qwen3Args"]

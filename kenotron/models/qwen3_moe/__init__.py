@@ -1,5 +1,6 @@
 """Qwen3-MoE family: model, flavors, HF adapter and spec."""
 
+from kenotron.models.common import param_count
 from kenotron.models.qwen3_moe.flavors import QWEN3_MOE_FLAVORS
 from kenotron.models.qwen3_moe.hf import QWEN3_MOE_HF_ADAPTER
 from kenotron.models.qwen3_moe.model import Qwen3MoE, Qwen3MoEArgs
@@ -18,6 +19,7 @@ QWEN3_MOE_SPEC = ModelSpec(
     },
     moe_modules=MOE_MODULES,
     experts=EXPERTS,
+    parameter_count=param_count.qwen3_moe,
 )
 
 __all__ = ["QWEN3_MOE_FLAVORS", "QWEN3_MOE_HF_ADAPTER", "QWEN3_MOE_SPEC", "Qwen3MoE", "Qwen3MoEArgs"]

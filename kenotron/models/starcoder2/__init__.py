@@ -1,5 +1,6 @@
 """StarCoder2 family: model, flavors, HF adapter and spec."""
 
+from kenotron.models.common import param_count
 from kenotron.models.llama3.parallel_hints import tp_styles_without
 from kenotron.models.spec import ModelSpec
 from kenotron.models.starcoder2.flavors import STARCODER2_FLAVORS
@@ -13,6 +14,7 @@ STARCODER2_SPEC = ModelSpec(
     flavors=STARCODER2_FLAVORS,
     hf_adapter=STARCODER2_HF_ADAPTER,
     tp_styles=tp_styles_without("layers.*.feed_forward.w3"),
+    parameter_count=param_count.starcoder2,
 )
 
 __all__ = ["STARCODER2_FLAVORS", "STARCODER2_HF_ADAPTER", "STARCODER2_SPEC", "StarCoder2", "StarCoder2Args"]
