@@ -21,7 +21,7 @@ from kenotron.config.loader import (
 from kenotron.config.schema import all_fields, section_classes
 from kenotron.config.sections import JobConfig
 
-USAGE = "[--config FILE.toml] [--section.key value ...]"
+USAGE = "[--config PRESET|FILE.toml] [--section.key value ...]"
 
 
 def terminal_width(default: int = 100) -> int:

@@ -32,7 +32,7 @@ def parser(prog: str = "python estimation.py") -> argparse.ArgumentParser:
         description="Per-rank GPU memory of a kenotron job, from a dry run on fake tensors and a fake process "
         "group (no GPU needed). Any other --section.key value overrides the config, as for training.",
     )
-    p.add_argument("--config", metavar="FILE.toml", help="the training config to estimate: a TOML file or a preset name (llama3_8b); "
+    p.add_argument("--config", metavar="PRESET|FILE.toml", help="the training config to estimate: a TOML file or a preset name (llama3_8b); "
                    "the dataclass defaults without it")
     p.add_argument("--ngpu", type=int, required=True, help="world size (number of GPUs)")
     p.add_argument("--gpu-memory-gib", type=float, default=None,

@@ -86,7 +86,7 @@ def test_estimation_help_names_config_and_explains_the_search_columns(capsys):
     with pytest.raises(SystemExit):
         main(["--help"])
     out = capsys.readouterr().out
-    assert "--config FILE.toml" in out
+    assert "--config PRESET|FILE.toml" in out
     for column in ("layout =", "AC =", "batch =", "accum =", "analytic GiB =", "fake GiB =", "tok/s/GPU ="):
         assert column in out
 
