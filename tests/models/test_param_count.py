@@ -54,6 +54,12 @@ def test_the_count_follows_the_switches_that_add_or_remove_parameters(family, ov
     assert spec.count_parameters(args) == _built_count(spec, args)
 
 
+def test_a_family_without_a_count_is_counted_on_a_meta_build():
+    spec = dataclasses.replace(MODEL_SPECS["qwen3_moe"], parameter_count=None)
+    args = spec.flavors["debug"]
+    assert spec.count_parameters(args) == MODEL_SPECS["qwen3_moe"].count_parameters(args) == _built_count(spec, args)
+
+
 def test_every_family_counts_from_its_args():
     missing = [name for name in MODEL_SPECS if MODEL_SPECS[name].parameter_count is None]
     assert not missing, f"give {missing} a parameter_count (models/common/param_count.py): --list-models builds them"
