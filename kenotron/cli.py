@@ -6,6 +6,7 @@
     kenotron convert  to-hf outputs/debug hf_out
     kenotron report   outputs/run_a outputs/run_b --out plots/
     kenotron compare  outputs/run_a outputs/run_b --rtol 0.01 --assert
+    kenotron preprocess --dataset jsonl --path raw/ --output tokenized/      # python scripts/preprocess.py
 
 `kenotron COMMAND --help` explains each; `kenotron --version` prints the release. `--config`
 takes a shipped preset's name (`debug`, `llama3_8b`: kenotron/presets/) or a TOML file's path.
@@ -28,6 +29,7 @@ COMMANDS = {
     "convert": "convert between kenotron checkpoints and Hugging Face folders",
     "report": "PNG plots of one or more runs' metrics (loss, lr, grad norm, tokens/s, MFU, memory)",
     "compare": "compare two runs' losses step by step within a tolerance",
+    "preprocess": "tokenize text once into token files (datatrove's format) that training reads",
 }
 
 
@@ -89,15 +91,21 @@ def _compare(argv: list[str]) -> int:
     return compare_main(argv, prog="kenotron compare")
 
 
+def _preprocess(argv: list[str]) -> int:
+    from kenotron.data.preprocess_cli import main
+
+    return main(argv, prog="kenotron preprocess")
+
+
 RUNNERS: dict[str, Callable[[list[str]], int]] = {
     "train": train, "estimate": _estimate, "generate": _generate, "convert": _convert, "report": _report,
-    "compare": _compare,
+    "compare": _compare, "preprocess": _preprocess,
 }
 
 
 def usage() -> str:
     lines = ["usage: kenotron COMMAND [options]   (kenotron --version: the release)", "", "commands:"]
-    lines += [f"  {name:<9} {text}" for name, text in COMMANDS.items()]
+    lines += [f"  {name:<10} {text}" for name, text in COMMANDS.items()]
     lines += ["", "`kenotron COMMAND --help` explains each.",
               "--config takes a preset's name (debug, llama3_8b: kenotron/presets/) or a TOML file."]
     return "\n".join(lines)

@@ -261,6 +261,7 @@ LAZY_ON_PURPOSE: dict[tuple[str, str], str] = {
     ("kenotron.cli", "kenotron.generate.cli"): "command dispatch",
     ("kenotron.cli", "kenotron.checkpoint.convert_cli"): "command dispatch",
     ("kenotron.cli", "kenotron.runs.cli"): "command dispatch",
+    ("kenotron.cli", "kenotron.data.preprocess_cli"): "command dispatch",
     ("kenotron.cli", "difflib"): "an unknown command's suggestion only",
     # The launcher checks the config before it imports torch or the model registry (errors first,
     # fast): each round of checks imports what it needs once the cheaper round passed.

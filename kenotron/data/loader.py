@@ -16,7 +16,7 @@ checkpoint taken under one layout resumes under another.
 Each rank reads only its own windows from random-access datasets (tokenized folders): the
 loader's counters say which windows of the dataset the step uses. A sequential dataset (raw text
 packed on the fly) must be read in order, so every rank tokenizes the step's windows of it and
-builds only its own; for large data-parallel degrees, tokenize ahead with scripts/preprocess.py.
+builds only its own; for large data-parallel degrees, tokenize ahead with `kenotron preprocess`.
 
 State: the step count, the data stage and its interleaving counters, how many windows each
 dataset has given, the tokens each dataset has given, and each sequential dataset's position.
@@ -173,7 +173,7 @@ class GlobalBatchLoader:
             raise DataError(
                 f"dataset {named.name!r}{where} holds token id {top}, beyond the model's vocabulary of "
                 f"{self.vocab_size}: it was tokenized with another tokenizer; re-tokenize it with tokenizer.path's "
-                f"tokenizer (scripts/preprocess.py), or set model.vocab_size above {top}"
+                f"tokenizer (`kenotron preprocess`), or set model.vocab_size above {top}"
             )
 
     def next_step(self) -> list[MicroBatch]:

@@ -1,4 +1,4 @@
-"""Tokenize text data once, into a folder of datatrove-format token files (scripts/preprocess.py).
+"""Tokenize text data once, into a folder of datatrove-format token files (`kenotron preprocess`).
 
     preprocess("jsonl", "raw/", "tokenized/", tokenizer_path="", workers=8)
 

@@ -8,7 +8,7 @@ A tokenized folder holds one or more token files, each with two companions:
                          and the count in words ("1.2 GT")
 
 datatrove's `DocumentTokenizer` writes exactly this (with or without its document shuffle),
-and so does `scripts/preprocess.py`. The folder's files, sorted by path, are read as one stream of
+and so does `kenotron preprocess`. The folder's files, sorted by path, are read as one stream of
 tokens; a window of the stream is a memory-mapped slice, so any window is O(1) to reach.
 
 Every file is checked when opened, before training starts: the token file must be a whole
@@ -50,7 +50,7 @@ def _read_metadata(path: Path) -> tuple[str, int, int]:
     except (IndexError, ValueError):
         raise TokenFileError(
             f"{str(path)!r} is not datatrove token metadata (expected '<tokenizer>|<bytes per token>' then the "
-            f"token count); rewrite the folder with scripts/preprocess.py or datatrove's DocumentTokenizer"
+            f"token count); rewrite the folder with kenotron preprocess or datatrove's DocumentTokenizer"
         ) from None
     if token_size not in TOKEN_DTYPES:
         raise TokenFileError(f"{str(path)!r} says {token_size} bytes per token; datatrove writes 2 or 4")
@@ -92,7 +92,7 @@ def open_token_file(path: str | Path) -> TokenFile:
     if not has_index and not has_metadata:
         raise TokenFileError(
             f"{str(path)!r} has neither {index_path.name} nor {metadata_path.name} beside it, so it is not a datatrove "
-            "token file; write tokenized data with scripts/preprocess.py (or datatrove's DocumentTokenizer)"
+            "token file; write tokenized data with kenotron preprocess (or datatrove's DocumentTokenizer)"
         )
     name, token_size, meta_count = _read_metadata(metadata_path) if has_metadata else ("", 0, -1)
     ends = None
@@ -140,7 +140,7 @@ def token_files_in(folder: str | Path) -> list[Path]:
         return [root]
     if not root.is_dir():
         raise FileNotFoundError(
-            f"tokenized data folder {str(folder)!r} does not exist; write one with scripts/preprocess.py"
+            f"tokenized data folder {str(folder)!r} does not exist; write one with kenotron preprocess"
         )
     files = sorted(
         f for f in root.rglob(f"*{TOKEN_SUFFIX}")
@@ -148,7 +148,7 @@ def token_files_in(folder: str | Path) -> list[Path]:
     )
     if not files:
         raise FileNotFoundError(
-            f"{str(folder)!r} holds no {TOKEN_SUFFIX} token files; write them with scripts/preprocess.py (or "
+            f"{str(folder)!r} holds no {TOKEN_SUFFIX} token files; write them with kenotron preprocess (or "
             "datatrove's DocumentTokenizer), or point data.path at the folder that has them"
         )
     return files

@@ -1,4 +1,4 @@
-"""scripts/preprocess.py's library: the tokenized folder holds exactly the packed stream of the
+"""`kenotron preprocess`'s library: the tokenized folder holds exactly the packed stream of the
 raw text, in input order, and an interrupted run resumes without redoing finished work."""
 
 from __future__ import annotations
