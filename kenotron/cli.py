@@ -21,6 +21,7 @@ from collections.abc import Callable
 from kenotron import __version__
 from kenotron.config import ConfigError
 from kenotron.config.help import help_for_argv
+from kenotron.config.presets import preset_names
 
 COMMANDS = {
     "train": "train a model (torchrun on this node; ./run_train.sh is the shortcut)",
@@ -106,8 +107,8 @@ RUNNERS: dict[str, Callable[[list[str]], int]] = {
 def usage() -> str:
     lines = ["usage: kenotron COMMAND [options]   (kenotron --version: the release)", "", "commands:"]
     lines += [f"  {name:<10} {text}" for name, text in COMMANDS.items()]
-    lines += ["", "`kenotron COMMAND --help` explains each.",
-              "--config takes a preset's name (debug, llama3_8b: kenotron/presets/) or a TOML file."]
+    lines += ["", "`kenotron COMMAND --help` explains each. --config takes a TOML file or a preset's name:",
+              "  " + ", ".join(preset_names())]
     return "\n".join(lines)
 
 

@@ -9,6 +9,7 @@ import pytest
 
 import kenotron
 from kenotron.cli import main
+from kenotron.config.presets import preset_names
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -26,7 +27,8 @@ def test_the_release_is_written_once_and_pyproject_reads_it():
     assert kenotron.__version__.count(".") == 2 and all(part.isdigit() for part in kenotron.__version__.split("."))
 
 
-def test_the_usage_names_the_version_flag_and_preset_names(capsys):
+def test_the_usage_names_the_version_flag_and_every_shipped_preset(capsys):
     assert main([]) == 0
     out = capsys.readouterr().out
-    assert "kenotron --version" in out and "preset" in out
+    assert "kenotron --version" in out
+    assert "  " + ", ".join(preset_names()) in out.splitlines()
