@@ -2,23 +2,32 @@
 
     PYTHONPATH=/path/to/torchtitan python scripts/bench_torchtitan.py --flavor 30B-A3B --n-layers 4 \\
         --batch 4 --seq 4096 --case compiled --case eager
+    PYTHONPATH=/path/to/torchtitan python scripts/bench_torchtitan.py --model llama3 --flavor 1B \\
+        --ngpu 2 --case compiled                       # FSDP over 2 GPUs (--dp-replicate 2: DDP)
+    PYTHONPATH=/path/to/torchtitan python scripts/bench_torchtitan.py --ngpu 4 --ep 4 --case compiled
 
 torchtitan (0.2.2, not a kenotron dependency: give its folder on PYTHONPATH) trains through its
 own Trainer, which also builds a tokenizer and a Hugging Face dataset. This script builds what
-one step needs with torchtitan's own functions, as its Trainer does for one GPU: the model on
-the meta device (Qwen3ModelArgs of the flavor, n_layers overridden), `parallelize_qwen3`
-(per-block compile of its MoE submodules when compiling, no FSDP on one GPU), init_weights,
-`build_optimizers` (AdamW, its default fused implementation), `build_lr_schedulers`,
-`build_cross_entropy_loss` (compiled with the model), autocast in bf16 (`maybe_enable_amp`, its
-one-GPU mixed precision), and its step: forward, loss sum / tokens, backward, `clip_grad_norm_`
-(max norm 1), optimizer and scheduler steps. Data: uniform random token ids.
+one step needs with torchtitan's own functions, as its Trainer does: the model on the meta
+device (the flavor's args, n_layers overridden), its `parallelize_qwen3` / `parallelize_llama`
+(per-block compile when compiling; FSDP, DDP or expert parallel over `--ngpu` GPUs as its
+ParallelDims lays them out), init_weights, `build_optimizers` (AdamW, its default fused
+implementation), `build_lr_schedulers`, `build_cross_entropy_loss` (compiled with the model),
+mixed precision as its Trainer sets it (FSDP's policy, else autocast in bf16), and its step:
+forward, loss sum / tokens, backward, `clip_grad_norm_` (max norm 1), optimizer and scheduler
+steps. Data: uniform random token ids, another stream per rank.
+
+`--model llama3 --flavor 1B` is kenotron's llama3_1b shape in torchtitan's args (dim 2048, 16
+layers, 32 heads, 8 kv heads, SwiGLU width 8192 from ffn_dim_multiplier 1.5), except that
+torchtitan's Llama does not tie the embeddings (262 M more parameters to reduce and update).
 
 torchtitan's modules import `datasets`, `torchdata` and `tyro` at import time, for data loading and
 its command line, which this script does not use: where they are missing, empty stand-in modules
 are registered so the imports succeed.
 
-Each case runs in its own process; tokens/s, TFLOP/s and MFU use torchtitan's own FLOP count
-(`get_nparams_and_flops`: active parameters) and peak (989 TFLOP/s for an H100/H200).
+Each case runs in its own process (torchrun with `--ngpu` > 1); tokens/s are per GPU (rank 0's
+median step), and TFLOP/s and MFU use torchtitan's own FLOP count (`get_nparams_and_flops`:
+active parameters) and peak (989 TFLOP/s for an H100/H200).
 """
 
 from __future__ import annotations
@@ -26,6 +35,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -73,8 +83,38 @@ def _stub_missing_imports() -> None:
             sys.modules[name] = _StandIn(name)
 
 
-def run_case(compiled: bool, flavor: str, n_layers: int, batch: int, seq: int, warmup: int, steps: int,
-             force_balance: bool) -> dict:
+def _init_distributed():
+    """Under torchrun: NCCL on this rank's GPU; (world size, rank)."""
+    import torch
+    import torch.distributed as dist
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world == 1:
+        return 1, 0
+    local = int(os.environ["LOCAL_RANK"])
+    torch.cuda.set_device(local)
+    dist.init_process_group("nccl", device_id=torch.device("cuda", local))
+    return world, dist.get_rank()
+
+
+def _model_and_parallelize(model_name: str, flavor: str):
+    """(args of the flavor, model class, parallelize function) of torchtitan's family."""
+    if model_name == "qwen3":
+        from torchtitan.models.qwen3 import Qwen3Model, parallelize_qwen3, qwen3_args
+
+        return qwen3_args[flavor], Qwen3Model, parallelize_qwen3
+    from torchtitan.models.llama3 import Transformer, TransformerModelArgs, llama3_args, parallelize_llama
+
+    if flavor == "1B":  # kenotron's llama3_1b shape (see the module docstring)
+        args = TransformerModelArgs(dim=2048, n_layers=16, n_heads=32, n_kv_heads=8, ffn_dim_multiplier=1.5,
+                                    multiple_of=256, rope_theta=500000)
+    else:
+        args = llama3_args[flavor]
+    return args, Transformer, parallelize_llama
+
+
+def run_case(compiled: bool, model_name: str, flavor: str, n_layers: int, batch: int, seq: int, warmup: int,
+             steps: int, force_balance: bool, dp_replicate: int = 1, ep: int = 1, ac: str = "none") -> dict:
     import torch
 
     _stub_missing_imports()
@@ -84,25 +124,34 @@ def run_case(compiled: bool, flavor: str, n_layers: int, batch: int, seq: int, w
     from torchtitan.config.job_config import JobConfig
     from torchtitan.distributed import ParallelDims
     from torchtitan.distributed import utils as dist_utils
-    from torchtitan.models.qwen3 import Qwen3Model, parallelize_qwen3, qwen3_args
 
+    world, rank = _init_distributed()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     job = JobConfig()
-    job.model.name, job.model.flavor = "qwen3", flavor
+    job.model.name, job.model.flavor = model_name, flavor
     job.training.local_batch_size, job.training.seq_len = batch, seq
     job.training.steps = warmup + steps
     job.training.max_norm = 1.0
     job.compile.enable = compiled
-    job.activation_checkpoint.mode = "none"
+    job.activation_checkpoint.mode = "selective" if ac == "selective" else "none"
+    job.activation_checkpoint.selective_ac_option = "op"
     job.debug.moe_force_load_balance = force_balance
-    args = qwen3_args[flavor]
-    args.n_layers = n_layers
+    dp_shard = world // dp_replicate
+    job.parallelism.data_parallel_replicate_degree = dp_replicate
+    job.parallelism.data_parallel_shard_degree = dp_shard
+    job.parallelism.expert_parallel_degree = ep
+    args, model_cls, parallelize = _model_and_parallelize(model_name, flavor)
+    if n_layers:
+        args.n_layers = n_layers
     args.update_from_config(job)
-    dims = ParallelDims(dp_replicate=1, dp_shard=1, cp=1, tp=1, pp=1, ep=1, etp=1, world_size=1)
+    dims = ParallelDims(dp_replicate=dp_replicate, dp_shard=dp_shard, cp=1, tp=1, pp=1, ep=ep, etp=1,
+                        world_size=world)
+    if world > 1:
+        dims.build_mesh()
     with torch.device("meta"):
-        model = Qwen3Model(args)
+        model = model_cls(args)
     n_params, flops_per_token = args.get_nparams_and_flops(model, seq)
-    model = parallelize_qwen3(model, dims, job)
+    model = parallelize(model, dims, job)
     model.to_empty(device=device)
     with torch.no_grad():
         model.init_weights(buffer_device=None)
@@ -111,7 +160,7 @@ def run_case(compiled: bool, flavor: str, n_layers: int, batch: int, seq: int, w
     schedulers = build_lr_schedulers(optimizers, job.lr_scheduler, job.training.steps)
     loss_fn = build_cross_entropy_loss(job)
     amp = dist_utils.maybe_enable_amp(dims, job.training.mixed_precision_param, device.type)
-    gen = torch.Generator().manual_seed(0)
+    gen = torch.Generator().manual_seed(rank)
 
     def step() -> torch.Tensor:
         tokens = torch.randint(0, args.vocab_size, (batch, seq + 1), generator=gen)
@@ -122,7 +171,8 @@ def run_case(compiled: bool, flavor: str, n_layers: int, batch: int, seq: int, w
             loss = loss_fn(pred, labels) / labels.numel()
         del pred
         loss.backward()
-        dist_utils.clip_grad_norm_(list(model.parameters()), job.training.max_norm, foreach=True)
+        dist_utils.clip_grad_norm_(list(model.parameters()), job.training.max_norm, foreach=True,
+                                   ep_enabled=dims.ep_enabled)
         optimizers.step()
         schedulers.step()
         return loss.detach()
@@ -152,37 +202,49 @@ def run_case(compiled: bool, flavor: str, n_layers: int, batch: int, seq: int, w
         "memory_allocated_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0,
         "memory_reserved_gib": torch.cuda.max_memory_reserved() / 2**30 if cuda else 0.0,
         "loss_last": losses[-1].item(), "params": n_params, "flops_per_token": flops_per_token,
-        "torch": torch.__version__,
+        "torch": torch.__version__, "ngpu": world,
     }
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description="torchtitan's step on one GPU, one table row per case")
+    parser = argparse.ArgumentParser(description="torchtitan's step on one or more GPUs, one table row per case")
+    parser.add_argument("--model", choices=["qwen3", "llama3"], default="qwen3")
     parser.add_argument("--flavor", default="30B-A3B")
-    parser.add_argument("--n-layers", type=int, default=4)
+    parser.add_argument("--n-layers", type=int, default=4, help="0 keeps the flavor's")
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--seq", type=int, default=4096)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--steps", type=int, default=7)
+    parser.add_argument("--ngpu", type=int, default=1, help="GPUs (torchrun); FSDP over them unless --dp-replicate")
+    parser.add_argument("--dp-replicate", type=int, default=1, help="replicas (DDP when it equals --ngpu)")
+    parser.add_argument("--ep", type=int, default=1, help="expert-parallel degree (MoE)")
+    parser.add_argument("--ac", choices=["none", "selective"], default="none", help="activation checkpointing")
     parser.add_argument("--case", action="append", choices=["compiled", "eager", "compiled-balanced"], default=[])
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--json", help="write all rows to this file")
     args = parser.parse_args()
-    shape = (args.flavor, args.n_layers, args.batch, args.seq, args.warmup, args.steps)
     if args.worker:
         name = args.case[0]
-        row = run_case(name.startswith("compiled"), *shape[:4], args.warmup, args.steps, name.endswith("balanced"))
-        Path(args.worker).write_text(json.dumps(row))
+        row = run_case(name.startswith("compiled"), args.model, args.flavor, args.n_layers, args.batch, args.seq,
+                       args.warmup, args.steps, name.endswith("balanced"), args.dp_replicate, args.ep, args.ac)
+        if int(os.environ.get("RANK", "0")) == 0:
+            Path(args.worker).write_text(json.dumps(row))
         return 0
-    print("| torchtitan 0.2.2 case | tokens/s/device | TFLOP/s/device | MFU | peak GiB alloc / reserved | last loss |\n"
-          "|---|---|---|---|---|---|", flush=True)
+    layout = f" x{args.ngpu} (dp_replicate {args.dp_replicate}, ep {args.ep})" if args.ngpu > 1 else ""
+    print(f"| torchtitan 0.2.2 {args.model} {args.flavor}{layout} case | tokens/s/device | TFLOP/s/device | MFU | "
+          "peak GiB alloc / reserved | last loss |\n|---|---|---|---|---|---|", flush=True)
     rows = []
     for name in args.case or ["compiled", "eager"]:
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "row.json"
-            cmd = [sys.executable, __file__, "--worker", str(out), "--case", name, "--flavor", args.flavor,
-                   "--n-layers", str(args.n_layers), "--batch", str(args.batch), "--seq", str(args.seq),
-                   "--warmup", str(args.warmup), "--steps", str(args.steps)]
+            worker = [__file__, "--worker", str(out), "--case", name, "--model", args.model, "--flavor", args.flavor,
+                      "--n-layers", str(args.n_layers), "--batch", str(args.batch), "--seq", str(args.seq),
+                      "--warmup", str(args.warmup), "--steps", str(args.steps), "--dp-replicate",
+                      str(args.dp_replicate), "--ep", str(args.ep), "--ac", args.ac]
+            if args.ngpu > 1:
+                cmd = ["torchrun", "--standalone", "--nproc-per-node", str(args.ngpu), *worker]
+            else:
+                cmd = [sys.executable, *worker]
             proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
             if proc.returncode or not out.exists():
                 print(f"| {name} | failed: {(proc.stdout + proc.stderr).strip().splitlines()[-1:]} | | | | |", flush=True)
