@@ -15,6 +15,7 @@ takes a shipped preset's name (`debug`, `llama3_8b`: kenotron/presets/) or a TOM
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
 
@@ -113,6 +114,18 @@ def usage() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        code = _dispatch(argv)
+        sys.stdout.flush()  # a reader gone away shows here, inside the handler, not at the interpreter's exit
+        return code
+    except BrokenPipeError:
+        # `kenotron ... | head`: the reader closed the pipe, which ends the output without a
+        # traceback; stdout goes to /dev/null so that the interpreter's last flush stays quiet.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+
+
+def _dispatch(argv: list[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(usage())

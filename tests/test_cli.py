@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -32,3 +35,13 @@ def test_the_usage_names_the_version_flag_and_every_shipped_preset(capsys):
     out = capsys.readouterr().out
     assert "kenotron --version" in out
     assert "  " + ", ".join(preset_names()) in out.splitlines()
+
+
+def test_output_into_a_closed_pipe_ends_quietly():
+    """`kenotron ... | head`: the reader is gone before the first line; no traceback follows."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen([sys.executable, "-m", "kenotron.cli", "--help"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=env, cwd=ROOT)
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 1 and err == "", err
