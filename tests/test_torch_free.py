@@ -65,6 +65,7 @@ def _heavy_import_chains() -> list[str]:
     """For each torch-free module reaching a HEAVY package through imports run at its import
     (parent packages' __init__ included), one chain `module -> ... -> torch` with files and lines."""
     modules = {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+    imports: dict[str, list[tuple[int, str]]] = {}  # each module parsed once
     chains = []
     for root in _torch_free_modules():
         came_from: dict[str, tuple[str, str] | None] = {root: None}
@@ -74,7 +75,9 @@ def _heavy_import_chains() -> list[str]:
         while queue:
             name = queue.pop(0)
             heavy = None
-            for line, target in _top_level_imports(name, modules[name], modules):
+            if name not in imports:
+                imports[name] = _top_level_imports(name, modules[name], modules)
+            for line, target in imports[name]:
                 where = f"{modules[name].relative_to(PACKAGE.parent)}:{line}"
                 if target.split(".")[0] in HEAVY:
                     heavy = (target, where)
