@@ -55,6 +55,8 @@ SHAPE_ERRORS = [
     ("mixtral_debug.toml", ["--parallelism.ep", "3"], 3, "parallelism.ep=3 does not divide the 8 experts"),
     ("qwen3_moe_debug.toml", ["--model.moe.top_k", "99"], 1, "model.moe.top_k=99 must lie in [1, n_experts=8]"),
     ("mamba2_debug.toml", ["--parallelism.tp", "3"], 3, "tp=3 does not divide ssm heads"),
+    ("mamba2_debug.toml", ["--data.document_masking", "true"], 1, "data.document_masking=true is not supported"),
+    ("qwen2_debug.toml", ["--model.parametrization", "spectral_mup"], 1, "qwen2 debug ties them"),
 ]
 
 
