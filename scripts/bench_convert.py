@@ -46,7 +46,7 @@ def write_folder(family: str, out: Path) -> tuple[int, int]:
 
     from kenotron.checkpoint.hf import save_hf
     from kenotron.models import get_model_spec
-    from kenotron.models.common.moe import MoEArgs
+    from kenotron.models.common.moe_args import MoEArgs
 
     spec = get_model_spec(family)
     fields = dict(CASES[family], max_seq_len=64)

@@ -20,7 +20,8 @@ import statistics
 import torch
 
 from kenotron.kernels.adamw import adamw_update_
-from kenotron.models.llama3.model import Llama3, Llama3Args
+from kenotron.models.llama3.args import Llama3Args
+from kenotron.models.llama3.model import Llama3
 
 SHAPES = {
     # name: (Llama3Args overrides, batch, seq)

@@ -263,10 +263,9 @@ LAZY_ON_PURPOSE: dict[tuple[str, str], str] = {
     ("kenotron.cli", "kenotron.runs.cli"): "command dispatch",
     ("kenotron.cli", "kenotron.data.preprocess_cli"): "command dispatch",
     ("kenotron.cli", "difflib"): "an unknown command's suggestion only",
-    # The launcher checks the config before it imports torch or the model registry (errors first,
-    # fast): each round of checks imports what it needs once the cheaper round passed.
+    # The launcher checks the config and the model's shape before it imports torch (errors first,
+    # fast): the trainer's checks are imported once those passed.
     ("kenotron.launch.launcher", "kenotron.runtime.info_flags"): "on demand: --help / --list-models",
-    ("kenotron.launch.launcher", "kenotron.runtime.preflight"): "after the torch-free checks",
     ("kenotron.launch.launcher", "kenotron.launch.run_checks"): "after the model's checks",
     ("kenotron.launch.launcher", "torch.distributed.elastic.multiprocessing.api"): "torchrun, once the config passed",
     ("kenotron.launch.launcher", "torch.distributed.elastic.multiprocessing.errors"): "torchrun, as above",

@@ -6,7 +6,7 @@
 (torch.distributed.run: its rendezvous, its per-rank log files, its restarts), and adds:
 
 - the config is checked first, in this process, before any rank starts: a bad key, degrees that
-  do not fit the world size or the model (runtime/preflight.py: the config and the model registry), then
+  do not fit the world size or the model (runtime/preflight.py, before torch is imported), then
   everything resolve_run and the trainer check (launch/run_checks.py): one line, exit code 2;
 - a rank's failure ends with that rank's one-line error on the console, also when the rank's own
   output is not shown (`log_ranks`), instead of torchrun's ChildFailedError block; a rank that
@@ -31,6 +31,7 @@ from typing import Any
 
 from kenotron.config import ConfigError, JobConfig, load_config, split_config_arg, validate_config
 from kenotron.runtime.degrees import layout_degrees
+from kenotron.runtime.preflight import resolve_degrees, resolve_model
 
 # What torchrun logs and kenotron says better itself: the failure summary, the signal forwarding.
 _REPLACED_LOG_LINES = ("failed (exitcode", "death signal, shutting down workers", "closing signal",
@@ -189,14 +190,11 @@ def _answer_info_flags(train_argv: list[str]) -> bool:
 
 
 def check_config(cfg: JobConfig, world_size: int) -> None:
-    """Every check of the ranks' start, once, here (ConfigError), cheapest first. Each round
-    imports what it needs only once the round before passed: the config's own checks need
-    neither torch nor a model; the model's shape needs the model registry (which imports
-    torch); the rest needs the trainer (seconds to import)."""
+    """Every check of the ranks' start, once, here (ConfigError), cheapest first: the config's
+    own checks and the model's shape need no torch (runtime/degrees.py, runtime/preflight.py);
+    the rest needs the trainer (seconds to import), imported only once they passed."""
     validate_config(cfg)
     layout_degrees(cfg, world_size)
-    from kenotron.runtime.preflight import resolve_degrees, resolve_model
-
     spec, args = resolve_model(cfg)
     # The device type matters only to a check that check_run repeats with the real one.
     resolve_degrees(cfg, world_size, spec, args, "cpu" if cfg.training.device == "cpu" else "cuda")

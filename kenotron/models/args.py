@@ -19,7 +19,7 @@ from typing import Any
 
 from kenotron.config import convert_value
 from kenotron.errors import ConfigError
-from kenotron.models.common.router import SCORE_FUNCS
+from kenotron.models.common.moe_args import SCORE_FUNCS
 
 SET_BY_THE_TRAINER = {"max_seq_len": "training.seq_len"}
 """Args fields that follow another config key."""

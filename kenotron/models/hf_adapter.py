@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from kenotron.models.common.rope import RopeScaling
+from kenotron.models.common.rope_scaling import RopeScaling
 from kenotron.models.hf_experts import (
     ExpertKeyError,
     expert_sources,

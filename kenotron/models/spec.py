@@ -1,22 +1,38 @@
-"""ModelSpec: what the trainer needs to know about a model family, as one object."""
+"""ModelSpec: what the trainer needs to know about a model family, as one object.
+
+A spec is data and imports no torch: the model class and the HF adapter are named by their
+import paths and imported when first used, so that the launcher checks a config's model shape
+(args, flavors, tensor-parallel divisors) before torch is imported.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
-
-import torch
-from torch import nn
+from typing import TYPE_CHECKING, Any
 
 from kenotron.errors import ConfigError
 from kenotron.models.args import args_with_overrides, check_decoder_args
-from kenotron.models.hf_adapter import HFAdapter
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from kenotron.models.hf_adapter import HFAdapter
+
+_IMPORT_PATH = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
 
 
 class UnknownModelError(ConfigError):
     """A model name or flavor that the registry does not have."""
+
+
+def import_path_target(path: str) -> Any:
+    """The object an import path "package.module:attribute" names, its module imported if needed."""
+    module, _, attribute = path.partition(":")
+    return getattr(importlib.import_module(module), attribute)
 
 
 def attention_tp_divisors(args: Any) -> dict[str, int]:
@@ -40,15 +56,18 @@ class ModelSpec:
     """
 
     name: str
-    model_cls: Callable[[Any], nn.Module]
+    model_cls_path: str
+    """The family's nn.Module class as "module:attribute" ("kenotron.models.llama3.model:Llama3"),
+    imported on first use (`model_cls`, `build`)."""
     flavors: dict[str, Any]
     """{flavor name: frozen args dataclass}."""
     tp_styles: dict[str, str] = dataclasses.field(default_factory=dict)
     """Tensor-parallel style per module FQN pattern (see llama3/parallel_hints.py); empty = no TP plan."""
     blocks: str = "layers.*"
     """FQN pattern of the repeated transformer blocks (FSDP units, AC and compile units)."""
-    hf_adapter: HFAdapter | None = None
-    """Key and config translation to/from the family's transformers class; None when there is none."""
+    hf_adapter_path: str = ""
+    """The family's HFAdapter (key and config translation to/from its transformers class) as
+    "module:attribute", imported on first use (`hf_adapter`); "" when there is none."""
     moe_modules: str = ""
     """FQN pattern of the MoE feed-forward modules (models/common/moe.py); empty for a dense family."""
     experts: str = ""
@@ -73,6 +92,22 @@ class ModelSpec:
     parameter_count: Callable[[Any], int] | None = None
     """args -> the model's parameter count (a tied embedding once), from the args alone
     (models/common/param_count.py; `--list-models`); None: counted on a meta-device build."""
+
+    def __post_init__(self) -> None:
+        for key, path in (("model_cls_path", self.model_cls_path), ("hf_adapter_path", self.hf_adapter_path)):
+            if path and not _IMPORT_PATH.fullmatch(path):
+                raise ValueError(f"ModelSpec {self.name!r}: {key}={path!r} is not an import path; write "
+                                 f"'package.module:attribute'")
+
+    @property
+    def model_cls(self) -> Callable[[Any], nn.Module]:
+        """The family's nn.Module class (its module imported now, with torch)."""
+        return import_path_target(self.model_cls_path)
+
+    @property
+    def hf_adapter(self) -> HFAdapter | None:
+        """The family's HF adapter, None when it has none (its module imported now, with torch)."""
+        return import_path_target(self.hf_adapter_path) if self.hf_adapter_path else None
 
     @property
     def is_moe(self) -> bool:
@@ -101,6 +136,8 @@ class ModelSpec:
         else from a build on the meta device (no memory, slower)."""
         if self.parameter_count is not None:
             return self.parameter_count(args)
+        import torch  # a family without a count from its args: the spec itself stays free of torch
+
         with torch.device("meta"):
             return sum(p.numel() for p in self.build(args).parameters())
 

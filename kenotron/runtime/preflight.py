@@ -52,6 +52,27 @@ def check_expert_parallel(cfg: JobConfig, dims: ParallelDims, spec: ModelSpec, a
                           f"use parallelism.dp_mode='fsdp'")
 
 
+def check_model_features(cfg: JobConfig, spec: ModelSpec, args: Any) -> None:
+    """Features of the config that the family or its args cannot have: document masking where
+    the sequence mixing crosses documents, spectral µP without AdamW or with tied embeddings."""
+    if cfg.data.document_masking and spec.no_document_masking:
+        raise ConfigError(f"data.document_masking=true is not supported by model.name={spec.name!r}: "
+                          f"{spec.no_document_masking}; set data.document_masking=false")
+    if cfg.model.parametrization != "spectral_mup":
+        return
+    if cfg.optimizer.name != "adamw":
+        raise ConfigError(
+            f"model.parametrization='spectral_mup' sets AdamW's per-matrix learning rates (lr * 256 / fan_in); "
+            f"optimizer.name={cfg.optimizer.name!r} would need other ones; use optimizer.name='adamw'"
+        )
+    if getattr(args, "tie_embeddings", False):
+        raise ConfigError(
+            f"model.parametrization='spectral_mup' starts the embedding at std 1 and the output layer at 1/dim, "
+            f"which one tied matrix cannot do, but {cfg.model.name} {cfg.model.flavor} ties them; set "
+            f"model.tie_embeddings=false"
+        )
+
+
 def resolve_model(cfg: JobConfig) -> tuple[ModelSpec, Any]:
     """The config's values checked together, its model family and the family's args (the flavor
     with the config's model.<field> values)."""
@@ -59,6 +80,7 @@ def resolve_model(cfg: JobConfig) -> tuple[ModelSpec, Any]:
     spec = get_model_spec(cfg.model.name)
     check_moe_config(cfg, spec)
     args = spec.model_args(cfg.model.flavor, cfg.model.args, max_seq_len=cfg.training.seq_len)  # checked there
+    check_model_features(cfg, spec, args)
     return spec, args
 
 

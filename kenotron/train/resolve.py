@@ -76,23 +76,12 @@ def check_context_parallel(cfg: JobConfig, dims: ParallelDims, spec: ModelSpec, 
                           "model.attention_backend='math'; choose another backend or tuning.cp_attention='ring'")
 
 
-def check_parametrization(cfg: JobConfig, args: Any, meta_model: torch.nn.Module) -> None:
-    """What spectral µP needs: AdamW (its per-matrix rates are AdamW's), untied embeddings, and
-    the fans of every weight matrix (models/common/parametrization.py)."""
-    if cfg.model.parametrization != "spectral_mup":
-        return
-    if cfg.optimizer.name != "adamw":
-        raise ConfigError(
-            f"model.parametrization='spectral_mup' sets AdamW's per-matrix learning rates (lr * 256 / fan_in); "
-            f"optimizer.name={cfg.optimizer.name!r} would need other ones; use optimizer.name='adamw'"
-        )
-    if getattr(args, "tie_embeddings", False):
-        raise ConfigError(
-            f"model.parametrization='spectral_mup' starts the embedding at std 1 and the output layer at 1/dim, "
-            f"which one tied matrix cannot do, but {cfg.model.name} {cfg.model.flavor} ties them; set "
-            f"model.tie_embeddings=false"
-        )
-    matrix_fans(meta_model)
+def check_parametrization(cfg: JobConfig, meta_model: torch.nn.Module) -> None:
+    """What spectral µP needs of the built model: the fans of every weight matrix
+    (models/common/parametrization.py); its optimizer and untied embeddings are checked with
+    the model's args (runtime/preflight.py)."""
+    if cfg.model.parametrization == "spectral_mup":
+        matrix_fans(meta_model)
 
 
 def build_pipeline_split_from_config(meta_model: torch.nn.Module, cfg: JobConfig, pp: int, blocks: str) -> PipelineSplit:
@@ -123,13 +112,10 @@ def resolve_run(cfg: JobConfig, world_size: int, target: Target | None = None, c
             f"set --model.vocab_size {tokenizer.vocab_size} (or larger) or use a smaller tokenizer"
         )
     check_checkpoint_config(cfg.checkpoint)
-    if cfg.data.document_masking and spec.no_document_masking:
-        raise ConfigError(f"data.document_masking=true is not supported by model.name={spec.name!r}: "
-                          f"{spec.no_document_masking}; set data.document_masking=false")
     with torch.device("meta"):
         meta_model = spec.build(args)
     layout_for(spec).check(meta_model)  # the family's layout fits its model whatever the parallel layout
-    check_parametrization(cfg, args, meta_model)
+    check_parametrization(cfg, meta_model)
     if cfg.doremi.reference:
         check_doremi(cfg, spec, args)
     run = resolve_layout(cfg, world_size, spec, args, meta_model, tokenizer, target or Target.planned(cfg))

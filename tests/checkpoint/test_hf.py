@@ -19,7 +19,7 @@ from kenotron.checkpoint.hf import (
     save_hf,
 )
 from kenotron.models import get_model_spec
-from kenotron.models.common.rope import RopeScaling
+from kenotron.models.common.rope_scaling import RopeScaling
 from kenotron.models.llama3 import Llama3Args
 from tests.checkpoint.tiny import build_llama, make_run
 from tests.distributed.pool import run_on_ranks

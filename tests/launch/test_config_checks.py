@@ -1,5 +1,5 @@
 """`kenotron train` checks the whole config once, in the launcher, before torchrun starts any
-rank: one line, exit code 2; the config-only mistakes before torch is even imported."""
+rank: one line, exit code 2; the config-only and model-shape mistakes before torch is even imported."""
 
 from __future__ import annotations
 
@@ -38,12 +38,13 @@ def test_degrees_that_do_not_fit_the_world_size_are_one_line_before_torch_is_imp
     assert not (tmp_path / "run").exists()  # nothing started
 
 
-def test_tp_not_dividing_the_heads_is_one_line_from_the_launcher_not_from_each_rank(tmp_path):
+def test_tp_not_dividing_the_heads_is_one_line_from_the_launcher_before_torch_is_imported(tmp_path):
     proc = _kenotron_train("--nproc", "3", "--parallelism.tp", "3", folder=tmp_path / "run")
     assert proc.returncode == 2, proc.stderr
     # A rank's line would carry torchrun's "[rankN]:" prefix and come once per rank.
     assert proc.stderr.strip().splitlines() == [
         "kenotron: config error: tp=3 does not divide n_heads=8; use one of [1, 2, 4, 8]"]
+    assert proc.stdout.strip() == "torch not imported"  # the model's shape is checked without torch (issue 34)
     assert not (tmp_path / "run" / "logs").exists()  # torchrun never started
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from kenotron.config import ConfigError, config_from_dict, config_to_toml, load_config
 from kenotron.models import MODEL_SPECS, get_model_spec
-from kenotron.models.common.rope import RopeScaling
+from kenotron.models.common.rope_scaling import RopeScaling
 from kenotron.train.resolve import resolve_run
 
 LLAMA = get_model_spec("llama3")

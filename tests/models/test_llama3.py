@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from kenotron.models import UnknownModelError, get_model_spec
-from kenotron.models.common.rope import RopeScaling, rope_inv_freq
+from kenotron.models.common.rope import rope_inv_freq
+from kenotron.models.common.rope_scaling import RopeScaling
 
 SPEC = get_model_spec("llama3")
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from kenotron.models import get_model_spec
-from kenotron.models.common.rope import RopeScaling
+from kenotron.models.common.rope_scaling import RopeScaling
 from kenotron.models.hf_adapter import HFConversionError
 from kenotron.models.llama3 import Llama3Args
 from tests.models.hf_parity import (

@@ -8,7 +8,8 @@ import torch
 import torch.nn.functional as F
 
 from kenotron.models.common.experts import gather_rows, group_by_expert, sum_rows
-from kenotron.models.common.moe import MoE, MoEArgs
+from kenotron.models.common.moe import MoE
+from kenotron.models.common.moe_args import MoEArgs
 from kenotron.models.common.router import TopKRouter
 
 

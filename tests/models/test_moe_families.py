@@ -12,7 +12,7 @@ import torch
 
 from kenotron.checkpoint.hf import load_hf_model, save_hf
 from kenotron.models import get_model_spec
-from kenotron.models.common.moe import MoEArgs
+from kenotron.models.common.moe_args import MoEArgs
 from kenotron.models.hf_adapter import HFConversionError
 from tests.models.hf_parity import random_hf_model, random_kenotron_model
 

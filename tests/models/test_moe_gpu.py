@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kenotron.models.common.moe import MoE, MoEArgs
+from kenotron.models.common.moe import MoE
+from kenotron.models.common.moe_args import MoEArgs
 
 pytestmark = [
     pytest.mark.gpu,

@@ -11,7 +11,8 @@ import copy
 import pytest
 import torch
 
-from kenotron.models.llama3.model import Llama3, Llama3Args
+from kenotron.models.llama3.args import Llama3Args
+from kenotron.models.llama3.model import Llama3
 from kenotron.parallel.activation_offload import ActivationOffloader
 
 ARGS = Llama3Args(dim=64, n_layers=4, n_heads=4, n_kv_heads=2, ffn_dim=160, vocab_size=256)

@@ -45,3 +45,41 @@ def test_the_config_only_checks_import_no_torch():
     proc = subprocess.run([sys.executable, "-c", code], check=False, cwd=ROOT, capture_output=True, text=True,
                           timeout=120)
     assert proc.stdout.strip() == "ok", proc.stderr[-2000:]
+
+
+# Each family's shape errors, as the launcher meets them: (config, overrides, world size, error).
+SHAPE_ERRORS = [
+    ("debug.toml", ["--parallelism.tp", "3"], 3, "tp=3 does not divide n_heads=8"),
+    ("debug.toml", ["--model.n_heads", "6"], 1, "model.dim=256 is not a multiple of model.n_heads=6"),
+    ("debug.toml", ["--moe.aux_loss_coef", "0.1"], 1, "model.name='llama3' has no experts"),
+    ("mixtral_debug.toml", ["--parallelism.ep", "3"], 3, "parallelism.ep=3 does not divide the 8 experts"),
+    ("qwen3_moe_debug.toml", ["--model.moe.top_k", "99"], 1, "model.moe.top_k=99 must lie in [1, n_experts=8]"),
+    ("mamba2_debug.toml", ["--parallelism.tp", "3"], 3, "tp=3 does not divide ssm heads"),
+    ("mamba2_debug.toml", ["--data.document_masking", "true"], 1, "data.document_masking=true is not supported"),
+    ("qwen2_debug.toml", ["--model.parametrization", "spectral_mup"], 1, "qwen2 debug ties them"),
+]
+
+
+def test_the_model_shape_checks_of_every_kind_of_family_import_no_torch():
+    """The launcher's second round (resolve_model, resolve_degrees) runs before torch is imported:
+    its errors come in well under the 2 s that importing torch alone takes on two cores."""
+    code = f"""
+import sys
+from kenotron.config import ConfigError, load_config
+from kenotron.runtime.preflight import resolve_degrees, resolve_model
+for name, overrides, world, _ in {SHAPE_ERRORS!r}:
+    cfg = load_config("train_configs/" + name, overrides)
+    try:
+        spec, args = resolve_model(cfg)
+        resolve_degrees(cfg, world, spec, args, "cpu")
+        print("no error")
+    except ConfigError as e:
+        print(e)
+print("torch imported" if "torch" in sys.modules else "torch not imported")
+"""
+    proc = subprocess.run([sys.executable, "-c", code], check=False, cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    lines = proc.stdout.strip().splitlines()
+    assert lines[-1:] == ["torch not imported"], proc.stdout + proc.stderr[-2000:]
+    for (*_, expected), error in zip(SHAPE_ERRORS, lines[:-1], strict=True):
+        assert expected in error

@@ -7,7 +7,8 @@ import time
 
 import torch
 
-from kenotron.models.llama3.model import Llama3, Llama3Args
+from kenotron.models.llama3.args import Llama3Args
+from kenotron.models.llama3.model import Llama3
 from kenotron.tools.bench import run_case
 from kenotron.tools.block_trace import BlockTimer, format_trace, stream_pools
 

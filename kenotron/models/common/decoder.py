@@ -27,7 +27,8 @@ from kenotron.models.common.init import (
 )
 from kenotron.models.common.kv_cache import KVCache, LayerKVCache
 from kenotron.models.common.parametrization import Fans, spectral_init_specs
-from kenotron.models.common.rope import RopeScaling, rope_cos_sin
+from kenotron.models.common.rope import rope_cos_sin
+from kenotron.models.common.rope_scaling import RopeScaling
 from kenotron.models.common.router import TopKRouter
 
 

@@ -14,7 +14,6 @@ Parameter names follow transformers' in-memory layout where one exists (`router.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -30,29 +29,8 @@ from kenotron.models.common.experts import (
 )
 from kenotron.models.common.init import InitSpec, prefixed, trunc_normal
 from kenotron.models.common.mlp import SwiGLU
+from kenotron.models.common.moe_args import MoEArgs
 from kenotron.models.common.router import RouterOutput, TopKRouter, attach_loss
-
-
-@dataclass(frozen=True)
-class MoEArgs:
-    """The MoE feed-forward of a family (HF names in brackets)."""
-
-    n_experts: int = 8
-    """Routed experts per layer (num_experts, num_local_experts)."""
-    top_k: int = 2
-    """Experts each token is routed to (num_experts_per_tok)."""
-    ffn_dim: int = 768
-    """Hidden width of each routed expert's SwiGLU (moe_intermediate_size, intermediate_size for Mixtral)."""
-    score_func: str = "softmax"
-    """Router scores: softmax over the experts, or sigmoid per expert."""
-    norm_topk: bool = True
-    """Renormalize the top-k weights to sum to 1 (norm_topk_prob)."""
-    route_scale: float = 1.0
-    """Factor on the routing weights."""
-    shared_ffn_dim: int = 0
-    """Hidden width of the shared expert every token also goes through (shared_expert_intermediate_size); 0: none."""
-    shared_gate: bool = False
-    """Scale the shared expert's output by sigmoid(a linear map of the input) (Qwen2-MoE's shared_expert_gate)."""
 
 
 class TokenDispatcher(Protocol):

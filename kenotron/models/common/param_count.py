@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kenotron.models.common.moe import MoEArgs
+from kenotron.models.common.moe_args import MoEArgs
 
 
 def linear(fan_in: int, fan_out: int, bias: bool = False) -> int:

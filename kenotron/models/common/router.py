@@ -34,8 +34,7 @@ from torch import nn
 from torch.distributed._functional_collectives import all_reduce
 
 from kenotron.models.common.init import InitSpec, trunc_normal
-
-SCORE_FUNCS = ("softmax", "sigmoid")
+from kenotron.models.common.moe_args import SCORE_FUNCS
 
 
 @dataclass

@@ -129,16 +129,3 @@ def ssd_step(
     state.copy_(new)
     y = torch.einsum("bhpn,bhn->bhp", new, Ch) + D.float()[:, None] * x.float()
     return y.to(x.dtype)
-
-
-def ssd_training_flops_per_token(heads: int, head_dim: int, groups: int, state: int, chunk_size: int) -> float:
-    """FLOPs of one layer's scan per trained token (forward + backward = 3 x forward), beyond the
-    parameters' 6·N (docs in kenotron/train/flops.py).
-
-    Forward, per token: C·B^T scores inside its chunk, 2·Q·N per group; the scores applied to
-    dt·x, 2·Q·P per head; the chunk's state B^T (dt·x), 2·N·P per head; the output from the
-    entering state C·S, 2·N·P per head. The Q x Q products are counted whole, not halved for
-    causality, as attention's T x T are.
-    """
-    forward = 2 * chunk_size * state * groups + 2 * chunk_size * head_dim * heads + 4 * state * head_dim * heads
-    return 3.0 * forward

@@ -6,8 +6,8 @@ the real ones (GQA, tied embeddings off) and sized to the built-in 4096-token vo
 
 from __future__ import annotations
 
-from kenotron.models.common.rope import RopeScaling
-from kenotron.models.llama3.model import Llama3Args
+from kenotron.models.common.rope_scaling import RopeScaling
+from kenotron.models.llama3.args import Llama3Args
 
 _LLAMA31_SCALING = RopeScaling(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_len=8192)
 _LLAMA32_SCALING = RopeScaling(factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_len=8192)

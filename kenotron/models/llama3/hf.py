@@ -13,7 +13,7 @@ from kenotron.models.hf_adapter import (
     rope_from_hf_config,
     rope_to_hf_config,
 )
-from kenotron.models.llama3.model import Llama3Args
+from kenotron.models.llama3.args import Llama3Args
 
 # Names shared by every Llama-shaped family (Qwen2/3 and Mistral add to these).
 LLAMA_TOP_KEYS = {

@@ -1,9 +1,9 @@
-"""Mamba-2 family (and hybrids with attention layers): model, flavors, HF adapter and spec."""
+"""Mamba-2 family (and hybrids with attention layers): args, flavors and spec (the model and HF
+adapter are imported on first use)."""
 
 from kenotron.models.common import param_count
+from kenotron.models.mamba2.args import Mamba2Args, check_mamba2_args
 from kenotron.models.mamba2.flavors import MAMBA2_FLAVORS
-from kenotron.models.mamba2.hf import MAMBA2_HF_ADAPTER
-from kenotron.models.mamba2.model import Mamba2, Mamba2Args, check_mamba2_args
 from kenotron.models.mamba2.parallel_hints import (
     MAMBA2_TP_STYLES,
     NO_CONTEXT_PARALLEL,
@@ -16,9 +16,9 @@ from kenotron.models.spec import ModelSpec
 
 MAMBA2_SPEC = ModelSpec(
     name="mamba2",
-    model_cls=Mamba2,
+    model_cls_path="kenotron.models.mamba2.model:Mamba2",
     flavors=MAMBA2_FLAVORS,
-    hf_adapter=MAMBA2_HF_ADAPTER,
+    hf_adapter_path="kenotron.models.mamba2.hf:MAMBA2_HF_ADAPTER",
     tp_styles=MAMBA2_TP_STYLES,
     tp_styles_for=mamba2_tp_styles,
     attention_modules=None,
@@ -30,4 +30,4 @@ MAMBA2_SPEC = ModelSpec(
     parameter_count=param_count.mamba2,
 )
 
-__all__ = ["MAMBA2_FLAVORS", "MAMBA2_HF_ADAPTER", "MAMBA2_SPEC", "Mamba2", "Mamba2Args"]
+__all__ = ["MAMBA2_FLAVORS", "MAMBA2_SPEC", "Mamba2Args"]

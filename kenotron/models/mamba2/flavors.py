@@ -6,7 +6,7 @@ split) and two hybrids of kenotron's own: Mamba blocks with Llama attention + Sw
 
 from __future__ import annotations
 
-from kenotron.models.mamba2.model import Mamba2Args
+from kenotron.models.mamba2.args import Mamba2Args
 
 _DEBUG = {"dim": 256, "n_layers": 4, "vocab_size": 4096, "ssm_state": 32, "ssm_head_dim": 32, "ssm_groups": 4,
           "chunk_size": 32}

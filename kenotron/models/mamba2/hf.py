@@ -12,7 +12,8 @@ from typing import Any
 import torch
 
 from kenotron.models.hf_adapter import HFAdapter, HFConversionError, require
-from kenotron.models.mamba2.model import Mamba2Args
+from kenotron.models.mamba2.args import Mamba2Args
+from kenotron.models.mamba2.model import mixer_shape
 
 MAMBA2_TOP_KEYS = {
     "tok_embeddings.weight": "backbone.embeddings.weight",
@@ -48,13 +49,13 @@ def regroup(t: torch.Tensor, groups: int, segments: list[int], to_hf: bool) -> t
 
 
 def _in_proj_order(t: torch.Tensor, args: Mamba2Args, to_hf: bool) -> torch.Tensor:
-    s = args.mixer_shape()
+    s = mixer_shape(args)
     heads = s.heads // s.groups
     return regroup(t, s.groups, [heads * s.head_dim, heads * s.head_dim, s.state, s.state, heads], to_hf)
 
 
 def _conv_order(t: torch.Tensor, args: Mamba2Args, to_hf: bool) -> torch.Tensor:
-    s = args.mixer_shape()
+    s = mixer_shape(args)
     return regroup(t, s.groups, [s.heads // s.groups * s.head_dim, s.state, s.state], to_hf)
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from kenotron.models.common.ssd import ssd_training_flops_per_token
 from kenotron.models.llama3.parallel_hints import LLAMA3_TP_STYLES
 
 MAMBA2_TP_STYLES: dict[str, str] = {
@@ -53,6 +52,19 @@ def mamba2_tp_divisors(args: Any) -> dict[str, int]:
     if args.attention_layers:
         divisors.update({"n_heads": args.n_heads, "n_kv_heads": args.n_kv_heads, "ffn_dim": args.ffn_dim})
     return divisors
+
+
+def ssd_training_flops_per_token(heads: int, head_dim: int, groups: int, state: int, chunk_size: int) -> float:
+    """FLOPs of one layer's scan per trained token (forward + backward = 3 x forward), beyond the
+    parameters' 6·N (docs in kenotron/train/flops.py); the scan itself is common/ssd.py.
+
+    Forward, per token: C·B^T scores inside its chunk, 2·Q·N per group; the scores applied to
+    dt·x, 2·Q·P per head; the chunk's state B^T (dt·x), 2·N·P per head; the output from the
+    entering state C·S, 2·N·P per head. The Q x Q products are counted whole, not halved for
+    causality, as attention's T x T are.
+    """
+    forward = 2 * chunk_size * state * groups + 2 * chunk_size * head_dim * heads + 4 * state * head_dim * heads
+    return 3.0 * forward
 
 
 def mamba2_mixing_flops(args: Any, seq_len: int) -> float:

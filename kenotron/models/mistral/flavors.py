@@ -10,7 +10,7 @@ training at seq_len 256 exercises the window.
 
 from __future__ import annotations
 
-from kenotron.models.mistral.model import MistralArgs
+from kenotron.models.mistral.args import MistralArgs
 
 MISTRAL_FLAVORS: dict[str, MistralArgs] = {
     "debug": MistralArgs(

@@ -14,7 +14,7 @@ from kenotron.models.hf_adapter import (
     rope_to_hf_config,
 )
 from kenotron.models.llama3.hf import LLAMA_LAYER_KEYS, LLAMA_TOP_KEYS
-from kenotron.models.mistral.model import MistralArgs
+from kenotron.models.mistral.args import MistralArgs
 
 
 def mistral_args_from_hf_config(config: dict[str, Any], family: str = "mistral") -> MistralArgs:

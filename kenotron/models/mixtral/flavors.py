@@ -6,8 +6,8 @@ kenotron's own, sized to the built-in 4096-token vocabulary.
 
 from __future__ import annotations
 
-from kenotron.models.common.moe import MoEArgs
-from kenotron.models.mixtral.model import MixtralArgs
+from kenotron.models.common.moe_args import MoEArgs
+from kenotron.models.mixtral.args import MixtralArgs
 
 MIXTRAL_FLAVORS: dict[str, MixtralArgs] = {
     "debug": MixtralArgs(

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from kenotron.models.common.moe import MoEArgs
+from kenotron.models.common.moe_args import MoEArgs
 from kenotron.models.hf_adapter import HFAdapter
 from kenotron.models.llama3.hf import LLAMA_TOP_KEYS
+from kenotron.models.mistral.args import MistralArgs
 from kenotron.models.mistral.hf import hf_config_from_mistral_args, mistral_args_from_hf_config
-from kenotron.models.mistral.model import MistralArgs
-from kenotron.models.mixtral.model import MixtralArgs
+from kenotron.models.mixtral.args import MixtralArgs
 from kenotron.models.qwen3_moe.hf import ATTENTION_KEYS, ROUTER_BIAS, dense_twin, with_experts
 
 MIXTRAL_DEFAULTS = {"rope_theta": 1_000_000.0, "rms_norm_eps": 1e-5}

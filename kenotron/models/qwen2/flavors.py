@@ -7,7 +7,7 @@ sized to the built-in 4096-token vocabulary.
 
 from __future__ import annotations
 
-from kenotron.models.qwen2.model import Qwen2Args
+from kenotron.models.qwen2.args import Qwen2Args
 
 QWEN2_FLAVORS: dict[str, Qwen2Args] = {
     "debug": Qwen2Args(

@@ -14,7 +14,7 @@ from kenotron.models.hf_adapter import (
     rope_to_hf_config,
 )
 from kenotron.models.llama3.hf import LLAMA_LAYER_KEYS, LLAMA_TOP_KEYS
-from kenotron.models.qwen2.model import Qwen2Args
+from kenotron.models.qwen2.args import Qwen2Args
 
 QKV_BIAS_KEYS = {
     "attention.wq.bias": "self_attn.q_proj.bias",

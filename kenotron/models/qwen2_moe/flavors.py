@@ -6,8 +6,8 @@ width 20480. `debug` is kenotron's own, sized to the built-in 4096-token vocabul
 
 from __future__ import annotations
 
-from kenotron.models.common.moe import MoEArgs
-from kenotron.models.qwen2_moe.model import Qwen2MoEArgs
+from kenotron.models.common.moe_args import MoEArgs
+from kenotron.models.qwen2_moe.args import Qwen2MoEArgs
 
 QWEN2_MOE_FLAVORS: dict[str, Qwen2MoEArgs] = {
     "debug": Qwen2MoEArgs(

@@ -10,9 +10,9 @@ from typing import Any
 
 from kenotron.models.hf_adapter import HFAdapter, require
 from kenotron.models.llama3.hf import LLAMA_TOP_KEYS
+from kenotron.models.qwen2.args import Qwen2Args
 from kenotron.models.qwen2.hf import QKV_BIAS_KEYS, hf_config_from_qwen2_args, qwen2_args_from_hf_config
-from kenotron.models.qwen2.model import Qwen2Args
-from kenotron.models.qwen2_moe.model import Qwen2MoEArgs
+from kenotron.models.qwen2_moe.args import Qwen2MoEArgs
 from kenotron.models.qwen3_moe.hf import (
     ATTENTION_KEYS,
     ROUTER_BIAS,

@@ -7,7 +7,7 @@ vocabulary, with the head size decoupled from the width as in the real ones.
 
 from __future__ import annotations
 
-from kenotron.models.qwen3.model import Qwen3Args
+from kenotron.models.qwen3.args import Qwen3Args
 
 QWEN3_FLAVORS: dict[str, Qwen3Args] = {
     "debug": Qwen3Args(

@@ -14,7 +14,7 @@ from kenotron.models.hf_adapter import (
     rope_to_hf_config,
 )
 from kenotron.models.llama3.hf import LLAMA_LAYER_KEYS, LLAMA_TOP_KEYS
-from kenotron.models.qwen3.model import Qwen3Args
+from kenotron.models.qwen3.args import Qwen3Args
 
 QK_NORM_KEYS = {
     "attention.q_norm.weight": "self_attn.q_norm.weight",

@@ -7,8 +7,8 @@ the built-in 4096-token vocabulary, small enough to train on a CPU in a minute.
 
 from __future__ import annotations
 
-from kenotron.models.common.moe import MoEArgs
-from kenotron.models.qwen3_moe.model import Qwen3MoEArgs
+from kenotron.models.common.moe_args import MoEArgs
+from kenotron.models.qwen3_moe.args import Qwen3MoEArgs
 
 QWEN3_MOE_FLAVORS: dict[str, Qwen3MoEArgs] = {
     "debug": Qwen3MoEArgs(

@@ -12,12 +12,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, TypeVar
 
-from kenotron.models.common.moe import MoEArgs
+from kenotron.models.common.moe_args import MoEArgs
 from kenotron.models.hf_adapter import HFAdapter, require
 from kenotron.models.llama3.hf import LLAMA_LAYER_KEYS, LLAMA_TOP_KEYS
+from kenotron.models.qwen3.args import Qwen3Args
 from kenotron.models.qwen3.hf import QK_NORM_KEYS, hf_config_from_qwen3_args, qwen3_args_from_hf_config
-from kenotron.models.qwen3.model import Qwen3Args
-from kenotron.models.qwen3_moe.model import Qwen3MoEArgs
+from kenotron.models.qwen3_moe.args import Qwen3MoEArgs
 
 T = TypeVar("T")
 

@@ -7,7 +7,7 @@ All have a 4096-token sliding window, LayerNorm eps 1e-5 and vocabulary 49152. T
 
 from __future__ import annotations
 
-from kenotron.models.starcoder2.model import StarCoder2Args
+from kenotron.models.starcoder2.args import StarCoder2Args
 
 STARCODER2_FLAVORS: dict[str, StarCoder2Args] = {
     "debug": StarCoder2Args(

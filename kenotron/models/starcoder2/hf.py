@@ -13,7 +13,7 @@ from kenotron.models.hf_adapter import (
     rope_from_hf_config,
     rope_to_hf_config,
 )
-from kenotron.models.starcoder2.model import StarCoder2Args
+from kenotron.models.starcoder2.args import StarCoder2Args
 
 STARCODER2_TOP_KEYS = {
     "tok_embeddings.weight": "model.embed_tokens.weight",
