@@ -266,6 +266,7 @@ LAZY_ON_PURPOSE: dict[tuple[str, str], str] = {
     # The launcher checks the config and the model's shape before it imports torch (errors first,
     # fast): the trainer's checks are imported once those passed.
     ("kenotron.launch.launcher", "kenotron.runtime.info_flags"): "on demand: --help / --list-models",
+    ("kenotron.models.spec", "torch"): "the spec stays torch-free: only a family without an args count builds on meta",
     ("kenotron.launch.launcher", "kenotron.launch.run_checks"): "after the model's checks",
     ("kenotron.launch.launcher", "torch.distributed.elastic.multiprocessing.api"): "torchrun, once the config passed",
     ("kenotron.launch.launcher", "torch.distributed.elastic.multiprocessing.errors"): "torchrun, as above",

@@ -68,7 +68,7 @@ import sys
 from kenotron.config import ConfigError, load_config
 from kenotron.runtime.preflight import resolve_degrees, resolve_model
 for name, overrides, world, _ in {SHAPE_ERRORS!r}:
-    cfg = load_config("train_configs/" + name, overrides)
+    cfg = load_config(name.removesuffix(".toml"), overrides)
     try:
         spec, args = resolve_model(cfg)
         resolve_degrees(cfg, world, spec, args, "cpu")
