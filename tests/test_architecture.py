@@ -273,6 +273,7 @@ LAZY_ON_PURPOSE: dict[tuple[str, str], str] = {
     ("kenotron.launch.launcher", "torch.distributed.elastic.multiprocessing.api"): "torchrun, once the config passed",
     ("kenotron.launch.launcher", "torch.distributed.elastic.multiprocessing.errors"): "torchrun, as above",
     ("kenotron.launch.launcher", "torch.distributed.run"): "torchrun, as above",
+    ("kenotron.launch.launcher", "kenotron.fault_tolerance.torchft_import"): "fault_tolerance.enable, after the model's checks",
     ("kenotron.runtime.run_lock", "fcntl"): "POSIX only: the lock is taken where it exists",
     ("kenotron.runtime.watchdog", "torch.distributed"): "private distributed_c10d store, inside its guard",
     ("kenotron.train.metrics", "torch.utils.tensorboard"): "only with metrics.tensorboard (slow import)",

@@ -35,6 +35,7 @@ from kenotron.runtime.divergence import DivergenceGuard, NonFiniteLossError, div
 from kenotron.runtime.interrupt import stop_training
 from kenotron.runtime.run_folder import check_run_folder, start_run_folder
 from kenotron.runtime.run_lock import lock_run_folders
+from kenotron.runtime.slow_ranks import SlowRankMeter
 from kenotron.runtime.watchdog import start_watchdog
 from kenotron.train.extension import JobExtension
 from kenotron.train.flops import flops_per_token
@@ -130,6 +131,7 @@ class Trainer:
         if self.is_rank0:  # records after the resumed step dropped, config.toml written: runtime/run_folder.py
             self.metrics.open(start_run_folder(cfg, self.step))
             warn_if_nothing_to_train(self.step, cfg.training.steps)
+        self.slow_ranks = SlowRankMeter(self.device)
         self.guard = DivergenceGuard(divergence_advice(cfg.optimizer.lr, cfg.lr_scheduler.warmup_steps,
                                                        cfg.training.max_norm))
         # The first step (compilation, autotuning) leaves the allocator's cache laid out for itself.
@@ -208,7 +210,9 @@ class Trainer:
         window_start = self.step + 1
         self.metrics.reset_clock()
         while self.step < cfg.training.steps:
+            self.slow_ranks.start_step()
             loss, grad_norm = self.run_step(self.loader.next_step())
+            self.slow_ranks.end_step()
             # A data stage may set its own sequence length.
             tokens_per_step = run.global_batch_size * (self.loader.last_seq_len or cfg.training.seq_len)
             self.train_state.step += 1
@@ -223,6 +227,7 @@ class Trainer:
                 losses = self.global_losses(window)
                 self.guard.check_losses(losses, window_start)
                 extra = self._data_metrics(len(window))
+                extra.update(self.slow_ranks.report())  # runtime/slow_ranks.py: one small all-gather
                 for ext in self.job.extensions:
                     extra.update(ext.metrics())
                 rec = self.metrics.record(
