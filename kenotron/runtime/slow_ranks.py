@@ -10,7 +10,7 @@ over the window) gives rank 0 the picture:
 
     slowest_rank      the rank with the most compute per step
     slowest_rank_s    its compute seconds per step
-    median_rank_s     the median of the other ranks' 
+    median_rank_s     the median of the other ranks' compute per step
     slow_rank_named   True when slowest_rank_s > (1 + SLOW_MARGIN) x median_rank_s (and at
                       least MIN_GAP_S more): the log line then names it
 
