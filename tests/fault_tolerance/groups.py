@@ -19,9 +19,8 @@ from kenotron.fault_tolerance.lighthouse import LighthouseSettings, start_lighth
 REPO = Path(__file__).resolve().parents[2]
 TINY = ["--model.n_layers", "1", "--model.dim", "64", "--model.n_heads", "2", "--model.n_kv_heads", "2",
         "--training.seq_len", "16", "--training.local_batch_size", "2", "--metrics.log_freq", "1",
-        "--metrics.tensorboard", "false", "--lr_scheduler.warmup_steps", "2", "--training.device", "cpu",
-        "--fault_tolerance.enable", "true", "--fault_tolerance.timeout_s", "20",
-        "--fault_tolerance.quorum_timeout_s", "60"]
+        "--metrics.tensorboard", "false", "--lr_scheduler.warmup_steps", "2", "--training.device", "cpu"]
+FT = ["--fault_tolerance.enable", "true", "--fault_tolerance.timeout_s", "20", "--fault_tolerance.quorum_timeout_s", "60"]
 FAST_LIGHTHOUSE = LighthouseSettings(min_replicas=1, join_timeout_ms=2000, quorum_tick_ms=20, heartbeat_timeout_ms=800)
 """A dead group is noticed within a second (the default waits five)."""
 
@@ -59,8 +58,9 @@ class Group:
         for rank in range(self.ranks):
             env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "MASTER_ADDR": "127.0.0.1",
                    "MASTER_PORT": str(port), "RANK": str(rank), "LOCAL_RANK": str(rank),
-                   "WORLD_SIZE": str(self.ranks), "LOCAL_WORLD_SIZE": str(self.ranks)}
-            cmd = [sys.executable, "-m", "kenotron.launch.rank", *TINY,
+                   "WORLD_SIZE": str(self.ranks), "LOCAL_WORLD_SIZE": str(self.ranks),
+                   "RUST_LOG": "warn"}  # torchft's own log: a few lines per step at its default
+            cmd = [sys.executable, "-m", "kenotron.launch.rank", *TINY, *FT,
                    "--job.dump_folder", str(self.folder / f"replica_{self.replica_id}"),
                    "--fault_tolerance.replica_id", str(self.replica_id),
                    "--fault_tolerance.replica_groups", str(self.groups),
@@ -93,11 +93,19 @@ class Group:
     def output(self, rank: int = 0) -> str:
         return Path(f"{self.folder / f'replica_{self.replica_id}'}.life{self.lives}.rank{rank}.txt").read_text()
 
-    def records(self) -> list[dict]:
-        path = self.folder / f"replica_{self.replica_id}" / "metrics.jsonl"
+    @staticmethod
+    def tiny_args() -> list[str]:
+        return list(TINY)
+
+    @staticmethod
+    def read_records(folder: Path) -> list[dict]:
+        path = folder / "metrics.jsonl"
         if not path.exists():
             return []
         return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+    def records(self) -> list[dict]:
+        return self.read_records(self.folder / f"replica_{self.replica_id}")
 
     def steps_done(self) -> int:
         return max((r.get("step", 0) for r in self.records() if "loss" in r), default=0)
