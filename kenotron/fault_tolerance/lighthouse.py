@@ -72,6 +72,8 @@ def prepare_replica_group(cfg: JobConfig) -> ReplicaGroupLaunch:
     """The launcher's part for a fault-tolerant group, once its config passed every check: the
     lighthouse started or pointed at ($TORCHFT_LIGHTHOUSE for the ranks), torchrun's restarts."""
     ft = cfg.fault_tolerance
+    # torchft's Rust side logs every quorum and commit at its default level: a few lines per step.
+    os.environ.setdefault("RUST_LOG", "warn")
     lighthouse = None
     if ft.lighthouse == "start":
         lighthouse = start_lighthouse(ft.lighthouse_port, LighthouseSettings(min_replicas=ft.min_replicas))

@@ -13,7 +13,7 @@ import torch
 
 from kenotron.data import LoaderContext, MicroBatch
 
-GATED_S = 0.05
+GATED_S = 0.25
 """Seconds per step of `build_gated`'s loader while its gate file exists (it runs ahead in
 kenotron's prefetch thread, so this paces the steps)."""
 
