@@ -4,6 +4,7 @@ launcher's rank program hands `fault_tolerance_extensions` to it."""
 from __future__ import annotations
 
 from kenotron.fault_tolerance.checks import check_fault_tolerance
+from kenotron.fault_tolerance.diloco import DiLoCoReplicas
 from kenotron.fault_tolerance.replicas import FaultTolerantReplicas
 from kenotron.train.extension import JobExtension
 from kenotron.train.training_job import TrainingJob
@@ -15,4 +16,6 @@ def fault_tolerance_extensions(job: TrainingJob) -> list[JobExtension]:
     if not cfg.fault_tolerance.enable:
         return []
     check_fault_tolerance(cfg)
+    if cfg.fault_tolerance.sync_every > 1:
+        return [DiLoCoReplicas(job)]
     return [FaultTolerantReplicas(job)]

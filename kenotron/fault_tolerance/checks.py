@@ -37,9 +37,10 @@ def check_fault_tolerance(cfg: JobConfig) -> None:
     if cfg.parallelism.dp_mode == "zero1":
         raise ConfigError("parallelism.dp_mode=\"zero1\" with fault_tolerance.enable: ZeRO-1's optimizer state is "
                           "split over ranks the groups do not share; use dp_mode \"fsdp\" inside each group")
-    if ft.sync_every > 1:
-        raise ConfigError(f"fault_tolerance.sync_every={ft.sync_every}: the semi-synchronous mode (DiLoCo) is not "
-                          f"built yet (docs/fault-tolerance.md says what it needs); set fault_tolerance.sync_every=1")
+    if ft.sync_every > 1 and cfg.parallelism.pp > 1:
+        raise ConfigError(f"fault_tolerance.sync_every={ft.sync_every} (DiLoCo) takes one model part, "
+                          f"parallelism.pp={cfg.parallelism.pp} makes several; set parallelism.pp=1 or "
+                          f"fault_tolerance.sync_every=1")
     if not ft.lighthouse and not os.environ.get(LIGHTHOUSE_ENV):
         raise ConfigError("fault_tolerance.enable needs a lighthouse: set fault_tolerance.lighthouse to its "
                           "http://host:port (start one with `torchft_lighthouse --min_replicas 1`), or \"start\" "

@@ -6,6 +6,7 @@ machine), then removes the file and the run ends at full speed."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 
@@ -51,3 +52,17 @@ def build(ctx: LoaderContext) -> SeededWindows:
 
 def build_gated(ctx: LoaderContext) -> SeededWindows:
     return SeededWindows(ctx, Path(ctx.cfg.data.path))
+
+
+def _slice(ctx: LoaderContext, index: int, of: int) -> SeededWindows:
+    """One process reading what replica group `index` of `of` reads (its slice of the groups' batch)."""
+    return SeededWindows(dataclasses.replace(ctx, dp_rank=index, dp_size=of,
+                                             global_batch_size=of * ctx.global_batch_size), None)
+
+
+def build_slice_0(ctx: LoaderContext) -> SeededWindows:
+    return _slice(ctx, 0, 2)
+
+
+def build_slice_1(ctx: LoaderContext) -> SeededWindows:
+    return _slice(ctx, 1, 2)
