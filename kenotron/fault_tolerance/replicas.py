@@ -4,7 +4,7 @@ Each group is a job of its own (its ranks, its FSDP/TP/PP, its run folder); torc
 joins group rank r of every group in one reconfigurable process group. A step:
 
     quorum (lighthouse)  ->  batch, forward, backward          (inside the group, as always)
-      -> all-reduce the gradients over the groups in the quorum   (after_forward_backward)
+      -> average the gradients over the groups in the quorum      (after_forward_backward)
       -> clip -> should_commit: every group in the step agrees     (step_optimizer)
       -> optimizer step only when committed
       -> the next step's quorum (on_step): a group behind the others (restarted, or one whose
@@ -27,9 +27,7 @@ import time
 from datetime import timedelta
 from typing import Any
 
-import torch
 import torch.distributed as dist
-from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from kenotron.dtensor import local_tensor
 from kenotron.fault_tolerance.checks import lighthouse_address
@@ -40,8 +38,6 @@ from kenotron.train.training_job import TrainingJob
 
 logger = logging.getLogger("kenotron")
 
-BUCKET_BYTES = 64 * 2**20
-"""Gradient bytes per cross-group all-reduce: few collectives, bounded extra memory."""
 SNAPSHOT_PARTS = ("lr_scheduler", "dataloader", "train_state")
 """What an uncommitted step changed besides the weights: restored so that the step is retried."""
 
@@ -135,14 +131,13 @@ class FaultTolerantReplicas(JobExtension):
     # -- the step -------------------------------------------------------------------------------
 
     def after_forward_backward(self) -> None:
-        """Average the gradients over the groups in the quorum (bucketed; a failure marks the step)."""
-        grads = [local_tensor(p.grad) for part in self.job.model_parts for p in part.parameters()
-                 if p.grad is not None]
-        for bucket in _buckets(grads):
-            flat = _flatten_dense_tensors(bucket)
-            self.manager.allreduce(flat).wait()
-            for grad, value in zip(bucket, _unflatten_dense_tensors(flat, bucket)):
-                grad.copy_(value)
+        """Average the gradients over the groups in the quorum, in place (a failure marks the step).
+        Every tensor's all-reduce is issued before the first wait, so they overlap on the wire,
+        and none needs a copy (no flattened buckets: no second copy of the gradients in memory)."""
+        works = [self.manager.allreduce(local_tensor(p.grad)) for part in self.job.model_parts
+                 for p in part.parameters() if p.grad is not None]
+        for work in works:
+            work.wait()
 
     def step_optimizer(self, optimizer: Any) -> bool:
         """True (this step's optimizers do not step) unless every group in the step committed."""
@@ -172,21 +167,4 @@ class FaultTolerantReplicas(JobExtension):
     def finish(self) -> None:
         self.manager.shutdown(wait=False)
         self._store = None
-
-
-def _buckets(grads: list[torch.Tensor]) -> list[list[torch.Tensor]]:
-    """The gradients in runs of one dtype and device, each at most BUCKET_BYTES (or one tensor)."""
-    out: list[list[torch.Tensor]] = []
-    size = 0
-    for grad in grads:
-        nbytes = grad.numel() * grad.element_size()
-        last = out[-1] if out else None
-        if (last is None or last[0].dtype != grad.dtype or last[0].device != grad.device
-                or size + nbytes > BUCKET_BYTES):
-            out.append([grad])
-            size = nbytes
-        else:
-            last.append(grad)
-            size += nbytes
-    return out
 
