@@ -31,10 +31,23 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
+STARTED: list[subprocess.Popen] = []
+"""Every launcher this script started: stopped with their ranks when it ends, however it ends."""
+
+
 def train(args: list[str], gpus: str, log: Path) -> subprocess.Popen:
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpus, "PYTHONPATH": str(REPO)}
-    return subprocess.Popen([sys.executable, "-m", "kenotron.cli", "train", *args], cwd=REPO, env=env,
-                            stdout=log.open("w"), stderr=subprocess.STDOUT)
+    proc = subprocess.Popen([sys.executable, "-m", "kenotron.cli", "train", *args], cwd=REPO, env=env,
+                            stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+    STARTED.append(proc)
+    return proc
+
+
+def stop_all() -> None:
+    for proc in STARTED:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)  # the launcher's session: its ranks too
+            proc.wait()
 
 
 def tok_per_s(folder: Path, skip: int) -> float:
@@ -73,6 +86,8 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--skip", type=int, default=3, help="records left out of the medians (compilation)")
     p.add_argument("--kill-at", type=int, default=20)
+    p.add_argument("--after-kill", type=int, default=80,
+                   help="steps the kill run goes on after --kill-at: group 0 must outlast group 1's restart")
     p.add_argument("--port", type=int, default=0, help="the lighthouse's port (0: a free one)")
     p.add_argument("overrides", nargs="*", help="more --section.key value for every run (after --)")
     args = p.parse_args()
@@ -102,7 +117,7 @@ def main() -> None:
     baseline = tok_per_s(out / "ddp", args.skip)
     with_ft = sum(tok_per_s(out / "ft" / f"replica_{i}", args.skip) for i in range(2))
 
-    runs = groups("kill", args.kill_at + 60)
+    runs = groups("kill", args.kill_at + args.after_kill)
     log = out / "kill_1.log"
     wait_for(log, rf"step +{args.kill_at}/", 900)
     text_before = len(log.read_text(errors="replace"))
@@ -131,4 +146,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    finally:
+        stop_all()

@@ -64,7 +64,11 @@ class ReplicaGroupLaunch:
 
 
 def replica_group_argv(cfg: JobConfig, train_argv: list[str]) -> list[str]:
-    """The ranks' arguments for a fault-tolerant group: the user's, plus the group's run folder."""
+    """The ranks' arguments for a fault-tolerant group: the user's, plus the group's run folder.
+    Also quiets torchft's Rust log for the launcher and its ranks (it logs every quorum and
+    commit, a few lines per step, at its default level; read once, when torchft is first
+    imported, which the launcher's checks do next)."""
+    os.environ.setdefault("RUST_LOG", "warn")
     return [*train_argv, "--job.dump_folder", replica_dump_folder(cfg)]
 
 
@@ -72,8 +76,6 @@ def prepare_replica_group(cfg: JobConfig) -> ReplicaGroupLaunch:
     """The launcher's part for a fault-tolerant group, once its config passed every check: the
     lighthouse started or pointed at ($TORCHFT_LIGHTHOUSE for the ranks), torchrun's restarts."""
     ft = cfg.fault_tolerance
-    # torchft's Rust side logs every quorum and commit at its default level: a few lines per step.
-    os.environ.setdefault("RUST_LOG", "warn")
     lighthouse = None
     if ft.lighthouse == "start":
         lighthouse = start_lighthouse(ft.lighthouse_port, LighthouseSettings(min_replicas=ft.min_replicas))
