@@ -18,6 +18,7 @@ Prints one JSON line with the figures; every run's output stays under --out.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -38,15 +39,24 @@ STARTED: list[subprocess.Popen] = []
 def train(args: list[str], gpus: str, log: Path) -> subprocess.Popen:
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpus, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen([sys.executable, "-m", "kenotron.cli", "train", *args], cwd=REPO, env=env,
-                            stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+                            stdout=log.open("w"), stderr=subprocess.STDOUT)
     STARTED.append(proc)
     return proc
 
 
 def stop_all() -> None:
+    """SIGKILL every launcher still running and every process below it (torchrun may give each
+    rank a session of its own, so the launcher's session does not hold them all)."""
     for proc in STARTED:
         if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)  # the launcher's session: its ranks too
+            below, todo = [], [proc.pid]
+            while todo:
+                found = children(todo.pop())
+                below += found
+                todo += found
+            for pid in [proc.pid, *below]:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
             proc.wait()
 
 
