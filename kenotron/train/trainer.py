@@ -70,6 +70,9 @@ class Trainer:
         `checked_by_launcher`: the launcher ran check_before_start before starting this process.
         `job_extensions` makes features built outside train/ (fault tolerance) for the built job;
         they go first, so that their step_optimizer decides before any other's."""
+        if cfg.fault_tolerance.enable and job_extensions is None:  # kenotron/fault_tolerance/ is outside train/
+            raise ConfigError("fault_tolerance.enable=true needs the launcher's rank program: start the group with "
+                              "`kenotron train` (or python -m kenotron.launch.rank), not python -m kenotron.train")
         self.cfg = cfg
         self.world = WorldInfo.from_env()
         self.is_rank0 = self.world.rank == 0
@@ -100,9 +103,6 @@ class Trainer:
         self.job: TrainingJob = build_job(self.run, self.device, build_meshes(self.run, self.device.type))
         if job_extensions is not None:
             self.job.extensions[:0] = job_extensions(self.job)
-        if cfg.fault_tolerance.enable and self.job.extension("fault_tolerance") is None:
-            raise ConfigError("fault_tolerance.enable=true needs the launcher's rank program: start the group with "
-                              "`kenotron train` (or python -m kenotron.launch.rank), not python -m kenotron.train")
         if self.run.plan.pipeline is not None and self.is_rank0:
             logger.info("%s", self.run.plan.pipeline)
         args = self.run.model_args

@@ -54,3 +54,11 @@ def test_a_torchft_older_than_the_api_kenotron_uses_is_refused_naming_both_versi
                       f"(torch {torch.__version__})")
     monkeypatch.setattr(torchft_import, "torchft_version", lambda: None)
     assert "pip install 'kenotron[ft]'" in unavailable_reason()
+
+
+def test_a_trainer_started_without_the_launchers_rank_program_refuses_fault_tolerance(tmp_path):
+    from kenotron.train.trainer import Trainer
+
+    cfg = _cfg("--model.n_layers", "1", "--training.device", "cpu", "--job.dump_folder", str(tmp_path))
+    with pytest.raises(ConfigError, match="needs the launcher's rank program"):
+        Trainer(cfg)
