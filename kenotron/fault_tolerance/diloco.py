@@ -36,6 +36,10 @@ class DiLoCoReplicas(FaultTolerantReplicas):
             raise ConfigError(f"fault_tolerance.sync_every={job.run.cfg.fault_tolerance.sync_every} (DiLoCo) takes one "
                               f"model part and one optimizer, this job has {len(job.model_parts)} (pipeline stages); "
                               "set parallelism.pp=1 or fault_tolerance.sync_every=1")
+        if job.extension("early_gather") is not None:
+            raise ConfigError(f"fault_tolerance.sync_every={job.run.cfg.fault_tolerance.sync_every} (DiLoCo) counts "
+                              "the optimizer's steps, which FSDP's early all-gather splits in two; set "
+                              "tuning.fsdp_early_all_gather=false")
         super().__init__(job)
         self.diloco: Any = None
 

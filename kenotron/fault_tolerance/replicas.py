@@ -116,6 +116,11 @@ class FaultTolerantReplicas(JobExtension):
                     self.cfg.replica_id, self.cfg.replica_groups, train_state.step, self.manager.num_participants())
 
     def _load_from_peer(self, state: dict[str, Any]) -> None:
+        # Nothing of this group's last step may be in flight while its state is replaced: FSDP's
+        # early all-gather holds gathered copies of the old weights for the next forward.
+        for ext in self.job.extensions:
+            if ext is not self:
+                ext.finish()
         load_local_state(self.parts, state)
         self.recoveries += 1
         logger.info("fault tolerance: replica group %d took the live state of a peer at step %d",
