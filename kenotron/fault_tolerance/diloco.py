@@ -24,7 +24,6 @@ import torch
 
 from kenotron.errors import ConfigError
 from kenotron.fault_tolerance.replicas import FaultTolerantReplicas
-from kenotron.fault_tolerance.state_transfer import local_state
 from kenotron.train.training_job import TrainingJob
 
 
@@ -46,17 +45,20 @@ class DiLoCoReplicas(FaultTolerantReplicas):
     def attach_run_state(self, parts: dict[str, Any]) -> None:
         from torchft.local_sgd import DiLoCo
 
-        self.parts = dict(parts)
+        # The first quorum as in the synchronous mode: a fresh run waits there for every group,
+        # so that their first sync comes at the same step.
+        super().attach_run_state(parts)
         ft = self.cfg
-        # torchft's manager counts syncs here; a resumed run has done step // H of them.
-        self.manager.load_state_dict({"step": parts["train_state"].step // ft.sync_every, "batches_committed": 0})
-        self.manager.register_state_dict_fn("kenotron", self._load_from_peer, lambda: local_state(self.parts))
         model, optimizer = self.job.model_parts[0], self.job.optimizers[0]
         outer = torch.optim.SGD(model.parameters(), lr=ft.outer_lr, momentum=ft.outer_momentum,
                                 nesterov=ft.outer_momentum > 0)
         self.diloco = DiLoCo(self.manager, [model], optimizer, outer, sync_every=ft.sync_every,
                              pin_memory=self.job.device.type == "cuda")
         self.diloco.__enter__()
+
+    def _commits_done(self, step: int) -> int:
+        """torchft's manager counts syncs here: a run resumed at `step` has done step // H."""
+        return step // self.cfg.sync_every
 
     # The passes, clipping and the optimizer step are the plain ones: DiLoCo's hooks on the step
     # synchronize every H steps, and nothing is undone between syncs.

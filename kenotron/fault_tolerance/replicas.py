@@ -101,8 +101,8 @@ class FaultTolerantReplicas(JobExtension):
     def attach_run_state(self, parts: dict[str, Any]) -> None:
         self.parts = dict(parts)
         train_state = parts["train_state"]
-        # The manager counts committed steps from where this group resumed (its checkpoint, or 0).
-        self.manager.load_state_dict({"step": train_state.step, "batches_committed": 0})
+        # The manager counts commits from where this group resumed (its checkpoint, or 0).
+        self.manager.load_state_dict({"step": self._commits_done(train_state.step), "batches_committed": 0})
         self.manager.register_state_dict_fn("kenotron", self._load_from_peer, lambda: local_state(self.parts))
         self._quorum()
         # A fresh run waits for every group: one started a few seconds late would otherwise only
@@ -114,6 +114,10 @@ class FaultTolerantReplicas(JobExtension):
             self._quorum()
         logger.info("fault tolerance: replica group %d of %d starts at step %d with %d group(s) in the quorum",
                     self.cfg.replica_id, self.cfg.replica_groups, train_state.step, self.manager.num_participants())
+
+    def _commits_done(self, step: int) -> int:
+        """The commits a run resumed at `step` has done: one per step here."""
+        return step
 
     def _load_from_peer(self, state: dict[str, Any]) -> None:
         # Nothing of this group's last step may be in flight while its state is replaced: FSDP's
