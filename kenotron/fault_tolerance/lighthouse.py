@@ -25,8 +25,9 @@ class LighthouseSettings:
 
     min_replicas: int = 1
     """Groups needed for a quorum."""
-    join_timeout_ms: int = 10_000
-    """How long a quorum waits for a heartbeating group that has not asked to join yet."""
+    join_timeout_ms: int = 60_000
+    """How long a quorum waits for a heartbeating group that has not asked to join yet (torchft's
+    default; under DiLoCo it must exceed the time between syncs)."""
     quorum_tick_ms: int = 100
     """How often the lighthouse looks for a quorum."""
     heartbeat_timeout_ms: int = 5_000
