@@ -3,6 +3,8 @@ group rejoins.
 
     python scripts/bench_fault_tolerance.py --config train_configs/llama3_1b.toml --out /tmp/ft_bench
 
+Phases (`--only overhead` runs 1 and 2, `--only kill` runs 3):
+
 1. baseline: plain data parallel over both GPUs (`parallelism.dp_replicate 2`: DDP), global batch
    2 x training.local_batch_size;
 2. fault tolerance without failures: a lighthouse (served by group 0's launcher) and two replica
@@ -99,16 +101,13 @@ def main() -> None:
     p.add_argument("--after-kill", type=int, default=80,
                    help="steps the kill run goes on after --kill-at: group 0 must outlast group 1's restart")
     p.add_argument("--port", type=int, default=0, help="the lighthouse's port (0: a free one)")
+    p.add_argument("--only", choices=["all", "overhead", "kill"], default="all",
+                   help="overhead: phases 1 and 2; kill: phase 3 (each fits a 10-minute slot on its own)")
     p.add_argument("overrides", nargs="*", help="more --section.key value for every run (after --)")
     args = p.parse_args()
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
     common = ["--config", args.config, "--metrics.log_freq", "1", "--checkpoint.enable", "false", *args.overrides]
-
-    ddp = train(["--nproc", "2", *common, "--training.steps", str(args.steps), "--parallelism.dp_replicate", "2",
-                 "--job.dump_folder", str(out / "ddp")], "0,1", out / "ddp.log")
-    if ddp.wait() != 0:
-        raise SystemExit(f"the baseline failed: {out / 'ddp.log'}")
 
     def groups(name: str, steps: int) -> list[subprocess.Popen]:
         ft = ["--nproc", "1", *common, "--training.steps", str(steps), "--fault_tolerance.enable", "true",
@@ -121,12 +120,27 @@ def main() -> None:
                        "1", out / f"{name}_1.log")
         return [first, second]
 
-    runs = groups("ft", args.steps)
-    if [r.wait() for r in runs] != [0, 0]:
-        raise SystemExit(f"the fault-tolerant run failed: {out}/ft_*.log")
-    baseline = tok_per_s(out / "ddp", args.skip)
-    with_ft = sum(tok_per_s(out / "ft" / f"replica_{i}", args.skip) for i in range(2))
+    figures: dict[str, object] = {}
+    if args.only in ("all", "overhead"):
+        ddp = train(["--nproc", "2", *common, "--training.steps", str(args.steps), "--parallelism.dp_replicate",
+                     "2", "--job.dump_folder", str(out / "ddp")], "0,1", out / "ddp.log")
+        if ddp.wait() != 0:
+            raise SystemExit(f"the baseline failed: {out / 'ddp.log'}")
+        runs = groups("ft", args.steps)
+        if [r.wait() for r in runs] != [0, 0]:
+            raise SystemExit(f"the fault-tolerant run failed: {out}/ft_*.log")
+        baseline = tok_per_s(out / "ddp", args.skip)
+        with_ft = sum(tok_per_s(out / "ft" / f"replica_{i}", args.skip) for i in range(2))
+        figures.update(baseline_ddp_tok_s=round(baseline), fault_tolerant_tok_s=round(with_ft),
+                       overhead_pct=round(100 * (1 - with_ft / baseline), 2))
+    if args.only in ("all", "kill"):
+        figures.update(kill_and_rejoin(args, groups))
+    print(json.dumps(figures))
 
+
+def kill_and_rejoin(args: argparse.Namespace, groups) -> dict[str, object]:
+    """Phase 3 (module docstring): seconds from the SIGKILL to the live state, and to the first step."""
+    out = args.out
     runs = groups("kill", args.kill_at + args.after_kill)
     log = out / "kill_1.log"
     wait_for(log, rf"step +{args.kill_at}/", 900)
@@ -147,12 +161,8 @@ def main() -> None:
     rejoined_s = after_kill("took the live state of a peer")
     first_step_s = after_kill(r"\] step +\d+/")
     codes = [r.wait() for r in runs]
-    print(json.dumps({
-        "baseline_ddp_tok_s": round(baseline), "fault_tolerant_tok_s": round(with_ft),
-        "overhead_pct": round(100 * (1 - with_ft / baseline), 2), "killed_rank_pids": ranks,
-        "kill_to_live_state_s": round(rejoined_s, 1), "kill_to_first_step_s": round(first_step_s, 1),
-        "exit_codes_after_kill": codes,
-    }))
+    return {"killed_rank_pids": ranks, "kill_to_live_state_s": round(rejoined_s, 1),
+            "kill_to_first_step_s": round(first_step_s, 1), "exit_codes_after_kill": codes}
 
 
 if __name__ == "__main__":
