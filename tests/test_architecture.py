@@ -40,6 +40,9 @@ FORBIDDEN: dict[str, set[str] | str] = {
     "train": {"launch", "estimate", "planner", "tools"},
     "estimate": {"planner", "launch", "runtime"},  # the fake-tensor estimator is the authority the planner checks against
     "generate": {"launch"},
+    # Fault tolerance is a training feature built on train/ (JobExtension); the launcher's rank
+    # program hands it to the Trainer, so train/ never imports it.
+    "fault_tolerance": {"launch", "estimate", "planner", "tools", "runtime"},
     "tools": {"launch"},
 }
 
@@ -244,7 +247,7 @@ def test_modules_form_no_import_cycle():
 # kenotron module that imports one at its top (a Triton kernel).
 OPTIONAL_PACKAGES = {"triton", "torchao", "flash_attn", "flash_attn_interface", "flash_attn_4", "boto3", "wandb",
                      "matplotlib", "safetensors", "tokenizers", "tiktoken", "datasets", "pyarrow", "datatrove",
-                     "transformers"}
+                     "transformers", "torchft"}
 
 # Function-level imports of required modules kept on purpose, as (module, imported module); each
 # has its reason beside the import too. A pair that is no longer in the tree fails the test.
@@ -271,6 +274,7 @@ LAZY_ON_PURPOSE: dict[tuple[str, str], str] = {
     ("kenotron.launch.launcher", "torch.distributed.elastic.multiprocessing.api"): "torchrun, once the config passed",
     ("kenotron.launch.launcher", "torch.distributed.elastic.multiprocessing.errors"): "torchrun, as above",
     ("kenotron.launch.launcher", "torch.distributed.run"): "torchrun, as above",
+    ("kenotron.launch.launcher", "kenotron.fault_tolerance.torchft_import"): "fault_tolerance.enable, after the model's checks",
     ("kenotron.runtime.run_lock", "fcntl"): "POSIX only: the lock is taken where it exists",
     ("kenotron.runtime.watchdog", "torch.distributed"): "private distributed_c10d store, inside its guard",
     ("kenotron.train.metrics", "torch.utils.tensorboard"): "only with metrics.tensorboard (slow import)",

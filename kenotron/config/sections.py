@@ -406,6 +406,48 @@ class DoReMi:
 
 
 @dataclass
+class FaultTolerance:
+    enable: bool = False
+    """Train as torchft replica groups (needs the ft extra): a group that dies drops out of the gradient all-reduce, the others go on, and a restarted group takes the live state from a peer (docs/fault-tolerance.md)."""
+
+    replica_groups: int = ranged(2, at_least(1))
+    """Replica groups the data is split into (torchft's replicate dimension); each is a job of its own over its ranks (FSDP, TP, PP inside)."""
+
+    replica_id: int = ranged(0, at_least(0))
+    """This group's index, 0 to replica_groups - 1 (the launcher's command line for each group sets it)."""
+
+    min_replicas: int = ranged(1, at_least(1))
+    """Groups that must be present for a step to commit; fewer, and the step is retried once enough are back."""
+
+    lighthouse: str = ""
+    """The torchft lighthouse, http://host:port; "start" = the launcher of this group starts one in its own process (one host); "" = the TORCHFT_LIGHTHOUSE variable."""
+
+    lighthouse_port: int = ranged(29510, between(0, 65535))
+    """Port of the lighthouse the launcher starts (fault_tolerance.lighthouse = "start"); 0 = a free one."""
+
+    max_restarts: int = ranged(100, at_least(0))
+    """Times the launcher restarts a group whose rank died (torchrun's --max-restarts); the restarted group rejoins at the next step."""
+
+    timeout_s: float = ranged(60.0, above(0))
+    """Seconds a cross-group all-reduce, commit or recovery may take before the group drops out of the step."""
+
+    quorum_timeout_s: float = ranged(60.0, above(0))
+    """Seconds a group waits for the lighthouse's quorum at the start of a step."""
+
+    start_timeout_s: float = ranged(120.0, at_least(0))
+    """At a fresh start (step 0), seconds the first step waits for all replica_groups to join; then the run starts with the groups present."""
+
+    sync_every: int = ranged(1, at_least(1))
+    """1 = the groups all-reduce gradients every step; H > 1 = DiLoCo: each group steps alone and the groups average their progress every H steps through an outer Nesterov SGD."""
+
+    outer_lr: float = ranged(0.7, above(0))
+    """DiLoCo's outer learning rate (with sync_every > 1; DiLoCo's paper uses 0.7)."""
+
+    outer_momentum: float = ranged(0.9, between(0, 1))
+    """DiLoCo's outer Nesterov momentum (with sync_every > 1)."""
+
+
+@dataclass
 class JobConfig:
     """All sections of a kenotron job. Section names are the TOML tables and CLI prefixes."""
 
@@ -426,3 +468,4 @@ class JobConfig:
     activation_checkpoint: ActivationCheckpoint = field(default_factory=ActivationCheckpoint)
     tuning: Tuning = field(default_factory=Tuning)
     doremi: DoReMi = field(default_factory=DoReMi)
+    fault_tolerance: FaultTolerance = field(default_factory=FaultTolerance)

@@ -13,7 +13,8 @@
   died without a word (a signal, a native crash) is named with the end of its log;
 - the exit code is the failing rank's (2 for config errors, 128 + N for signal N);
 - Ctrl-C or SIGTERM is passed to the ranks, which stop cleanly and say so in one line;
-- every rank's output is kept under `<job.dump_folder>/logs/` (with several processes).
+- every rank's output is kept under `<job.dump_folder>/logs/` (with several processes);
+- with fault_tolerance.enable it runs one replica group (kenotron/fault_tolerance/lighthouse.py).
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from kenotron.config import ConfigError, JobConfig, load_config, split_config_arg, validate_config
+from kenotron.fault_tolerance.checks import check_fault_tolerance
+from kenotron.fault_tolerance.lighthouse import ReplicaGroupLaunch, prepare_replica_group, replica_group_argv
 from kenotron.runtime.degrees import layout_degrees
 from kenotron.runtime.preflight import resolve_degrees, resolve_model
 
@@ -194,6 +197,7 @@ def check_config(cfg: JobConfig, world_size: int) -> None:
     own checks and the model's shape need no torch (runtime/degrees.py, runtime/preflight.py);
     the rest needs the trainer (seconds to import), imported only once they passed."""
     validate_config(cfg)
+    check_fault_tolerance(cfg)
     layout_degrees(cfg, world_size)
     spec, args = resolve_model(cfg)
     # The device type matters only to a check that check_run repeats with the real one.
@@ -201,6 +205,10 @@ def check_config(cfg: JobConfig, world_size: int) -> None:
     from kenotron.launch.run_checks import check_run
 
     check_run(cfg, world_size)
+    if cfg.fault_tolerance.enable:
+        from kenotron.fault_tolerance.torchft_import import import_torchft
+
+        import_torchft()  # torchft installed and loading with this torch
 
 
 def launch(train_argv: Sequence[str], *, nproc: int | None = None, nnodes: int = 1, rdzv_endpoint: str = "",
@@ -218,6 +226,9 @@ def launch(train_argv: Sequence[str], *, nproc: int | None = None, nnodes: int =
         if module == TRAINER:
             path, overrides = split_config_arg(train_argv)
             cfg = load_config(path, overrides)
+            if cfg.fault_tolerance.enable:  # one replica group, in its own run folder
+                train_argv = replica_group_argv(cfg, train_argv)
+                cfg = load_config(*split_config_arg(train_argv))
             check_config(cfg, nproc * nnodes)
             log_dir = log_dir or str(Path(cfg.job.dump_folder) / "logs")
     except (ConfigError, FileNotFoundError) as e:  # what a rank reports as a config error (runtime/rank_process.py)
@@ -240,6 +251,10 @@ def launch(train_argv: Sequence[str], *, nproc: int | None = None, nnodes: int =
     from torch.distributed.run import get_args_parser, run
 
     _quiet_torchrun_logs()
+    group: ReplicaGroupLaunch | None = None
+    if module == TRAINER and cfg.fault_tolerance.enable:
+        group = prepare_replica_group(cfg)  # the lighthouse, torchrun's restarts of the group
+        argv = [*group.torchrun_args, *argv]
     try:
         run(get_args_parser().parse_args(argv))
     except ChildFailedError as exc:
@@ -253,4 +268,7 @@ def launch(train_argv: Sequence[str], *, nproc: int | None = None, nnodes: int =
         return 128 + int(exc.sigval)
     except KeyboardInterrupt:
         return 128 + signal.SIGINT
+    finally:
+        if group is not None:
+            group.close()
     return 0

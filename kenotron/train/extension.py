@@ -13,6 +13,8 @@ call these hooks on every extension of the job, in the order `build_job` attache
     checkpoint_state()                         # JSON-able state the checkpoints keep
     metrics()                                  # at logging steps, every rank
     on_step(step)                              # the loop, after each step
+    data_layout(layout) -> layout              # the trainer: this rank's place in the data
+    attach_run_state(parts)                    # the trainer: what a checkpoint keeps, once loaded
     write_records(folder, final)               # rank 0, at logging steps and once at the end
     finish()                                   # every rank, once the last step is done
 
@@ -73,6 +75,16 @@ class JobExtension:
 
     def on_step(self, step: int) -> None:
         """The loop, once step `step` is done and counted."""
+
+    def data_layout(self, layout: dict[str, Any]) -> dict[str, Any]:
+        """This rank's place in the data as the loader gets it (dp_rank, dp_size, global_batch_size,
+        feed_inputs, feed_labels), returned as is or changed (fault tolerance's replica groups)."""
+        return layout
+
+    def attach_run_state(self, parts: dict[str, Any]) -> None:
+        """The trainer, once the run's state is built and resumed: the parts a checkpoint keeps
+        (model, optimizer, lr_scheduler, dataloader, train_state, ...), each with state_dict /
+        load_state_dict, by name (fault tolerance hands them to a recovering peer)."""
 
     def write_records(self, folder: Path, final: bool) -> None:
         """Rank 0: files of this feature in the run folder, at logging steps and once at the end (`final`)."""

@@ -235,4 +235,6 @@ def format_record(rec: dict[str, Any], *, total_steps: int = 0, eta_s: float | N
         f"{_si(rec['tokens_per_sec'])} tok/s | {rec['tflops']:.3g} TFLOP/s | MFU {mfu} | "
         f"mem {rec['memory_gib']:.2f} GiB{moe} | {format_duration(rec['elapsed_s'])}{eta}"
         + (f" | data wait {rec['data_wait_s'] * 1e3:.1f} ms/step" if rec.get("data_wait_s") is not None else "")
+        + (f" | slow rank {rec['slowest_rank']}: {rec['slowest_rank_s'] * 1e3:.1f} ms/step of compute, median "
+           f"{rec['median_rank_s'] * 1e3:.1f}" if rec.get("slow_rank_named") else "")
     )

@@ -15,7 +15,7 @@ from __future__ import annotations
 import faulthandler
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 from kenotron.checkpoint import CheckpointManager, TrainState
 from kenotron.checkpoint.model_info import describe_model
-from kenotron.config import JobConfig
+from kenotron.config import ConfigError, JobConfig
 from kenotron.data import MicroBatch, ValidationSet, build_data_loader
 from kenotron.kernel_choice.target import Target
 from kenotron.parallel.float8 import check_float8_available, use_fast_cpu_float8
@@ -35,7 +35,9 @@ from kenotron.runtime.divergence import DivergenceGuard, NonFiniteLossError, div
 from kenotron.runtime.interrupt import stop_training
 from kenotron.runtime.run_folder import check_run_folder, start_run_folder
 from kenotron.runtime.run_lock import lock_run_folders
+from kenotron.runtime.slow_ranks import SlowRankMeter
 from kenotron.runtime.watchdog import start_watchdog
+from kenotron.train.extension import JobExtension
 from kenotron.train.flops import flops_per_token
 from kenotron.train.job import build_job, build_meshes
 from kenotron.train.metrics import MetricsLogger
@@ -62,9 +64,15 @@ class Trainer:
     """Owns the job, loader, metrics and checkpoints of one run."""
 
     def __init__(self, cfg: JobConfig, edit_plan: Callable[[Plan], None] | None = None, *,
-                 checked_by_launcher: bool = False) -> None:
+                 checked_by_launcher: bool = False,
+                 job_extensions: Callable[[TrainingJob], Sequence[JobExtension]] | None = None) -> None:
         """`edit_plan` changes the resolved plan before the job is built, as a notebook would.
-        `checked_by_launcher`: the launcher ran check_before_start before starting this process."""
+        `checked_by_launcher`: the launcher ran check_before_start before starting this process.
+        `job_extensions` makes features built outside train/ (fault tolerance) for the built job;
+        they go first, so that their step_optimizer decides before any other's."""
+        if cfg.fault_tolerance.enable and job_extensions is None:  # kenotron/fault_tolerance/ is outside train/
+            raise ConfigError("fault_tolerance.enable=true needs the launcher's rank program: start the group with "
+                              "`kenotron train` (or python -m kenotron.launch.rank), not python -m kenotron.train")
         self.cfg = cfg
         self.world = WorldInfo.from_env()
         self.is_rank0 = self.world.rank == 0
@@ -93,17 +101,17 @@ class Trainer:
                         cfg.model.attention_backend)
         # -- build: meshes, model, plan.apply, init, optimizers and schedules --
         self.job: TrainingJob = build_job(self.run, self.device, build_meshes(self.run, self.device.type))
+        if job_extensions is not None:
+            self.job.extensions[:0] = job_extensions(self.job)
         if self.run.plan.pipeline is not None and self.is_rank0:
             logger.info("%s", self.run.plan.pipeline)
         args = self.run.model_args
         self.flops_per_token = flops_per_token(self.job.matmul_params,
                                                self.run.spec.mixing_flops(args, cfg.training.seq_len))
         # -- loader, metrics, checkpoints --
-        self.loader = build_data_loader(cfg, self.run.tokenizer, vocab_size=args.vocab_size,
-                                        global_batch_size=self.run.global_batch_size, **self._data_layout())
+        self.loader = build_data_loader(cfg, self.run.tokenizer, vocab_size=args.vocab_size, **self._data_layout())
         self.validation = (
-            ValidationSet(cfg, self.run.tokenizer, vocab_size=args.vocab_size,
-                          global_batch_size=self.run.global_batch_size, **self._data_layout())
+            ValidationSet(cfg, self.run.tokenizer, vocab_size=args.vocab_size, **self._data_layout())
             if cfg.validation.every else None
         )
         self.metrics = MetricsLogger(self.dump_folder, self.flops_per_token, self.world.world_size, self.device,
@@ -118,24 +126,31 @@ class Trainer:
             json_states={k: v for ext in self.job.extensions for k, v in ext.checkpoint_state().items()} or None,
         )
         self.checkpointer.load()
+        for ext in self.job.extensions:
+            ext.attach_run_state(self.checkpointer.parts)
         if self.is_rank0:  # records after the resumed step dropped, config.toml written: runtime/run_folder.py
             self.metrics.open(start_run_folder(cfg, self.step))
             warn_if_nothing_to_train(self.step, cfg.training.steps)
+        self.slow_ranks = SlowRankMeter(self.device)
         self.guard = DivergenceGuard(divergence_advice(cfg.optimizer.lr, cfg.lr_scheduler.warmup_steps,
                                                        cfg.training.max_norm))
         # The first step (compilation, autotuning) leaves the allocator's cache laid out for itself.
         self._empty_cache_pending = self.run.choices.empty_cache_after_first_step
 
     def _data_layout(self) -> dict[str, Any]:
-        """This rank's place in the data: its dp rank and size, and what its pipeline stages use
+        """This rank's place in the data: its dp rank and size, the global batch, what its pipeline stages use
         (token ids on the first stage, and wherever document masks are built; labels on the last)."""
         stage_ids = self.job.applied.stage_ids
         n_stages = self.run.plan.pipeline.n_stages if stage_ids else 1
-        return {
+        layout = {
             "dp_rank": self.job.meshes.coordinate("dp"), "dp_size": self.run.dims.dp,
+            "global_batch_size": self.run.global_batch_size,
             "feed_inputs": not stage_ids or 0 in stage_ids or self.cfg.data.document_masking,
             "feed_labels": not stage_ids or n_stages - 1 in stage_ids,
         }
+        for ext in self.job.extensions:
+            layout = ext.data_layout(layout)
+        return layout
 
     def _init_process_group(self) -> bool:
         """Join the job's process group (one more for FSDP's mixed precision on one device);
@@ -195,7 +210,9 @@ class Trainer:
         window_start = self.step + 1
         self.metrics.reset_clock()
         while self.step < cfg.training.steps:
+            self.slow_ranks.start_step()
             loss, grad_norm = self.run_step(self.loader.next_step())
+            self.slow_ranks.end_step()
             # A data stage may set its own sequence length.
             tokens_per_step = run.global_batch_size * (self.loader.last_seq_len or cfg.training.seq_len)
             self.train_state.step += 1
@@ -210,6 +227,7 @@ class Trainer:
                 losses = self.global_losses(window)
                 self.guard.check_losses(losses, window_start)
                 extra = self._data_metrics(len(window))
+                extra.update(self.slow_ranks.report())  # runtime/slow_ranks.py: one small all-gather
                 for ext in self.job.extensions:
                     extra.update(ext.metrics())
                 rec = self.metrics.record(
@@ -279,13 +297,15 @@ def setup_logging(rank: int) -> None:
     ensure_console_logging(rank)
 
 
-def run_training(cfg: JobConfig, *, checked_by_launcher: bool = False) -> list[dict[str, Any]]:
-    """Build and train; returns the metric records (rank 0's view). `checked_by_launcher`: as Trainer's."""
+def run_training(cfg: JobConfig, *, checked_by_launcher: bool = False,
+                 job_extensions: Callable[[TrainingJob], Sequence[JobExtension]] | None = None) -> list[dict[str, Any]]:
+    """Build and train; returns the metric records (rank 0's view). `checked_by_launcher`,
+    `job_extensions`: as Trainer's."""
     rank = WorldInfo.from_env().rank
     setup_logging(rank)
     if not faulthandler.is_enabled():
         faulthandler.enable(all_threads=True)  # a rank killed by a signal (SIGABRT, SIGSEGV) prints its stacks
-    trainer = Trainer(cfg, checked_by_launcher=checked_by_launcher)
+    trainer = Trainer(cfg, checked_by_launcher=checked_by_launcher, job_extensions=job_extensions)
     try:
         return trainer.train()
     except NonFiniteLossError:

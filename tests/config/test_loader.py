@@ -45,7 +45,7 @@ FEATURES_ADDED_SINCE = {
     "parallelism.ep",  # issue 22: expert parallel (with the [moe] section, below)
 }
 """Fields of features added after the config was cut to 70 (each feature brings its own)."""
-LATER_SECTIONS = ("validation.", "doremi.", "moe.")  # issue 24: validation; issue 25: DoReMi; issue 22: MoE
+LATER_SECTIONS = ("validation.", "doremi.", "moe.", "fault_tolerance.")  # issues 24, 25, 22, 38: validation, DoReMi, MoE, fault tolerance
 
 
 def test_the_public_config_stays_small_with_short_plain_docs():

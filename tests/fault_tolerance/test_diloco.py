@@ -1,0 +1,56 @@
+"""DiLoCo over two replica groups (fault_tolerance.sync_every = 3): each group trains alone for
+three steps, then the outer step. With outer_lr 1 and no momentum the outer step sets the
+weights to the mean of the groups' own (original - 1 x mean(original - local)): the groups end
+with exactly the mean of two one-process runs on their data slices. Four processes: marked slow
+(about 15 s on two idle cores; the fast suite's budget goes to the synchronous groups' test)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from kenotron.fault_tolerance.torchft_import import unavailable_reason
+from tests.fault_tolerance.groups import REPO, Group, lighthouse
+from tests.fault_tolerance.test_replica_groups import _final_state, _same, started  # noqa: F401  (fixture)
+
+pytestmark = pytest.mark.skipif(unavailable_reason() is not None, reason=str(unavailable_reason()))
+
+
+@pytest.mark.slow
+def test_diloco_groups_end_a_sync_with_the_mean_of_their_own_weights(tmp_path, started):  # noqa: F811
+    steps = 3
+    common = ["--training.steps", str(steps), "--checkpoint.enable", "true", "--checkpoint.interval", str(steps)]
+    alone = []
+    for index in range(2):
+        alone.append(subprocess.Popen(
+            [sys.executable, "-m", "kenotron.train", *Group.tiny_args(), *common,
+             "--data.loader", f"tests.fault_tolerance.paced_loader:build_slice_{index}",
+             "--job.dump_folder", str(tmp_path / f"alone_{index}")],
+            cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)},
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    try:
+        with lighthouse() as address:
+            diloco = ["--data.loader", "tests.fault_tolerance.paced_loader:build", "--fault_tolerance.sync_every", "3",
+                      "--fault_tolerance.outer_lr", "1", "--fault_tolerance.outer_momentum", "0", *common]
+            started.extend(Group(i, 2, 1, tmp_path, address, diloco).start() for i in range(2))
+            for group in started:
+                assert group.wait(300) == [0], group.output()
+        outs = [p.communicate(timeout=300)[0] for p in alone]
+    finally:
+        for p in alone:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert [p.returncode for p in alone] == [0, 0], outs
+    groups = [_final_state(tmp_path / f"replica_{i}", steps, tmp_path / f"g{i}.pt")["model"] for i in range(2)]
+    own = [_final_state(tmp_path / f"alone_{i}", steps, tmp_path / f"a{i}.pt")["model"] for i in range(2)]
+    assert _same(groups[0], groups[1]) == []
+    mean = {k: (own[0][k] + own[1][k]) / 2 for k in own[0]}
+    assert _same(mean, groups[0], atol=1e-6) == []
+    assert any(not torch.equal(own[0][k], own[1][k]) for k in own[0]), "the slices should train apart"
+    records = [r for r in started[0].records() if "loss" in r]
+    assert records[-1]["ft_syncs"] == 1 and records[-1]["ft_replicas"] == 2, records[-1]
