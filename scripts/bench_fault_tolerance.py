@@ -1,7 +1,7 @@
 """Fault tolerance on two GPUs (issue 38): its overhead without failures, and how fast a killed
 group rejoins.
 
-    python scripts/bench_fault_tolerance.py --config train_configs/llama3_1b.toml --out /tmp/ft_bench
+    python scripts/bench_fault_tolerance.py --config llama3_1b --out /tmp/ft_bench
 
 Phases (`--only overhead` runs 1 and 2, `--only kill` runs 3):
 
@@ -93,7 +93,7 @@ def children(pid: int) -> list[int]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", default="train_configs/llama3_1b.toml")
+    p.add_argument("--config", default="llama3_1b")
     p.add_argument("--out", type=Path, default=Path("/tmp/kenotron_ft_bench"))
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--skip", type=int, default=3, help="records left out of the medians (compilation)")
