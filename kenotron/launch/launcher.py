@@ -175,6 +175,21 @@ def report(failures: list[Failure], *, shown_local_ranks: set[int] | None, log_d
     return "\n".join(out)
 
 
+def make_log_dir(log_dir: str) -> None:
+    """Create the ranks' log folder (torchrun's own attempt is a 25-line traceback); ConfigError
+    naming the folder and the reason when it cannot be (a read-only disk, a file in the way)."""
+    try:
+        os.makedirs(log_dir, exist_ok=True)
+        probe = Path(log_dir) / f".write-test-{os.getpid()}"
+        probe.touch()
+        probe.unlink()
+    except OSError as e:
+        where = f" at {e.filename}" if e.filename and os.path.abspath(e.filename) != os.path.abspath(log_dir) else ""
+        reason = (e.strerror or str(e)).lower()
+        raise ConfigError(f"the run's log folder {log_dir} cannot be written ({reason}{where}); point job.dump_folder "
+                          f"at a writable folder") from None
+
+
 TRAINER = "kenotron.launch.rank"
 """The program of every rank: the trainer, told that the checks below ran here (launch/rank.py)."""
 
@@ -222,25 +237,27 @@ def launch(train_argv: Sequence[str], *, nproc: int | None = None, nnodes: int =
             cfg = load_config(path, overrides)
             check_config(cfg, nproc * nnodes)
             log_dir = log_dir or str(Path(cfg.job.dump_folder) / "logs")
+        if not log_dir:
+            raise ConfigError(f"launching {module} needs a log_dir")
+        make_log_dir(log_dir)
+        try:
+            shown = {int(r) for r in log_ranks.split(",") if r.strip()}
+            argv = torchrun_args(train_argv, nproc=nproc, nnodes=nnodes, rdzv_endpoint=rdzv_endpoint,
+                                 rdzv_id=rdzv_id, log_ranks=log_ranks, log_dir=log_dir, module=module)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        # torch's launcher, imported once the config passed every check.
+        from torch.distributed.elastic.multiprocessing.api import SignalException
+        from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+        from torch.distributed.run import get_args_parser, run
     except (ConfigError, FileNotFoundError) as e:  # what a rank reports as a config error (runtime/rank_process.py)
         print(f"kenotron: config error: {e}", file=sys.stderr)
         return 2
-    try:
-        if not log_dir:
-            raise ValueError(f"launching {module} needs a log_dir")
-        shown = {int(r) for r in log_ranks.split(",") if r.strip()}
-        argv = torchrun_args(train_argv, nproc=nproc, nnodes=nnodes, rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id,
-                             log_ranks=log_ranks, log_dir=log_dir, module=module)
-    except (ConfigError, ValueError) as e:
-        print(f"kenotron: config error: {e}", file=sys.stderr)
-        return 2
+    except KeyboardInterrupt:  # Ctrl-C while the config is checked (seconds of imports): nothing started yet
+        print("kenotron: interrupted (SIGINT) while checking the config; no rank was started", file=sys.stderr)
+        return 128 + signal.SIGINT
     if nproc * nnodes > 1 and "OMP_NUM_THREADS" not in os.environ:
         os.environ["OMP_NUM_THREADS"] = "1"  # one thread per rank on CPU unless the caller chose otherwise
-    # torch's launcher, imported once the config passed every check.
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.run import get_args_parser, run
-
     _quiet_torchrun_logs()
     try:
         run(get_args_parser().parse_args(argv))
