@@ -10,6 +10,9 @@ The process ends with at most one line of its own:
   collective that timed out or lost its peer: one line, the traceback in the run's logs);
 - exit 128 + N: stopped by signal N (130 for Ctrl-C), after finishing or abandoning a save.
 
+torch's own warnings and log lines go to `<job.dump_folder>/logs/rank<N>_torch.log`, not the console
+(runtime/library_output.py).
+
 `train` is handed in (the trainer's `run_training`): this room knows nothing of the step.
 """
 
@@ -20,6 +23,7 @@ import signal
 import sys
 import traceback
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from kenotron.checkpoint import CheckpointError
@@ -29,6 +33,7 @@ from kenotron.runtime.distributed import WorldInfo
 from kenotron.runtime.divergence import NonFiniteLossError
 from kenotron.runtime.info_flags import answer_info_flags
 from kenotron.runtime.interrupt import TrainingInterrupted
+from kenotron.runtime.library_output import library_output_to
 from kenotron.runtime.rank_failure import WATCHDOG_NOTE, collective_failure_line, keep_traceback, watchdog_finding
 from kenotron.runtime.worker_guard import WorkerGuard, exit_code_of, report_failure
 
@@ -51,7 +56,9 @@ def run_rank(argv: list[str], train: Callable[[JobConfig], Any], prog: str = "py
     try:
         path, overrides = split_config_arg(argv)
         cfg = load_config(path, overrides)
-        train(cfg)
+        rank = WorldInfo.from_env().rank
+        with library_output_to(Path(cfg.job.dump_folder) / "logs" / f"rank{rank}_torch.log"):
+            train(cfg)
     except CONFIG_ERRORS as e:
         report_failure(f"kenotron: config error: {e}", kind="config")
         return 2
