@@ -268,9 +268,9 @@ class Trainer:
         return self.cfg.optimizer.lr * self.job.schedule.lr_factor(step)
 
     def close(self) -> None:
-        self.loader.close()
-        if self.watchdog is not None:
+        if self.watchdog is not None:  # first: a loader that hangs in close() must not keep it warning
             self.watchdog.stop()
+        self.loader.close()
         if self._finished:
             for ext in self.job.extensions:
                 ext.finish()
