@@ -13,7 +13,8 @@
   died without a word (a signal, a native crash) is named with the end of its log;
 - the exit code is the failing rank's (2 for config errors, 128 + N for signal N);
 - Ctrl-C or SIGTERM is passed to the ranks, which stop cleanly and say so in one line;
-- every rank's output is kept under `<job.dump_folder>/logs/` (with several processes).
+- every rank's output is kept under `<job.dump_folder>/logs/` (with several processes), and the
+  watchdog's warnings of the ranks not shown are repeated on the console (launch/log_echo.py).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from kenotron.config import ConfigError, JobConfig, load_config, split_config_arg, validate_config
+from kenotron.launch.log_echo import LogEcho
 from kenotron.runtime.degrees import layout_degrees
 
 # What torchrun logs and kenotron says better itself: the failure summary, the signal forwarding.
@@ -259,8 +261,14 @@ def launch(train_argv: Sequence[str], *, nproc: int | None = None, nnodes: int =
     if nproc * nnodes > 1 and "OMP_NUM_THREADS" not in os.environ:
         os.environ["OMP_NUM_THREADS"] = "1"  # one thread per rank on CPU unless the caller chose otherwise
     _quiet_torchrun_logs()
+    # The watchdog's lines of the ranks not shown (launch/log_echo.py): a stopped rank 0 is named by rank 1.
+    echo = LogEcho(log_dir, [r for r in range(nproc) if r not in shown] if nproc * nnodes > 1 else [],
+                   one_node=nnodes == 1).start()
     try:
-        run(get_args_parser().parse_args(argv))
+        try:
+            run(get_args_parser().parse_args(argv))
+        finally:
+            echo.stop()  # its last lines before the launcher's own
     except ChildFailedError as exc:
         failures = failures_of(exc)
         line = report(failures, shown_local_ranks=shown if nproc * nnodes > 1 else None, log_dir=log_dir)

@@ -146,7 +146,7 @@ class ProgressWatchdog:
             self.diagnosis = (f"rank {self.rank} (pid {os.getpid()} on {self._host}) has waited {stalled_s:.0f} s for its "
                               f"data loader ({self.loader}) to give the batch after step {step}: the loader is stuck "
                               f"or slow")
-            logger.warning("%s. If nothing changes, the collective timeout (%s=%g) ends the job in about %.0f s",
+            logger.warning("watchdog: %s. If nothing changes, the collective timeout (%s=%g) ends the job in about %.0f s",
                            self.diagnosis, self.setting, self.timeout_s, max(self.timeout_s - stalled_s, 0))
             return True
         values = self._heartbeats()
@@ -183,7 +183,7 @@ class ProgressWatchdog:
         if healthy and healthy[0] == self.rank:
             left = max(self.timeout_s - stalled_s, 0)
             logger.warning(
-                "no progress for %.0f s (rank %d has completed step %d): %s. If nothing changes, the collective "
+                "watchdog: no progress for %.0f s (rank %d has completed step %d): %s. If nothing changes, the collective "
                 "timeout (%s=%g) ends the job in about %.0f s", stalled_s, self.rank, step, self.diagnosis,
                 self.setting, self.timeout_s, left,
             )
