@@ -53,6 +53,8 @@ class Failure:
     line: str
     kind: str
     time: float
+    printed: bool = True
+    """The rank printed its line (False: its output file could not take it, e.g. on a full disk)."""
 
     @property
     def exit_code(self) -> int:
@@ -143,11 +145,23 @@ def _log_tail(log_dir: str, local_rank: int, lines: int = 4) -> tuple[str, list[
     return newest, [t for t in text if t.strip()][-lines:]
 
 
-def failures_of(exc: Any) -> list[Failure]:
+def _line_from_log(log_dir: str, local_rank: int) -> dict[str, Any]:
+    """The rank's own last line from its log, as a record not known to be on the console. torchrun
+    keeps the error file beside the logs: on a full disk the rank prints its line but cannot record it."""
+    _, tail = _log_tail(log_dir, local_rank, lines=1) if log_dir else ("", [])
+    if tail and tail[-1].startswith("kenotron: "):
+        kind = "config" if tail[-1].startswith("kenotron: config error:") else "error"
+        return {"line": tail[-1], "kind": kind, "printed": False}
+    return {}
+
+
+def failures_of(exc: Any, log_dir: str = "") -> list[Failure]:
     """The failures of torchrun's ChildFailedError, each with the rank's own line when it wrote one."""
     out = []
     for rank, pf in exc.failures.items():
         record = _read_record(pf.error_file) if pf.error_file and os.path.isfile(pf.error_file) else {}
+        if not record and pf.exitcode > 0:
+            record = _line_from_log(log_dir, pf.local_rank)
         if record:
             kind, line = record.get("kind", "error"), record.get("line", "")
         elif -pf.exitcode in _STOP_SIGNALS:
@@ -158,14 +172,16 @@ def failures_of(exc: Any) -> list[Failure]:
             kind, line = "crash", f"died of {pf.signal_name()} without a Python error"
         else:
             kind, line = "crash", f"exited with code {pf.exitcode} without a kenotron error"
-        out.append(Failure(rank, pf.local_rank, pf.exitcode, line, kind, float(record.get("time", pf.timestamp))))
+        out.append(Failure(rank, pf.local_rank, pf.exitcode, line, kind, float(record.get("time", pf.timestamp)),
+                           bool(record.get("printed", True))))
     return sorted(out, key=lambda f: (_CAUSE_ORDER.get(f.kind, 0), f.time, f.rank))
 
 
 def report(failures: list[Failure], *, shown_local_ranks: set[int] | None, log_dir: str) -> str:
     """The console line(s) for the first failure; empty when the rank already said it there."""
     first = failures[0]
-    if first.kind != "crash" and (shown_local_ranks is None or first.local_rank in shown_local_ranks):
+    shown = shown_local_ranks is None or first.local_rank in shown_local_ranks
+    if first.kind != "crash" and shown and first.printed:
         return ""  # its one line is on the console already (it printed it)
     text = first.line.removeprefix("kenotron: ")
     out = [f"kenotron: rank {first.rank}: {text}"]
@@ -270,7 +286,7 @@ def launch(train_argv: Sequence[str], *, nproc: int | None = None, nnodes: int =
         finally:
             echo.stop()  # its last lines before the launcher's own
     except ChildFailedError as exc:
-        failures = failures_of(exc)
+        failures = failures_of(exc, log_dir)
         line = report(failures, shown_local_ranks=shown if nproc * nnodes > 1 else None, log_dir=log_dir)
         if line:
             print(line, file=sys.stderr, flush=True)

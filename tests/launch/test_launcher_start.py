@@ -47,3 +47,27 @@ def test_a_writable_log_folder_passes_and_is_left_empty(tmp_path, exists):
         (tmp_path / "logs").mkdir()
     launcher.make_log_dir(str(tmp_path / "logs"))
     assert list((tmp_path / "logs").iterdir()) == []
+
+
+def test_a_line_the_rank_could_not_record_on_a_full_disk_is_read_from_its_log_and_shown(tmp_path):
+    from types import SimpleNamespace
+
+    log = tmp_path / "logs" / "job-id" / "attempt_0" / "0" / "stderr.log"
+    log.parent.mkdir(parents=True)
+    log.write_text("step 5\nkenotron: checkpoint error: saving step-000006 failed on ranks 0, 1: no space left\n")
+    full = SimpleNamespace(local_rank=0, exitcode=1, error_file=str(log.parent / "error.json"), timestamp=100,
+                           signal_name=lambda: "<N/A>")  # error.json beside the log: never written, the disk is full
+    failures = launcher.failures_of(SimpleNamespace(failures={0: full}), str(tmp_path / "logs"))
+    line = launcher.report(failures, shown_local_ranks={0}, log_dir=str(tmp_path / "logs"))
+    assert line.splitlines()[0] == "kenotron: rank 0: checkpoint error: saving step-000006 failed on ranks 0, 1: no space left"
+
+
+def test_the_checkpoint_writer_process_spawned_from_a_rank_logs_nothing():
+    import logging
+    import runpy
+
+    try:  # multiprocessing's spawn runs the rank's module under this name in the child first
+        runpy.run_module("kenotron.launch.rank", run_name="__mp_main__")
+        assert logging.root.manager.disable == logging.CRITICAL
+    finally:
+        logging.disable(logging.NOTSET)

@@ -4,10 +4,11 @@ signal that lands while the rank ends on an error names the error, not "start-up
 
 from __future__ import annotations
 
+import json
 import signal
 
 from kenotron.runtime.rank_process import run_rank
-from kenotron.runtime.worker_guard import StopRequested
+from kenotron.runtime.worker_guard import StopRequested, report_failure
 
 TIMEOUT = "[gloo/transport/tcp/unbound_buffer.cc:129] Timed out waiting 12000ms for send operation to complete"
 FINDING = ("rank 0 (pid 4242 on otherhost) has sent no heartbeat for 9 s or more, its last one at step 3: the process "
@@ -64,3 +65,20 @@ def test_a_stop_signal_before_training_says_start_up(tmp_path, capsys):
 
     assert run_rank(["--job.dump_folder", str(tmp_path)], train) == 130
     assert kenotron_lines(capsys)[1] == ["kenotron: interrupted (SIGINT) during start-up"]
+
+
+class FullDisk:
+    def write(self, text: str) -> int:
+        raise OSError(28, "No space left on device")
+
+    def flush(self) -> None:
+        raise OSError(28, "No space left on device")
+
+
+def test_a_line_that_cannot_be_printed_is_recorded_as_not_printed(tmp_path, monkeypatch):
+    error_file = tmp_path / "error.json"
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(error_file))
+    monkeypatch.setattr("sys.stderr", FullDisk())
+    report_failure("kenotron: checkpoint error: no space left", kind="error")
+    record = json.loads(error_file.read_text())["kenotron"]
+    assert (record["line"], record["printed"]) == ("kenotron: checkpoint error: no space left", False)
