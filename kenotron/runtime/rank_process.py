@@ -66,7 +66,8 @@ def run_rank(argv: list[str], train: Callable[[JobConfig], Any], prog: str = "py
         if isinstance(stop, TrainingInterrupted):
             report_failure(f"kenotron: {stop}", kind="interrupted")
             return stop.exit_code
-        report_failure(f"kenotron: {interrupted_line(stop)}", kind="interrupted")
+        timeout_s = cfg.parallelism.collective_timeout_s if cfg is not None else None
+        report_failure(f"kenotron: {interrupted_line(stop, timeout_s)}", kind="interrupted")
         return exit_code_of(stop)
     except NonFiniteLossError as e:
         report_failure(f"kenotron: stopped: {e}")
@@ -92,7 +93,7 @@ def run_rank(argv: list[str], train: Callable[[JobConfig], Any], prog: str = "py
     return 0
 
 
-def interrupted_line(stop: KeyboardInterrupt) -> str:
+def interrupted_line(stop: KeyboardInterrupt, timeout_s: float | None = None) -> str:
     """The line for a stop signal that came outside the training loop's own account of it: during
     start-up, or while the rank was already ending on an error (the launcher stops every rank once
     one fails: the error, not the signal, is what this rank has to say)."""
@@ -102,7 +103,9 @@ def interrupted_line(stop: KeyboardInterrupt) -> str:
     name = signal.Signals(getattr(stop, "signum", signal.SIGINT)).name
     if cause is None or isinstance(cause, KeyboardInterrupt):
         return f"interrupted ({name}) during start-up"
-    return f"stopped ({name}) while ending on an error: {type(cause).__name__}: {str(cause).splitlines()[0]}"
+    collective = collective_failure_line(cause, timeout_s) if timeout_s is not None else None
+    what = collective or f"{type(cause).__name__}: {str(cause).splitlines()[0]}"
+    return f"stopped ({name}) while ending on an error: {what}"
 
 
 def exit_process(code: int) -> None:

@@ -55,8 +55,19 @@ def test_a_stop_signal_while_ending_on_an_error_names_the_error_not_start_up(tmp
     code = run_rank(["--job.dump_folder", str(tmp_path)], train)
     _, lines = kenotron_lines(capsys)
     assert code == 128 + signal.SIGTERM
-    assert lines == [("kenotron: stopped (SIGTERM) while ending on an error: RuntimeError: [gloo/transport/tcp/"
-                      "pair.cc:534] Connection closed by peer [127.0.0.1]:4567")], lines
+    assert lines == [("kenotron: stopped (SIGTERM) while ending on an error: a collective lost its peer: another rank "
+                      "ended first (its own line says why)")], lines
+
+
+def test_a_stop_signal_while_ending_on_any_other_error_names_that_error(tmp_path, capsys):
+    def train(cfg):
+        try:
+            raise ValueError("a broken record\nin shard 7")
+        finally:
+            raise StopRequested(signal.SIGTERM)
+
+    assert run_rank(["--job.dump_folder", str(tmp_path)], train) == 128 + signal.SIGTERM
+    assert kenotron_lines(capsys)[1] == ["kenotron: stopped (SIGTERM) while ending on an error: ValueError: a broken record"]
 
 
 def test_a_stop_signal_before_training_says_start_up(tmp_path, capsys):
