@@ -23,6 +23,7 @@ from kenotron import __version__
 from kenotron.config import ConfigError
 from kenotron.config.help import help_for_argv
 from kenotron.config.presets import preset_names
+from kenotron.runtime.library_output import library_output_to
 
 COMMANDS = {
     "train": "train a model (torchrun on this node; ./run_train.sh is the shortcut)",
@@ -66,19 +67,22 @@ def train(argv: list[str]) -> int:
 def _estimate(argv: list[str]) -> int:
     from kenotron.planner.cli import main
 
-    return main(argv, prog="kenotron estimate")
+    with library_output_to(None):  # torch's own warnings stay off the console (no run to log them to)
+        return main(argv, prog="kenotron estimate")
 
 
 def _generate(argv: list[str]) -> int:
     from kenotron.generate.cli import run
 
-    return run(argv, prog="kenotron generate")
+    with library_output_to(None):
+        return run(argv, prog="kenotron generate")
 
 
 def _convert(argv: list[str]) -> int:
     from kenotron.checkpoint.convert_cli import main
 
-    return main(argv, prog="kenotron convert")
+    with library_output_to(None):
+        return main(argv, prog="kenotron convert")
 
 
 def _report(argv: list[str]) -> int:

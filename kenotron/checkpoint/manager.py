@@ -314,7 +314,8 @@ class CheckpointManager:
                     self.uploader.submit(pending.step, pending.inflight.path)
         except BaseException as exc:
             pending.error = exc
-            logger.error("checkpoint %s failed: %s", pending.inflight.path, exc, exc_info=exc)
+            # Raised as one CheckpointSaveError line by the next wait or save; DCP's message holds every rank's traceback.
+            logger.debug("checkpoint %s failed: %s", pending.inflight.path, exc, exc_info=exc)
         finally:
             pending.finished.set()
 

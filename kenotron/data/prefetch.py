@@ -25,6 +25,8 @@ import time
 from typing import Any
 
 DEFAULT_DEPTH = 2
+CLOSE_WAIT_S = 5.0
+"""How long close() waits for the thread to end (it ends at its loader's next return)."""
 
 
 class _Failure:
@@ -80,10 +82,11 @@ class Prefetcher:
         if self._thread is None:
             return
         self._stop.set()
-        while self._thread.is_alive():
+        # A loader stuck inside next_step() never returns: after CLOSE_WAIT_S the thread (a daemon) is left behind.
+        deadline = time.monotonic() + CLOSE_WAIT_S
+        while self._thread.is_alive() and time.monotonic() < deadline:
             with contextlib.suppress(queue.Empty):
                 self._queue.get(timeout=0.05)
-        self._thread.join()
         self._thread = None
         self._queue = queue.Queue(maxsize=self.depth)
 

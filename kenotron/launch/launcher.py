@@ -13,7 +13,8 @@
   died without a word (a signal, a native crash) is named with the end of its log;
 - the exit code is the failing rank's (2 for config errors, 128 + N for signal N);
 - Ctrl-C or SIGTERM is passed to the ranks, which stop cleanly and say so in one line;
-- every rank's output is kept under `<job.dump_folder>/logs/` (with several processes);
+- every rank's output is kept under `<job.dump_folder>/logs/` (with several processes), and the
+  watchdog's warnings of the ranks not shown are repeated on the console (launch/log_echo.py).
 - with fault_tolerance.enable it runs one replica group (kenotron/fault_tolerance/lighthouse.py).
 """
 
@@ -33,6 +34,7 @@ from typing import Any
 from kenotron.config import ConfigError, JobConfig, load_config, split_config_arg, validate_config
 from kenotron.fault_tolerance.checks import check_fault_tolerance
 from kenotron.fault_tolerance.lighthouse import ReplicaGroupLaunch, prepare_replica_group, replica_group_argv
+from kenotron.launch.log_echo import LogEcho
 from kenotron.runtime.degrees import layout_degrees
 from kenotron.runtime.preflight import resolve_degrees, resolve_model
 
@@ -55,6 +57,8 @@ class Failure:
     line: str
     kind: str
     time: float
+    printed: bool = True
+    """The rank printed its line (False: its output file could not take it, e.g. on a full disk)."""
 
     @property
     def exit_code(self) -> int:
@@ -145,11 +149,23 @@ def _log_tail(log_dir: str, local_rank: int, lines: int = 4) -> tuple[str, list[
     return newest, [t for t in text if t.strip()][-lines:]
 
 
-def failures_of(exc: Any) -> list[Failure]:
+def _line_from_log(log_dir: str, local_rank: int) -> dict[str, Any]:
+    """The rank's own last line from its log, as a record not known to be on the console. torchrun
+    keeps the error file beside the logs: on a full disk the rank prints its line but cannot record it."""
+    _, tail = _log_tail(log_dir, local_rank, lines=1) if log_dir else ("", [])
+    if tail and tail[-1].startswith("kenotron: "):
+        kind = "config" if tail[-1].startswith("kenotron: config error:") else "error"
+        return {"line": tail[-1], "kind": kind, "printed": False}
+    return {}
+
+
+def failures_of(exc: Any, log_dir: str = "") -> list[Failure]:
     """The failures of torchrun's ChildFailedError, each with the rank's own line when it wrote one."""
     out = []
     for rank, pf in exc.failures.items():
         record = _read_record(pf.error_file) if pf.error_file and os.path.isfile(pf.error_file) else {}
+        if not record and pf.exitcode > 0:
+            record = _line_from_log(log_dir, pf.local_rank)
         if record:
             kind, line = record.get("kind", "error"), record.get("line", "")
         elif -pf.exitcode in _STOP_SIGNALS:
@@ -160,14 +176,16 @@ def failures_of(exc: Any) -> list[Failure]:
             kind, line = "crash", f"died of {pf.signal_name()} without a Python error"
         else:
             kind, line = "crash", f"exited with code {pf.exitcode} without a kenotron error"
-        out.append(Failure(rank, pf.local_rank, pf.exitcode, line, kind, float(record.get("time", pf.timestamp))))
+        out.append(Failure(rank, pf.local_rank, pf.exitcode, line, kind, float(record.get("time", pf.timestamp)),
+                           bool(record.get("printed", True))))
     return sorted(out, key=lambda f: (_CAUSE_ORDER.get(f.kind, 0), f.time, f.rank))
 
 
 def report(failures: list[Failure], *, shown_local_ranks: set[int] | None, log_dir: str) -> str:
     """The console line(s) for the first failure; empty when the rank already said it there."""
     first = failures[0]
-    if first.kind != "crash" and (shown_local_ranks is None or first.local_rank in shown_local_ranks):
+    shown = shown_local_ranks is None or first.local_rank in shown_local_ranks
+    if first.kind != "crash" and shown and first.printed:
         return ""  # its one line is on the console already (it printed it)
     text = first.line.removeprefix("kenotron: ")
     out = [f"kenotron: rank {first.rank}: {text}"]
@@ -177,6 +195,21 @@ def report(failures: list[Failure], *, shown_local_ranks: set[int] | None, log_d
     if path:
         out.append(f"  (rank {first.rank}'s output: {path})")
     return "\n".join(out)
+
+
+def make_log_dir(log_dir: str) -> None:
+    """Create the ranks' log folder (torchrun's own attempt is a 25-line traceback); ConfigError
+    naming the folder and the reason when it cannot be (a read-only disk, a file in the way)."""
+    try:
+        os.makedirs(log_dir, exist_ok=True)
+        probe = Path(log_dir) / f".write-test-{os.getpid()}"
+        probe.touch()
+        probe.unlink()
+    except OSError as e:
+        where = f" at {e.filename}" if e.filename and os.path.abspath(e.filename) != os.path.abspath(log_dir) else ""
+        reason = (e.strerror or str(e)).lower()
+        raise ConfigError(f"the run's log folder {log_dir} cannot be written ({reason}{where}); point job.dump_folder "
+                          f"at a writable folder") from None
 
 
 TRAINER = "kenotron.launch.rank"
@@ -231,34 +264,42 @@ def launch(train_argv: Sequence[str], *, nproc: int | None = None, nnodes: int =
                 cfg = load_config(*split_config_arg(train_argv))
             check_config(cfg, nproc * nnodes)
             log_dir = log_dir or str(Path(cfg.job.dump_folder) / "logs")
+        if not log_dir:
+            raise ConfigError(f"launching {module} needs a log_dir")
+        make_log_dir(log_dir)
+        try:
+            shown = {int(r) for r in log_ranks.split(",") if r.strip()}
+            argv = torchrun_args(train_argv, nproc=nproc, nnodes=nnodes, rdzv_endpoint=rdzv_endpoint,
+                                 rdzv_id=rdzv_id, log_ranks=log_ranks, log_dir=log_dir, module=module)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        # torch's launcher, imported once the config passed every check.
+        from torch.distributed.elastic.multiprocessing.api import SignalException
+        from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+        from torch.distributed.run import get_args_parser, run
     except (ConfigError, FileNotFoundError) as e:  # what a rank reports as a config error (runtime/rank_process.py)
         print(f"kenotron: config error: {e}", file=sys.stderr)
         return 2
-    try:
-        if not log_dir:
-            raise ValueError(f"launching {module} needs a log_dir")
-        shown = {int(r) for r in log_ranks.split(",") if r.strip()}
-        argv = torchrun_args(train_argv, nproc=nproc, nnodes=nnodes, rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id,
-                             log_ranks=log_ranks, log_dir=log_dir, module=module)
-    except (ConfigError, ValueError) as e:
-        print(f"kenotron: config error: {e}", file=sys.stderr)
-        return 2
+    except KeyboardInterrupt:  # Ctrl-C while the config is checked (seconds of imports): nothing started yet
+        print("kenotron: interrupted (SIGINT) while checking the config; no rank was started", file=sys.stderr)
+        return 128 + signal.SIGINT
     if nproc * nnodes > 1 and "OMP_NUM_THREADS" not in os.environ:
         os.environ["OMP_NUM_THREADS"] = "1"  # one thread per rank on CPU unless the caller chose otherwise
-    # torch's launcher, imported once the config passed every check.
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.run import get_args_parser, run
-
     _quiet_torchrun_logs()
     group: ReplicaGroupLaunch | None = None
     if module == TRAINER and cfg.fault_tolerance.enable:
         group = prepare_replica_group(cfg)  # the lighthouse, torchrun's restarts of the group
         argv = [*group.torchrun_args, *argv]
+    # The watchdog's lines of the ranks not shown (launch/log_echo.py): a stopped rank 0 is named by rank 1.
+    echo = LogEcho(log_dir, [r for r in range(nproc) if r not in shown] if nproc * nnodes > 1 else [],
+                   one_node=nnodes == 1).start()
     try:
-        run(get_args_parser().parse_args(argv))
+        try:
+            run(get_args_parser().parse_args(argv))
+        finally:
+            echo.stop()  # its last lines before the launcher's own
     except ChildFailedError as exc:
-        failures = failures_of(exc)
+        failures = failures_of(exc, log_dir)
         line = report(failures, shown_local_ranks=shown if nproc * nnodes > 1 else None, log_dir=log_dir)
         if line:
             print(line, file=sys.stderr, flush=True)

@@ -6,6 +6,7 @@ by torchrun without the launcher, `python -m kenotron.train` runs the checks its
 from __future__ import annotations
 
 import functools
+import logging
 import sys
 
 from kenotron.fault_tolerance.attach import fault_tolerance_extensions
@@ -17,6 +18,14 @@ def main(argv: list[str] | None = None) -> int:
     train = functools.partial(run_training, checked_by_launcher=True, job_extensions=fault_tolerance_extensions)
     return run_rank(list(sys.argv[1:] if argv is None else argv), train, prog="kenotron train")
 
+
+if __name__ == "__mp_main__":
+    # DCP's checkpoint writer (checkpoint.async_mode async_with_pinned_mem) is a process spawned from
+    # this one, which multiprocessing starts by running this module again under this name. The writer
+    # logs four INFO lines per save onto the rank's console, and a failed save with every rank's
+    # traceback; the save's result (its error included) goes back to the training process, which
+    # reports it in one line. So the writer itself says nothing.
+    logging.disable(logging.CRITICAL)
 
 if __name__ == "__main__":
     exit_process(main())

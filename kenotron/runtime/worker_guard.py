@@ -123,13 +123,18 @@ def report_failure(line: str, *, kind: str = "error") -> None:
     `kind` tells the launcher how to rank it: "config" and "error" are causes, "interrupted"
     is a process that was told to stop.
     """
-    print(line, file=sys.stderr, flush=True)
+    try:
+        print(line, file=sys.stderr, flush=True)
+        printed = True
+    except OSError:  # stderr is a log file on a full disk (torchrun's --tee): the launcher says it instead
+        printed = False
     path = os.environ.get(ERROR_FILE_ENV)
     if not path:
         return
     now = time.time()
     # torchrun reads "message" and "timestamp"; the "kenotron" entry is read by kenotron's launcher.
-    record = {"message": line, "timestamp": int(now), "kenotron": {"line": line, "kind": kind, "time": now}}
+    record = {"message": line, "timestamp": int(now),
+              "kenotron": {"line": line, "kind": kind, "time": now, "printed": printed}}
     with contextlib.suppress(OSError):
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         tmp = f"{path}.tmp"

@@ -36,7 +36,7 @@ from kenotron.runtime.interrupt import stop_training
 from kenotron.runtime.run_folder import check_run_folder, start_run_folder
 from kenotron.runtime.run_lock import lock_run_folders
 from kenotron.runtime.slow_ranks import SlowRankMeter
-from kenotron.runtime.watchdog import start_watchdog
+from kenotron.runtime.watchdog import WAITING_FOR_DATA, start_watchdog
 from kenotron.train.extension import JobExtension
 from kenotron.train.flops import flops_per_token
 from kenotron.train.job import build_job, build_meshes
@@ -91,8 +91,11 @@ class Trainer:
         # -- process group --
         self._owns_process_group = self._init_process_group()
         self._finished = False  # every rank ended together: close() tears the groups down with a barrier
+        self.activity = "start"  # "data" while the loop waits for its loader (named by the watchdog), else "step"
         self.watchdog = start_watchdog(self.world.rank, self.world.world_size, cfg.parallelism.collective_timeout_s,
-                                       lambda: self.train_state.step)
+                                       lambda: self.train_state.step, activity=lambda: self.activity,
+                                       loader=f"data.loader={cfg.data.loader}" if cfg.data.loader else
+                                       f"kenotron's loader of data.dataset={cfg.data.dataset}")
         if cfg.training.deterministic:
             torch.use_deterministic_algorithms(True)
         self.dump_folder = Path(cfg.job.dump_folder)  # config.toml and records: runtime/run_folder.py
@@ -211,7 +214,10 @@ class Trainer:
         self.metrics.reset_clock()
         while self.step < cfg.training.steps:
             self.slow_ranks.start_step()
-            loss, grad_norm = self.run_step(self.loader.next_step())
+            self.activity = WAITING_FOR_DATA
+            microbatches = self.loader.next_step()
+            self.activity = "step"
+            loss, grad_norm = self.run_step(microbatches)
             self.slow_ranks.end_step()
             # A data stage may set its own sequence length.
             tokens_per_step = run.global_batch_size * (self.loader.last_seq_len or cfg.training.seq_len)
@@ -280,9 +286,9 @@ class Trainer:
         return self.cfg.optimizer.lr * self.job.schedule.lr_factor(step)
 
     def close(self) -> None:
-        self.loader.close()
-        if self.watchdog is not None:
+        if self.watchdog is not None:  # first: a loader that hangs in close() must not keep it warning
             self.watchdog.stop()
+        self.loader.close()
         if self._finished:
             for ext in self.job.extensions:
                 ext.finish()
@@ -313,9 +319,9 @@ def run_training(cfg: JobConfig, *, checked_by_launcher: bool = False,
         raise
     except KeyboardInterrupt as stop:
         raise stop_training(trainer, stop) from None
-    except BaseException:
-        if trainer.watchdog is not None and trainer.watchdog.diagnosis:
-            logger.error("rank %d stopped; before that the watchdog found: %s", rank, trainer.watchdog.diagnosis)
+    except BaseException as failure:
+        if trainer.watchdog is not None and trainer.watchdog.diagnosis:  # for the rank's last line (rank_process.py)
+            failure.add_note(f"before that the watchdog found: {trainer.watchdog.diagnosis}")
         raise
     finally:
         trainer.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import logging
 import os
 
 import pytest
@@ -62,7 +63,7 @@ def test_an_unwritable_folder_is_reported_with_its_os_error(tmp_path, monkeypatc
 
 
 @pytest.mark.parametrize("mode", ["disabled", "async"])
-def test_an_io_error_while_writing_fails_the_save_naming_the_rank_and_cause(tmp_path, monkeypatch, mode):
+def test_an_io_error_while_writing_fails_the_save_naming_the_rank_and_cause(tmp_path, monkeypatch, mode, caplog):
     *_, state, manager, _, _ = make_run("single", tmp_path, async_mode=mode)
     state.step = 1
     manager.save(1)
@@ -78,3 +79,5 @@ def test_an_io_error_while_writing_fails_the_save_naming_the_rank_and_cause(tmp_
         manager.save(2)
         manager.wait()
     assert [(f.step, f.complete) for f in list_step_folders(tmp_path)] == [(1, True)]
+    # The one line above is all: no log line with DCP's message (every rank's traceback) before it.
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text

@@ -1,30 +1,27 @@
-"""The progress watchdog in one process, over a dict-backed store: whom it names, and when it stays quiet."""
+"""The progress watchdog in one process, over torch's in-process store: whom it names, and when it stays quiet."""
 
 from __future__ import annotations
 
 import contextlib
+import datetime
+import re
 import threading
 import time
 from collections.abc import Iterator
 
-from kenotron.runtime.watchdog import KEY_PREFIX, ProgressWatchdog
+import torch.distributed as dist
+
+from kenotron.runtime.watchdog import KEY_PREFIX, WAITING_FOR_DATA, ProgressWatchdog
 
 
-class DictStore:
-    def __init__(self) -> None:
-        self.values: dict[str, bytes] = {}
-        self.lock = threading.Lock()
-
-    def set(self, key: str, value: str) -> None:
-        with self.lock:
-            self.values[key] = value.encode()
-
-    def multi_get(self, keys: list[str]) -> list[bytes]:
-        with self.lock:
-            return [self.values.get(k, b"0 -1 ? ?") for k in keys]
+def make_store() -> dist.HashStore:
+    """torch's in-process store: like the job's TCPStore, reading a missing key waits for it (here 5 s)."""
+    store = dist.HashStore()
+    store.set_timeout(datetime.timedelta(seconds=5))
+    return store
 
 
-def watch(store: DictStore, progress, seconds: float, timeout_s: float = 2.0) -> ProgressWatchdog:
+def watch(store: dist.HashStore, progress, seconds: float, timeout_s: float = 2.0) -> ProgressWatchdog:
     """Run a watchdog for `seconds` (all of them: a test that expects silence must wait it out)."""
     dog = ProgressWatchdog(store, 0, 2, timeout_s, progress).start()
     time.sleep(seconds)
@@ -32,9 +29,10 @@ def watch(store: DictStore, progress, seconds: float, timeout_s: float = 2.0) ->
     return dog
 
 
-def watch_until_named(store: DictStore, progress, timeout_s: float = 2.0, within: float = 60.0) -> ProgressWatchdog:
+def watch_until_named(store: dist.HashStore, progress, timeout_s: float = 2.0, within: float = 60.0,
+                      **kwargs) -> ProgressWatchdog:
     """Run a watchdog until it names a rank (its first diagnosis), failing after `within` seconds."""
-    dog = ProgressWatchdog(store, 0, 2, timeout_s, progress).start()
+    dog = ProgressWatchdog(store, 0, 2, timeout_s, progress, **kwargs).start()
     deadline = time.monotonic() + within
     while not dog.diagnosis and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -44,7 +42,7 @@ def watch_until_named(store: DictStore, progress, timeout_s: float = 2.0, within
 
 
 def test_a_rank_whose_heartbeat_stops_is_named_as_stopped():
-    store = DictStore()
+    store = make_store()
     store.set(KEY_PREFIX + "1", "7 3 otherhost 4242")  # rank 1 beat once, then froze
     dog = watch_until_named(store, lambda: 4)  # (after warn_after_s 1 s and stale_after_s 2 s)
     assert "rank 1 (pid 4242 on otherhost) has sent no heartbeat for" in dog.diagnosis
@@ -52,7 +50,7 @@ def test_a_rank_whose_heartbeat_stops_is_named_as_stopped():
 
 
 @contextlib.contextmanager
-def beating(store: DictStore, step: int) -> Iterator[None]:
+def beating(store: dist.HashStore, step: int, activity: str = "step") -> Iterator[None]:
     """Rank 1 alive at `step` while the block runs: a heartbeat every 0.1 s from a thread."""
     done = threading.Event()
 
@@ -60,7 +58,7 @@ def beating(store: DictStore, step: int) -> Iterator[None]:
         n = 0
         while not done.is_set():
             n += 1
-            store.set(KEY_PREFIX + "1", f"{n} {step} otherhost 4242")
+            store.set(KEY_PREFIX + "1", f"{n} {step} otherhost 4242 {activity}")
             time.sleep(0.1)
 
     thread = threading.Thread(target=beat)
@@ -73,14 +71,38 @@ def beating(store: DictStore, step: int) -> Iterator[None]:
 
 
 def test_a_live_rank_behind_in_steps_is_named_as_stuck_inside_the_step():
-    store = DictStore()
+    store = make_store()
     with beating(store, step=3):
         dog = watch_until_named(store, lambda: 4)
     assert dog.diagnosis.startswith("rank 1 (pid 4242 on otherhost) is alive but still at step 3")
 
 
 def test_ranks_stalled_alike_are_not_suspected():
-    store = DictStore()
+    store = make_store()
     with beating(store, step=4):  # alive, at the same step as this rank (a long compile)
         dog = watch(store, lambda: 4, 3.0)
     assert dog.diagnosis == ""
+
+
+def test_a_rank_that_stops_before_its_first_heartbeat_is_named_without_blocking_on_its_missing_key():
+    store = make_store()  # rank 1 never published a heartbeat: reading its key would wait 5 s, then fail
+    dog = watch_until_named(store, lambda: 4, within=4.5)
+    assert dog.diagnosis.startswith("rank 1 has sent no heartbeat since the job started"), dog.diagnosis
+    assert store.check([KEY_PREFIX + "0"])  # this rank's own heartbeat is there
+
+
+def test_a_rank_whose_loader_hangs_names_itself_and_the_loader(caplog):
+    store = make_store()
+    with beating(store, step=3), caplog.at_level("WARNING", logger="kenotron"):
+        dog = watch_until_named(store, lambda: 3, activity=lambda: WAITING_FOR_DATA, loader="data.loader=slow.py:build")
+    assert re.match(r"rank 0 \(pid \d+ on .*\) has waited \d+ s for its data loader \(data.loader=slow.py:build\) to "
+                    r"give the batch after step 3: the loader is stuck or slow", dog.diagnosis), dog.diagnosis
+    assert dog.diagnosis in caplog.text  # said by the rank itself: rank 0's is the console
+
+
+def test_a_peer_waiting_for_its_loader_is_named_with_the_loader_not_as_stuck_in_the_step():
+    store = make_store()
+    with beating(store, step=2, activity=WAITING_FOR_DATA):
+        dog = watch_until_named(store, lambda: 3, loader="data.loader=slow.py:build")
+    assert dog.diagnosis == ("rank 1 (pid 4242 on otherhost) is alive but waiting for its data loader "
+                             "(data.loader=slow.py:build) after step 2: the loader is stuck or slow")
