@@ -49,6 +49,20 @@ class LRSchedule:
         raise ValueError(f"lr_scheduler.decay={self.decay!r} is not one of linear, cosine, wsd, 1-sqrt, constant")
 
 
+def warmup_outlasts_run(schedule: LRSchedule, peak_lr: float) -> str | None:
+    """One line when lr_scheduler.warmup_steps reaches training.steps: the run would end still
+    warming up (or at the peak), never decaying. The schedule is kept as configured (a short
+    trial run of a preset trains as the preset's first steps would); the line says what happens
+    and the fix. None when the run leaves warmup."""
+    total, warmup = schedule.total_steps, schedule.warmup_steps
+    if warmup < total or (warmup == total and schedule.decay == "constant"):
+        return None
+    last = peak_lr * schedule.lr_factor(total)
+    return (f"lr_scheduler.warmup_steps={warmup} >= training.steps={total}: the run ends in warmup at lr {last:.3g} "
+            f"(optimizer.lr={peak_lr:g} is reached at step {warmup}) and never decays; set "
+            f"--lr_scheduler.warmup_steps below {total} (e.g. {max(total // 10, 1)}) for a full schedule")
+
+
 class ScheduledLR(torch.optim.lr_scheduler.LambdaLR):
     """LambdaLR that scales each parameter group's own `initial_lr` rather than the list of base
     rates it saves, so one saved state fits every optimizer on the schedule: pipeline stages hold

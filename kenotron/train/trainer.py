@@ -38,6 +38,7 @@ from kenotron.runtime.run_lock import lock_run_folders
 from kenotron.runtime.watchdog import start_watchdog
 from kenotron.train.flops import flops_per_token
 from kenotron.train.job import build_job, build_meshes
+from kenotron.train.lr_schedule import warmup_outlasts_run
 from kenotron.train.metrics import MetricsLogger
 from kenotron.train.resolve import ResolvedRun, resolve_run
 from kenotron.train.step import check_label_tokens, eval_loss, train_step
@@ -121,6 +122,8 @@ class Trainer:
         if self.is_rank0:  # records after the resumed step dropped, config.toml written: runtime/run_folder.py
             self.metrics.open(start_run_folder(cfg, self.step))
             warn_if_nothing_to_train(self.step, cfg.training.steps)
+            if self.step < cfg.training.steps and (short := warmup_outlasts_run(self.job.schedule, cfg.optimizer.lr)):
+                logger.warning("%s", short)
         self.guard = DivergenceGuard(divergence_advice(cfg.optimizer.lr, cfg.lr_scheduler.warmup_steps,
                                                        cfg.training.max_norm))
         # The first step (compilation, autotuning) leaves the allocator's cache laid out for itself.
