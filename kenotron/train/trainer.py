@@ -41,6 +41,7 @@ from kenotron.train.job import build_job, build_meshes
 from kenotron.train.lr_schedule import warmup_outlasts_run
 from kenotron.train.metrics import MetricsLogger
 from kenotron.train.resolve import ResolvedRun, resolve_run
+from kenotron.train.resume_settings import apply_launch_settings, built_settings
 from kenotron.train.step import check_label_tokens, eval_loss, train_step
 from kenotron.train.training_job import TrainingJob
 from kenotron.train.wandb_logger import check_wandb, wandb_sink
@@ -118,7 +119,13 @@ class Trainer:
             train_state=self.train_state, model_info=describe_model(self.run.spec, args, cfg.model.flavor),
             json_states={k: v for ext in self.job.extensions for k, v in ext.checkpoint_state().items()} or None,
         )
-        self.checkpointer.load()
+        built = built_settings(self.job.torch_optimizers)
+        if self.checkpointer.load() is not None:
+            # The checkpoint's optimizer settings give way to this launch's (train/resume_settings.py).
+            changed = apply_launch_settings(self.job.torch_optimizers, self.job.lr_schedulers, built,
+                                            cfg.optimizer.lr, self.step)
+            if changed and self.is_rank0:
+                logger.warning("%s", changed)
         if self.is_rank0:  # records after the resumed step dropped, config.toml written: runtime/run_folder.py
             self.metrics.open(start_run_folder(cfg, self.step))
             warn_if_nothing_to_train(self.step, cfg.training.steps)
