@@ -23,7 +23,7 @@ class Job:
     """Folder for everything a run writes: resolved config, metrics.jsonl, TensorBoard, checkpoints."""
 
     description: str = ""
-    """Free text shown in the first log line, to tell runs apart."""
+    """Free text shown in the first log line, to tell runs apart; a config file's is dropped when command-line overrides change the data (data.dataset, path, sources, stages, weights_from or loader) without setting it."""
 
 
 @dataclass

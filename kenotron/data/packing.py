@@ -121,6 +121,12 @@ class PackedWindows:
         if epoch in self._epoch_tokens:
             self._epoch_tokens[epoch] += n_tokens
 
+    def first_epoch_windows(self) -> int | None:
+        """Whole windows in one pass over the documents, once a second pass has begun (else None)."""
+        if 1 not in self._epoch_tokens or 0 not in self._epoch_tokens:
+            return None
+        return self._epoch_tokens[0] // self.window_len
+
     def _take(self, keep: bool) -> np.ndarray | None:
         while self._pending_tokens < self.window_len:
             self._read_documents()
