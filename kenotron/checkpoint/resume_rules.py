@@ -46,6 +46,6 @@ def check_fixed_on_resume(previous: dict[str, Any], now: dict[str, Any], exclude
             continue
         old, new = toml_value(previous[key]), toml_value(now[key])
         raise ConfigError(
-            f"{key} changed on resume ({old} -> {new}): {rule.why.format(old=old, new=new)}; resume with "
+            f"{key} changed on resume ({old} -> {new}): {rule.why.format(old=previous[key], new=now[key])}; resume with "
             f"--{key} {old}, or start the {rule.part} afresh by adding {rule.part!r} to checkpoint.exclude_from_loading"
         )

@@ -60,7 +60,7 @@ def warmup_outlasts_run(schedule: LRSchedule, peak_lr: float) -> str | None:
     last = peak_lr * schedule.lr_factor(total)
     return (f"lr_scheduler.warmup_steps={warmup} >= training.steps={total}: the run ends in warmup at lr {last:.3g} "
             f"(optimizer.lr={peak_lr:g} is reached at step {warmup}) and never decays; set "
-            f"--lr_scheduler.warmup_steps below {total} (e.g. {max(total // 10, 1)}) for a full schedule")
+            f"--lr_scheduler.warmup_steps below {total} (e.g. {min(max(total // 10, 1), total - 1)}) for a full schedule")
 
 
 class ScheduledLR(torch.optim.lr_scheduler.LambdaLR):
