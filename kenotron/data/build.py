@@ -146,6 +146,8 @@ def open_source(spec: SourceSpec, cfg: JobConfig, tokenizer: Tokenizer, vocab_si
             folder = TokenizedFolder(spec.path)
         except TokenFileError as err:
             raise ConfigError(str(err)) from None
+        except FileNotFoundError as err:  # named by the key that holds the path (validation.path, ...)
+            raise FileNotFoundError(f"{spec.path_key}={spec.path!r}: {err}") from None
         _warn_on_other_tokenizer(folder, tokenizer)
         return TokenizedWindows(folder, shuffle=cfg.data.shuffle, seed=cfg.data.seed, name=spec.name)
     try:

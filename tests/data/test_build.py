@@ -119,6 +119,9 @@ def test_validation_data_errors_name_the_validation_keys_and_the_windows_it_hold
                                  str(tmp_path / "nowhere.jsonl")])
     with pytest.raises(FileNotFoundError, match=r"^validation.path='.*nowhere.jsonl' does not exist"):
         resolve_run(missing, world_size=1)
+    missing = load_config(None, ["--validation.every", "5", "--validation.path", str(tmp_path / "no-folder")])
+    with pytest.raises(FileNotFoundError, match=r"^validation.path='.*no-folder': tokenized data folder .* does not exist"):
+        resolve_run(missing, world_size=1)
     # Ten documents of 62 tokens: 620 tokens hold 9 windows of 65; the loader reads ahead past their end.
     texts = [" ".join(f"word{i} number {j}" for j in range(12)) for i in range(10)]
     (tmp_path / "val.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
