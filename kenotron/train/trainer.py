@@ -268,8 +268,11 @@ class Trainer:
         return out
 
     def _lr_of_step(self, step: int) -> float:
-        """The LR that optimizer step `step` used."""
-        return self.cfg.optimizer.lr * self.job.schedule.lr_factor(step)
+        """The LR that optimizer step `step` (the one just taken) used: optimizer.lr (every group's
+        peak since a resume, train/resume_settings.py) at the schedule's own position, which is
+        the step unless the schedule started afresh (checkpoint.exclude_from_loading)."""
+        schedulers = self.job.lr_schedulers
+        return self.cfg.optimizer.lr * self.job.schedule.lr_factor(schedulers[0].last_epoch if schedulers else step)
 
     def close(self) -> None:
         self.loader.close()

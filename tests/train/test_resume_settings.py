@@ -49,6 +49,11 @@ def test_a_resume_with_a_new_lr_trains_with_it_from_the_resumed_step_and_says_so
     assert [r["lr"] for r in records] == pytest.approx(used, rel=1e-12)  # the metrics report the lr used
     line = next(s for s in said if s.startswith("resumed at step 2 with changed settings"))
     assert "applied from step 3" in line and "optimizer.lr 0.003 -> 0.001" in line and "training.steps 2 -> 4" in line
+    # A schedule started afresh over a restored step: the records still give the lr each step used.
+    records, used, _ = _train(tmp_path, "--training.steps", "6", "--optimizer.lr", "1e-3",
+                              "--checkpoint.exclude_from_loading", "lr_scheduler")
+    assert [r["step"] for r in records] == [5, 6]
+    assert [r["lr"] for r in records] == pytest.approx(used, rel=1e-12)
     # The optimizer itself cannot change under its restored state: one line naming the key, before any process.
     with pytest.raises(ConfigError, match=r"^optimizer.name changed on resume \(\"adamw\" -> \"sgd\"\).*"
                                           r"--optimizer.name \"adamw\".*exclude_from_loading"):
