@@ -281,9 +281,22 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"config file {str(p)!r} is not valid TOML: {e}") from None
         cfg = config_from_dict(data, cfg)
-    for key, value in parse_overrides(list(overrides)).items():
+    parsed = parse_overrides(list(overrides))
+    described = _data_choice(cfg)
+    for key, value in parsed.items():
         cfg = _apply(cfg, key, value, from_cli=True)
+    if described != _data_choice(cfg) and "job.description" not in parsed:
+        cfg.job.description = ""  # it described the file's data, which the command line replaced
     return cfg
+
+
+DATA_CHOICE_KEYS = ("dataset", "path", "sources", "stages", "weights_from", "loader")
+"""The `[data]` fields that say which data a run trains on: a command line that changes one of
+them drops the file's job.description (it would describe other data in the start banner)."""
+
+
+def _data_choice(cfg: JobConfig) -> tuple[Any, ...]:
+    return tuple(repr(getattr(cfg.data, name)) for name in DATA_CHOICE_KEYS)
 
 
 def toml_value(value: Any) -> str:

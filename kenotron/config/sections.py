@@ -23,7 +23,7 @@ class Job:
     """Folder for everything a run writes: resolved config, metrics.jsonl, TensorBoard, checkpoints."""
 
     description: str = ""
-    """Free text shown in the first log line, to tell runs apart."""
+    """Free text shown in the first log line, to tell runs apart; a config file's is dropped when command-line overrides change the data (data.dataset, path, sources, stages, weights_from or loader) without setting it."""
 
 
 @dataclass
@@ -189,7 +189,7 @@ class Optimizer:
 @dataclass
 class LRScheduler:
     warmup_steps: int = ranged(20, at_least(0))
-    """Steps of linear warmup from 0 to optimizer.lr."""
+    """Steps of linear warmup from 0 to optimizer.lr; at or above training.steps the run ends in warmup, never decaying (kept as set, with a warning at the start)."""
 
     decay: Literal["linear", "cosine", "wsd", "1-sqrt", "constant"] = "cosine"
     """Shape after warmup: linear or cosine down to min_lr; wsd and 1-sqrt hold the peak, then decay over the last decay_ratio of steps; constant holds the peak."""

@@ -44,6 +44,9 @@ def check_weights(weights: Sequence[float], where: str) -> tuple[float, ...]:
     if bad:
         raise ValueError(f"{where}: weight {bad[0]} is negative or not finite; weights must be >= 0")
     total = float(sum(weights))
+    if not np.isfinite(total):  # each finite, but 1e308 + 1e308 is not
+        raise ValueError(f"{where}: the weights add up to more than the largest float ({max(weights):g} and more); "
+                         "scale them down: only their ratios count")
     if total <= 0:
         raise ValueError(f"{where}: the weights are all zero; give at least one dataset a positive weight")
     return tuple(float(w) / total for w in weights)

@@ -106,7 +106,8 @@ def data_stages(cfg: JobConfig, specs: list[SourceSpec]) -> list[Stage]:
     names = [s.name for s in specs]
     seq_len = cfg.training.seq_len
     try:
-        base = check_weights([s.weight for s in specs], "data.sources weights")
+        where = f"data.weights_from={cfg.data.weights_from!r}" if cfg.data.weights_from else "data.sources weights"
+        base = check_weights([s.weight for s in specs], where)
         if not cfg.data.stages:
             return [Stage(0, base, seq_len)]
         stages = []
@@ -145,6 +146,8 @@ def open_source(spec: SourceSpec, cfg: JobConfig, tokenizer: Tokenizer, vocab_si
             folder = TokenizedFolder(spec.path)
         except TokenFileError as err:
             raise ConfigError(str(err)) from None
+        except FileNotFoundError as err:  # named by the key that holds the path (validation.path, ...)
+            raise FileNotFoundError(f"{spec.path_key}={spec.path!r}: {err}") from None
         _warn_on_other_tokenizer(folder, tokenizer)
         return TokenizedWindows(folder, shuffle=cfg.data.shuffle, seed=cfg.data.seed, name=spec.name)
     try:
@@ -200,18 +203,22 @@ def _validation_spec(cfg: JobConfig) -> SourceSpec:
 
 
 def _check_validation_size(cfg: JobConfig, source: Any, global_batch_size: int, available: int | None = None) -> None:
+    """ConfigError in one line when the validation data holds fewer windows than
+    validation.batches global batches (`available`: the windows of raw text, counted by reading it)."""
     v, seq_len = cfg.validation, cfg.training.seq_len
     wanted = v.batches * global_batch_size
     if available is None:
         available = source.num_windows(seq_len + 1) if isinstance(source, TokenizedWindows) else wanted
-    if available < wanted:
-        held = f"holds {available} windows" if available else "runs out before"
-        raise ConfigError(
-            f"the validation set {v.path or v.dataset!r} {held} of {seq_len + 1} tokens, fewer than validation.batches x "
-            f"global batch = {v.batches} x {global_batch_size}; lower validation.batches"
-            + (f" (at most {available // global_batch_size})" if available else "")
-            + " or give more validation data"
-        )
+    if available >= wanted:
+        return
+    where = f"validation.path={v.path!r}" if v.path else f"validation.dataset={v.dataset!r}"
+    most = available // global_batch_size
+    fix = (f"lower validation.batches to {most} or give more validation data" if most else
+           f"give more validation data (it holds less than one global batch of {global_batch_size} windows)")
+    raise ConfigError(
+        f"{where} holds {available} window(s) of training.seq_len + 1 = {seq_len + 1} tokens, fewer than validation.batches "
+        f"x global batch = {v.batches} x {global_batch_size} = {wanted}; {fix}"
+    )
 
 
 def _context(cfg: JobConfig, tokenizer: Tokenizer, vocab_size: int, global_batch_size: int, dp_rank: int,
@@ -278,7 +285,8 @@ class ValidationSet:
                 self._cached = [loader().next_step() for _ in range(v.batches)]
             except ValueError as err:
                 raise ConfigError(f"the validation set {v.path or v.dataset!r}: {err}") from None
-            available = v.batches * global_batch_size if source.documents.epoch == 0 else 0
+            if source.documents.epoch:  # the batches went round the data: count what one pass holds
+                available = source.first_epoch_windows() or 0
         _check_validation_size(cfg, source, global_batch_size, available)
 
     def __iter__(self) -> Any:

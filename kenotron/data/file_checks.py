@@ -1,6 +1,6 @@
-"""Plain-words errors for local data files: an empty file, a line that is not JSON.
+"""Plain-words errors for local data files: an empty file, a line that is not JSON or lacks the text field.
 
-Both name the file and the fix; the JSON one also the line number, counted from the file's start
+Each names the file and the fix; the line errors also the line number, counted from the file's start
 only when the error happens (the reader keeps byte offsets, not line numbers).
 """
 
@@ -31,11 +31,23 @@ def _has_content(file: Path) -> bool:
     return False
 
 
+def _line_number(file: Path, offset: int) -> int:
+    with open(file, "rb") as f:
+        return f.read(offset).count(b"\n") + 1
+
+
+def missing_field_error(where: str, file: Path, offset: int, field: str, keys: list[str], field_key: str) -> DataError:
+    """The one-line error for a JSON Lines record at byte `offset` of `file` without the text
+    field `field` (`field_key`: the config key that names it)."""
+    shown = ", ".join(repr(k) for k in keys[:8]) + (", ..." if len(keys) > 8 else "")
+    return DataError(f"{where}: file {str(file)!r} line {_line_number(file, offset)} has no {field!r} field (its "
+                     f"fields: {shown or 'none'}); fix or remove that line, or set {field_key} to the field that holds the text")
+
+
 def json_line_error(where: str, file: Path, offset: int, line: bytes, err: ValueError | None) -> DataError:
     """The one-line error for a JSON Lines record at byte `offset` of `file` that is not a JSON
     object (`err`: the decoder's error, None when it decoded to something else)."""
-    with open(file, "rb") as f:
-        number = f.read(offset).count(b"\n") + 1
+    number = _line_number(file, offset)
     text = line.decode("utf-8", errors="replace").rstrip("\n")
     if isinstance(err, json.JSONDecodeError):
         what = f"is not valid JSON ({err.msg}, column {err.colno}): {text[:60]!r}"

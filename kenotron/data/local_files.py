@@ -19,7 +19,7 @@ import json
 from pathlib import Path
 from typing import IO, Any
 
-from kenotron.data.file_checks import check_not_empty, json_line_error
+from kenotron.data.file_checks import check_not_empty, json_line_error, missing_field_error
 from kenotron.data.text_source import (
     LOCAL_FORMATS,
     SUFFIX_FORMATS,
@@ -33,17 +33,19 @@ from kenotron.errors import DataError
 _READ_CHUNK = 1 << 20
 
 
-def resolve_local_files(dataset: str, path: str) -> tuple[str, list[Path]]:
-    """The format and sorted file list for `data.dataset` / `data.path`."""
+def resolve_local_files(dataset: str, path: str, key: str = "data.path") -> tuple[str, list[Path]]:
+    """The format and sorted file list for `data.dataset` / `data.path` (`key`: the config key
+    that holds the path, `validation.path` say; errors name it and its dataset key)."""
+    dataset_key = key.rpartition(".")[0] + ".dataset"
     if not path:
         raise DataError(
-            f"data.dataset={dataset!r} reads local files but data.path is empty; "
+            f"{dataset_key}={dataset!r} reads local files but {key} is empty; "
             "give a local json/jsonl/parquet/txt file or folder"
         )
     root = Path(path).expanduser()
     if not root.exists():
         raise FileNotFoundError(
-            f"data.path={path!r} does not exist; give a local json/jsonl/parquet/txt file or folder"
+            f"{key}={path!r} does not exist; give a local json/jsonl/parquet/txt file or folder"
         )
     if root.is_file():
         files = [root]
@@ -62,8 +64,8 @@ def resolve_local_files(dataset: str, path: str) -> tuple[str, list[Path]]:
         if not files:
             kind = "json/jsonl/parquet/txt" if dataset == "auto" else dataset
             raise FileNotFoundError(
-                f"data.path={path!r} is a folder without {kind} files; put the data files "
-                "there or point data.path at one file"
+                f"{key}={path!r} is a folder without {kind} files; put the data files "
+                f"there or point {key} at one file"
             )
     if dataset != "auto":
         return ("jsonl" if dataset == "json" else dataset), files
@@ -72,8 +74,8 @@ def resolve_local_files(dataset: str, path: str) -> tuple[str, list[Path]]:
     if None in formats or len(formats) != 1:
         suffixes = sorted({f.suffix or "(none)" for f in files})
         raise DataError(
-            f"data.dataset='auto' cannot tell the format of data.path={path!r} (file endings "
-            f"{suffixes}); use one of .json/.jsonl/.parquet/.txt, or set data.dataset to "
+            f"{dataset_key}='auto' cannot tell the format of {key}={path!r} (file endings "
+            f"{suffixes}); use one of .json/.jsonl/.parquet/.txt, or set {dataset_key} to "
             f"one of {', '.join(LOCAL_FORMATS)}"
         )
     return formats.pop(), files
@@ -89,9 +91,11 @@ def is_json_array(path: Path) -> bool:
 class LocalDocuments(DocumentSource):
     """Documents of local files, in file order; position = (file, offset) plus epoch and index."""
 
-    def __init__(self, name: str, files: list[Path], fmt: str, text_field: str, where: str = "") -> None:
+    def __init__(self, name: str, files: list[Path], fmt: str, text_field: str, where: str = "",
+                 key: str = "data.path") -> None:
         super().__init__(name)
         self.where = where or name  # the config key and path that errors name
+        self.field_key = key.rpartition(".")[0] + ".text_field"  # the key naming the text field
         self.files = files
         self.format = fmt
         self.text_field = text_field
@@ -170,6 +174,9 @@ class LocalDocuments(DocumentSource):
                 raise json_line_error(self.where, path, self.offset - len(line), line, err) from None
             if not isinstance(record, dict):
                 raise json_line_error(self.where, path, self.offset - len(line), line, None)
+            if not self._first_check and self.text_field not in record:  # the first record's error names the columns
+                raise missing_field_error(self.where, path, self.offset - len(line), self.text_field, list(record),
+                                          self.field_key)
             return self._text(record)
 
     def _read_paragraph(self) -> str | None:
@@ -248,10 +255,10 @@ class LocalDocuments(DocumentSource):
 def open_local_documents(dataset: str, path: str, text_field: str = "text", key: str = "data.path") -> LocalDocuments:
     """The documents of local files named by `data.dataset` and `data.path` (`key`: the config key
     that holds the path, named by errors)."""
-    fmt, files = resolve_local_files(dataset, path)
+    fmt, files = resolve_local_files(dataset, path, key)
     where = f"{key}={path!r}"
     check_not_empty([str(f) for f in files], where)
-    source = LocalDocuments(f"{fmt} files at {path!r}", files, fmt, text_field, where)
+    source = LocalDocuments(f"{fmt} files at {path!r}", files, fmt, text_field, where, key)
     if fmt == "parquet":
         try:
             # optional package: only Parquet files need pyarrow

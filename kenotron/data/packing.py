@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from kenotron.data.long_documents import check_encodable, encode_documents
 from kenotron.data.text_source import DocumentSource
 from kenotron.data.tokenizer import Tokenizer
 from kenotron.errors import DataError
@@ -89,7 +90,10 @@ class PackedWindows:
 
     def _read_documents(self) -> None:
         documents = [self.documents.next_document() for _ in range(self.read_ahead)]
-        token_ids = self.tokenizer.encode_batch([d.text for d in documents])
+        for document in documents:
+            check_encodable(self.tokenizer, document.text, f"document {document.index} of {self.documents.name}")
+        # Long documents in bounded pieces, with the same tokens (data/long_documents.py).
+        token_ids = encode_documents(self.tokenizer, [d.text for d in documents])
         for document, ids in zip(documents, token_ids, strict=True):
             tokens = self._document_tokens(ids)
             offset, self._resume_offset = self._resume_offset, 0
@@ -116,6 +120,12 @@ class PackedWindows:
                 )
         if epoch in self._epoch_tokens:
             self._epoch_tokens[epoch] += n_tokens
+
+    def first_epoch_windows(self) -> int | None:
+        """Whole windows in one pass over the documents, once a second pass has begun (else None)."""
+        if 1 not in self._epoch_tokens or 0 not in self._epoch_tokens:
+            return None
+        return self._epoch_tokens[0] // self.window_len
 
     def _take(self, keep: bool) -> np.ndarray | None:
         while self._pending_tokens < self.window_len:

@@ -31,6 +31,7 @@ from tqdm import tqdm
 from kenotron.data.corpus import builtin_documents
 from kenotron.data.dataset_path import open_documents
 from kenotron.data.local_files import is_json_array, resolve_local_files
+from kenotron.data.long_documents import check_encodable, encode_documents
 from kenotron.data.text_source import LOCAL_FORMATS, import_datasets, text_of
 from kenotron.data.token_files import TokenFileWriter, token_size_for
 from kenotron.data.tokenizer import cpu_count
@@ -159,7 +160,9 @@ def _run_task(job: _Job, task: Task) -> int:
     def flush() -> None:
         nonlocal consumed
         tokens = 0
-        for ids in tokenizer.encode_batch(texts):
+        for text in texts:
+            check_encodable(tokenizer, text, f"a document of {task.path}")
+        for ids in encode_documents(tokenizer, texts):  # long ones in bounded pieces, same tokens
             document = np.array(bos + ids + [tokenizer.eos_id])
             writer.write(document)
             tokens += len(document)

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import tiktoken
 
+from kenotron.data.long_documents import CUT_EXACT_PATTERNS
 from kenotron.data.tokenizer import LLAMA3_SPLIT_PATTERN, Tokenizer, cpu_count
 from kenotron.errors import DataError
 
@@ -205,6 +206,8 @@ class TiktokenTokenizer(Tokenizer):
         self.path = path
         self.num_ranks = num_ranks
         self.split_pattern = split_pattern_for(path, num_ranks)
+        # tiktoken's cost stays linear and small (runs are cut above), so no length is refused.
+        self.cuts_exactly = self.split_pattern in CUT_EXACT_PATTERNS
         self.vocab_size = num_ranks + len(special_names)
         self.bos_id = self.special_tokens[BEGIN_OF_TEXT]
         self.eos_id = self.special_tokens[END_OF_TEXT]

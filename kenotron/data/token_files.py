@@ -149,7 +149,7 @@ def token_files_in(folder: str | Path) -> list[Path]:
     if not files:
         raise FileNotFoundError(
             f"{str(folder)!r} holds no {TOKEN_SUFFIX} token files; write them with kenotron preprocess (or "
-            "datatrove's DocumentTokenizer), or point data.path at the folder that has them"
+            "datatrove's DocumentTokenizer), or point the path at the folder that has them"
         )
     return files
 

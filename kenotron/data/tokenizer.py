@@ -47,6 +47,12 @@ class Tokenizer(ABC):
     vocab_size: int
     bos_id: int | None
     eos_id: int
+    cuts_exactly: bool = False
+    """Whether cutting text at the places data/long_documents.py names never changes its tokens:
+    long documents are then encoded in bounded pieces."""
+    max_uncut_chars: int | None = None
+    """The most characters encoded in one call (a document, or a stretch without a cut place);
+    longer ones are refused in one line. None: any length (the cost stays small)."""
 
     @abstractmethod
     def encode(self, text: str) -> list[int]:

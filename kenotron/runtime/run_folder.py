@@ -32,6 +32,7 @@ from typing import Any
 from kenotron.checkpoint.folders import list_step_folders, step_folder_name
 from kenotron.checkpoint.lineage import newest_set_aside
 from kenotron.checkpoint.remote import redact_url
+from kenotron.checkpoint.resume_rules import check_fixed_on_resume
 from kenotron.config import ConfigError, JobConfig, all_fields, config_to_toml, toml_value
 
 logger = logging.getLogger("kenotron")
@@ -148,6 +149,8 @@ def check_run_folder(cfg: JobConfig) -> FolderState:
                 f"resuming it would mix two runs; {fix}, or start from its weights with "
                 f"--checkpoint.initial_load_path {checkpoint_folder(cfg) / step_folder_name(state.complete_steps[-1])}"
             )
+        if state.previous_config is not None:  # what the restored state depends on (checkpoint/resume_rules.py)
+            check_fixed_on_resume(state.previous_config, now, ck.exclude_from_loading)
         return state
     if ck.enable and ck.load_step == 0 and state.complete_steps:
         raise ConfigError(

@@ -8,7 +8,7 @@ resumed run continues the schedule exactly.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import torch
 
@@ -49,25 +49,54 @@ class LRSchedule:
         raise ValueError(f"lr_scheduler.decay={self.decay!r} is not one of linear, cosine, wsd, 1-sqrt, constant")
 
 
+def warmup_outlasts_run(schedule: LRSchedule, peak_lr: float) -> str | None:
+    """One line when lr_scheduler.warmup_steps reaches training.steps: the run would end still
+    warming up (or at the peak), never decaying. The schedule is kept as configured (a short
+    trial run of a preset trains as the preset's first steps would); the line says what happens
+    and the fix. None when the run leaves warmup."""
+    total, warmup = schedule.total_steps, schedule.warmup_steps
+    if warmup < total or (warmup == total and schedule.decay == "constant"):
+        return None
+    last = peak_lr * schedule.lr_factor(total)
+    return (f"lr_scheduler.warmup_steps={warmup} >= training.steps={total}: the run ends in warmup at lr {last:.3g} "
+            f"(optimizer.lr={peak_lr:g} is reached at step {warmup}) and never decays; set "
+            f"--lr_scheduler.warmup_steps below {total} (e.g. {min(max(total // 10, 1), total - 1)}) for a full schedule")
+
+
 class ScheduledLR(torch.optim.lr_scheduler.LambdaLR):
     """LambdaLR that scales each parameter group's own `initial_lr` rather than the list of base
     rates it saves, so one saved state fits every optimizer on the schedule: pipeline stages hold
     different groups (with spectral µP, different per-matrix rates), and the checkpoint keeps one
-    scheduler state for all of them."""
+    scheduler state for all of them. Its state also records the schedule it followed, so that a
+    resume can say which of the schedule's settings changed (train/resume_settings.py)."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, schedule: LRSchedule) -> None:
+        self.schedule = schedule
+        self.resumed_schedule: dict | None = None
+        """The schedule the loaded checkpoint followed (None: nothing loaded, or saved before it was recorded)."""
+        # LambdaLR evaluates its lambda at 0 on construction; shifting by one makes the first
+        # optimizer step use lr_factor(1).
+        super().__init__(optimizer, lambda i: schedule.lr_factor(i + 1))
 
     def get_lr(self) -> list[float]:  # type: ignore[override]
         factor = self.lr_lambdas[0](self.last_epoch)
         return [group["initial_lr"] * factor for group in self.optimizer.param_groups]
 
+    def state_dict(self) -> dict:
+        state = super().state_dict()  # every attribute but the optimizer and the lambda
+        state.pop("resumed_schedule", None)
+        state["schedule"] = asdict(self.schedule)
+        return state
+
     def load_state_dict(self, state_dict: dict) -> None:
+        state_dict = dict(state_dict)
+        # LambdaLR would make every saved key an attribute: the saved schedule must not replace this run's.
+        self.resumed_schedule = state_dict.pop("schedule", None)
+        state_dict.pop("resumed_schedule", None)
         super().load_state_dict(state_dict)
         self.base_lrs = [group["initial_lr"] for group in self.optimizer.param_groups]
 
 
 def build_lr_scheduler(optimizer: torch.optim.Optimizer, schedule: LRSchedule) -> ScheduledLR:
-    """A scheduler whose k-th `.step()` sets the LR for optimizer step k + 1.
-
-    LambdaLR evaluates its lambda at 0 on construction; shifting by one makes the first
-    optimizer step use lr_factor(1).
-    """
-    return ScheduledLR(optimizer, lambda i: schedule.lr_factor(i + 1))
+    """A scheduler whose k-th `.step()` sets the LR for optimizer step k + 1."""
+    return ScheduledLR(optimizer, schedule)

@@ -40,8 +40,10 @@ from kenotron.runtime.watchdog import WAITING_FOR_DATA, start_watchdog
 from kenotron.train.extension import JobExtension
 from kenotron.train.flops import flops_per_token
 from kenotron.train.job import build_job, build_meshes
+from kenotron.train.lr_schedule import warmup_outlasts_run
 from kenotron.train.metrics import MetricsLogger
 from kenotron.train.resolve import ResolvedRun, resolve_run
+from kenotron.train.resume_settings import apply_launch_settings, built_settings
 from kenotron.train.step import check_label_tokens, eval_loss, train_step
 from kenotron.train.training_job import TrainingJob
 from kenotron.train.wandb_logger import check_wandb, wandb_sink
@@ -128,12 +130,20 @@ class Trainer:
             train_state=self.train_state, model_info=describe_model(self.run.spec, args, cfg.model.flavor),
             json_states={k: v for ext in self.job.extensions for k, v in ext.checkpoint_state().items()} or None,
         )
-        self.checkpointer.load()
+        built = built_settings(self.job.torch_optimizers)
+        if self.checkpointer.load() is not None:
+            # The checkpoint's optimizer settings give way to this launch's (train/resume_settings.py).
+            changed = apply_launch_settings(self.job.torch_optimizers, self.job.lr_schedulers, built,
+                                            cfg.optimizer.lr, self.step)
+            if changed and self.is_rank0:
+                logger.warning("%s", changed)
         for ext in self.job.extensions:
             ext.attach_run_state(self.checkpointer.parts)
         if self.is_rank0:  # records after the resumed step dropped, config.toml written: runtime/run_folder.py
             self.metrics.open(start_run_folder(cfg, self.step))
             warn_if_nothing_to_train(self.step, cfg.training.steps)
+            if self.step < cfg.training.steps and (short := warmup_outlasts_run(self.job.schedule, cfg.optimizer.lr)):
+                logger.warning("%s", short)
         self.slow_ranks = SlowRankMeter(self.device)
         self.guard = DivergenceGuard(divergence_advice(cfg.optimizer.lr, cfg.lr_scheduler.warmup_steps,
                                                        cfg.training.max_norm))
@@ -282,8 +292,11 @@ class Trainer:
         return out
 
     def _lr_of_step(self, step: int) -> float:
-        """The LR that optimizer step `step` used."""
-        return self.cfg.optimizer.lr * self.job.schedule.lr_factor(step)
+        """The LR that optimizer step `step` (the one just taken) used: optimizer.lr (every group's
+        peak since a resume, train/resume_settings.py) at the schedule's own position, which is
+        the step unless the schedule started afresh (checkpoint.exclude_from_loading)."""
+        schedulers = self.job.lr_schedulers
+        return self.cfg.optimizer.lr * self.job.schedule.lr_factor(schedulers[0].last_epoch if schedulers else step)
 
     def close(self) -> None:
         if self.watchdog is not None:  # first: a loader that hangs in close() must not keep it warning

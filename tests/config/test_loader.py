@@ -207,3 +207,11 @@ def test_docs_config_reference_is_up_to_date():
 
     doc = Path(__file__).parents[2] / "docs" / "config_reference.md"
     assert doc.read_text() == config_reference_markdown(), "run python scripts/gen_config_reference.py"
+
+
+def test_a_command_line_that_changes_the_data_drops_the_files_description(tmp_path):
+    preset = tmp_path / "preset.toml"
+    preset.write_text('[job]\ndescription = "debug model on the built-in corpus"\n[data]\ndataset = "builtin"\n')
+    assert load_config(preset, ["--training.steps", "3"]).job.description == "debug model on the built-in corpus"
+    assert load_config(preset, ["--data.dataset", "jsonl", "--data.path", "x.jsonl"]).job.description == ""
+    assert load_config(preset, ["--data.path", "x.jsonl", "--job.description", "mine"]).job.description == "mine"

@@ -3,6 +3,9 @@ process group; the blend and stage settings become the loader's stages."""
 
 from __future__ import annotations
 
+import json
+import re
+
 import pytest
 
 from kenotron.config import ConfigError, load_config
@@ -82,7 +85,7 @@ def test_empty_validation_set_fails_before_training(tokenized, tmp_path):
         ValidationSet(cfg, build_tokenizer(""), vocab_size=4096, global_batch_size=4)
     cfg = load_config(None, ["--validation.every", "5", "--validation.path", str(tokenized), "--validation.batches",
                              "1000", "--training.seq_len", "256", "--training.local_batch_size", "4"])
-    message = r"holds 1559 windows of 257 tokens, fewer than .* 1000 x 4; lower validation.batches \(at most 389\)"
+    message = r"holds 1559 window\(s\) of .* 257 tokens, fewer than .* 1000 x 4 = 4000; lower validation.batches to 389 "
     with pytest.raises(ConfigError, match=message):
         ValidationSet(cfg, build_tokenizer(""), vocab_size=4096, global_batch_size=4)
     with pytest.raises(ConfigError, match=message):
@@ -97,3 +100,40 @@ def test_the_estimator_plans_a_job_whose_data_is_elsewhere(tmp_path):
     with pytest.raises(FileNotFoundError, match="on-the-cluster' does not exist"):
         resolve_run(cfg, world_size=1)
     assert estimate_memory(cfg, ngpu=1).ranks
+
+
+def test_weights_from_whose_sum_overflows_stops_in_one_line_before_training(tmp_path):
+    weights = tmp_path / "doremi_weights.json"
+    weights.write_text('{"weights": {"web": 1e308, "code": 1e308}}')
+    cfg = load_config(None, ["--data.sources", '[{name = "web", dataset = "builtin"}, {name = "code", dataset = "builtin"}]',
+                             "--data.weights_from", str(weights)])
+    with pytest.raises(ConfigError, match=r"^data.weights_from='.*doremi_weights.json': the weights add up to more than "
+                                          r"the largest float .*only their ratios count$"):
+        data_stages(cfg, source_specs(cfg))
+
+
+def test_validation_data_errors_name_the_validation_keys_and_the_windows_it_holds(tmp_path):
+    from kenotron.data import ValidationSet, build_tokenizer
+
+    missing = load_config(None, ["--validation.every", "5", "--validation.dataset", "jsonl", "--validation.path",
+                                 str(tmp_path / "nowhere.jsonl")])
+    with pytest.raises(FileNotFoundError, match=r"^validation.path='.*nowhere.jsonl' does not exist"):
+        resolve_run(missing, world_size=1)
+    missing = load_config(None, ["--validation.every", "5", "--validation.path", str(tmp_path / "no-folder")])
+    with pytest.raises(FileNotFoundError, match=r"^validation.path='.*no-folder': tokenized data folder .* does not exist"):
+        resolve_run(missing, world_size=1)
+    # Ten documents of 62 tokens: 620 tokens hold 9 windows of 65; the loader reads ahead past their end.
+    texts = [" ".join(f"word{i} number {j}" for j in range(12)) for i in range(10)]
+    (tmp_path / "val.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    small = ["--validation.every", "5", "--validation.dataset", "jsonl", "--validation.path", str(tmp_path / "val.jsonl"),
+             "--training.seq_len", "64", "--training.local_batch_size", "2"]
+    tokenizer = build_tokenizer("")
+    ValidationSet(load_config(None, [*small, "--validation.batches", "2"]), tokenizer, vocab_size=4096,
+                  global_batch_size=2)  # 4 windows of the 9: fits, though reading ahead went round the data
+    with pytest.raises(ConfigError) as too_many:
+        ValidationSet(load_config(None, [*small, "--validation.batches", "5"]), tokenizer, vocab_size=4096,
+                      global_batch_size=2)
+    message = str(too_many.value)
+    assert "\n" not in message and message.startswith("validation.path='")
+    assert re.search(r"holds \d window\(s\) of training.seq_len \+ 1 = 65 tokens, fewer than validation.batches x "
+                     r"global batch = 5 x 2 = 10; lower validation.batches to \d or give more validation data$", message)

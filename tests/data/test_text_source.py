@@ -219,3 +219,16 @@ def test_a_path_given_as_dataset_name(tmp_path):
 def test_empty_dataset_name():
     with pytest.raises(ValueError, match="data.dataset is empty"):
         open_documents("", "")
+
+
+def test_a_jsonl_line_without_the_text_field_is_named_by_file_line_and_field(tmp_path):
+    path = tmp_path / "d.jsonl"
+    path.write_text('{"text": "one"}\n\n{"text": "two"}\n{"body": "three", "id": 3}\n')
+    source = open_documents("jsonl", str(path), key="validation.path")
+    assert [source.next_document().text for _ in range(2)] == ["one", "two"]
+    with pytest.raises(ValueError) as missing:
+        source.next_document()
+    assert str(missing.value) == (
+        f"validation.path={str(path)!r}: file {str(path)!r} line 4 has no 'text' field (its fields: 'body', 'id'); "
+        "fix or remove that line, or set validation.text_field to the field that holds the text"
+    )

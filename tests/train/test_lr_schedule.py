@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from kenotron.train.lr_schedule import LRSchedule, build_lr_scheduler
+from kenotron.train.lr_schedule import LRSchedule, build_lr_scheduler, warmup_outlasts_run
 
 
 def sched(decay: str, **kw) -> LRSchedule:
@@ -63,3 +63,27 @@ def test_lambda_lr_gives_step_k_its_factor():
         opt.step()
         lr.step()
     assert seen == pytest.approx([2.0 * s.lr_factor(k) for k in range(1, 13)])
+
+
+def test_warmup_reaching_the_run_length_is_named_with_the_lr_the_run_ends_at():
+    short = warmup_outlasts_run(sched("cosine", total_steps=20, warmup_steps=25), peak_lr=1e-3)
+    assert short is not None and "\n" not in short
+    assert "lr_scheduler.warmup_steps=25 >= training.steps=20" in short and "ends in warmup at lr 0.0008" in short
+    assert warmup_outlasts_run(sched("cosine", total_steps=20, warmup_steps=20), peak_lr=1e-3) is not None
+    assert warmup_outlasts_run(sched("cosine", total_steps=250, warmup_steps=25), peak_lr=1e-3) is None
+    assert warmup_outlasts_run(sched("constant", total_steps=20, warmup_steps=20), peak_lr=1e-3) is None
+
+
+def test_a_run_shorter_than_its_warmup_starts_with_one_warning_and_keeps_its_schedule(tmp_path, caplog):
+    from kenotron.config import load_config
+    from kenotron.train.trainer import Trainer
+
+    cfg = load_config(None, ["--model.n_layers", "1", "--training.seq_len", "32", "--training.local_batch_size", "2",
+                             "--training.steps", "20", "--lr_scheduler.warmup_steps", "25",
+                             "--metrics.tensorboard", "false", "--job.dump_folder", str(tmp_path)])
+    with caplog.at_level("WARNING", logger="kenotron"):
+        trainer = Trainer(cfg)
+        trainer.close()
+    said = [r.getMessage() for r in caplog.records if "lr_scheduler.warmup_steps" in r.getMessage()]
+    assert len(said) == 1 and "training.steps=20" in said[0], caplog.text
+    assert trainer.job.schedule.warmup_steps == 25
