@@ -180,7 +180,7 @@ def import_datasets() -> Any:
     except ImportError as err:
         raise ImportError(
             "reading hub datasets needs the `datasets` package; pip install datasets (or preprocess the data "
-            "elsewhere with scripts/preprocess.py and train from the tokenized folder)"
+            "elsewhere with kenotron preprocess and train from the tokenized folder)"
         ) from err
     return datasets
 
