@@ -50,6 +50,8 @@ NAMED = {
     "math": SDPBackend.MATH,
 }
 CUDA_AUTO_ORDER = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
 def auto_picks_flash_attn(cfg: JobConfig, cp: int, meta_model: nn.Module, device_major: int) -> bool:
     """Whether "auto" runs FlashAttention-3/4 instead of SDPA: when one is installed for this GPU
     (SM90 and later) and the run is what it computes exactly, plain causal attention in bf16 (no

@@ -9,7 +9,7 @@ import stat
 import pytest
 
 from kenotron.config import ConfigError, load_config
-from kenotron.kernel_choice.target import Target, nvidia_smi_cuda_major, visible_cuda_gpus
+from kenotron.kernel_choice.target import Target, nvidia_smi_cuda_major, torch_built_with_cuda, visible_cuda_gpus
 from kenotron.runtime.preflight import machine_target
 
 
@@ -51,3 +51,9 @@ def test_the_gpu_generation_comes_from_nvidia_smi_for_the_first_visible_gpu(tmp_
 
 def test_a_cpu_run_is_planned_on_the_cpu_whatever_the_machine_has():
     assert machine_target(load_config("debug", ["--training.device", "cpu"])) == Target("cpu")
+
+
+def test_whether_torch_has_cuda_is_read_from_its_files_as_torch_itself_says():
+    import torch
+
+    assert torch_built_with_cuda() == torch.backends.cuda.is_built()
