@@ -271,6 +271,10 @@ LAZY_ON_PURPOSE: dict[tuple[str, str], str] = {
     ("kenotron.launch.launcher", "kenotron.runtime.info_flags"): "on demand: --help / --list-models",
     ("kenotron.models.spec", "torch"): "the spec stays torch-free: only a family without an args count builds on meta",
     ("kenotron.launch.launcher", "kenotron.launch.run_checks"): "after the model's checks",
+    # The kernel choices' checks and their Target run in the launcher before torch (issue 34).
+    ("kenotron.kernel_choice.target", "torch"): "Target.planned: the estimator's process, which has torch",
+    ("kenotron.kernel_choice.target", "kenotron.models.common.flash_attention"): "Target.of: a rank's device",
+    ("kenotron.kernel_choice.tuning", "torch"): "a named tuning.expert_kernel='grouped_mm' only",
     ("kenotron.launch.launcher", "torch.distributed.elastic.multiprocessing.api"): "torchrun, once the config passed",
     ("kenotron.launch.launcher", "torch.distributed.elastic.multiprocessing.errors"): "torchrun, as above",
     ("kenotron.launch.launcher", "torch.distributed.run"): "torchrun, as above",

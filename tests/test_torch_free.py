@@ -1,8 +1,9 @@
 """The modules the launcher imports to check a config before torchrun import no torch.
 
-`kenotron train` prints every config error, the model's shape included, before any process
-starts and in under 2 s on two cores (issue 34); importing torch alone takes most of that. So
-the config, the degree checks, runtime/preflight.py and, of every model family, its package,
+`kenotron train` prints every config error, the model's shape and the kernel choices included,
+before any process starts and in under 2 s on two cores (issue 34); importing torch alone takes
+most of that. So the config, the degree checks, runtime/preflight.py, the kernel choices' checks
+and their Target (kernel_choice/) and, of every model family, its package,
 args, flavors and parallel hints stay free of torch: the model class and the HF adapter are
 named by import paths in the family's ModelSpec and imported on first use (docs/design.md).
 """
@@ -21,6 +22,9 @@ PACKAGE = Path(kenotron.__file__).parent
 TORCH_FREE = (
     "kenotron", "kenotron.errors", "kenotron.degrees", "kenotron.config", "kenotron.config.*",
     "kenotron.runtime.degrees", "kenotron.runtime.preflight", "kenotron.launch.launcher",
+    # the kernel choices' checks and the machine they are made for
+    "kenotron.kernel_choice", "kenotron.kernel_choice.target", "kenotron.kernel_choice.tuning",
+    "kenotron.kernel_choice.config_checks",
     "kenotron.models", "kenotron.models.registry", "kenotron.models.spec", "kenotron.models.args",
     "kenotron.models.common.rope_scaling", "kenotron.models.common.moe_args",
     # every family: a package of models/ with flavors

@@ -14,7 +14,9 @@ the model hands it to every layer.
 "flash_attn": the flash-attn package (models/common/flash_attention.py) becomes every attention
 module's `attention_fn` (`use_attention_kernel`), before the plan is applied.
 
-`check_attention` refuses, before any process group exists, what these cannot run.
+What these cannot run is refused before torch is imported (config_checks.py's check_attention);
+`check_flash_attn_kernel` refuses, before any process group exists, what only importing
+flash-attn tells.
 """
 
 from __future__ import annotations
@@ -29,11 +31,10 @@ from torch.nn.attention.flex_attention import BlockMask
 
 from kenotron.config import ConfigError, JobConfig
 from kenotron.data import document_ids
-from kenotron.degrees import ParallelDims
+from kenotron.kernel_choice.config_checks import FLASH_ATTN_MISSING, NOT_SDPA, window_shorter_than
 from kenotron.kernel_choice.target import Target
 from kenotron.models.common.attention import GQAttention
 from kenotron.models.common.flash_attention import (
-    INSTALL_HINT,
     MIN_COMPILE_VERSION,
     FlashAttnUnavailable,
     cuda_major,
@@ -49,16 +50,6 @@ NAMED = {
     "math": SDPBackend.MATH,
 }
 CUDA_AUTO_ORDER = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
-CUDA_ONLY_SDPA = ("cudnn", "efficient")
-"""SDPA kernels with no CPU implementation (torch has flash and math on CPU)."""
-NOT_SDPA = ("flex", "flash_attn")
-
-
-def resolve_attention_backend(backend: str, document_masking: bool) -> str:
-    """The backend that runs: "auto" becomes "flex" when documents are masked."""
-    if backend == "auto" and document_masking:
-        return "flex"
-    return backend
 
 
 def auto_picks_flash_attn(cfg: JobConfig, cp: int, meta_model: nn.Module, device_major: int) -> bool:
@@ -126,66 +117,14 @@ class BlockMasks:
         return self._causal[key]
 
 
-def window_shorter_than(meta_model: nn.Module, seq_len: int) -> int | None:
-    """The model's sliding window when it is shorter than `seq_len`, else None: then attention
-    over a training window is not plain causal attention (what flash_attn and context parallel run)."""
-    window = getattr(meta_model, "sliding_window", None)
-    return window if window is not None and seq_len > window else None
-
-
-def check_attention(cfg: JobConfig, dims: ParallelDims, meta_model: nn.Module, target: Target, backend: str) -> None:
-    """What flex and flash_attn cannot run, refused with the fix in the message (ConfigError).
-    `backend`: the requested one, after resolve_attention_backend. A CUDA-only SDPA kernel is
-    refused on another device."""
-    if backend in CUDA_ONLY_SDPA and target.device_type != "cuda":
-        raise ConfigError(f"model.attention_backend={backend!r} is a CUDA kernel and this run is on "
-                          f"{target.device_type}; use 'auto', 'flash' or 'math' there")
-    if backend not in NOT_SDPA:
-        return
-    name = f"model.attention_backend={backend!r}"
-    if cfg.data.document_masking:
-        name = f"data.document_masking=true ({name})"
-    if dims.cp > 1:
-        raise ConfigError(
-            f"{name} does not combine with context parallel (parallelism.cp={dims.cp}): context parallel "
-            f"replaces the attention with its own ring of plain causal SDPA; use cp=1"
-            + (", or turn data.document_masking off" if cfg.data.document_masking else ", or model.attention_backend='auto'")
-        )
-    if backend == "flex":
-        if dims.pp > 1:
-            raise ConfigError(
-                f"{name} does not combine with pipeline parallel (parallelism.pp={dims.pp}) yet: the block mask is "
-                f"built from the token ids, which the stages after the first never see; use pp=1"
-                + (", or turn data.document_masking off" if cfg.data.document_masking else "")
-            )
-        return
-    _check_flash_attn(cfg, meta_model, target)
-
-
-def _check_flash_attn(cfg: JobConfig, meta_model: nn.Module, target: Target) -> None:
-    t = cfg.training
-    cuda = target.device_type == "cuda"
+def check_flash_attn_kernel(cfg: JobConfig, target: Target) -> None:
+    """What importing the FlashAttention that will run tells (ConfigError): a package found but
+    not importable, a FlashAttention-2 too old for torch.compile. The checks that need no import
+    ran before (config_checks.py)."""
     try:
-        kernel = load_flash_attention(target.cuda_major if cuda else 0)
+        kernel = load_flash_attention(target.cuda_major if target.device_type == "cuda" else 0)
     except FlashAttnUnavailable as e:
-        raise ConfigError(
-            f"model.attention_backend='flash_attn' needs the flash-attn package, which is not installed here: "
-            f"{INSTALL_HINT}; or use model.attention_backend='auto' (torch's fused SDPA kernels)"
-        ) from e
-    if not cuda:
-        raise ConfigError("model.attention_backend='flash_attn' needs CUDA (flash-attn has no CPU kernel); "
-                          "use model.attention_backend='auto' on CPU")
-    if t.param_dtype != "bfloat16":
-        raise ConfigError(f"model.attention_backend='flash_attn' computes in bf16/fp16 only, but training.param_dtype="
-                          f"{t.param_dtype!r}; set training.param_dtype='bfloat16' or use model.attention_backend='auto'")
-    window = window_shorter_than(meta_model, t.seq_len)
-    if window is not None:
-        raise ConfigError(
-            f"model.attention_backend='flash_attn' runs plain causal attention here, but model {cfg.model.name} "
-            f"{cfg.model.flavor} attends through a {window}-token sliding window, shorter than training.seq_len="
-            f"{t.seq_len}; use model.attention_backend='flex' (which applies the window) or 'auto', or "
-            f"training.seq_len <= {window}"
-        )
+        raise ConfigError(FLASH_ATTN_MISSING) from e
     if kernel.version != 2:
         return  # FlashAttention-3 and kenotron's FlashAttention-4 ops are traceable
     module = importlib.import_module("flash_attn")

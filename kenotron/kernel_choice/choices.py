@@ -1,5 +1,6 @@
 """Every device-dependent choice of a run, settled once by resolve_run (train/resolve.py) before
-any process group.
+any process group: the choices that need no built model come settled from config_checks.py
+(which the launcher runs before importing torch); this module completes them with the meta model.
 
 A choice depends on the config, the mesh degrees, the meta model and the `Target` the job runs
 on: the device type, its GPU generation and whether Triton imports there. The trainer passes
@@ -22,16 +23,10 @@ from torch import nn
 
 from kenotron.config import ConfigError, JobConfig
 from kenotron.degrees import ParallelDims
-from kenotron.kernel_choice.attention_backend import auto_picks_flash_attn, check_attention, resolve_attention_backend
+from kenotron.kernel_choice.attention_backend import auto_picks_flash_attn, check_flash_attn_kernel
+from kenotron.kernel_choice.config_checks import Kernels
 from kenotron.kernel_choice.target import Target
-from kenotron.kernel_choice.tuning import (
-    resolve_adamw_implementation,
-    resolve_eager_kernels,
-    resolve_expert_kernel,
-    resolve_grad_norm_kernel,
-    resolve_loss_kernel,
-    resolve_ssm_kernel,
-)
+from kenotron.kernel_choice.tuning import resolve_ssm_kernel
 from kenotron.models.common.mamba import unsupported_scan_sizes
 
 
@@ -69,62 +64,42 @@ class Choices:
 
 def uses_fused_loss(choice: str, tensor_parallel: bool, pipeline: bool, meta_model: nn.Module) -> bool:
     """auto -> fused, except under tensor parallel (whose vocab-parallel loss shards the logits)
-    and pipeline parallel (the last stage computes the plain loss per microbatch)."""
+    and pipeline parallel (the last stage computes the plain loss per microbatch). "fused" with
+    either was refused before (config_checks.py's check_fused_loss_layout); here, without an
+    output layer."""
     has_output = isinstance(getattr(meta_model, "output", None), nn.Linear)
-    if choice == "fused" and (tensor_parallel or pipeline or not has_output):
-        why = "tensor parallel" if tensor_parallel else "pipeline parallel" if pipeline else "this model (no output layer)"
-        raise ConfigError(f"tuning.loss='fused' does not combine with {why}; use 'auto' or 'plain'")
+    if choice == "fused" and not has_output:
+        raise ConfigError("tuning.loss='fused' does not combine with this model (no output layer); use 'auto' or 'plain'")
     return choice == "fused" or (choice == "auto" and has_output and not tensor_parallel and not pipeline)
 
 
-def _precision(cfg: JobConfig, dims: ParallelDims, target: Target, accum: int) -> str:
-    t, mp = cfg.training, cfg.tuning.mixed_precision
-    if t.param_dtype != "bfloat16":
-        return "float32"
-    data_parallel = dims.dp_replicate * dims.dp_shard * dims.cp > 1
-    if mp == "master_weights":
-        if dims.world_size > 1 or accum > 1:
-            raise ConfigError(
-                f"tuning.mixed_precision='master_weights' runs on one device without gradient accumulation (its "
-                f"gradients are bf16), but this job has {dims.world_size} ranks and {accum} micro-steps per step; use "
-                f"mixed_precision='auto' (FSDP's mixed precision casts the weights with several ranks)"
-                + (f" or global_batch_size={t.local_batch_size}" if dims.world_size == 1 else "")
-            )
-        return "master_weights"
-    if data_parallel:
-        return "fsdp"  # FSDP (or its replicate-only variant) casts the weights whatever was asked
-    if dims.world_size > 1 or mp == "autocast":
-        return "autocast"
-    if mp == "fsdp":
-        return "fsdp"
-    if target.device_type == "cuda" and accum == 1 and cfg.optimizer.name == "adamw":
-        return "master_weights"
-    # Eager single-device CUDA runs: FSDP's 1-device mesh casts the weights once per step.
-    return "fsdp" if target.device_type == "cuda" and not cfg.compile.enable else "autocast"
-
-
-def resolve_choices(cfg: JobConfig, dims: ParallelDims, target: Target, meta_model: nn.Module, accum: int) -> Choices:
-    """Settle every choice for `target` (see the module docstring); ConfigError when one cannot run."""
+def resolve_choices(cfg: JobConfig, dims: ParallelDims, target: Target, meta_model: nn.Module,
+                    kernels: Kernels) -> Choices:
+    """Complete `kernels` (config_checks.py's settle_kernels for the same cfg, dims and target) with
+    what the meta model and the imported packages decide; ConfigError when one cannot run."""
     u, device_type = cfg.tuning, target.device_type
-    attention = resolve_attention_backend(cfg.model.attention_backend, cfg.data.document_masking)
-    check_attention(cfg, dims, meta_model, target, attention)
+    attention = kernels.attention_backend
+    if attention == "flash_attn":
+        check_flash_attn_kernel(cfg, target)
     if attention == "auto" and auto_picks_flash_attn(cfg, dims.cp, meta_model, target.cuda_major):
         attention = "flash_attn"
-    adamw = resolve_adamw_implementation(u.adamw_implementation, device_type, target.triton)
-    precision = _precision(cfg, dims, target, accum)
+    ssm_kernel = kernels.ssm_kernel
+    unsupported = unsupported_scan_sizes(meta_model) if ssm_kernel == "triton" else ""
+    if unsupported:  # sizes the Triton scan does not take: auto falls back, "triton" is refused
+        ssm_kernel = resolve_ssm_kernel(u.ssm_kernel, device_type, unsupported, target.triton)
     return Choices(
         device_type=device_type,
         attention_backend=attention,
-        eager_kernels=resolve_eager_kernels(u.eager_kernels, device_type, cfg.compile.enable, target.triton),
-        ssm_kernel=resolve_ssm_kernel(u.ssm_kernel, device_type, unsupported_scan_sizes(meta_model), target.triton),
+        eager_kernels=kernels.eager_kernels,
+        ssm_kernel=ssm_kernel,
         # DoReMi's proxy needs per-token losses (train/doremi.py), which the fused loss never forms.
         fused_loss=uses_fused_loss(u.loss, dims.tp > 1, dims.pp > 1, meta_model) and not cfg.doremi.reference,
-        loss_kernel=resolve_loss_kernel(u.loss_kernel, device_type, cfg.compile.enable, target.triton),
+        loss_kernel=kernels.loss_kernel,
         loss_chunk_tokens=u.loss_chunk_tokens,
-        grad_norm_kernel=resolve_grad_norm_kernel(u.grad_norm_kernel, device_type, target.triton),
-        adamw=adamw,
-        precision=precision,
+        grad_norm_kernel=kernels.grad_norm_kernel,
+        adamw=kernels.adamw,
+        precision=kernels.precision,
         expandable_segments=u.expandable_segments and device_type == "cuda",
         empty_cache_after_first_step=u.empty_cache_after_first_step and device_type == "cuda",
-        expert_kernel=resolve_expert_kernel(u.expert_kernel, device_type, target.cuda_major, precision != "float32"),
+        expert_kernel=kernels.expert_kernel,
     )

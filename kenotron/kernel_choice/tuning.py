@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import importlib.util
 
-import torch
-
 from kenotron.errors import ConfigError
 
 
 def triton_importable() -> bool:
+    """Whether the triton package is installed (found, not imported: importing it takes seconds)."""
     return importlib.util.find_spec("triton") is not None
 
 
@@ -124,7 +123,10 @@ def resolve_expert_kernel(choice: str, device_type: str, cuda_major: int, bf16: 
     if choice == "auto":
         # cuda_major 0: a GPU not known yet (the estimator planning one): the grouped kernel's.
         return "grouped_mm" if device_type == "cuda" and (cuda_major >= 9 or cuda_major == 0) and bf16 else "for_loop"
-    if choice == "grouped_mm" and not hasattr(torch, "_grouped_mm"):
-        raise ConfigError(f"tuning.expert_kernel='grouped_mm' needs torch._grouped_mm, which torch {torch.__version__} "
-                          f"lacks; use 'auto' or 'for_loop'")
+    if choice == "grouped_mm":
+        import torch  # here only: the launcher checks configs before importing torch (kernel_choice/target.py)
+
+        if not hasattr(torch, "_grouped_mm"):
+            raise ConfigError(f"tuning.expert_kernel='grouped_mm' needs torch._grouped_mm, which torch "
+                              f"{torch.__version__} lacks; use 'auto' or 'for_loop'")
     return choice

@@ -34,9 +34,10 @@ from typing import Any
 from kenotron.config import ConfigError, JobConfig, load_config, split_config_arg, validate_config
 from kenotron.fault_tolerance.checks import check_fault_tolerance
 from kenotron.fault_tolerance.lighthouse import ReplicaGroupLaunch, prepare_replica_group, replica_group_argv
+from kenotron.kernel_choice.target import NVIDIA_GPUS, visible_cuda_gpus
 from kenotron.launch.log_echo import LogEcho
 from kenotron.runtime.degrees import layout_degrees
-from kenotron.runtime.preflight import resolve_degrees, resolve_model
+from kenotron.runtime.preflight import machine_target, preflight
 
 # What torchrun logs and kenotron says better itself: the failure summary, the signal forwarding.
 _REPLACED_LOG_LINES = ("failed (exitcode", "death signal, shutting down workers", "closing signal",
@@ -82,26 +83,10 @@ def _quiet_torchrun_logs() -> None:
         logger.propagate = False
 
 
-NVIDIA_GPUS = "/proc/driver/nvidia/gpus"
-"""One folder per GPU that the NVIDIA driver sees (Linux)."""
-
-
 def default_nproc(environ: Mapping[str, str] = os.environ, driver_gpus: str = NVIDIA_GPUS) -> int:
-    """One process per visible GPU, or one on a machine without GPUs. Counted without torch
-    (whose import config errors must not wait for): the driver's GPUs, narrowed by
-    CUDA_VISIBLE_DEVICES as CUDA reads it (its list ends at the first entry that is not a device,
-    such as -1)."""
-    gpus = len(glob.glob(os.path.join(driver_gpus, "*")))
-    visible = environ.get("CUDA_VISIBLE_DEVICES")
-    if gpus and visible is not None:
-        entries = 0
-        for entry in visible.split(","):
-            entry = entry.strip()
-            if not entry or entry.startswith("-"):
-                break
-            entries += 1
-        gpus = min(gpus, entries)
-    return max(gpus, 1)
+    """One process per visible GPU (counted without torch: kernel_choice/target.py), or one on a
+    machine without GPUs."""
+    return max(visible_cuda_gpus(environ, driver_gpus), 1)
 
 
 def torchrun_args(train_argv: Sequence[str], *, nproc: int, nnodes: int, rdzv_endpoint: str, rdzv_id: str,
@@ -227,14 +212,12 @@ def _answer_info_flags(train_argv: list[str]) -> bool:
 
 def check_config(cfg: JobConfig, world_size: int) -> None:
     """Every check of the ranks' start, once, here (ConfigError), cheapest first: the config's
-    own checks and the model's shape need no torch (runtime/degrees.py, runtime/preflight.py);
+    own checks, the model's shape and the kernel choices need no torch (runtime/preflight.py);
     the rest needs the trainer (seconds to import), imported only once they passed."""
     validate_config(cfg)
     check_fault_tolerance(cfg)
     layout_degrees(cfg, world_size)
-    spec, args = resolve_model(cfg)
-    # The device type matters only to a check that check_run repeats with the real one.
-    resolve_degrees(cfg, world_size, spec, args, "cpu" if cfg.training.device == "cpu" else "cuda")
+    preflight(cfg, world_size, machine_target(cfg))  # the model's shape, the kernel choices: no torch
     from kenotron.launch.run_checks import check_run
 
     check_run(cfg, world_size)

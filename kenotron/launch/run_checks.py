@@ -1,7 +1,14 @@
 """The launcher's second round of checks: the whole of resolve_run and the trainer's own checks,
 in the launcher process, before torchrun starts any rank. Importing this imports torch and the
-trainer (seconds), which is why the launcher runs the config-only checks (runtime/preflight.py)
-first and this module only after them."""
+trainer (seconds), which is why the launcher runs the torch-free checks (runtime/preflight.py:
+the config, the model's shape, the kernel choices) first and this module only after them.
+
+What only this round finds: what needs the meta model (the family's layout, spectral µP's fans,
+the pipeline split, Mamba sizes the Triton scan does not take, a fused loss without an output
+layer), files (the tokenizer, the data, a DoReMi reference checkpoint), the checkpoint settings
+and the zero-bubble schedules with compile (their modules import torch), flash-attn's import and
+version, torch's own view of CUDA (launch_target), and the trainer's checks (run folder, wandb,
+float8)."""
 
 from __future__ import annotations
 

@@ -1,12 +1,14 @@
-"""The checks of a config that need only its values, the world size and the model's shape.
+"""The checks of a config that need only its values, the world size, the model's shape and
+the machine's facts.
 
     spec, args = resolve_model(cfg)                           # the family and its checked args
     dims, global_batch, accum = resolve_degrees(cfg, world_size, spec, args, device_type)
+    preflight(cfg, world_size, machine_target(cfg))           # both, and the kernel choices' checks
 
-They are resolve_run's first steps (kenotron/train/resolve.py), kept where importing them
-costs no more than the config and the model registry: the launcher runs them before it
-imports the trainer, after the config-only ones (runtime/degrees.py). Every error is a
-ConfigError naming the key and the fix.
+They are resolve_run's first steps (kenotron/train/resolve.py; the kernel choices' checks are
+kernel_choice/config_checks.py), kept where importing them costs no more than the config and
+the model registry: the launcher runs them before it imports torch, after the config-only ones
+(runtime/degrees.py). Every error is a ConfigError naming the key and the fix.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from typing import Any
 
 from kenotron.config import ConfigError, JobConfig, MoE, validate_config
 from kenotron.degrees import ParallelDims, expert_parallel_degrees
+from kenotron.kernel_choice.config_checks import settle_kernels
+from kenotron.kernel_choice.target import Target, nvidia_smi_cuda_major, torch_built_with_cuda, visible_cuda_gpus
 from kenotron.models import MODEL_SPECS, ModelSpec, get_model_spec
 from kenotron.runtime.degrees import layout_degrees
 
@@ -101,3 +105,18 @@ def resolve_degrees(cfg: JobConfig, world_size: int, spec: ModelSpec, args: Any,
     if dims.tp > 1 and not spec.tp_styles:
         raise ConfigError(f"model.name={spec.name!r} has no tensor-parallel plan yet; use parallelism.tp=1")
     return dims, global_batch, accum
+
+
+def machine_target(cfg: JobConfig) -> Target:
+    """The machine the ranks started here will run on, told without torch (Target.of_machine);
+    nvidia-smi is asked only when a GPU will be used."""
+    gpus = visible_cuda_gpus() if cfg.training.device != "cpu" and torch_built_with_cuda() else 0
+    return Target.of_machine(cfg.training.device, gpus, nvidia_smi_cuda_major() if gpus else 0)
+
+
+def preflight(cfg: JobConfig, world_size: int, target: Target) -> None:
+    """Every check of resolve_run that needs no torch, no model build and no file, for `target`:
+    the model's args, the degrees against them, the kernel choices (ConfigError naming the fix)."""
+    spec, args = resolve_model(cfg)
+    dims, _, accum = resolve_degrees(cfg, world_size, spec, args, target.device_type)
+    settle_kernels(cfg, dims, spec, args, target, accum)

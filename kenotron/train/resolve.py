@@ -19,8 +19,8 @@ from kenotron.checkpoint import check_checkpoint_config
 from kenotron.config import ConfigError, JobConfig
 from kenotron.data import build_tokenizer, check_data_config
 from kenotron.degrees import ParallelDims
-from kenotron.kernel_choice.attention_backend import window_shorter_than
 from kenotron.kernel_choice.choices import Choices, resolve_choices
+from kenotron.kernel_choice.config_checks import settle_kernels
 from kenotron.kernel_choice.target import Target
 from kenotron.models import ModelSpec
 from kenotron.models.common.parametrization import matrix_fans
@@ -47,33 +47,6 @@ class ResolvedRun:
     choices: Choices
     tokenizer: Any
     """The tokenizer, built once (its vocabulary was checked against the model's)."""
-
-
-def check_context_parallel(cfg: JobConfig, dims: ParallelDims, spec: ModelSpec, meta_model: torch.nn.Module,
-                           target: Target) -> None:
-    """What context parallel (cp > 1) cannot run: families whose sequence mixing it cannot split,
-    anything but plain causal attention over the whole sequence; torch's ring runs the fused
-    CUDA kernels only."""
-    if dims.cp == 1:
-        return
-    if spec.no_context_parallel:
-        raise ConfigError(f"parallelism.cp={dims.cp} is not supported by model.name={spec.name!r}: "
-                          f"{spec.no_context_parallel}; use parallelism.cp=1")
-    t, u = cfg.training, cfg.tuning
-    window = window_shorter_than(meta_model, t.seq_len)
-    if window is not None:
-        raise ConfigError(
-            f"parallelism.cp={dims.cp} supports plain causal attention only, but model {cfg.model.name} "
-            f"{cfg.model.flavor} attends through a {window}-token sliding window, shorter than training.seq_len="
-            f"{t.seq_len}; use training.seq_len <= {window}, a flavor without a window, or cp=1"
-        )
-    on_cuda = target.device_type == "cuda"
-    if u.cp_attention == "torch" and not on_cuda:
-        raise ConfigError("tuning.cp_attention='torch' needs CUDA (torch has no context-parallel CPU kernel); "
-                          "use 'auto' or 'ring'")
-    if u.cp_attention != "ring" and on_cuda and cfg.model.attention_backend == "math":
-        raise ConfigError("torch's context-parallel attention runs only the fused SDPA kernels, not "
-                          "model.attention_backend='math'; choose another backend or tuning.cp_attention='ring'")
 
 
 def check_parametrization(cfg: JobConfig, meta_model: torch.nn.Module) -> None:
@@ -137,13 +110,13 @@ def resolve_layout(cfg: JobConfig, world_size: int, spec: ModelSpec, args: Any, 
     every candidate layout. `meta_model` is `spec.build(args)` on the meta device."""
     p = cfg.parallelism
     dims, global_batch, accum = resolve_degrees(cfg, world_size, spec, args, target.device_type)
+    kernels = settle_kernels(cfg, dims, spec, args, target, accum)  # what the launcher checked before torch
     plan = Plan(layout_for(spec, args), ParallelSettings.from_config(cfg))
     # The kind of ring the target runs (the estimator builds a CUDA job's torch ring on its CPU mesh).
     plan.settings.cp_attention = cp_attention_kind(plan.settings.cp_attention, target.device_type)
     plan.settings.check(plan.layout.count_blocks(meta_model), dims.degrees())
-    check_context_parallel(cfg, dims, spec, meta_model, target)
     if dims.pp > 1:
         check_compile(p.pp_schedule, cfg.compile.enable)
         plan.pipeline = build_pipeline_split_from_config(meta_model, cfg, dims.pp, spec.blocks)
-    choices = resolve_choices(cfg, dims, target, meta_model, accum)
+    choices = resolve_choices(cfg, dims, target, meta_model, kernels)
     return ResolvedRun(cfg, dims, spec, args, plan, global_batch, accum, choices, tokenizer)

@@ -9,11 +9,8 @@ import pytest
 import torch
 
 from kenotron.config import ConfigError, load_config
-from kenotron.kernel_choice.attention_backend import (
-    BlockMasks,
-    attention_context,
-    resolve_attention_backend,
-)
+from kenotron.kernel_choice.attention_backend import BlockMasks, attention_context
+from kenotron.kernel_choice.config_checks import resolve_attention_backend
 from kenotron.models.common.flex_attention import dense_mask
 from kenotron.train.trainer import resolve_run, run_training
 from tests.models.fake_flash_attn import fake_flash_attn

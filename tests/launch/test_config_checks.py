@@ -48,12 +48,21 @@ def test_tp_not_dividing_the_heads_is_one_line_from_the_launcher_before_torch_is
     assert not (tmp_path / "run" / "logs").exists()  # torchrun never started
 
 
-def test_an_error_only_the_full_resolve_finds_is_one_line_from_the_launcher(tmp_path):
+def test_a_kernel_choice_error_is_one_line_from_the_launcher_before_torch_is_imported(tmp_path):
     proc = _kenotron_train("--nproc", "2", "--tuning.loss", "fused", "--parallelism.tp", "2",
                            folder=tmp_path / "run")
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().splitlines() == [
         "kenotron: config error: tuning.loss='fused' does not combine with tensor parallel; use 'auto' or 'plain'"]
+    assert proc.stdout.strip() == "torch not imported"  # kernel_choice/config_checks.py (issue 34)
+    assert not (tmp_path / "run" / "logs").exists()
+
+
+def test_an_error_only_the_full_resolve_finds_is_one_line_from_the_launcher(tmp_path):
+    proc = _kenotron_train("--nproc", "2", "--tokenizer.path", str(tmp_path / "absent.json"), folder=tmp_path / "run")
+    assert proc.returncode == 2, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "tokenizer.path=" in proc.stderr and "does not exist" in proc.stderr
     assert not (tmp_path / "run" / "logs").exists()
 
 

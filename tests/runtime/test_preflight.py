@@ -1,5 +1,5 @@
-"""The config-only checks (runtime/degrees.py, runtime/preflight.py): the errors resolve_run
-gives, from modules the launcher imports before the trainer."""
+"""The config-only checks (runtime/degrees.py, runtime/preflight.py, kernel_choice/config_checks.py):
+the errors resolve_run gives, from modules the launcher imports before torch."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from kenotron.config import ConfigError, load_config
 from kenotron.kernel_choice.target import Target
 from kenotron.runtime.degrees import layout_degrees
-from kenotron.runtime.preflight import resolve_degrees, resolve_model
+from kenotron.runtime.preflight import preflight, resolve_degrees, resolve_model
 from kenotron.train.resolve import resolve_run
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -66,7 +66,7 @@ def test_the_model_shape_checks_of_every_kind_of_family_import_no_torch():
     code = f"""
 import sys
 from kenotron.config import ConfigError, load_config
-from kenotron.runtime.preflight import resolve_degrees, resolve_model
+from kenotron.runtime.preflight import preflight, resolve_degrees, resolve_model
 for name, overrides, world, _ in {SHAPE_ERRORS!r}:
     cfg = load_config(name.removesuffix(".toml"), overrides)
     try:
@@ -83,3 +83,61 @@ print("torch imported" if "torch" in sys.modules else "torch not imported")
     assert lines[-1:] == ["torch not imported"], proc.stdout + proc.stderr[-2000:]
     for (*_, expected), error in zip(SHAPE_ERRORS, lines[:-1], strict=True):
         assert expected in error
+
+
+# Each family of kernel-choice errors, as the launcher meets them before torch:
+# (config, overrides, world size, target as (device type, cuda major, triton), error).
+KERNEL_ERRORS = [
+    ("debug.toml", ["--tuning.loss", "fused", "--parallelism.tp", "2"], 2, ("cpu", 0, False),
+     "tuning.loss='fused' does not combine with tensor parallel"),
+    ("mamba2_debug.toml", ["--parallelism.cp", "2"], 2, ("cpu", 0, False),
+     "parallelism.cp=2 is not supported by model.name='mamba2'"),
+    ("debug.toml", ["--parallelism.cp", "2", "--tuning.cp_attention", "torch"], 2, ("cpu", 0, False),
+     "tuning.cp_attention='torch' needs CUDA"),
+    ("debug.toml", ["--model.attention_backend", "cudnn"], 1, ("cpu", 0, False),
+     "model.attention_backend='cudnn' is a CUDA kernel and this run is on cpu"),
+    ("debug.toml", ["--model.attention_backend", "flash_attn"], 1, ("cpu", 0, False),
+     "model.attention_backend='flash_attn' needs CUDA (flash-attn has no CPU kernel)"),
+    ("debug.toml", ["--tuning.eager_kernels", "triton"], 1, ("cuda", 9, False),
+     "tuning.eager_kernels='triton' needs the triton package"),
+    ("debug.toml", ["--training.param_dtype", "bfloat16", "--tuning.mixed_precision", "master_weights"], 2,
+     ("cuda", 9, True), "tuning.mixed_precision='master_weights' runs on one device"),
+]
+
+
+def test_the_kernel_choice_errors_of_every_kind_come_before_torch_is_imported():
+    """The launcher's torch-free round (preflight) refuses what the kernel choices cannot run,
+    for the machine it describes; flash-attn counts as installed (a module in sys.modules), so
+    that its refusal on a CPU is the one reached."""
+    code = f"""
+import sys, types
+sys.modules["flash_attn"] = types.ModuleType("flash_attn")
+from kenotron.config import ConfigError, load_config
+from kenotron.kernel_choice.target import Target
+from kenotron.runtime.preflight import preflight
+for name, overrides, world, target, _ in {KERNEL_ERRORS!r}:
+    try:
+        preflight(load_config(name.removesuffix(".toml"), overrides), world, Target(*target))
+        print("no error")
+    except ConfigError as e:
+        print(e)
+print("torch imported" if "torch" in sys.modules else "torch not imported")
+"""
+    proc = subprocess.run([sys.executable, "-c", code], check=False, cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    lines = proc.stdout.strip().splitlines()
+    assert lines[-1:] == ["torch not imported"], proc.stdout + proc.stderr[-2000:]
+    for (*_, expected), error in zip(KERNEL_ERRORS, lines[:-1], strict=True):
+        assert expected in error
+
+
+@pytest.mark.parametrize("case", [KERNEL_ERRORS[0], KERNEL_ERRORS[1], KERNEL_ERRORS[5]], ids=["fused-tp", "cp-mamba2",
+                                                                                            "triton-missing"])
+def test_the_kernel_choice_errors_before_torch_are_resolve_runs(case):
+    name, overrides, world, target, message = case
+    cfg = load_config(name.removesuffix(".toml"), overrides)
+    with pytest.raises(ConfigError, match=message) as early:
+        preflight(cfg, world, Target(*target))
+    with pytest.raises(ConfigError) as full:
+        resolve_run(cfg, world, Target(*target))
+    assert str(early.value) == str(full.value)
