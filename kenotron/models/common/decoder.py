@@ -27,7 +27,7 @@ from kenotron.models.common.init import (
 )
 from kenotron.models.common.kv_cache import KVCache, LayerKVCache
 from kenotron.models.common.parametrization import Fans, spectral_init_specs
-from kenotron.models.common.rope import RopeScaling, rope_cos_sin
+from kenotron.models.common.rope import RopeScaling, YarnScaling, rope_cos_sin
 from kenotron.models.common.router import TopKRouter
 
 
@@ -98,7 +98,7 @@ class CausalLM(nn.Module):
         block: type[nn.Module],
         norm: nn.Module,
         *,
-        rope_scaling: RopeScaling | None = None,
+        rope_scaling: RopeScaling | YarnScaling | None = None,
         sliding_window: int | None = None,
     ) -> None:
         """`block(layer_id, args)` builds block i; `norm` is the final norm; `sliding_window`

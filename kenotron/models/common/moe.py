@@ -53,6 +53,12 @@ class MoEArgs:
     """Hidden width of the shared expert every token also goes through (shared_expert_intermediate_size); 0: none."""
     shared_gate: bool = False
     """Scale the shared expert's output by sigmoid(a linear map of the input) (Qwen2-MoE's shared_expert_gate)."""
+    n_groups: int = 1
+    """Expert groups of group-limited routing (n_group); 1: none."""
+    topk_groups: int = 1
+    """Groups a token's experts are chosen among (topk_group)."""
+    aux_per_sequence: bool = False
+    """moe.aux_loss_coef weighs DeepSeek-V3's sequence-wise balance loss instead of the micro-batch's."""
 
 
 class TokenDispatcher(Protocol):
@@ -85,7 +91,8 @@ class MoE(nn.Module):
     def __init__(self, dim: int, args: MoEArgs) -> None:
         super().__init__()
         self.args = args
-        self.router = TopKRouter(dim, args.n_experts, args.top_k, args.score_func, args.norm_topk, args.route_scale)
+        self.router = TopKRouter(dim, args.n_experts, args.top_k, args.score_func, args.norm_topk, args.route_scale,
+                                 args.n_groups, args.topk_groups, args.aux_per_sequence)
         self.experts = GroupedExperts(dim, args.ffn_dim, args.n_experts)
         self.shared_experts = SwiGLU(dim, args.shared_ffn_dim) if args.shared_ffn_dim else None
         self.shared_gate = nn.Linear(dim, 1, bias=False) if args.shared_gate else None
@@ -99,7 +106,7 @@ class MoE(nn.Module):
         shape = x.shape
         x = x.reshape(-1, shape[-1])
         r = self.router(x)
-        term = self.router.balance_term(r)
+        term = self.router.balance_term(r, shape[0] if len(shape) == 3 else 1)
         out = self.dispatcher(x, r, self.experts)
         if self.shared_experts is not None:
             shared = self.shared_experts(x)
