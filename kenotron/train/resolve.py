@@ -30,6 +30,7 @@ from kenotron.parallel.pipeline import PipelineSplit, build_pipeline_split, chec
 from kenotron.parallel.plan import Plan, layout_for
 from kenotron.runtime.preflight import resolve_degrees, resolve_model
 from kenotron.train.doremi_checks import check_doremi
+from kenotron.train.mtp_checks import check_multi_token_prediction
 
 
 @dataclass(frozen=True)
@@ -156,6 +157,7 @@ def resolve_layout(cfg: JobConfig, world_size: int, spec: ModelSpec, args: Any, 
     plan.settings.cp_attention = cp_attention_kind(plan.settings.cp_attention, target.device_type)
     plan.settings.check(plan.layout.count_blocks(meta_model), dims.degrees())
     check_context_parallel(cfg, dims, spec, meta_model, target)
+    check_multi_token_prediction(args, dims.pp, dims.cp)
     if dims.pp > 1:
         check_compile(p.pp_schedule, cfg.compile.enable)
         plan.pipeline = build_pipeline_split_from_config(meta_model, cfg, dims.pp, spec.blocks)

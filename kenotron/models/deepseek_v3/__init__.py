@@ -6,9 +6,10 @@ from typing import Any
 
 from kenotron.errors import ConfigError
 from kenotron.models.args import check_decoder_args
+from kenotron.models.deepseek_v3.block import DeepSeekV3Args
 from kenotron.models.deepseek_v3.flavors import DEEPSEEK_V3_FLAVORS
 from kenotron.models.deepseek_v3.hf import DEEPSEEK_V3_HF_ADAPTER
-from kenotron.models.deepseek_v3.model import DeepSeekV3, DeepSeekV3Args
+from kenotron.models.deepseek_v3.model import DeepSeekV3
 from kenotron.models.deepseek_v3.parallel_hints import DEEPSEEK_V3_TP_STYLES, EXPERTS, MOE_MODULES
 from kenotron.models.spec import ModelSpec
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from kenotron.models.common.moe import MoEArgs
 from kenotron.models.common.rope import YarnScaling
-from kenotron.models.deepseek_v3.model import DeepSeekV3Args
+from kenotron.models.deepseek_v3.block import DeepSeekV3Args
 
 DEEPSEEK_V3_FLAVORS: dict[str, DeepSeekV3Args] = {
     "debug": DeepSeekV3Args(

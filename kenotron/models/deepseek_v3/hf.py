@@ -6,7 +6,8 @@ head) and of wkv_a (the shared key) are reordered on conversion (models/common/l
 `deinterleave_rows`). The router's bias is HF's `e_score_correction_bias` and converts both
 ways. Experts are stored per expert on the hub and stacked here, as in the other MoE families.
 transformers' class always routes by sigmoid scores: a softmax-routed flavor (`16B`) has no HF form.
-The multi-token-prediction modules (`mtp.K.*`) are HF's `model.layers.{n_layers + K}.*`.
+The multi-token-prediction modules are blocks n_layers.. on both sides (HF's checkpoints also
+hold a copy of the embedding and the output head in each: skipped on import, not written).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import torch
 from kenotron.models.common.latent_attention import deinterleave_rows
 from kenotron.models.common.moe import MoEArgs
 from kenotron.models.common.rope import YarnScaling
-from kenotron.models.deepseek_v3.model import DeepSeekV3Args
+from kenotron.models.deepseek_v3.block import DeepSeekV3Args
 from kenotron.models.hf_adapter import HFAdapter, HFConversionError, require
 from kenotron.models.llama3.hf import LLAMA_TOP_KEYS
 from kenotron.models.qwen3_moe.hf import SWIGLU_EXPERT_KEYS
@@ -45,6 +46,14 @@ FFN_KEYS = {
     "feed_forward.shared_experts.w3.weight": "mlp.shared_experts.up_proj.weight",
     "feed_forward.shared_experts.w2.weight": "mlp.shared_experts.down_proj.weight",
 }
+
+MTP_KEYS = {
+    "enorm.weight": "enorm.weight",
+    "hnorm.weight": "hnorm.weight",
+    "eh_proj.weight": "eh_proj.weight",
+    "head_norm.weight": "shared_head.norm.weight",
+}
+"""An MTP module's own parts (it is block n_layers + k - 1 on both sides; its block's keys are the others)."""
 
 
 def _query_rows(weight: torch.Tensor, args: DeepSeekV3Args, to_hf: bool) -> torch.Tensor:
@@ -151,12 +160,13 @@ DEEPSEEK_V3_HF_ADAPTER = HFAdapter(
     architecture="DeepseekV3ForCausalLM",
     model_type="deepseek_v3",
     top_keys=LLAMA_TOP_KEYS,
-    layer_keys={**ATTENTION_KEYS, **FFN_KEYS},
+    layer_keys={**ATTENTION_KEYS, **FFN_KEYS, **MTP_KEYS},
     args_from_config=deepseek_v3_args_from_hf_config,
     config_from_args=hf_config_from_deepseek_v3_args,
     expert_keys=SWIGLU_EXPERT_KEYS,
     reorder={"attention.wq.weight": _query_rows, "attention.wq_b.weight": _query_rows,
              "attention.wkv_a.weight": _latent_rows},
     check_export=check_deepseek_v3_export,
+    copied_layer_keys=("embed_tokens.weight", "shared_head.head.weight"),
 )
 

@@ -1,148 +1,82 @@
 """DeepSeek-V3 (and Moonlight, Kimi K2): multi-head latent attention, a few dense blocks first, then
-mixture-of-experts blocks with shared experts and sigmoid, group-limited routing, and optional
-multi-token-prediction modules (mtp.py).
-
-Block i holds `attention` (models/common/latent_attention.py) and either `mlp` (a dense SwiGLU,
-blocks below `n_dense_layers`) or `feed_forward` (the MoE layer, models/common/moe.py): the MoE
-layers keep the name every MoE family's plans use, the dense ones get their own.
+mixture-of-experts blocks with shared experts and sigmoid, group-limited routing (block.py), and
+optional multi-token-prediction modules after the main blocks (mtp.py).
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
-
 import torch
-from torch import nn
 from torch.nn.attention.flex_attention import BlockMask
 
 from kenotron.models.common.decoder import CausalLM
-from kenotron.models.common.init import InitSpec, prefixed
-from kenotron.models.common.latent_attention import LatentAttention, LatentCache, LatentShape
-from kenotron.models.common.mlp import SwiGLU
-from kenotron.models.common.moe import MoE, MoEArgs
+from kenotron.models.common.kv_cache import KVCache
+from kenotron.models.common.latent_attention import LatentCache
 from kenotron.models.common.norms import RMSNorm
-from kenotron.models.common.rope import YarnScaling, softmax_scale_factor
+from kenotron.models.common.router import attach_loss
+from kenotron.models.deepseek_v3.block import DeepSeekV3Args, DeepSeekV3Block
+from kenotron.models.deepseek_v3.mtp import MTPBlock, MTPLoss
 
 
-def _v3_moe() -> MoEArgs:
-    return MoEArgs(n_experts=256, top_k=8, ffn_dim=2048, score_func="sigmoid", norm_topk=True, route_scale=2.5,
-                   shared_ffn_dim=2048, n_groups=8, topk_groups=4)
-
-
-@dataclass(frozen=True)
-class DeepSeekV3Args:
-    """Dimensions of a DeepSeek-V3-class model (HF names in brackets)."""
-
-    dim: int = 7168
-    """Width of the residual stream (hidden_size)."""
-    n_layers: int = 61
-    """Transformer blocks (num_hidden_layers), the dense ones included."""
-    n_heads: int = 128
-    """Attention heads (num_attention_heads)."""
-    q_rank: int = 1536
-    """Rank of the query's low-rank projection (q_lora_rank); 0: a full-rank query projection."""
-    kv_rank: int = 512
-    """Rank of the key/value latent (kv_lora_rank), what the generation cache holds per token."""
-    nope_dim: int = 128
-    """Per-head query/key size without RoPE (qk_nope_head_dim)."""
-    rope_dim: int = 64
-    """Per-head query/key size with RoPE (qk_rope_head_dim); the key's part is shared by the heads."""
-    v_dim: int = 128
-    """Per-head value size (v_head_dim)."""
-    ffn_dim: int = 18432
-    """Hidden width of the dense blocks' SwiGLU (intermediate_size)."""
-    n_dense_layers: int = 3
-    """Leading blocks with a dense SwiGLU instead of experts (first_k_dense_replace)."""
-    moe: MoEArgs = field(default_factory=_v3_moe)
-    """The MoE blocks' experts and routing (n_routed_experts, num_experts_per_tok, moe_intermediate_size,
-    routed_scaling_factor, n_group, topk_group; shared_ffn_dim = n_shared_experts x moe_intermediate_size)."""
-    vocab_size: int = 129280
-    """Embedding rows (vocab_size)."""
-    norm_eps: float = 1e-6
-    """Epsilon of every RMSNorm, the latent norms included (rms_norm_eps)."""
-    rope_theta: float = 10000.0
-    """RoPE base (rope_theta)."""
-    rope_scaling: YarnScaling | None = None
-    """YaRN scaling of the RoPE frequencies and of the softmax (rope_scaling with type yarn); None: plain."""
-    rope_interleave: bool = True
-    """Whether the HF checkpoint's RoPE rows are interleaved pairs (rope_interleave); kenotron
-    computes in halves either way and reorders those rows on conversion."""
-    tie_embeddings: bool = False
-    """Share the input embedding with the output projection (tie_word_embeddings)."""
-    max_seq_len: int = 4096
-    """Length of the RoPE tables; the trainer sets it to training.seq_len."""
-    mtp_depth: int = 0
-    """Multi-token-prediction modules (num_nextn_predict_layers): module k predicts token t+k+1; 0: off."""
-
-    @property
-    def head_dim(self) -> int:
-        """The RoPE tables' width: the rotated part of each head."""
-        return self.rope_dim
-
-    @property
-    def n_kv_heads(self) -> int:
-        """Every head has its own keys and values (expanded from the shared latent)."""
-        return self.n_heads
-
-    @property
-    def latent_shape(self) -> LatentShape:
-        return LatentShape(self.n_heads, self.q_rank, self.kv_rank, self.nope_dim, self.rope_dim, self.v_dim,
-                           self.norm_eps)
-
-
-class DeepSeekV3Block(nn.Module):
-    """x + attention(attention_norm(x)), then h + mlp-or-moe(ffn_norm(h)); see the module docstring."""
-
-    def __init__(self, layer_id: int, args: DeepSeekV3Args, *, moe: bool | None = None) -> None:
-        """`moe`: whether the block has experts (None: as its position says)."""
-        super().__init__()
-        self.layer_id = layer_id
-        self.attention_norm = RMSNorm(args.dim, args.norm_eps)
-        self.attention = LatentAttention(args.dim, args.latent_shape, softmax_scale_factor(args.rope_scaling))
-        self.ffn_norm = RMSNorm(args.dim, args.norm_eps)
-        if moe if moe is not None else layer_id >= args.n_dense_layers:
-            self.feed_forward = MoE(args.dim, args.moe)
-        else:
-            self.mlp = SwiGLU(args.dim, args.ffn_dim)
-        self.out_std = 0.02 / math.sqrt(2 * (layer_id + 1))
-
-    @property
-    def ffn(self) -> nn.Module:
-        return self.feed_forward if hasattr(self, "feed_forward") else self.mlp
-
-    def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, attn_mask: torch.Tensor | None = None,
-        kv_cache=None, block_mask: BlockMask | None = None,
-    ) -> torch.Tensor:
-        # (x, cos, sin) positional, the rest by keyword (see DecoderBlock.forward).
-        if block_mask is not None:
-            h = x + self.attention(self.attention_norm(x), cos, sin, block_mask=block_mask)
-        elif attn_mask is None and kv_cache is None:
-            h = x + self.attention(self.attention_norm(x), cos, sin)
-        else:
-            h = x + self.attention(self.attention_norm(x), cos, sin, attn_mask=attn_mask, kv_cache=kv_cache)
-        return h + self.ffn(self.ffn_norm(h))
-
-    def param_init_specs(self) -> dict[str, InitSpec]:
-        name = "feed_forward" if hasattr(self, "feed_forward") else "mlp"
-        return {
-            **prefixed("attention_norm", self.attention_norm.param_init_specs()),
-            **prefixed("ffn_norm", self.ffn_norm.param_init_specs()),
-            **prefixed("attention", self.attention.param_init_specs(0.02, self.out_std)),
-            **prefixed(name, self.ffn.param_init_specs(0.02, self.out_std)),
-        }
+def _block(layer_id: int, args: DeepSeekV3Args) -> DeepSeekV3Block:
+    return MTPBlock(layer_id, args) if layer_id >= args.n_layers else DeepSeekV3Block(layer_id, args)
 
 
 class DeepSeekV3(CausalLM):
-    """tokens (batch, seq) -> logits (batch, seq, vocab); see CausalLM. With `mtp_depth`, the
-    multi-token-prediction modules (`mtp`) run from the trainer's loss (mtp.py), not here."""
+    """tokens (batch, seq) -> logits (batch, seq, vocab); see CausalLM. `layers` holds the
+    n_layers main blocks, then the mtp_depth MTP modules, which run in training only."""
 
     def __init__(self, args: DeepSeekV3Args) -> None:
-        super().__init__(args, DeepSeekV3Block, RMSNorm(args.dim, args.norm_eps), rope_scaling=args.rope_scaling)
+        super().__init__(args, _block, RMSNorm(args.dim, args.norm_eps), rope_scaling=args.rope_scaling)
+        for k in range(args.mtp_depth):
+            self.layers[str(args.n_layers + k)] = _block(args.n_layers + k, args)
+        self.mtp = MTPLoss(args.mtp_depth) if args.mtp_depth else None
+
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        *,
+        kv_cache: KVCache | None = None,
+        token_mask: torch.Tensor | None = None,
+        block_mask: BlockMask | None = None,
+        logits: bool = True,
+    ) -> torch.Tensor:
+        """As CausalLM.forward; in training (grad enabled) the MTP modules this model (or pipeline
+        stage) holds add their loss to backward through the output."""
+        cos, sin, attn_mask = self._prepare(tokens, positions, kv_cache, token_mask, block_mask)
+        h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
+        mtp_blocks = []
+        for name, layer in self.layers.items():
+            if isinstance(layer, MTPBlock):
+                mtp_blocks.append(layer)
+            else:
+                h = self._attention_layer(layer, int(name), h, cos, sin, attn_mask, kv_cache, block_mask)
+        out = self._finish(h, kv_cache, tokens.shape[1], logits)
+        if mtp_blocks and self.training and torch.is_grad_enabled() and kv_cache is None:
+            out = attach_loss(out, self._mtp_term(mtp_blocks, tokens, h, cos, sin, block_mask))
+        return out
+
+    def _mtp_term(self, blocks: list[MTPBlock], tokens: torch.Tensor, h: torch.Tensor, cos: torch.Tensor,
+                  sin: torch.Tensor, block_mask: BlockMask | None) -> torch.Tensor:
+        """The MTP modules' weighted losses (mtp.py), from the main blocks' last hidden states `h`."""
+        if self.tok_embeddings is None or self.output is None or tokens.is_floating_point():
+            raise RuntimeError("the MTP modules need the token ids, the embedding and the output head on their "
+                               "pipeline stage; they run on a model or stage holding all three")
+        attention = {"block_mask": block_mask} if block_mask is not None else {}
+        total = h.new_zeros((), dtype=torch.float32)
+        for k, block in enumerate(blocks, start=1):
+            h = block.predict(self.tok_embeddings(torch.roll(tokens, -k, dims=1)), h, cos, sin, **attention)
+            total = total + self.mtp.term(k, self.output(block.head_norm(h)), tokens)
+        return total
+
+    def init_buffers(self, device: torch.device | str | None = None) -> None:
+        """CausalLM's, and the MTP statistics zeroed."""
+        super().init_buffers(device)
+        if self.mtp is not None:
+            self.mtp.reset()
 
     def new_cache(self, batch: int, max_len: int, *, dtype: torch.dtype = torch.float32,
                   device: torch.device | str | None = None) -> LatentCache:
-        """An empty generation cache holding each token's latent and RoPE key per layer."""
+        """An empty generation cache holding each token's latent and RoPE key per main block."""
         args = self.args
-        return LatentCache(len(self.layers), batch, max_len, args.kv_rank, args.rope_dim, dtype=dtype, device=device)
+        return LatentCache(args.n_layers, batch, max_len, args.kv_rank, args.rope_dim, dtype=dtype, device=device)
