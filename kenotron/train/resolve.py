@@ -129,7 +129,7 @@ def resolve_run(cfg: JobConfig, world_size: int, target: Target | None = None, c
                           f"{spec.no_document_masking}; set data.document_masking=false")
     with torch.device("meta"):
         meta_model = spec.build(args)
-    layout_for(spec).check(meta_model)  # the family's layout fits its model whatever the parallel layout
+    layout_for(spec, args).check(meta_model)  # the family's layout fits its model whatever the parallel layout
     check_parametrization(cfg, args, meta_model)
     if cfg.doremi.reference:
         check_doremi(cfg, spec, args)

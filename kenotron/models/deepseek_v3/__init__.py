@@ -10,7 +10,12 @@ from kenotron.models.deepseek_v3.block import DeepSeekV3Args
 from kenotron.models.deepseek_v3.flavors import DEEPSEEK_V3_FLAVORS
 from kenotron.models.deepseek_v3.hf import DEEPSEEK_V3_HF_ADAPTER
 from kenotron.models.deepseek_v3.model import DeepSeekV3
-from kenotron.models.deepseek_v3.parallel_hints import DEEPSEEK_V3_TP_STYLES, EXPERTS, MOE_MODULES
+from kenotron.models.deepseek_v3.parallel_hints import (
+    DEEPSEEK_V3_TP_STYLES,
+    EXPERTS,
+    MOE_MODULES,
+    deepseek_v3_tp_styles,
+)
 from kenotron.models.spec import ModelSpec
 
 
@@ -46,6 +51,7 @@ DEEPSEEK_V3_SPEC = ModelSpec(
     flavors=DEEPSEEK_V3_FLAVORS,
     hf_adapter=DEEPSEEK_V3_HF_ADAPTER,
     tp_styles=DEEPSEEK_V3_TP_STYLES,
+    tp_styles_for=deepseek_v3_tp_styles,
     moe_modules=MOE_MODULES,
     experts=EXPERTS,
     tp_divisors=deepseek_v3_tp_divisors,

@@ -6,6 +6,7 @@ optional multi-token-prediction modules after the main blocks (mtp.py).
 from __future__ import annotations
 
 import torch
+from torch import nn
 from torch.nn.attention.flex_attention import BlockMask
 
 from kenotron.models.common.decoder import CausalLM
@@ -45,18 +46,18 @@ class DeepSeekV3(CausalLM):
         stage) holds add their loss to backward through the output."""
         cos, sin, attn_mask = self._prepare(tokens, positions, kv_cache, token_mask, block_mask)
         h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
-        mtp_blocks = []
+        mtp_blocks = []  # blocks n_layers.. (a plan may have wrapped them: told by their index)
         for name, layer in self.layers.items():
-            if isinstance(layer, MTPBlock):
+            if int(name) >= self.args.n_layers:
                 mtp_blocks.append(layer)
             else:
                 h = self._attention_layer(layer, int(name), h, cos, sin, attn_mask, kv_cache, block_mask)
-        out = self._finish(h, kv_cache, tokens.shape[1], logits)
         if mtp_blocks and self.training and torch.is_grad_enabled() and kv_cache is None:
-            out = attach_loss(out, self._mtp_term(mtp_blocks, tokens, h, cos, sin, block_mask))
-        return out
+            # Attached to the hidden states, a plain tensor (the logits may be a DTensor under loss parallel).
+            h = attach_loss(h, self._mtp_term(mtp_blocks, tokens, h, cos, sin, block_mask))
+        return self._finish(h, kv_cache, tokens.shape[1], logits)
 
-    def _mtp_term(self, blocks: list[MTPBlock], tokens: torch.Tensor, h: torch.Tensor, cos: torch.Tensor,
+    def _mtp_term(self, blocks: list[nn.Module], tokens: torch.Tensor, h: torch.Tensor, cos: torch.Tensor,
                   sin: torch.Tensor, block_mask: BlockMask | None) -> torch.Tensor:
         """The MTP modules' weighted losses (mtp.py), from the main blocks' last hidden states `h`."""
         if self.tok_embeddings is None or self.output is None or tokens.is_floating_point():
@@ -65,8 +66,8 @@ class DeepSeekV3(CausalLM):
         attention = {"block_mask": block_mask} if block_mask is not None else {}
         total = h.new_zeros((), dtype=torch.float32)
         for k, block in enumerate(blocks, start=1):
-            h = block.predict(self.tok_embeddings(torch.roll(tokens, -k, dims=1)), h, cos, sin, **attention)
-            total = total + self.mtp.term(k, self.output(block.head_norm(h)), tokens)
+            h, normed = block(self.tok_embeddings(torch.roll(tokens, -k, dims=1)), h, cos, sin, **attention)
+            total = total + self.mtp.term(k, self.output(normed), tokens)
         return total
 
     def init_buffers(self, device: torch.device | str | None = None) -> None:

@@ -45,11 +45,17 @@ class MTPBlock(DeepSeekV3Block):
         self.head_norm = RMSNorm(args.dim, args.norm_eps)
         self.out_std = 0.02 / math.sqrt(2 * (args.n_layers + 1))
 
-    def predict(self, embedded: torch.Tensor, previous: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                **attention: object) -> torch.Tensor:
-        """h_k from the embeddings of the shifted tokens and h_{k-1} (both (batch, seq, dim))."""
-        x = self.eh_proj(torch.cat([self.enorm(embedded), self.hnorm(previous)], dim=-1))
-        return super().forward(x, cos, sin, **attention)
+    def forward(  # type: ignore[override]
+        self, embedded: torch.Tensor, previous: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+        **attention: object,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(h_k, head_norm(h_k)) from the embeddings of the shifted tokens and h_{k-1} (both (batch,
+        seq, dim)). Called as the module (not a method) so FSDP's and checkpointing's hooks run."""
+        # Local tensors, as the residual stream is (under sequence parallel these parts output
+        # sequence-sharded DTensors).
+        x = local_tensor(self.eh_proj(torch.cat([self.enorm(embedded), self.hnorm(previous)], dim=-1)))
+        h = super().forward(x, cos, sin, **attention)
+        return h, self.head_norm(h)
 
     def param_init_specs(self) -> dict[str, InitSpec]:
         return {
