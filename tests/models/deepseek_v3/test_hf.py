@@ -131,3 +131,18 @@ def test_greedy_generation_with_the_latent_cache_equals_without():
     cached = generate(model, prompts, max_new_tokens=5)
     assert cached == generate(model, prompts, max_new_tokens=5, use_cache=False)
     assert all(len(row) == 5 for row in cached)
+
+
+def test_mtp_modules_convert_as_hf_layers_after_the_main_ones_both_ways():
+    args = dataclasses.replace(SMALL, mtp_depth=1)
+    model = random_kenotron_model(SPEC, args)
+    hf = SPEC.hf_adapter.to_hf(model.state_dict(), args)
+    for key in ("enorm.weight", "hnorm.weight", "eh_proj.weight", "shared_head.norm.weight",
+                "self_attn.kv_a_proj_with_mqa.weight", "mlp.gate.e_score_correction_bias", "mlp.experts.7.down_proj.weight"):
+        assert f"model.layers.3.{key}" in hf, key
+    # Published checkpoints also hold copies of the embedding and the head in each MTP layer.
+    hub = {**hf, "model.layers.3.embed_tokens.weight": hf["model.embed_tokens.weight"],
+           "model.layers.3.shared_head.head.weight": hf["lm_head.weight"]}
+    back = SPEC.hf_adapter.from_hf(hub, args)
+    assert set(back) == set(model.state_dict())
+    assert all(torch.equal(back[k], v) for k, v in model.state_dict().items())
