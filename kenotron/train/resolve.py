@@ -25,6 +25,7 @@ from kenotron.kernel_choice.target import Target
 from kenotron.models import ModelSpec
 from kenotron.models.common.parametrization import matrix_fans
 from kenotron.parallel.context.apply import cp_attention_kind
+from kenotron.parallel.float8 import check_float8_experts
 from kenotron.parallel.parallel_settings import ParallelSettings
 from kenotron.parallel.pipeline import PipelineSplit, build_pipeline_split, check_compile
 from kenotron.parallel.plan import Plan, layout_for
@@ -162,4 +163,5 @@ def resolve_layout(cfg: JobConfig, world_size: int, spec: ModelSpec, args: Any, 
         check_compile(p.pp_schedule, cfg.compile.enable)
         plan.pipeline = build_pipeline_split_from_config(meta_model, cfg, dims.pp, spec.blocks)
     choices = resolve_choices(cfg, dims, target, meta_model, accum)
+    check_float8_experts(cfg.float8.enable, cfg.float8.experts, choices.expert_kernel, spec.is_moe)
     return ResolvedRun(cfg, dims, spec, args, plan, global_batch, accum, choices, tokenizer)

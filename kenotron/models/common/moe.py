@@ -72,6 +72,8 @@ def expert_alignment(experts: GroupedExperts, x: torch.Tensor) -> int:
     """Rows per group the experts' kernel needs (grouped GEMM: 16 bytes of the compute dtype)."""
     if experts.kernel != "grouped_mm":
         return 1
+    if experts.row_alignment:
+        return experts.row_alignment
     dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
     return grouped_mm_alignment(dtype)
 
