@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from kenotron.errors import ConfigError
+from kenotron.models.common.experts import GroupedExperts
 
 FLOAT8_RECIPES = ("tensorwise", "rowwise")
 logger = logging.getLogger("kenotron")
@@ -104,8 +105,6 @@ def float8_grouped_mm(x: torch.Tensor, w_t: torch.Tensor, offsets: torch.Tensor)
 def convert_experts_to_float8(model: nn.Module) -> int:
     """Route every GroupedExperts of `model` through `float8_grouped_mm`; returns how many. Raises
     ValueError naming the fix when the experts' kernel or sizes cannot run it."""
-    from kenotron.models.common.experts import GroupedExperts
-
     converted = 0
     for name, experts in model.named_modules():
         if not isinstance(experts, GroupedExperts):

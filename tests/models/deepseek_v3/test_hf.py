@@ -77,6 +77,7 @@ def test_parameter_count_equals_transformers_for_the_published_671b_and_moonligh
         args = dataclasses.replace(SPEC.model_args(flavor, max_seq_len=4096), mtp_depth=0)
         assert kenotron_param_count(args) == hf_param_count(args), flavor
     assert round(kenotron_param_count(dataclasses.replace(SPEC.flavors["671B"], mtp_depth=0)) / 1e9) == 671
+    assert round(kenotron_param_count(SPEC.flavors["16B"]) / 1e9, 1) == 15.7  # DeepSeek-V2-Lite's, torchtitan's 16B
 
 
 @pytest.mark.parametrize("flavor", sorted(PUBLISHED))
@@ -90,19 +91,21 @@ def test_config_round_trip_keeps_every_field():
         assert SPEC.hf_adapter.args_from_hf_config(SPEC.hf_adapter.hf_config_from_args(args)) == args
 
 
-def test_logits_equal_transformers_both_ways_through_the_hub_layout(tmp_path):
+@pytest.mark.parametrize("q_rank", [32, 0])
+def test_logits_equal_transformers_both_ways_through_the_hub_layout(q_rank, tmp_path):
     transformers = pytest.importorskip("transformers")
-    tokens = torch.randint(0, SMALL.vocab_size, (2, 24), generator=torch.Generator().manual_seed(0))
-    ours = random_kenotron_model(SPEC, SMALL)
+    args = dataclasses.replace(SMALL, q_rank=q_rank)
+    tokens = torch.randint(0, args.vocab_size, (2, 24), generator=torch.Generator().manual_seed(0))
+    ours = random_kenotron_model(SPEC, args)
     with torch.no_grad():  # a trained router bias: HF has it, so it converts
         for layer in ("1", "2"):
             ours.layers[layer].feed_forward.router.expert_bias.copy_(torch.randn(8) * 0.1)
-    save_hf(ours, tmp_path / "ours", spec=SPEC, args=SMALL)
+    save_hf(ours, tmp_path / "ours", spec=SPEC, args=args)
     theirs = transformers.DeepseekV3ForCausalLM.from_pretrained(tmp_path / "ours", attn_implementation="eager").eval()
     with torch.no_grad():
         assert (ours(tokens) - theirs(input_ids=tokens).logits).abs().max() < 1e-4
 
-    theirs = random_hf_model(SPEC, SMALL, seed=1)
+    theirs = random_hf_model(SPEC, args, seed=1)
     theirs.save_pretrained(tmp_path / "theirs")  # per-expert keys, as on the hub
     back = load_hf_model(tmp_path / "theirs", max_seq_len=64)
     with torch.no_grad():
