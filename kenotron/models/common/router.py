@@ -18,8 +18,8 @@ Load balancing (weights set by the trainer's step, train/expert_balance.py):
   the whole micro-batch. Per layer; the step averages the layers.
   Sequence-wise (DeepSeek-V3's complementary loss, `per_sequence`): the same sum per sequence,
   (E / k) * sum_e f_e * P_e with f_e the sequence's share of copies routed to e (summing to k),
-  averaged over the sequences; a sequence is what this rank holds of it (its statistics are not
-  reduced over ranks: under context or sequence parallel, each rank's slice counts as one).
+  averaged over the sequences; a sequence's statistics are summed over the ranks holding parts
+  of it (context parallel, and tensor parallel's sequence shards) before its loss is taken.
 - router z-loss (ST-MoE): the mean over tokens of logsumexp(logits)^2.
 - auxiliary-loss-free balancing (DeepSeek-V3): `expert_bias`, a persistent buffer added to the
   scores for the choice only, moved after each optimizer step by bias_update_rate *
@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed._functional_collectives import all_reduce
 
@@ -72,6 +73,8 @@ class BalanceWeights:
     """Process group of the ranks holding the other tokens of a micro-batch (None: this rank alone)."""
     group_size: int = 1
     """Ranks in `group`."""
+    sequence_ranks: int = 1
+    """Consecutive ranks of `group` that hold parts of the same sequences (context x tensor parallel)."""
 
 
 def _in_recomputation() -> bool:
@@ -162,15 +165,26 @@ class TopKRouter(nn.Module):
         return grouped.masked_fill(~keep[..., None], float("-inf")).view_as(choice)
 
     def _sequence_aux(self, r: RouterOutput, sequences: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(the micro-batch's sum over its local sequences of the sequence-wise loss, the same
-        detached), each sequence's statistics over this rank's tokens of it."""
-        k, e = self.top_k, self.n_experts
+        """(this rank's share of the micro-batch's sum over sequences of the sequence-wise loss,
+        the mean over this rank's sequences of that loss, detached). A sequence's counts and
+        scores are summed over the ranks holding parts of it (`balance.sequence_ranks` consecutive
+        ranks of the group) before its loss is taken; each rank back-propagates its tokens' scores."""
+        k, e, w = self.top_k, self.n_experts, self.balance
         ids = r.experts.view(sequences, -1)
         counts = torch.zeros(sequences, e, device=ids.device).scatter_add_(1, ids, torch.ones_like(ids, dtype=torch.float32))
-        per_token = ids.shape[1] // k
-        probs = r.probs.view(sequences, per_token, e).mean(1)
-        losses = (e / k) * ((counts / per_token) * probs).sum(-1)
-        return losses.sum(), losses.detach().sum()
+        probs_sum = r.probs.view(sequences, -1, e).sum(1)
+        stats = torch.cat([counts, probs_sum.detach(), counts.new_full((sequences, 1), ids.shape[1] // k)], 1)
+        if w.group is not None and w.sequence_ranks > 1:
+            # Every holder of other sequences (a data-parallel rank) gets its own rows, so the sum
+            # adds up only the parts of the same sequence.
+            slots, slot = w.group_size // w.sequence_ranks, dist.get_rank(w.group) // w.sequence_ranks
+            table = stats.new_zeros(slots, *stats.shape)
+            table[slot] = stats
+            stats = all_reduce(table, "sum", w.group)[slot]
+        counts, probs, tokens = stats[:, :e], stats[:, e:2 * e], stats[:, 2 * e:]
+        share = (e / k) * counts / tokens
+        local = (share * probs_sum / tokens).sum()
+        return local, (share * probs / tokens).sum(-1).mean()
 
     def balance_term(self, r: RouterOutput, sequences: int = 1) -> torch.Tensor | None:
         """This rank's share of the layer's weighted balancing losses (None when both are off),
@@ -184,10 +198,10 @@ class TopKRouter(nn.Module):
             self.load.add_(r.counts)
             self.units.add_(1.0)
         if w.aux and self.per_sequence:
-            total, detached = self._sequence_aux(r, sequences)
+            local, mean = self._sequence_aux(r, sequences)
             if track:
-                self.aux_sum.add_(detached / sequences)
-            terms.append((w.aux / (sequences * w.group_size)) * total)
+                self.aux_sum.add_(mean)
+            terms.append((w.aux / (sequences * w.group_size // w.sequence_ranks)) * local)
         elif w.aux:
             probs_sum = r.probs.sum(0)
             stats = torch.stack([r.counts, probs_sum.detach()])
