@@ -8,9 +8,9 @@ from tests.distributed.pool import run_on_ranks
 from tests.parallel.parity import assert_parity, run_steps
 
 ONE_LAYER = ["--model.n_layers", "1"]
-# deepseek_v3: a dense MLA block, an MoE block and the MTP module, all compiled.
-MODELS = {"llama3": ONE_LAYER, "deepseek_v3": ["--model.name", "deepseek_v3", "--model.n_layers", "2",
-                                               "--model.mtp_depth", "1"]}
+# deepseek_v3: one MLA block with experts (inductor on 2 busy CPU cores takes minutes a graph).
+MODELS = {"llama3": ONE_LAYER, "deepseek_v3": ["--model.name", "deepseek_v3", "--model.n_layers", "1",
+                                               "--model.n_dense_layers", "0"]}
 
 
 @pytest.mark.slow
