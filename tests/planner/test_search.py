@@ -95,3 +95,13 @@ def test_the_search_pairs_context_parallel_with_pipelines_and_with_zero1():
         run = resolve_run(load_config("train_configs/debug.toml", args + " ".join(c.overrides()).split()), 8)
         assert {"ep": 1, **run.dims.degrees()} == c.degrees and run.plan.settings.dp_mode == c.dp_mode
         assert (run.plan.pipeline is not None) == (c.degrees["pp"] > 1)
+
+
+def test_deepseek_v3_with_mtp_is_searched_without_pipelines_and_confirmed():
+    # MTP needs the token ids and the embedding beside its blocks: no pipeline layout is offered.
+    cfg = load_config("train_configs/deepseek_v3_debug.toml", ["--training.global_batch_size", "8",
+                                                               "--training.seq_len", "256"])
+    result = search_layouts(cfg, 4, 4.0, top=1000, confirm=1)
+    assert {c.degrees["ep"] for c in result.ranked} >= {1, 2, 4}
+    assert all(c.degrees["pp"] == 1 and c.degrees["cp"] == 1 for c in result.ranked)
+    assert result.ranked[0].confirmed_peak is not None  # the fake-tensor build of the MTP model ran
