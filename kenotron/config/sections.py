@@ -336,6 +336,9 @@ class Float8:
     recipe: Literal["tensorwise", "rowwise"] = "tensorwise"
     """Scaling granularity of the float8 casts: tensorwise (one scale per tensor) or rowwise (one per row, more accurate)."""
 
+    experts: bool = False
+    """Also run the MoE layers' routed experts in float8 (torchao's rowwise grouped GEMM; needs float8.enable and the grouped_mm expert kernel: CUDA, SM90+, bf16)."""
+
 
 
 @dataclass

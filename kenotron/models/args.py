@@ -20,6 +20,7 @@ from typing import Any
 from kenotron.config import convert_value
 from kenotron.errors import ConfigError
 from kenotron.models.common.moe_args import SCORE_FUNCS
+from kenotron.models.common.rope_scaling import RopeScaling
 
 SET_BY_THE_TRAINER = {"max_seq_len": "training.seq_len"}
 """Args fields that follow another config key."""
@@ -117,7 +118,7 @@ def check_decoder_args(args: Any) -> None:
     if moe is not None:
         check_moe_args(moe)
     scaling = getattr(args, "rope_scaling", None)
-    if scaling is not None:
+    if isinstance(scaling, RopeScaling):
         for f in dataclasses.fields(scaling):
             if not getattr(scaling, f.name) > 0:
                 raise ConfigError(f"model.rope_scaling.{f.name}={getattr(scaling, f.name)} must be positive")
@@ -137,5 +138,14 @@ def check_moe_args(moe: Any) -> None:
     if not (moe.route_scale > 0 and math.isfinite(moe.route_scale)):
         raise ConfigError(f"model.moe.route_scale={moe.route_scale} must be > 0 and finite (the routing weights' factor; "
                           "1 leaves them as the router gives them)")
+    groups, topk_groups = getattr(moe, "n_groups", 1), getattr(moe, "topk_groups", 1)
+    if groups < 1 or moe.n_experts % groups:
+        raise ConfigError(f"model.moe.n_groups={groups} must divide model.moe.n_experts={moe.n_experts} (the "
+                          f"experts form equal groups); use one of {_divisors(moe.n_experts)}")
+    if not 1 <= topk_groups <= groups:
+        raise ConfigError(f"model.moe.topk_groups={topk_groups} must lie in [1, model.moe.n_groups={groups}]")
+    if moe.top_k > topk_groups * (moe.n_experts // groups):
+        raise ConfigError(f"model.moe.top_k={moe.top_k} exceeds the {topk_groups * (moe.n_experts // groups)} experts "
+                          f"of model.moe.topk_groups={topk_groups} groups; raise topk_groups or lower top_k")
     if getattr(moe, "shared_ffn_dim", 0) < 0:
         raise ConfigError(f"model.moe.shared_ffn_dim={moe.shared_ffn_dim} must be >= 0 (0: no shared expert)")

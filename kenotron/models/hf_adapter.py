@@ -76,6 +76,9 @@ class HFAdapter:
     """{kenotron key suffix inside a block: how its rows convert} for tensors stored in another row order."""
     check_export: Callable[[Any], None] | None = None
     """Raises HFConversionError for args that the HF class cannot represent (called by `to_hf`)."""
+    copied_layer_keys: tuple[str, ...] = ()
+    """HF key suffixes inside a block that copy a weight kenotron keeps once (DeepSeek's MTP layers'
+    `embed_tokens.weight`): skipped on import, not written on export."""
 
     # -- config ---------------------------------------------------------------------------------
 
@@ -125,9 +128,12 @@ class HFAdapter:
             f"{self.architecture}?"
         )
 
-    @staticmethod
-    def is_ignored_hf_key(hf_key: str) -> bool:
-        """Keys that carry no learned weight (e.g. old checkpoints' `rotary_emb.inv_freq`)."""
+    def is_ignored_hf_key(self, hf_key: str) -> bool:
+        """Keys that carry no learned weight (e.g. old checkpoints' `rotary_emb.inv_freq`) or copy one
+        (`copied_layer_keys`)."""
+        suffix = hf_key.split(".", 2 + self.hf_layer_prefix.count("."))[-1]
+        if hf_key.startswith(self.hf_layer_prefix + ".") and suffix in self.copied_layer_keys:
+            return True
         return hf_key.endswith(_IGNORED_HF_SUFFIXES)
 
     # -- state dicts ----------------------------------------------------------------------------

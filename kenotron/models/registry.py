@@ -23,6 +23,7 @@ FAMILIES: dict[str, tuple[str, str]] = {
     "mixtral": ("kenotron.models.mixtral", "MIXTRAL_SPEC"),
     "qwen2_moe": ("kenotron.models.qwen2_moe", "QWEN2_MOE_SPEC"),
     "mamba2": ("kenotron.models.mamba2", "MAMBA2_SPEC"),
+    "deepseek_v3": ("kenotron.models.deepseek_v3", "DEEPSEEK_V3_SPEC"),
 }
 """{family name: (its package, the name of its ModelSpec there)}; a new family adds one line."""
 

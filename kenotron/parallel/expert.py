@@ -147,6 +147,8 @@ def apply_expert_parallel(model: nn.Module, meshes: Meshes, layout: ModelLayout,
             raise TypeError(f"plan.layout.moe_modules names {name!r}, a {type(moe).__name__}, not an MoE layer")
         if tokens is not None:
             moe.router.balance.group, moe.router.balance.group_size = tokens.get_group(), tokens.size()
+            # The layer runs on sequence shards over cp and tp: those ranks share each sequence.
+            moe.router.balance.sequence_ranks = meshes.dims.cp * meshes.dims.tp
         experts = moe.experts
         if ep_mesh is not None or tp_mesh is not None:
             dims = [m for m in ("ep", "tp") if meshes.get(m) is not None]

@@ -1,4 +1,5 @@
-"""float8 training of the linear layers through torchao (optional dependency, imported lazily).
+"""float8 training of the linear layers, and of the MoE layers' routed experts, through torchao
+(optional dependency, imported lazily).
 
 Each eligible `nn.Linear` becomes a torchao `Float8Linear`: its matmuls run in float8 with
 dynamic scales (per tensor for "tensorwise", per row for "rowwise"), weights and master
@@ -7,6 +8,12 @@ tensor parallel and FSDP (torchao's Float8Linear composes with both; with "tenso
 can all-gather the float8 weights). The output projection stays in bf16 (its gradient feeds
 the loss directly; float8 there costs accuracy for little speed), as do layers whose
 dimensions are not multiples of 16 (the float8 GEMM needs them).
+
+Routed experts (`float8.experts`): each GroupedExperts' two grouped GEMMs run through torchao's
+rowwise float8 grouped GEMM (dynamic per-row scales of the tokens, per-column of each expert's
+weight, in forward and backward), its groups padded to 16 rows as that kernel needs; the
+weights stay in their dtype. It needs the "grouped_mm" expert kernel (tuning.expert_kernel:
+CUDA, compute capability 9+, bf16).
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ import torch
 from torch import nn
 
 from kenotron.errors import ConfigError
+from kenotron.models.common.experts import GroupedExperts
 
 FLOAT8_RECIPES = ("tensorwise", "rowwise")
 logger = logging.getLogger("kenotron")
@@ -66,3 +74,50 @@ def convert_to_float8(model: nn.Module, recipe: str, *, fsdp_float8_all_gather: 
     convert_to_float8_training(model, module_filter_fn=float8_eligible, config=config)
     after = sum(type(m) is nn.Linear for m in model.modules())
     return before - after
+
+
+FLOAT8_GROUP_ROWS = 16
+"""Rows each expert's group is padded to for the float8 grouped GEMM (its kernels' requirement)."""
+
+
+def check_float8_experts(enable: bool, experts: bool, expert_kernel: str, is_moe: bool) -> None:
+    """float8.experts' config, before any process group (ConfigError naming the fix)."""
+    if not experts:
+        return
+    if not enable:
+        raise ConfigError("float8.experts=true needs float8.enable=true (the experts' float8 is part of float8 training)")
+    if not is_moe:
+        raise ConfigError("float8.experts=true but the model has no MoE layer; set float8.experts=false")
+    if expert_kernel != "grouped_mm":
+        raise ConfigError(f"float8.experts=true needs the grouped_mm expert kernel, but tuning.expert_kernel resolves to "
+                          f"{expert_kernel!r} here: it needs CUDA with compute capability 9+ and bf16; or set "
+                          f"float8.experts=false")
+
+
+def float8_grouped_mm(x: torch.Tensor, w_t: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """GroupedExperts' product in float8: torchao's rowwise-scaled grouped GEMM, output in x's dtype."""
+    from torchao.prototype.moe_training.fp8_grouped_mm import _to_fp8_rowwise_then_scaled_grouped_mm
+
+    return _to_fp8_rowwise_then_scaled_grouped_mm(x, w_t, offsets, out_dtype=torch.bfloat16,
+                                                  pad_token_groups_for_grouped_mm=False).to(x.dtype)
+
+
+def convert_experts_to_float8(model: nn.Module) -> int:
+    """Route every GroupedExperts of `model` through `float8_grouped_mm`; returns how many. Raises
+    ValueError naming the fix when the experts' kernel or sizes cannot run it."""
+    converted = 0
+    for name, experts in model.named_modules():
+        if not isinstance(experts, GroupedExperts):
+            continue
+        if experts.kernel != "grouped_mm":
+            raise ValueError(f"float8.experts=true needs the grouped_mm expert kernel, but {name} runs "
+                             f"{experts.kernel!r}: set tuning.expert_kernel=grouped_mm (CUDA, compute capability 9+, "
+                             f"bf16) or float8.experts=false")
+        dim, ffn = experts.w13.shape[-1], experts.ffn_dim
+        if dim % 16 or ffn % 16:
+            raise ValueError(f"float8.experts=true needs the model width ({dim}) and the expert width ({ffn}) to be "
+                             f"multiples of 16; set float8.experts=false")
+        experts.grouped_mm = float8_grouped_mm
+        experts.row_alignment = FLOAT8_GROUP_ROWS
+        converted += 1
+    return converted

@@ -16,7 +16,8 @@ from torch import nn
 
 from kenotron.errors import ConfigError
 
-TP_STYLES = ("embedding", "colwise", "rowwise", "norm", "block_input", "output", "head_norm", "channels")
+TP_STYLES = ("embedding", "colwise", "rowwise", "norm", "block_input", "output", "head_norm", "channels",
+             "latent_attention")
 
 
 class PlanError(ConfigError):

@@ -62,6 +62,8 @@ class ParallelSettings:
     """torch.compile each block."""
     float8: str = field(default="", metadata=_key("float8.recipe"))
     """torchao float8 recipe of the linear layers ("tensorwise" or "rowwise"); empty: off."""
+    float8_experts: bool = field(default=False, metadata=_key("float8.experts"))
+    """Run the routed experts' grouped GEMMs in float8 (parallel/float8.py)."""
     float8_all_gather: bool = field(default=False, metadata=_key("tuning.float8_all_gather"))
     """With the tensorwise recipe under FSDP, all-gather weights in float8."""
     cp_load_balance: bool = field(default=True, metadata=_key("tuning.cp_load_balance"))
@@ -82,6 +84,7 @@ class ParallelSettings:
             ac_mode=ac.mode, ac_every_n=ac.every_n, ac_save_matmul_every=u.ac_save_matmul_every,
             offload_blocks=ac.offload_blocks, compile=cfg.compile.enable,
             float8=cfg.float8.recipe if cfg.float8.enable else "", float8_all_gather=u.float8_all_gather,
+            float8_experts=cfg.float8.enable and cfg.float8.experts,
             cp_load_balance=u.cp_load_balance, cp_rotate_method=u.cp_rotate_method, cp_attention=u.cp_attention,
         )
 

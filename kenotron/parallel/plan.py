@@ -43,7 +43,7 @@ from kenotron.parallel.data_parallel import DataParallelState, apply_data_parall
 from kenotron.parallel.describe import describe_parameters, format_description
 from kenotron.parallel.dims import Meshes
 from kenotron.parallel.expert import apply_expert_parallel
-from kenotron.parallel.float8 import convert_to_float8
+from kenotron.parallel.float8 import convert_experts_to_float8, convert_to_float8
 from kenotron.parallel.model_layout import ModelLayout, PlanError, matching_modules
 from kenotron.parallel.parallel_settings import ParallelSettings
 from kenotron.parallel.pipeline import PipelineSplit, feed_positions, stage_module
@@ -175,6 +175,8 @@ class Plan:
         lay, st = self.layout, self.settings
         if st.float8:
             convert_to_float8(model, st.float8, fsdp_float8_all_gather=st.float8_all_gather)
+        if st.float8_experts:
+            convert_experts_to_float8(model)
         tp_mesh = meshes.get("tp")
         if tp_mesh is not None and lay.tp_styles:
             apply_tensor_parallel(model, tp_mesh, lay, st)

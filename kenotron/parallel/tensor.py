@@ -99,6 +99,29 @@ class ShardedChannels(ParallelStyle):
         return module
 
 
+class LatentAttentionInput(ParallelStyle):
+    """An MLA module (models/common/latent_attention.py): "block_input" under SP, and its shared
+    RoPE key's gradient, which each rank computes from its heads only, summed over tp (an
+    identity forward whose backward all-reduces)."""
+
+    def __init__(self, sp: bool) -> None:
+        super().__init__()
+        self.sp = sp
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        if self.sp:
+            arity = _positional_arity(module)
+            PrepareModuleInput(input_layouts=_first_input(SEQ, arity), desired_input_layouts=_first_input(
+                Replicate(), arity), use_local_output=True)._apply(module, device_mesh)
+
+        def sum_grad_over_tp(x: torch.Tensor) -> torch.Tensor:
+            shared = DTensor.from_local(x, device_mesh, [Replicate()], run_check=False)
+            return shared.to_local(grad_placements=[Partial()])
+
+        module.rope_key_grad = sum_grad_over_tp
+        return module
+
+
 class VocabParallelEmbedding(ParallelStyle):
     """Embedding rows split over tp; each rank looks up the ids it holds, the partial rows are summed.
 
@@ -156,6 +179,8 @@ def style_object(style: str, module: nn.Module, *, sp: bool, loss_parallel: bool
         )
     if style == "channels":
         return ShardedChannels()
+    if style == "latent_attention":
+        return LatentAttentionInput(sp)
     if style == "head_norm":
         # Applied to (batch, seq, heads, head_dim) with the heads split over tp.
         return ReplicatedOverShards(shard_dim=2)

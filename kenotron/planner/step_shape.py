@@ -63,7 +63,10 @@ class StepShape:
         return cls(
             tokens=tokens, residual_tokens=tokens // tp if sp else tokens, batch=t.local_batch_size, seq=seq,
             tp=tp, dim=a.dim, ffn=getattr(a, "ffn_dim", 0), heads=a.n_heads, kv_heads=a.n_kv_heads,
-            head_dim=a.head_dim, vocab=a.vocab_size, layers=a.n_layers, compute=compute,
+            # MLA (deepseek_v3): every head's keys are qk wide (its RoPE tables only rope_dim);
+            # multi-token prediction adds its blocks.
+            head_dim=a.qk_dim if hasattr(a, "qk_dim") else a.head_dim, vocab=a.vocab_size,
+            layers=a.n_layers + getattr(a, "mtp_depth", 0), compute=compute,
             residual=FP32 if autocast else compute, autocast=autocast, cp_output_copy=attention_output_copy(run),
             fused_gate=(block_kind["gated_mlp"] or moe is not None) and run.choices.eager_kernels == "triton",
             moe=moe, mamba=MambaDims.of(a, tp) if block_kind["mamba_blocks"] else None, **block_kind,

@@ -61,7 +61,8 @@ class ExpertBalance(JobExtension):
                     self.routers[layer] = module
         moe = job.run.model_args.moe
         self.n_experts, self.top_k = moe.n_experts, moe.top_k
-        self.n_layers = _moe_layers(job)
+        self.moe_layer_ids = _moe_layer_ids(job)
+        self.n_layers = len(self.moe_layer_ids)
         self.layer_ids = sorted(self.routers, key=lambda s: int(s) if s.isdigit() else 0)
         self.streak = torch.zeros(len(self.routers), dtype=torch.int64, device=job.device)
         self.warned: set[str] = set()
@@ -138,8 +139,9 @@ class ExpertBalance(JobExtension):
             return {}
         total = max(self.n_layers, 1)
         table = torch.zeros(total, self.n_experts + 2, device=self.last.device)
+        row_of = {layer: i for i, layer in enumerate(self.moe_layer_ids)}
         for row, layer in zip(self.last, self.layer_ids):
-            table[int(layer) if layer.isdigit() else 0] = row
+            table[row_of.get(layer, 0)] = row
         pp = self.job.meshes.get("pp")
         if pp is not None:
             dist.all_reduce(table, group=pp.get_group())
@@ -148,7 +150,7 @@ class ExpertBalance(JobExtension):
             "aux_loss": sum(v[-2] for v in values) / total,
             "z_loss": sum(v[-1] for v in values) / total,
         }
-        for layer, v in enumerate(values):
+        for layer, v in zip(self.moe_layer_ids or ["0"], values):
             loads = v[:-2]
             out[f"moe_load_max/{layer}"] = max(loads)
             out[f"moe_load_mean/{layer}"] = sum(loads) / len(loads)
@@ -156,8 +158,11 @@ class ExpertBalance(JobExtension):
         return out
 
 
-def _moe_layers(job: TrainingJob) -> int:
-    """MoE layers of the whole model (every pipeline stage)."""
+def _moe_layer_ids(job: TrainingJob) -> list[str]:
+    """The blocks holding an MoE layer in the whole model (every pipeline stage), in order: not
+    every block has one (DeepSeek-V3's first blocks are dense)."""
     with torch.device("meta"):
         model = job.run.spec.build(job.run.model_args)
-    return sum(isinstance(m, TopKRouter) for m in model.modules())
+    ids = [name.split(".")[1] if name.startswith("layers.") else name
+           for name, m in model.named_modules() if isinstance(m, TopKRouter)]
+    return sorted(ids, key=lambda s: int(s) if s.isdigit() else 0)

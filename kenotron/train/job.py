@@ -39,6 +39,7 @@ from kenotron.train.extension import JobExtension, check_one_runs_the_passes
 from kenotron.train.flops import active_matmul_params
 from kenotron.train.fused_loss import chunk_fn_for
 from kenotron.train.lr_schedule import LRSchedule, build_lr_scheduler
+from kenotron.train.mtp import MultiTokenPrediction
 from kenotron.train.optim import optimizer_factory, param_groups
 from kenotron.train.pipeline_step import PipelineExecutor, PipelineExtension, PipelineRunner
 from kenotron.train.resolve import ResolvedRun
@@ -148,6 +149,8 @@ def _extensions(job: TrainingJob, pipeline: Callable[[TrainingJob], PipelineExec
     out: list[JobExtension] = []
     if run.spec.is_moe:
         out.append(ExpertBalance(job))
+    if getattr(run.model_args, "mtp_depth", 0):
+        out.append(MultiTokenPrediction(job))
     if applied.stage_ids:
         out.append(PipelineExtension(pipeline(job)))
     gather = _early_gather(job)

@@ -25,11 +25,13 @@ from kenotron.kernel_choice.target import Target
 from kenotron.models import ModelSpec
 from kenotron.models.common.parametrization import matrix_fans
 from kenotron.parallel.context.apply import cp_attention_kind
+from kenotron.parallel.float8 import check_float8_experts
 from kenotron.parallel.parallel_settings import ParallelSettings
 from kenotron.parallel.pipeline import PipelineSplit, build_pipeline_split, check_compile
 from kenotron.parallel.plan import Plan, layout_for
 from kenotron.runtime.preflight import resolve_degrees, resolve_model
 from kenotron.train.doremi_checks import check_doremi
+from kenotron.train.mtp_checks import check_multi_token_prediction
 
 
 @dataclass(frozen=True)
@@ -87,7 +89,7 @@ def resolve_run(cfg: JobConfig, world_size: int, target: Target | None = None, c
     check_checkpoint_config(cfg.checkpoint)
     with torch.device("meta"):
         meta_model = spec.build(args)
-    layout_for(spec).check(meta_model)  # the family's layout fits its model whatever the parallel layout
+    layout_for(spec, args).check(meta_model)  # the family's layout fits its model whatever the parallel layout
     check_parametrization(cfg, meta_model)
     if cfg.doremi.reference:
         check_doremi(cfg, spec, args)
@@ -115,8 +117,10 @@ def resolve_layout(cfg: JobConfig, world_size: int, spec: ModelSpec, args: Any, 
     # The kind of ring the target runs (the estimator builds a CUDA job's torch ring on its CPU mesh).
     plan.settings.cp_attention = cp_attention_kind(plan.settings.cp_attention, target.device_type)
     plan.settings.check(plan.layout.count_blocks(meta_model), dims.degrees())
+    check_multi_token_prediction(args, dims.pp, dims.cp)
     if dims.pp > 1:
         check_compile(p.pp_schedule, cfg.compile.enable)
         plan.pipeline = build_pipeline_split_from_config(meta_model, cfg, dims.pp, spec.blocks)
     choices = resolve_choices(cfg, dims, target, meta_model, kernels)
+    check_float8_experts(cfg.float8.enable, cfg.float8.experts, choices.expert_kernel, spec.is_moe)
     return ResolvedRun(cfg, dims, spec, args, plan, global_batch, accum, choices, tokenizer)

@@ -23,7 +23,7 @@ REAL_PARAM_COUNTS = {
     ("starcoder2", "3B"): 3_030_371_328,  # tied
     ("starcoder2", "15B"): 15_957_889_024,  # untied
 }
-FAMILIES = ["qwen2", "qwen3", "mistral", "starcoder2"]
+FAMILIES = ["qwen2", "qwen3", "mistral", "starcoder2", "deepseek_v3"]
 
 
 def debug_model(family: str, seed: int = 0, **changes) -> torch.nn.Module:

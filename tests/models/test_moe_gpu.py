@@ -44,3 +44,26 @@ def test_grouped_mm_equals_the_per_expert_loop_in_bf16():
     for name in grads_l:
         ref = grads_l[name]
         assert (grads_g[name] - ref).abs().max() <= 3e-2 * ref.abs().max(), name
+
+
+def test_float8_experts_follow_the_bf16_grouped_gemm():
+    pytest.importorskip("torchao")
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("the float8 grouped GEMM needs compute capability 9+")
+    from kenotron.parallel.float8 import convert_experts_to_float8
+
+    torch.manual_seed(0)
+    layer = MoE(512, MoEArgs(n_experts=64, top_k=8, ffn_dim=256)).cuda()
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.normal_(0, 0.05)
+    layer = layer.bfloat16()
+    x = torch.randn(4096, 512, device="cuda", dtype=torch.bfloat16)
+    grad = torch.randn(4096, 512, device="cuda", dtype=torch.bfloat16)
+    out_b, grads_b = _run(layer, x, grad, "grouped_mm")
+    convert_experts_to_float8(layer)
+    out_f, grads_f = _run(layer, x, grad, "grouped_mm")
+    # Rowwise float8 (e4m3, 3 mantissa bits): a few percent of relative error, not bf16's 1%.
+    assert (out_f - out_b).norm() <= 0.1 * out_b.norm()
+    for name in grads_b:
+        assert (grads_f[name] - grads_b[name]).norm() <= 0.1 * grads_b[name].norm(), name

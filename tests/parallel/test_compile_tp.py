@@ -8,15 +8,20 @@ from tests.distributed.pool import run_on_ranks
 from tests.parallel.parity import assert_parity, run_steps
 
 ONE_LAYER = ["--model.n_layers", "1"]
+# deepseek_v3: one MLA block with experts (inductor on 2 busy CPU cores takes minutes a graph).
+MODELS = {"llama3": ONE_LAYER, "deepseek_v3": ["--model.name", "deepseek_v3", "--model.n_layers", "1",
+                                               "--model.n_dense_layers", "0"]}
 
 
 @pytest.mark.slow
-def test_compiled_blocks_with_tp_and_sequence_parallel_match_eager_one_rank(tmp_path):
-    reference = run_steps(ONE_LAYER, str(tmp_path / "ref"), 2)
-    overrides = ONE_LAYER + ["--parallelism.tp", "2", "--training.local_batch_size", "8", "--compile.enable", "true"]
+@pytest.mark.parametrize("model", list(MODELS))
+def test_compiled_blocks_with_tp_and_sequence_parallel_match_eager_one_rank(model, tmp_path):
+    reference = run_steps(MODELS[model], str(tmp_path / "ref"), 2)
+    overrides = MODELS[model] + ["--parallelism.tp", "2", "--training.local_batch_size", "8", "--compile.enable", "true"]
     results = run_on_ranks(2, run_steps, overrides, str(tmp_path), 2, timeout=600)
-    # Inductor fuses and reorders fp32 arithmetic: close, not bitwise.
-    assert_parity(reference, results, loss_tol=1e-5, grad_tol=1e-5)
+    # Inductor fuses and reorders fp32 arithmetic: close, not bitwise. The sigmoid router's gradient
+    # (through the balancing term's statistics) moves most: 2.1e-5 measured.
+    assert_parity(reference, results, loss_tol=1e-5, grad_tol=5e-5 if model == "deepseek_v3" else 1e-5)
 
 
 def test_async_tp_on_cpu_is_refused_before_any_process_group():

@@ -1,6 +1,8 @@
 """Expert parallelism on CPU/gloo against one rank: ep 2 and 4, EP x FSDP, EP x TP (dense parts),
 EP x PP, EP under activation checkpointing. fp32, SGD, 2 steps of qwen3_moe's debug model with the auxiliary loss, the z-loss and
 the bias updates on: losses and gradient norms within 1e-5, first-step gradients within 1e-5.
+deepseek_v3 (a dense first block, MLA, shared experts, grouped sigmoid routing) under EP x TP
+with its MTP module and EP x PP with full activation checkpointing.
 
 Every layout here takes the whole global batch in one micro-step (one pipeline microbatch under
 PP), as the reference does: the auxiliary loss is computed over each micro-batch of all
@@ -51,3 +53,25 @@ def test_expert_parallel_layout_matches_one_rank(layout, reference, tmp_path):
     assert shape == EXPECTED_W13[layout], shape
     worst = assert_parity(reference, results, TOL, TOL)
     print(layout, worst)
+
+
+DEEPSEEK = ["--model.name", "deepseek_v3", "--moe.aux_loss_coef", "0.01", "--moe.bias_update_rate", "0.01",
+            "--model.n_layers", "3"]
+DEEPSEEK_LAYOUTS = {
+    "ep2_tp2_mtp": (4, ["--model.mtp_depth", "1", "--parallelism.ep", "2", "--parallelism.tp", "2",
+                        "--training.local_batch_size", "4"]),
+    "ep2_pp2_full_ac": (4, ["--parallelism.ep", "2", "--parallelism.pp", "2", "--parallelism.pp_schedule", "GPipe",
+                            "--parallelism.pp_microbatches", "1", "--training.local_batch_size", "4",
+                            "--activation_checkpoint.mode", "full"]),
+}
+
+
+@pytest.mark.parametrize("layout", list(DEEPSEEK_LAYOUTS))
+def test_deepseek_v3_expert_parallel_layout_matches_one_rank(layout, tmp_path):
+    world, overrides = DEEPSEEK_LAYOUTS[layout]
+    mtp = [o for o in overrides[:2] if layout.endswith("_mtp")]
+    reference = run_steps(DEEPSEEK + mtp + ["--training.local_batch_size", "8"], str(tmp_path / "ref"), STEPS)
+    results = run_on_ranks(world, run_steps, DEEPSEEK + overrides, str(tmp_path), STEPS)
+    shapes = {name: shape for r in results for name, shape in r["local_shapes"].items()}  # every stage's
+    assert shapes["layers.2.feed_forward.experts.w13"] == (4, 256, 256)  # 8 experts of 128 split over ep 2
+    assert_parity(reference, results, TOL, TOL)

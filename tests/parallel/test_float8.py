@@ -89,3 +89,23 @@ def test_float8_on_a_cpu_turns_onednn_off_with_one_warning(caplog):
         assert not use_fast_cpu_float8("cuda")
     finally:
         torch.backends.mkldnn.enabled = before
+
+
+def test_float8_experts_pad_groups_to_16_rows_and_are_refused_where_they_cannot_run():
+    from kenotron.models.common.moe import MoE, MoEArgs, expert_alignment
+    from kenotron.parallel.float8 import check_float8_experts, convert_experts_to_float8
+
+    layer = MoE(64, MoEArgs(n_experts=4, top_k=2, ffn_dim=32))
+    x = torch.zeros(2, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="set tuning.expert_kernel=grouped_mm"):
+        convert_experts_to_float8(layer)  # the for_loop kernel
+    layer.experts.kernel = "grouped_mm"
+    assert expert_alignment(layer.experts, x) == 8  # bf16's 16 bytes
+    assert convert_experts_to_float8(layer) == 1
+    assert expert_alignment(layer.experts, x) == 16 and layer.experts.grouped_mm is float8.float8_grouped_mm
+    with pytest.raises(ConfigError, match="float8.experts=true needs float8.enable=true"):
+        check_float8_experts(False, True, "grouped_mm", True)
+    with pytest.raises(ConfigError, match="tuning.expert_kernel resolves to 'for_loop'"):
+        check_float8_experts(True, True, "for_loop", True)
+    with pytest.raises(ConfigError, match="has no MoE layer"):
+        check_float8_experts(True, True, "grouped_mm", False)

@@ -121,3 +121,12 @@ def test_the_search_shows_the_layouts_priced_out_of_all_on_a_terminal(monkeypatc
 def test_the_search_prints_no_progress_when_stderr_is_a_log(capsys):
     search_layouts(load_config("debug", ["--training.global_batch_size", "4"]), 2, 80, top=2, confirm=0)
     assert capsys.readouterr().err == ""
+
+
+def test_deepseek_v3_with_mtp_is_searched_without_pipelines_and_confirmed():
+    # MTP needs the token ids and the embedding beside its blocks: no pipeline layout is offered.
+    cfg = load_config("deepseek_v3_debug", ["--training.global_batch_size", "8", "--training.seq_len", "256"])
+    result = search_layouts(cfg, 4, 4.0, top=1000, confirm=1)
+    assert {c.degrees["ep"] for c in result.ranked} >= {1, 2, 4}
+    assert all(c.degrees["pp"] == 1 and c.degrees["cp"] == 1 for c in result.ranked)
+    assert result.ranked[0].confirmed_peak is not None  # the fake-tensor build of the MTP model ran

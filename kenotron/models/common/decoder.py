@@ -28,7 +28,7 @@ from kenotron.models.common.init import (
 from kenotron.models.common.kv_cache import KVCache, LayerKVCache
 from kenotron.models.common.parametrization import Fans, spectral_init_specs
 from kenotron.models.common.rope import rope_cos_sin
-from kenotron.models.common.rope_scaling import RopeScaling
+from kenotron.models.common.rope_scaling import RopeScaling, YarnScaling
 from kenotron.models.common.router import TopKRouter
 
 
@@ -99,7 +99,7 @@ class CausalLM(nn.Module):
         block: type[nn.Module],
         norm: nn.Module,
         *,
-        rope_scaling: RopeScaling | None = None,
+        rope_scaling: RopeScaling | YarnScaling | None = None,
         sliding_window: int | None = None,
     ) -> None:
         """`block(layer_id, args)` builds block i; `norm` is the final norm; `sliding_window`

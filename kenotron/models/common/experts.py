@@ -151,6 +151,11 @@ def copy_weights(weights: torch.Tensor, g: Grouping) -> torch.Tensor:
     return torch.cat([flat, flat.new_zeros(1)]).index_select(0, g.src_copy)
 
 
+def grouped_mm(x: torch.Tensor, w_t: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """x (rows, K) grouped by expert (group e ends at offsets[e]) times each group's w_t[e] (K, N)."""
+    return torch._grouped_mm(x, w_t, offs=offsets)
+
+
 def swiglu_rows(h: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up * scale per row, for h = [gate | up] (rows, 2F) and scale (rows,)."""
     gate, up = h.chunk(2, dim=-1)
@@ -173,6 +178,11 @@ class GroupedExperts(nn.Module):
         """"grouped_mm" or "for_loop" (see the module docstring); the trainer sets it from its choices."""
         self.swiglu: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = swiglu_rows
         """(h, scale) -> silu(gate) * up * scale; a fused kernel may replace it (models/common/eager_kernels.py)."""
+        self.grouped_mm: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] = grouped_mm
+        """The "grouped_mm" kernel's product (x, w_t, offsets); float8 experts swap in torchao's
+        (kenotron/parallel/float8.py)."""
+        self.row_alignment = 0
+        """Rows each expert's group is padded to; 0: what torch._grouped_mm needs for the dtype."""
         self.weight_view: Callable[[torch.Tensor], torch.Tensor] = local_tensor
         """How compute reads a weight: its local shard (expert parallelism swaps in one that also
         marks the gradient as a partial sum over tensor-parallel ranks)."""
@@ -190,8 +200,8 @@ class GroupedExperts(nn.Module):
                 # torch._grouped_mm has no autocast rule: cast as autocast would for a matmul.
                 dtype = torch.get_autocast_dtype(x.device.type)
                 x = x.to(dtype)
-            h = torch._grouped_mm(x, w13.to(dtype).transpose(-2, -1), offs=offsets)
-            return torch._grouped_mm(self.swiglu(h, scale), w2.to(dtype).transpose(-2, -1), offs=offsets)
+            h = self.grouped_mm(x, w13.to(dtype).transpose(-2, -1), offsets)
+            return self.grouped_mm(self.swiglu(h, scale), w2.to(dtype).transpose(-2, -1), offsets)
         return self._for_loop(x, w13, w2, offsets, scale)
 
     def _for_loop(self, x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, offsets: torch.Tensor,

@@ -44,6 +44,8 @@ def expert_alignment(experts: GroupedExperts, x: torch.Tensor) -> int:
     """Rows per group the experts' kernel needs (grouped GEMM: 16 bytes of the compute dtype)."""
     if experts.kernel != "grouped_mm":
         return 1
+    if experts.row_alignment:
+        return experts.row_alignment
     dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
     return grouped_mm_alignment(dtype)
 
@@ -63,7 +65,8 @@ class MoE(nn.Module):
     def __init__(self, dim: int, args: MoEArgs) -> None:
         super().__init__()
         self.args = args
-        self.router = TopKRouter(dim, args.n_experts, args.top_k, args.score_func, args.norm_topk, args.route_scale)
+        self.router = TopKRouter(dim, args.n_experts, args.top_k, args.score_func, args.norm_topk, args.route_scale,
+                                 args.n_groups, args.topk_groups, args.aux_per_sequence)
         self.experts = GroupedExperts(dim, args.ffn_dim, args.n_experts)
         self.shared_experts = SwiGLU(dim, args.shared_ffn_dim) if args.shared_ffn_dim else None
         self.shared_gate = nn.Linear(dim, 1, bias=False) if args.shared_gate else None
@@ -77,7 +80,7 @@ class MoE(nn.Module):
         shape = x.shape
         x = x.reshape(-1, shape[-1])
         r = self.router(x)
-        term = self.router.balance_term(r)
+        term = self.router.balance_term(r, shape[0] if len(shape) == 3 else 1)
         out = self.dispatcher(x, r, self.experts)
         if self.shared_experts is not None:
             shared = self.shared_experts(x)

@@ -29,3 +29,9 @@ class MoEArgs:
     """Hidden width of the shared expert every token also goes through (shared_expert_intermediate_size); 0: none."""
     shared_gate: bool = False
     """Scale the shared expert's output by sigmoid(a linear map of the input) (Qwen2-MoE's shared_expert_gate)."""
+    n_groups: int = 1
+    """Expert groups of group-limited routing (n_group); 1: none."""
+    topk_groups: int = 1
+    """Groups a token's experts are chosen among (topk_group)."""
+    aux_per_sequence: bool = False
+    """moe.aux_loss_coef weighs DeepSeek-V3's sequence-wise balance loss instead of the micro-batch's."""

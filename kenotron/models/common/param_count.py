@@ -97,3 +97,25 @@ def mamba2(args: Any) -> int:
     attention_block = attention(args) + swiglu(args.dim, args.ffn_dim) + 2 * args.dim
     mamba_block = mixer + args.dim
     return decoder(args, n_attention * attention_block + (args.n_layers - n_attention) * mamba_block, args.dim)
+
+
+def latent_attention(args: Any) -> int:
+    """MLA (latent_attention.py): the query's low-rank pair and its norm (or one full-rank wq), the
+    key/value latent with the shared RoPE key, its norm, the latent's expansion, the output."""
+    qk = args.nope_dim + args.rope_dim
+    query = (linear(args.dim, args.q_rank) + args.q_rank + linear(args.q_rank, args.n_heads * qk) if args.q_rank
+             else linear(args.dim, args.n_heads * qk))
+    return (query + linear(args.dim, args.kv_rank + args.rope_dim) + args.kv_rank
+            + linear(args.kv_rank, args.n_heads * (args.nope_dim + args.v_dim)) + linear(args.n_heads * args.v_dim, args.dim))
+
+
+def deepseek_v3(args: Any) -> int:
+    """DeepSeek-V3: MLA blocks, dense SwiGLU below n_dense_layers, experts above; each MTP module
+    is an expert block (dense when the model has no expert block) with two input norms, the
+    projection of their concatenation and its output norm."""
+    norms = 2 * args.dim
+    dense = latent_attention(args) + swiglu(args.dim, args.ffn_dim) + norms
+    expert = latent_attention(args) + moe(args.dim, args.moe) + norms
+    n_dense = min(args.n_dense_layers, args.n_layers)
+    mtp_block = (expert if n_dense < args.n_layers else dense) + 3 * args.dim + linear(2 * args.dim, args.dim)
+    return decoder(args, n_dense * dense + (args.n_layers - n_dense) * expert + args.mtp_depth * mtp_block, args.dim)

@@ -3,7 +3,9 @@
 Scores: softmax over the experts (Mixtral, Qwen) or an independent sigmoid per expert
 (DeepSeek-V3). Each token picks the top-k experts by score + `expert_bias`; its routing weights
 are the picked scores (without the bias), optionally renormalized to sum to 1, times
-`route_scale`.
+`route_scale`. Group-limited routing (DeepSeek-V3, `n_groups` > 1): the experts form
+`n_groups` equal groups, each scored by the sum of its two best biased scores, and a token
+picks its k experts among the `topk_groups` best groups only.
 
 Load balancing (weights set by the trainer's step, train/expert_balance.py):
 
@@ -14,6 +16,10 @@ Load balancing (weights set by the trainer's step, train/expert_balance.py):
   and sequence parallel ranks): f is all-reduced over them, and each rank back-propagates its
   own tokens' part of P, so the gradients summed by data parallel are those of the loss over
   the whole micro-batch. Per layer; the step averages the layers.
+  Sequence-wise (DeepSeek-V3's complementary loss, `per_sequence`): the same sum per sequence,
+  (E / k) * sum_e f_e * P_e with f_e the sequence's share of copies routed to e (summing to k),
+  averaged over the sequences; a sequence's statistics are summed over the ranks holding parts
+  of it (context parallel, and tensor parallel's sequence shards) before its loss is taken.
 - router z-loss (ST-MoE): the mean over tokens of logsumexp(logits)^2.
 - auxiliary-loss-free balancing (DeepSeek-V3): `expert_bias`, a persistent buffer added to the
   scores for the choice only, moved after each optimizer step by bias_update_rate *
@@ -30,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed._functional_collectives import all_reduce
 
@@ -65,6 +72,8 @@ class BalanceWeights:
     """Process group of the ranks holding the other tokens of a micro-batch (None: this rank alone)."""
     group_size: int = 1
     """Ranks in `group`."""
+    sequence_ranks: int = 1
+    """Consecutive ranks of `group` that hold parts of the same sequences (context x tensor parallel)."""
 
 
 def _in_recomputation() -> bool:
@@ -94,14 +103,19 @@ class TopKRouter(nn.Module):
     """x (tokens, dim) -> RouterOutput; see the module docstring."""
 
     def __init__(self, dim: int, n_experts: int, top_k: int, score_func: str = "softmax", norm_topk: bool = True,
-                 route_scale: float = 1.0) -> None:
+                 route_scale: float = 1.0, n_groups: int = 1, topk_groups: int = 1,
+                 per_sequence: bool = False) -> None:
         super().__init__()
         if score_func not in SCORE_FUNCS:
             raise ValueError(f"score_func={score_func!r} is not one of {', '.join(SCORE_FUNCS)}")
         if not 1 <= top_k <= n_experts:
             raise ValueError(f"top_k={top_k} must lie in [1, n_experts={n_experts}]")
+        if n_experts % n_groups or not 1 <= topk_groups <= n_groups:
+            raise ValueError(f"n_groups={n_groups} must divide n_experts={n_experts} and topk_groups={topk_groups} "
+                             f"lie in [1, n_groups]")
         self.n_experts, self.top_k = n_experts, top_k
         self.score_func, self.norm_topk, self.route_scale = score_func, norm_topk, route_scale
+        self.n_groups, self.topk_groups, self.per_sequence = n_groups, topk_groups, per_sequence
         self.gate = nn.Linear(dim, n_experts, bias=False)
         self.register_buffer("expert_bias", torch.zeros(n_experts))
         # Step statistics (not saved): local token copies per expert, the micro-batches' auxiliary
@@ -126,7 +140,10 @@ class TopKRouter(nn.Module):
     def forward(self, x: torch.Tensor) -> RouterOutput:
         logits = self.gate(x)
         scores = logits.float().softmax(-1) if self.score_func == "softmax" else logits.float().sigmoid()
-        _, experts = torch.topk(scores + self.expert_bias, self.top_k, dim=-1)
+        choice = scores + self.expert_bias
+        if self.n_groups > 1:
+            choice = self._within_best_groups(choice)
+        _, experts = torch.topk(choice, self.top_k, dim=-1)
         weights = scores.gather(-1, experts)
         if self.norm_topk:
             weights = weights / (weights.sum(-1, keepdim=True) + (1e-20 if self.score_func == "sigmoid" else 0.0))
@@ -137,9 +154,41 @@ class TopKRouter(nn.Module):
             0, experts.reshape(-1), torch.ones(experts.numel(), device=x.device))
         return RouterOutput(weights, experts, logits, probs, counts)
 
-    def balance_term(self, r: RouterOutput) -> torch.Tensor | None:
+    def _within_best_groups(self, choice: torch.Tensor) -> torch.Tensor:
+        """`choice` (tokens, experts) with the experts outside each token's `topk_groups` best
+        groups (by the sum of their two best scores) set to -inf."""
+        grouped = choice.view(choice.shape[0], self.n_groups, -1)
+        group_scores = grouped.topk(min(2, grouped.shape[-1]), dim=-1)[0].sum(-1)
+        best = group_scores.topk(self.topk_groups, dim=-1)[1]
+        keep = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, best, True)
+        return grouped.masked_fill(~keep[..., None], float("-inf")).view_as(choice)
+
+    def _sequence_aux(self, r: RouterOutput, sequences: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(this rank's share of the micro-batch's sum over sequences of the sequence-wise loss,
+        the mean over this rank's sequences of that loss, detached). A sequence's counts and
+        scores are summed over the ranks holding parts of it (`balance.sequence_ranks` consecutive
+        ranks of the group) before its loss is taken; each rank back-propagates its tokens' scores."""
+        k, e, w = self.top_k, self.n_experts, self.balance
+        ids = r.experts.view(sequences, -1)
+        counts = torch.zeros(sequences, e, device=ids.device).scatter_add_(1, ids, torch.ones_like(ids, dtype=torch.float32))
+        probs_sum = r.probs.view(sequences, -1, e).sum(1)
+        stats = torch.cat([counts, probs_sum.detach(), counts.new_full((sequences, 1), ids.shape[1] // k)], 1)
+        if w.group is not None and w.sequence_ranks > 1:
+            # Every holder of other sequences (a data-parallel rank) gets its own rows, so the sum
+            # adds up only the parts of the same sequence.
+            slots, slot = w.group_size // w.sequence_ranks, dist.get_rank(w.group) // w.sequence_ranks
+            table = stats.new_zeros(slots, *stats.shape)
+            table[slot] = stats
+            stats = all_reduce(table, "sum", w.group)[slot]
+        counts, probs, tokens = stats[:, :e], stats[:, e:2 * e], stats[:, 2 * e:]
+        share = (e / k) * counts / tokens
+        local = (share * probs_sum / tokens).sum()
+        return local, (share * probs / tokens).sum(-1).mean()
+
+    def balance_term(self, r: RouterOutput, sequences: int = 1) -> torch.Tensor | None:
         """This rank's share of the layer's weighted balancing losses (None when both are off),
-        after adding the micro-batch to the step statistics."""
+        after adding the micro-batch to the step statistics. `sequences`: how many sequences the
+        tokens are, in order (for the sequence-wise loss)."""
         w = self.balance
         tokens = r.logits.shape[0] * w.group_size
         track = self.counting and self.training and torch.is_grad_enabled() and not _in_recomputation()
@@ -147,7 +196,12 @@ class TopKRouter(nn.Module):
         if track:
             self.load.add_(r.counts)
             self.units.add_(1.0)
-        if w.aux:
+        if w.aux and self.per_sequence:
+            local, mean = self._sequence_aux(r, sequences)
+            if track:
+                self.aux_sum.add_(mean)
+            terms.append((w.aux / (sequences * w.group_size // w.sequence_ranks)) * local)
+        elif w.aux:
             probs_sum = r.probs.sum(0)
             stats = torch.stack([r.counts, probs_sum.detach()])
             if w.group is not None:

@@ -1,0 +1,106 @@
+"""Multi-token prediction (DeepSeek-V3 report, section 2.2): `mtp_depth` sequential modules, module k
+predicting the token k + 1 positions ahead.
+
+    h_0 = the main model's last hidden states (before its final norm)
+    h_k = block_k(eh_proj([enorm(embed(token t + k)) | hnorm(h_{k-1})]))       per position t
+    loss_k = cross-entropy(output(head_norm(h_k)), token t + k + 1)
+
+The embedding and the output head are the main model's. Module k is block `n_layers + k - 1`
+of the model's `layers` (HF's `model.layers.{n_layers + k - 1}`), so every plan written for
+`layers.*` (FSDP units, activation checkpointing, compile, tensor and expert parallel) covers
+it, and its keys convert as HF's MTP layers.
+
+The targets come from the input window itself: module k's input at position t is token t + k
+and its target token t + k + 1 (rolled along the sequence), so the last k + 1 positions of a
+window have no target and are left out. The loss joins backward through `attach_loss` on the
+model's output (as the routers' balancing terms do), weighted by `loss_scale` which the trainer
+sets each step (train/mtp.py: model.mtp_loss_weight / depth over the global batch's label
+tokens); the summed losses and target counts per module are kept for the metrics.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kenotron.dtensor import local_tensor
+from kenotron.models.common.init import InitSpec, prefixed, trunc_normal
+from kenotron.models.common.norms import RMSNorm
+from kenotron.models.deepseek_v3.args import DeepSeekV3Args
+from kenotron.models.deepseek_v3.block import DeepSeekV3Block
+
+IGNORE_INDEX = -100
+
+
+class MTPBlock(DeepSeekV3Block):
+    """One MTP module: the projections of the report's equation (21) around an MoE block."""
+
+    def __init__(self, layer_id: int, args: DeepSeekV3Args) -> None:
+        super().__init__(layer_id, args, moe=args.n_dense_layers < args.n_layers)
+        self.enorm = RMSNorm(args.dim, args.norm_eps)
+        self.hnorm = RMSNorm(args.dim, args.norm_eps)
+        self.eh_proj = nn.Linear(2 * args.dim, args.dim, bias=False)
+        self.head_norm = RMSNorm(args.dim, args.norm_eps)
+        self.out_std = 0.02 / math.sqrt(2 * (args.n_layers + 1))
+
+    def forward(  # type: ignore[override]
+        self, embedded: torch.Tensor, previous: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+        **attention: object,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(h_k, head_norm(h_k)) from the embeddings of the shifted tokens and h_{k-1} (both (batch,
+        seq, dim)). Called as the module (not a method) so FSDP's and checkpointing's hooks run."""
+        # Local tensors, as the residual stream is (under sequence parallel these parts output
+        # sequence-sharded DTensors).
+        x = local_tensor(self.eh_proj(torch.cat([self.enorm(embedded), self.hnorm(previous)], dim=-1)))
+        h = super().forward(x, cos, sin, **attention)
+        return h, self.head_norm(h)
+
+    def param_init_specs(self) -> dict[str, InitSpec]:
+        return {
+            **super().param_init_specs(),
+            **prefixed("enorm", self.enorm.param_init_specs()),
+            **prefixed("hnorm", self.hnorm.param_init_specs()),
+            **prefixed("head_norm", self.head_norm.param_init_specs()),
+            "eh_proj.weight": trunc_normal(0.02),
+        }
+
+
+class MTPLoss(nn.Module):
+    """The modules' statistics and loss weight (no parameters): `loss_scale` per target token's
+    cross-entropy, and per module the step's summed losses and target counts (not saved)."""
+
+    def __init__(self, depth: int) -> None:
+        super().__init__()
+        self.loss_scale = 0.0
+        self.register_buffer("loss_sum", torch.zeros(depth), persistent=False)
+        self.register_buffer("targets", torch.zeros(depth), persistent=False)
+
+    def _apply(self, fn, recurse=True):  # type: ignore[override]
+        out = super()._apply(fn, recurse)
+        for name, buffer in self.named_buffers(recurse=False):  # sums stay fp32 (as the routers' statistics)
+            if buffer.is_floating_point() and buffer.dtype != torch.float32:
+                setattr(self, name, buffer.float())
+        return out
+
+    def reset(self) -> None:
+        self.loss_sum.zero_()
+        self.targets.zero_()
+
+    def term(self, k: int, logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """Module k's (1-based) weighted loss over `logits` (batch, seq, vocab) of positions t
+        predicting token t + k + 1 of `tokens` (batch, seq); adds to the statistics."""
+        seqlen = tokens.shape[1]
+        targets = torch.roll(tokens, -(k + 1), dims=1)
+        valid = torch.arange(seqlen, device=tokens.device) < seqlen - k - 1
+        targets = targets.masked_fill(~valid, IGNORE_INDEX)
+        # Under tensor parallel's loss parallel the logits are vocabulary shards and the loss a
+        # replicated DTensor: its local value is the whole loss.
+        loss = local_tensor(F.cross_entropy(logits.flatten(0, -2).float(), targets.flatten(), reduction="sum",
+                                            ignore_index=IGNORE_INDEX))
+        with torch.no_grad():
+            self.loss_sum[k - 1] += loss.detach()
+            self.targets[k - 1] += valid.sum() * tokens.shape[0]
+        return loss * self.loss_scale
