@@ -30,6 +30,7 @@ from kenotron.parallel.pipeline import PipelineSplit, build_pipeline_split, chec
 from kenotron.parallel.plan import Plan, layout_for
 from kenotron.runtime.preflight import resolve_degrees, resolve_model
 from kenotron.train.doremi_checks import check_doremi
+from kenotron.train.muon_groups import muon_names
 
 
 @dataclass(frozen=True)
@@ -79,12 +80,14 @@ def check_context_parallel(cfg: JobConfig, dims: ParallelDims, spec: ModelSpec, 
 def check_parametrization(cfg: JobConfig, args: Any, meta_model: torch.nn.Module) -> None:
     """What spectral µP needs: AdamW (its per-matrix rates are AdamW's), untied embeddings, and
     the fans of every weight matrix (models/common/parametrization.py)."""
+    if cfg.optimizer.name == "muon":
+        muon_names(meta_model, cfg.optimizer.muon_include, cfg.optimizer.muon_exclude)  # included non-matrices
     if cfg.model.parametrization != "spectral_mup":
         return
-    if cfg.optimizer.name != "adamw":
+    if cfg.optimizer.name not in ("adamw", "muon"):
         raise ConfigError(
-            f"model.parametrization='spectral_mup' sets AdamW's per-matrix learning rates (lr * 256 / fan_in); "
-            f"optimizer.name={cfg.optimizer.name!r} would need other ones; use optimizer.name='adamw'"
+            f"model.parametrization='spectral_mup' sets AdamW's (or Muon's) per-matrix learning rates; "
+            f"optimizer.name={cfg.optimizer.name!r} would need other ones; use optimizer.name='adamw' or 'muon'"
         )
     if getattr(args, "tie_embeddings", False):
         raise ConfigError(
