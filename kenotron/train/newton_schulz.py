@@ -34,16 +34,18 @@ def newton_schulz(x: torch.Tensor, steps: int, dtype: torch.dtype) -> torch.Tens
     matrix A = X X^T is the smaller one.
     """
     a, b, c = NS_COEFFICIENTS
-    y = x.to(dtype)
+    shape = x.shape
+    y = x.to(dtype).reshape(-1, *shape[-2:])
     tall = x.size(-2) > x.size(-1)
     if tall:
         y = y.mT
     y = y / y.norm(dim=(-2, -1), keepdim=True).clamp(min=NS_EPS)
     for _ in range(steps):
+        # torch.optim.Muon's fused multiply-adds (one rounding each in bf16), batched.
         gram = y @ y.mT
-        poly = b * gram + c * (gram @ gram)
-        y = a * y + poly @ y
-    return y.mT if tall else y
+        poly = torch.baddbmm(gram, gram, gram, beta=b, alpha=c)
+        y = torch.baddbmm(y, poly, y, beta=a)
+    return (y.mT if tall else y).reshape(shape)
 
 
 def newton_schulz_fn(compiled: bool) -> Callable[[torch.Tensor, int, torch.dtype], torch.Tensor]:

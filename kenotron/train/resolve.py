@@ -86,7 +86,7 @@ def check_parametrization(cfg: JobConfig, args: Any, meta_model: torch.nn.Module
         return
     if cfg.optimizer.name not in ("adamw", "muon"):
         raise ConfigError(
-            f"model.parametrization='spectral_mup' sets AdamW's (or Muon's) per-matrix learning rates; "
+            f"model.parametrization='spectral_mup' sets AdamW's per-matrix learning rates (or Muon's); "
             f"optimizer.name={cfg.optimizer.name!r} would need other ones; use optimizer.name='adamw' or 'muon'"
         )
     if getattr(args, "tie_embeddings", False):
