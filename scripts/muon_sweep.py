@@ -4,6 +4,7 @@ against steps (issue 37, docs/optimizers.md).
     python scripts/muon_sweep.py                                   # debug Llama, 200 steps, the default grids
     python scripts/muon_sweep.py --steps 100 --adamw 3e-3 --muon 1e-2 --json out.json
     python scripts/muon_sweep.py --load out.json --plot docs/images/muon_vs_adamw.png
+    python scripts/muon_sweep.py --muon '' --json a.json & python scripts/muon_sweep.py --adamw '' --json m.json
 
 The built-in corpus is split by document, every tenth one held out for validation (written as
 two JSON Lines files in a temporary folder), so the validation loss is on text no step trained
@@ -33,7 +34,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--adamw", default="1e-3,3e-3,1e-2", help="AdamW's learning rates")
     p.add_argument("--muon", default="3e-3,1e-2,3e-2", help="Muon's learning rates (Moonlight's rule: AdamW's scale)")
     p.add_argument("--json", type=Path, help="write every run's validation curve here")
-    p.add_argument("--load", type=Path, help="train nothing: report (and plot) the curves of an earlier --json")
+    p.add_argument("--load", type=Path, nargs="+",
+                   help="train nothing: report (and plot) the curves of earlier --json files, merged (e.g. one run "
+                        "with --muon '' and one with --adamw '', in parallel)")
     p.add_argument("--plot", type=Path, help="PNG of the best runs' validation loss against steps (matplotlib)")
     p.add_argument("overrides", nargs="*", help="more --section.key value pairs for every run (after --)")
     return p
@@ -57,7 +60,7 @@ def run(optimizer: str, lr: float, steps: int, every: int, data: tuple[Path, Pat
         "--optimizer.name", optimizer, "--optimizer.lr", str(lr), "--training.steps", str(steps),
         "--data.dataset", "jsonl", "--data.path", str(train),
         "--validation.every", str(every), "--validation.dataset", "jsonl", "--validation.path", str(val),
-        "--validation.batches", "8", "--metrics.tensorboard", "false", "--metrics.log_freq", str(every),
+        "--validation.batches", "4", "--metrics.tensorboard", "false", "--metrics.log_freq", str(every),
         "--job.dump_folder", str(folder / f"{optimizer}_{lr:g}"), *overrides])
     records = Trainer(cfg).train()
     return [(r["step"], r["val_loss"]) for r in records if "val_loss" in r]
@@ -108,12 +111,17 @@ def plot(curves: dict[str, dict[str, list]], best: dict[str, str], path: Path) -
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.load:
-        curves = json.loads(args.load.read_text())
+        curves = {}
+        for path in args.load:
+            for opt, runs in json.loads(path.read_text()).items():
+                curves.setdefault(opt, {}).update(runs)
     else:
         curves = {}
         with tempfile.TemporaryDirectory() as tmp:
             data = write_split(Path(tmp))
             for opt, grid in (("adamw", args.adamw), ("muon", args.muon)):
+                if not grid:
+                    continue
                 curves[opt] = {lr: run(opt, float(lr), args.steps, args.every, data, Path(tmp), args.overrides)
                                for lr in grid.split(",")}
                 if args.json:  # after each optimizer: a long sweep keeps what it has
