@@ -194,7 +194,7 @@ class Optimizer:
     """Newton–Schulz iterations per Muon update."""
 
     muon_lr_rule: Literal["auto", "match_rms_adamw", "spectral"] = "auto"
-    """How a Muon matrix's step scales with its shape: match_rms_adamw (Moonlight's lr * 0.2 * sqrt(max(m, n))), spectral (lr * 3.2 * sqrt(fan_out / fan_in), spectral µP's); auto: spectral under model.parametrization='spectral_mup', else match_rms_adamw."""
+    """A Muon matrix's step size: match_rms_adamw (Moonlight's lr * 0.2 * sqrt(max(m, n))) or spectral (lr * 3.2 * sqrt(fan_out / fan_in)); auto: spectral under model.parametrization='spectral_mup', else match_rms_adamw."""
 
     muon_include: list[str] = field(default_factory=list)
     """Parameter-name patterns (fnmatch) Muon also steps, beyond the hidden Linear weights and the MoE experts; each must be a matrix or a 3-D batch of matrices."""

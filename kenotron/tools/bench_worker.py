@@ -30,6 +30,7 @@ from kenotron.tools.bench import SYNTHETIC
 from kenotron.tools.block_trace import BlockTimer, format_trace, stream_pools
 from kenotron.tools.kernel_profile import device_kernels, summarize_kernels, top_kernels
 from kenotron.tools.step_timeline import STEP_RANGE, analyse, read_trace
+from kenotron.train.step import clip_gradients, forward_backward
 from kenotron.train.trainer import Trainer, setup_logging
 
 
@@ -124,8 +125,6 @@ def optimizer_ms(trainer, repeats: int = 5) -> float:
     """Milliseconds of one optimizer step (every model part's optimizer, as the step runs them;
     the median of `repeats` on the gradients of one more forward and backward), synchronized
     around each: the optimizer's own time, without the early all-gather's overlap."""
-    from kenotron.train.step import clip_gradients, forward_backward
-
     job = trainer.job
     forward_backward(job, trainer.loader.next_step())
     clip_gradients(job)

@@ -42,6 +42,8 @@ FEATURES_ADDED_SINCE = {
     "data.sources", "data.stages", "data.shuffle", "data.seed", "data.loader",  # issue 24: blends, stages, loaders
     "data.weights_from",  # issue 25: a blend's weights learned by DoReMi
     "parallelism.ep",  # issue 22: expert parallel (with the [moe] section, below)
+    "optimizer.muon_momentum", "optimizer.muon_nesterov", "optimizer.muon_ns_steps",  # issue 37: Muon
+    "optimizer.muon_lr_rule", "optimizer.muon_include", "optimizer.muon_exclude",
 }
 """Fields of features added after the config was cut to 70 (each feature brings its own)."""
 LATER_SECTIONS = ("validation.", "doremi.", "moe.")  # issue 24: validation; issue 25: DoReMi; issue 22: MoE
