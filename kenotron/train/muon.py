@@ -68,6 +68,8 @@ class Muon(torch.optim.Optimizer):
         return loss
 
     def _ns_local(self, x: torch.Tensor) -> torch.Tensor:
+        if x.numel() == 0:  # a rank that owns no matrix of this batch (fewer matrices than ranks)
+            return x.to(self.ns_dtype)
         return self._ns(x, self.ns_steps, self.ns_dtype)
 
     def _muon_step(self, group: dict[str, Any], params: list[torch.Tensor]) -> None:

@@ -79,3 +79,35 @@ def test_muon_expert_parallel_matches_one_rank(tmp_path):
                            str(tmp_path / "ep2"))
     assert "layers.0.feed_forward.experts.w13" in reference["muon"], sorted(reference["muon"])
     assert_same(reference, results)
+
+
+def orthogonalize_sharded(how: str) -> float:
+    """Largest difference between the whole orthogonalized matrices and those made from shards
+    over 2 ranks: uneven rows and columns, batches of 1 and 3, a 3-D batch sharded on any dim."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard, distribute_tensor
+
+    from kenotron.train.muon_layout import orthogonalize
+    from kenotron.train.newton_schulz import newton_schulz
+
+    def ns(x):
+        return newton_schulz(x, 5, torch.float32)
+
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    g = torch.Generator().manual_seed(0)
+    worst = 0.0
+    cases = [((7, 6), Shard(0), 1), ((7, 6), Shard(1), 3), ((5, 9), Shard(0), 3), ((3, 8, 6), Shard(0), 1),
+             ((3, 8, 6), Shard(2), 1)]
+    for shape, placement, k in cases:
+        whole = [torch.randn(shape, generator=g) for _ in range(k)]
+        sharded = [distribute_tensor(m, mesh, [placement]) for m in whole]
+        for m, d, o in zip(whole, sharded, orthogonalize(sharded, ns, how, torch.float32)):
+            full = DTensor.from_local(o, mesh, [placement], run_check=False, shape=d.shape, stride=d.stride())
+            worst = max(worst, (full.full_tensor() - ns(m)).abs().max().item())
+    return worst
+
+
+@pytest.mark.parametrize("how", ["owner", "every_rank"])
+def test_sharded_matrices_are_orthogonalized_whole_either_way(how):
+    assert max(run_on_ranks(2, orthogonalize_sharded, how)) < 1e-5
