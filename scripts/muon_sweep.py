@@ -1,7 +1,7 @@
 """Muon against AdamW on CPU: each at its best learning rate from a small sweep, validation loss
 against steps (issue 37, docs/optimizers.md).
 
-    python scripts/muon_sweep.py                                   # debug Llama, 200 steps, the default grids
+    python scripts/muon_sweep.py                                   # debug Llama, 100 steps, the default grids
     python scripts/muon_sweep.py --steps 100 --adamw 3e-3 --muon 1e-2 --json out.json
     python scripts/muon_sweep.py --load out.json --plot docs/images/muon_vs_adamw.png
     python scripts/muon_sweep.py --muon '' --json a.json & python scripts/muon_sweep.py --adamw '' --json m.json
@@ -29,10 +29,10 @@ from kenotron.train.trainer import Trainer
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python scripts/muon_sweep.py", description=__doc__.split("\n\n")[0])
-    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--steps", type=int, default=100)
     p.add_argument("--every", type=int, default=20, help="validate every this many steps")
     p.add_argument("--adamw", default="1e-3,3e-3,1e-2", help="AdamW's learning rates")
-    p.add_argument("--muon", default="3e-3,1e-2,3e-2", help="Muon's learning rates (Moonlight's rule: AdamW's scale)")
+    p.add_argument("--muon", default="3e-3,1e-2,3e-2,1e-1", help="Muon's learning rates (Moonlight's rule: AdamW's scale)")
     p.add_argument("--json", type=Path, help="write every run's validation curve here")
     p.add_argument("--load", type=Path, nargs="+",
                    help="train nothing: report (and plot) the curves of earlier --json files, merged (e.g. one run "
