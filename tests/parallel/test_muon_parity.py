@@ -1,5 +1,5 @@
 """Muon under every layout against one rank (CPU/gloo, fp32 Newton–Schulz): FSDP 2, TP 2,
-FSDP 2 x TP 2, ZeRO-1 2 on the debug Llama, EP 2 on the debug Qwen3-MoE (its experts'
+FSDP 2 x TP 2, ZeRO-1 2, PP 2 on the debug Llama, EP 2 on the debug Qwen3-MoE (its experts'
 3-D weights). Two steps through the trainer; the losses and every parameter after them within
 fp32 tolerance of the 1-rank run, so each matrix was orthogonalized whole (a shard's own
 orthogonal form differs by O(1))."""
@@ -24,6 +24,8 @@ LAYOUTS = {
     "tp2": (2, ["--parallelism.tp", "2", "--training.local_batch_size", "8"]),
     "fsdp2_tp2": (4, ["--parallelism.tp", "2"]),
     "zero1_2": (2, ["--parallelism.dp_mode", "zero1"]),
+    "pp2": (2, ["--parallelism.pp", "2", "--parallelism.pp_schedule", "GPipe", "--parallelism.dp_shard", "1",
+                "--training.local_batch_size", "8"]),
 }
 
 
