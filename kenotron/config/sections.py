@@ -166,8 +166,8 @@ class Training:
 
 @dataclass
 class Optimizer:
-    name: Literal["adamw", "sgd"] = "adamw"
-    """AdamW with decoupled weight decay (none on norms and biases), or plain SGD (used by parity tests)."""
+    name: Literal["adamw", "muon", "sgd"] = "adamw"
+    """AdamW with decoupled weight decay (none on norms and biases); muon: Muon for the hidden matrices and AdamW for the rest, at AdamW's lr and weight decay (docs/optimizers.md); or plain SGD (used by parity tests)."""
 
     lr: float = ranged(3e-3, above(0))
     """Peak learning rate, reached at the end of warmup."""
@@ -183,6 +183,24 @@ class Optimizer:
 
     eps: float = ranged(1e-8, above(0))
     """AdamW epsilon."""
+
+    muon_momentum: float = ranged(0.95, between(0, 1, high_open=True))
+    """Muon's momentum (the buffer's decay, as torch.optim.Muon's)."""
+
+    muon_nesterov: bool = True
+    """Muon orthogonalizes the Nesterov look-ahead of its momentum (true) or the momentum itself."""
+
+    muon_ns_steps: int = ranged(5, between(1, 20))
+    """Newton–Schulz iterations per Muon update."""
+
+    muon_lr_rule: Literal["auto", "match_rms_adamw", "spectral"] = "auto"
+    """A Muon matrix's step size: match_rms_adamw (Moonlight's lr * 0.2 * sqrt(max(m, n))) or spectral (lr * 3.2 * sqrt(fan_out / fan_in)); auto: spectral under model.parametrization='spectral_mup', else match_rms_adamw."""
+
+    muon_include: list[str] = field(default_factory=list)
+    """Parameter-name patterns (fnmatch) Muon also steps, beyond the hidden Linear weights and the MoE experts; each must be a matrix or a 3-D batch of matrices."""
+
+    muon_exclude: list[str] = field(default_factory=list)
+    """Parameter-name patterns (fnmatch) that AdamW steps even where Muon would."""
 
 
 

@@ -45,6 +45,12 @@ class Tuning:
     adamw_implementation: Literal["auto", "triton", "fused", "foreach", "for-loop"] = "auto"
     """AdamW kernel: triton (CUDA), or torch's fused, foreach or for-loop; auto: triton on CUDA, else foreach."""
 
+    muon_redistribution: Literal["owner", "every_rank"] = "owner"
+    """Muon on sharded matrices: owner (all-to-all so each rank orthogonalizes whole matrices of its own, then back) or every_rank (all-gather each matrix everywhere); train/muon_layout.py."""
+
+    muon_compile: Literal["auto", "on", "off"] = "auto"
+    """Muon's Newton–Schulz through torch.compile; auto: on CUDA."""
+
     expandable_segments: bool = True
     """CUDA caching allocator grows segments in place (less fragmentation)."""
 

@@ -19,6 +19,7 @@ from kenotron.estimate.tracker import allocated_bytes
 from kenotron.models.common.router import TopKRouter
 from kenotron.parallel.model_layout import fqn_matches, matching_modules
 from kenotron.parallel.zero1 import partition_params
+from kenotron.train.muon_groups import muon_param_groups
 from kenotron.train.resolve import ResolvedRun
 
 FP32 = 4
@@ -108,8 +109,36 @@ def _balance_state(model: nn.Module) -> int:
     return allocated_bytes(len(routers) * 8) + allocated_bytes(len(routers) * (routers[0].n_experts + 2) * FP32)
 
 
+def _muon_state_bytes(run: ResolvedRun, model: nn.Module, params: ParameterBytes) -> int:
+    """Muon's state (train/muon.py): one fp32 momentum buffer per Muon matrix, AdamW's two moments
+    and step counter for the rest; ZeRO-1: the fullest rank of the partition of those groups.
+    Newton–Schulz's gather buffers are transient: the estimator's simulated optimizer step holds
+    them (its optimizer phase), this closed form does not."""
+    groups = muon_param_groups(model, run.cfg.optimizer, run.cfg.model.parametrization)
+    names = {id(p): n for n, p in model.named_parameters()}
+    rows = {r["name"]: r for r in run.plan.describe(model, {"tp": run.dims.tp})}
+    ordered = [(names[id(p)], g["muon"]) for g in groups for p in g["params"]]
+
+    def state(name: str, muon: bool) -> int:
+        return allocated_bytes(rows[name]["bytes"]) if muon else 2 * allocated_bytes(rows[name]["bytes"]) + STEP_COUNTER
+
+    if data_parallel_kind(run) != "zero1":
+        total = sum(rows[n]["bytes"] for n, _ in ordered)
+        muon_share = sum(rows[n]["bytes"] for n, muon in ordered if muon) / max(total, 1)
+        return round((2 - muon_share) * params.local) + STEP_COUNTER * sum(not muon for _, muon in ordered)
+    named = dict(model.named_parameters())
+    owner = partition_params([named[n] for n, _ in ordered], zero1_ranks(run))
+    per_rank = [0] * zero1_ranks(run)
+    for (name, muon), rank in zip(ordered, owner):
+        per_rank[rank] += state(name, muon)
+    return max(per_rank)
+
+
 def optimizer_state_bytes(run: ResolvedRun, model: nn.Module, params: ParameterBytes) -> int:
-    """AdamW moments + step counters on the rank holding the most (ZeRO-1: the partition's largest)."""
+    """AdamW moments + step counters on the rank holding the most (ZeRO-1: the partition's largest);
+    Muon's momentum for its matrices and AdamW's state for the rest."""
+    if run.cfg.optimizer.name == "muon":
+        return _muon_state_bytes(run, model, params)
     if run.cfg.optimizer.name != "adamw":
         return 0
     if master_weights(run):  # the fp32 masters beside the moments (params.local counts fp32 bytes)
@@ -132,6 +161,6 @@ def zero1_correction(run: ResolvedRun, model: nn.Module, simulated_optimizer_sta
     The shallow simulated models partition fewer parameters than the real one (`model`, on meta),
     and rank 0 need not be the fullest, so the optimizer state is taken from the real partition.
     """
-    if data_parallel_kind(run) != "zero1" or run.cfg.optimizer.name != "adamw":
+    if data_parallel_kind(run) != "zero1" or run.cfg.optimizer.name not in ("adamw", "muon"):
         return 0
     return optimizer_state_bytes(run, model, parameter_bytes(run, model)) - simulated_optimizer_state

@@ -144,9 +144,16 @@ def accumulate_seconds(params: float, hw: Hardware) -> float:
 
 
 def optimizer_seconds(run: ResolvedRun, params: float, hw: Hardware) -> float:
-    """The optimizer step (and autocast's weight casts) over `params` (this rank's) parameters."""
+    """The optimizer step (and autocast's weight casts) over `params` (this rank's) parameters;
+    Muon adds Newton–Schulz's matmuls: steps x ~6 m^2 n FLOPs for an m x n matrix, taken as
+    6 * dim FLOPs per parameter per step (square matrices of the model's width; the owner
+    redistribution splits the matrices over the ranks as FSDP splits the parameters)."""
     per_param = OPTIMIZER_BYTES + (AUTOCAST_CAST_BYTES if run.choices.precision == "autocast" else 0)
-    return params * per_param / hw.memory_bytes_per_s
+    seconds = params * per_param / hw.memory_bytes_per_s
+    if run.cfg.optimizer.name == "muon":
+        dim = getattr(run.model_args, "dim", 0)
+        seconds += run.cfg.optimizer.muon_ns_steps * 6 * dim * params / (hw.peak_flops * hw.matmul_efficiency)
+    return seconds
 
 
 def schedule_seconds(rank_seconds: list[float], microbatches: int, stages_per_rank: int) -> float:

@@ -64,10 +64,10 @@ def check_model_features(cfg: JobConfig, spec: ModelSpec, args: Any) -> None:
                           f"{spec.no_document_masking}; set data.document_masking=false")
     if cfg.model.parametrization != "spectral_mup":
         return
-    if cfg.optimizer.name != "adamw":
+    if cfg.optimizer.name not in ("adamw", "muon"):
         raise ConfigError(
-            f"model.parametrization='spectral_mup' sets AdamW's per-matrix learning rates (lr * 256 / fan_in); "
-            f"optimizer.name={cfg.optimizer.name!r} would need other ones; use optimizer.name='adamw'"
+            f"model.parametrization='spectral_mup' sets AdamW's per-matrix learning rates (or Muon's); "
+            f"optimizer.name={cfg.optimizer.name!r} would need other ones; use optimizer.name='adamw' or 'muon'"
         )
     if getattr(args, "tie_embeddings", False):
         raise ConfigError(

@@ -142,6 +142,18 @@ PRESETS: dict[str, dict[str, list[str]]] = {
         "Qwen3-30B-A3B width 4L b4x4096 EP4 compiled": _MOE_30B_4L + ["--compile.enable", "true",
                                                                       "--parallelism.ep", "4"],
     },
+    # Muon beside AdamW (issue 37): run with --optimizer for the optimizer step's share; the
+    # 8B width on 1 GPU, the 1B under FSDP over 2 GPUs (--ngpu 2).
+    "muon-1gpu": {
+        "8B-width 8L b2x8192 compiled AdamW": _8B_WIDTH + ["--compile.enable", "true"],
+        "8B-width 8L b2x8192 compiled Muon": _8B_WIDTH + ["--compile.enable", "true", "--optimizer.name", "muon"],
+    },
+    "muon-2gpu": {
+        "1B b4x4096 FSDP2 compiled AdamW": _1B + ["--compile.enable", "true"],
+        "1B b4x4096 FSDP2 compiled Muon": _1B + ["--compile.enable", "true", "--optimizer.name", "muon"],
+        "1B b4x4096 FSDP2 compiled Muon every-rank": _1B + ["--compile.enable", "true", "--optimizer.name", "muon",
+                                                            "--tuning.muon_redistribution", "every_rank"],
+    },
     "cpu-smoke": {
         "debug fp32": ["--training.local_batch_size", "2", "--training.seq_len", "64"],
         "debug fp32 plain loss": ["--training.local_batch_size", "2", "--training.seq_len", "64", "--tuning.loss", "plain"],
@@ -151,7 +163,7 @@ PRESETS: dict[str, dict[str, list[str]]] = {
 
 def run_case(
     name: str, overrides: list[str], ngpu: int, warmup: int, steps: int, timeout: float, profile: bool = False,
-    timing: str = "stream", trace: bool = False, timeline: str | None = None,
+    timing: str = "stream", trace: bool = False, timeline: str | None = None, optimizer: bool = False,
 ) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "result.json")
@@ -159,6 +171,7 @@ def run_case(
                   "--timing", timing]
         worker += ["--profile"] if profile else []
         worker += ["--trace"] if trace else []
+        worker += ["--optimizer"] if optimizer else []
         if timeline:
             # One folder per case: the traces of every rank (bench's --timeline DIR).
             worker += ["--timeline", os.path.join(timeline, "".join(c if c.isalnum() else "_" for c in name))]
@@ -232,6 +245,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeline", metavar="DIR",
                         help="write every rank's trace of 3 more steps under DIR and print where the step's time goes: "
                              "compute, each collective and its exposed part (kenotron/tools/step_timeline.py)")
+    parser.add_argument("--optimizer", action="store_true",
+                        help="also time the optimizer step alone and print its share of the step")
     parser.add_argument("--timing", choices=["stream", "sync"], default="stream",
                         help="stream: steps back to back, timed by CUDA events; sync: synchronize around each step")
     args = parser.parse_known_args(argv)[0]
@@ -262,9 +277,12 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for name, overrides in cases.items():
         row = run_case(name, overrides + extra, args.ngpu, args.warmup, args.steps, args.timeout, args.profile,
-                       args.timing, args.trace, args.timeline)
+                       args.timing, args.trace, args.timeline, args.optimizer)
         rows.append(row)
         print(format_row(row), flush=True)
+        if "optimizer_ms" in row:
+            print(f"  optimizer step: {row['optimizer_ms']:.1f} ms, {100 * row['optimizer_share']:.1f}% of the "
+                  f"{1e3 * row['step_time_s']:.0f} ms step", flush=True)
         for text in ("profile", "trace", "timeline"):
             if row.get(text):
                 print(row.pop(text), flush=True)

@@ -30,6 +30,7 @@ from kenotron.tools.bench import SYNTHETIC
 from kenotron.tools.block_trace import BlockTimer, format_trace, stream_pools
 from kenotron.tools.kernel_profile import device_kernels, summarize_kernels, top_kernels
 from kenotron.tools.step_timeline import STEP_RANGE, analyse, read_trace
+from kenotron.train.step import clip_gradients, forward_backward
 from kenotron.train.trainer import Trainer, setup_logging
 
 
@@ -120,8 +121,34 @@ def time_steps(trainer, warmup: int, steps: int, timing: str) -> tuple[list[floa
     return times, losses
 
 
+def optimizer_ms(trainer, repeats: int = 5) -> float:
+    """Milliseconds of one optimizer step (every model part's optimizer, as the step runs them;
+    the median of `repeats` on the gradients of one more forward and backward), synchronized
+    around each: the optimizer's own time, without the early all-gather's overlap."""
+    job = trainer.job
+    forward_backward(job, trainer.loader.next_step())
+    clip_gradients(job)
+    cuda = trainer.device.type == "cuda"
+    times = []
+    for _ in range(repeats):
+        if cuda:
+            torch.cuda.synchronize()
+        if dist.is_initialized():
+            dist.barrier()
+        t0 = time.perf_counter()
+        for optimizer in job.optimizers:
+            optimizer.step()
+        if cuda:
+            torch.cuda.synchronize()
+        times.append((time.perf_counter() - t0) * 1e3)
+    for optimizer in job.optimizers:
+        optimizer.zero_grad(set_to_none=True)
+    return statistics.median(times)
+
+
 def run_worker(out_path: str, warmup: int, steps: int, overrides: list[str], profile: bool = False,
-               timing: str = "stream", trace: bool = False, timeline: str | None = None) -> None:
+               timing: str = "stream", trace: bool = False, timeline: str | None = None,
+               optimizer: bool = False) -> None:
     """Inside one case's process (every rank): build the trainer, time the steps, write JSON."""
     world = WorldInfo.from_env()
     setup_logging(world.rank)
@@ -155,6 +182,9 @@ def run_worker(out_path: str, warmup: int, steps: int, overrides: list[str], pro
         "device": trainer.metrics.device_name,
         "torch": torch.__version__,
     }
+    if optimizer:  # the optimizer step's share of the step (issue 37: Muon beside AdamW)
+        result["optimizer_ms"] = optimizer_ms(trainer)
+        result["optimizer_share"] = result["optimizer_ms"] / 1e3 / step_time
     if profile and device.type == "cuda":
         result["profile"], result["kernels"] = _profile(trainer)
     if trace:
@@ -175,9 +205,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--trace", action="store_true")
     parser.add_argument("--timeline", metavar="DIR")
+    parser.add_argument("--optimizer", action="store_true")
     args, rest = parser.parse_known_args(argv)
     run_worker(args.out, args.warmup, args.steps, [a for a in rest if a != "--"], args.profile, args.timing,
-               args.trace, args.timeline)
+               args.trace, args.timeline, args.optimizer)
     return 0
 
 

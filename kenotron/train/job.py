@@ -29,7 +29,6 @@ from torch.distributed.device_mesh import init_device_mesh
 from kenotron.kernel_choice.attention_backend import BlockMasks, use_attention_kernel
 from kenotron.models.common.eager_kernels import use_eager_kernels, use_expert_kernel
 from kenotron.models.common.mamba import use_scan_kernel
-from kenotron.models.common.parametrization import spectral_lr_scales
 from kenotron.parallel.dims import Meshes, build_device_meshes
 from kenotron.parallel.early_gather import EarlyGather
 from kenotron.parallel.zero1 import Zero1Optimizer
@@ -40,7 +39,7 @@ from kenotron.train.flops import active_matmul_params
 from kenotron.train.fused_loss import chunk_fn_for
 from kenotron.train.lr_schedule import LRSchedule, build_lr_scheduler
 from kenotron.train.mtp import MultiTokenPrediction
-from kenotron.train.optim import optimizer_factory, param_groups
+from kenotron.train.optim import build_param_groups, optimizer_factory
 from kenotron.train.pipeline_step import PipelineExecutor, PipelineExtension, PipelineRunner
 from kenotron.train.resolve import ResolvedRun
 from kenotron.train.training_job import TrainingJob
@@ -112,11 +111,12 @@ def build_job(
                 part.init_buffers(device)
             part.train()
         # With master weights, building the optimizer turns the parameters bf16 (fp32 masters in its state).
-        factory = optimizer_factory(cfg.optimizer, choices.adamw, master_weights=choices.precision == "master_weights")
+        factory = optimizer_factory(cfg.optimizer, choices.adamw, master_weights=choices.precision == "master_weights",
+                                    device_type=device.type,
+                                    muon_tuning=(cfg.tuning.muon_redistribution, cfg.tuning.muon_compile))
         optimizers: list[Any] = []
         for part in applied.model_parts:
-            scales = spectral_lr_scales(part) if cfg.model.parametrization == "spectral_mup" else None
-            groups = param_groups(part, cfg.optimizer.weight_decay, cfg.optimizer.lr, scales)
+            groups = build_param_groups(part, cfg.optimizer, cfg.model.parametrization)
             if applied.data_parallel.kind == "zero1":
                 optimizers.append(Zero1Optimizer(groups, applied.data_parallel.mesh, factory))
             else:

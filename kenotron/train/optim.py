@@ -1,4 +1,5 @@
-"""AdamW with decoupled weight decay and the fastest kernel the device has."""
+"""The optimizer builder: AdamW with decoupled weight decay and the fastest kernel the device has,
+Muon (train/muon.py) or SGD, and their parameter groups."""
 
 from __future__ import annotations
 
@@ -9,8 +10,11 @@ from torch import nn
 
 from kenotron.config import ConfigError
 from kenotron.config import Optimizer as OptimizerConfig
+from kenotron.models.common.parametrization import spectral_lr_scales
 from kenotron.train.closure import closure_loss
 from kenotron.train.master_weights import MasterWeightAdamW
+from kenotron.train.muon import Muon
+from kenotron.train.muon_groups import muon_param_groups
 
 
 class TritonAdamW(torch.optim.AdamW):
@@ -68,6 +72,15 @@ def param_groups(model: nn.Module, weight_decay: float, lr: float,
     return list(groups.values())
 
 
+def build_param_groups(model: nn.Module, cfg: OptimizerConfig, parametrization: str) -> list[dict]:
+    """The configured optimizer's groups for `model`: Muon's split (train/muon_groups.py) for
+    optimizer.name='muon', else `param_groups` (with spectral µP's AdamW rates when asked)."""
+    if cfg.name == "muon":
+        return muon_param_groups(model, cfg, parametrization)
+    scales = spectral_lr_scales(model) if parametrization == "spectral_mup" else None
+    return param_groups(model, cfg.weight_decay, cfg.lr, scales)
+
+
 def adamw_kernel_kwargs(implementation: str) -> dict[str, bool]:
     """torch.optim.AdamW's flags for one of its own implementations."""
     return {
@@ -78,18 +91,30 @@ def adamw_kernel_kwargs(implementation: str) -> dict[str, bool]:
 
 
 def optimizer_factory(cfg: OptimizerConfig, implementation: str, master_weights: bool = False,
+                      device_type: str = "cpu", muon_tuning: tuple[str, str] = ("owner", "auto"),
                       ) -> Callable[[list[dict]], torch.optim.Optimizer]:
     """A function from parameter groups to the configured optimizer. `implementation`: AdamW's
     kernel as resolve_run chose it (Choices.adamw). `master_weights`: AdamW keeps fp32 masters
-    and turns the parameters bf16 when built (kenotron/train/master_weights.py)."""
+    and turns the parameters bf16 when built (kenotron/train/master_weights.py). `device_type`
+    and `muon_tuning` (tuning.muon_redistribution, tuning.muon_compile) set how Muon's
+    Newton–Schulz runs: bf16 and compiled on CUDA, fp32 eager elsewhere."""
     if master_weights and cfg.name != "adamw":
         raise ConfigError(f"tuning.mixed_precision='master_weights' keeps its fp32 masters in AdamW's state, but "
                           f"optimizer.name={cfg.name!r}; use optimizer.name='adamw' or another mixed_precision")
     if cfg.name == "sgd":
         return lambda groups: torch.optim.SGD(groups, lr=cfg.lr)
-    if cfg.name != "adamw":
-        raise ConfigError(f"optimizer.name={cfg.name!r} is not supported; use 'adamw' or 'sgd'")
     betas = (cfg.beta1, cfg.beta2)
+    if cfg.name == "muon":
+        redistribution, compile_choice = muon_tuning
+        cuda = device_type == "cuda"
+        kernel = adamw_kernel_kwargs("fused" if implementation == "triton" else implementation)
+        return lambda groups: Muon(groups, lr=cfg.lr, betas=betas, eps=cfg.eps, momentum=cfg.muon_momentum,
+                                   nesterov=cfg.muon_nesterov, ns_steps=cfg.muon_ns_steps,
+                                   ns_dtype=torch.bfloat16 if cuda else torch.float32,
+                                   compiled=compile_choice == "on" or (compile_choice == "auto" and cuda),
+                                   redistribution=redistribution, adamw_kernel=kernel)  # type: ignore[arg-type]
+    if cfg.name != "adamw":
+        raise ConfigError(f"optimizer.name={cfg.name!r} is not supported; use 'adamw', 'muon' or 'sgd'")
     if master_weights:
         return lambda groups: MasterWeightAdamW(groups, lr=cfg.lr, betas=betas, eps=cfg.eps, kernel=implementation)
     if implementation == "triton":

@@ -32,6 +32,7 @@ from kenotron.parallel.plan import Plan, layout_for
 from kenotron.runtime.preflight import resolve_degrees, resolve_model
 from kenotron.train.doremi_checks import check_doremi
 from kenotron.train.mtp_checks import check_multi_token_prediction
+from kenotron.train.muon_groups import muon_names
 
 
 @dataclass(frozen=True)
@@ -52,9 +53,11 @@ class ResolvedRun:
 
 
 def check_parametrization(cfg: JobConfig, meta_model: torch.nn.Module) -> None:
-    """What spectral µP needs of the built model: the fans of every weight matrix
-    (models/common/parametrization.py); its optimizer and untied embeddings are checked with
-    the model's args (runtime/preflight.py)."""
+    """What the optimizer and spectral µP need of the built model: Muon's included parameters are
+    matrices, and spectral µP's fans of every weight matrix (models/common/parametrization.py);
+    µP's optimizer and untied embeddings are checked with the model's args (runtime/preflight.py)."""
+    if cfg.optimizer.name == "muon":
+        muon_names(meta_model, cfg.optimizer.muon_include, cfg.optimizer.muon_exclude)  # included non-matrices
     if cfg.model.parametrization == "spectral_mup":
         matrix_fans(meta_model)
 

@@ -42,6 +42,8 @@ from kenotron.train.flops import flops_per_token
 from kenotron.train.job import build_job, build_meshes
 from kenotron.train.lr_schedule import warmup_outlasts_run
 from kenotron.train.metrics import MetricsLogger
+from kenotron.train.muon_groups import group_table
+from kenotron.train.optim import build_param_groups
 from kenotron.train.resolve import ResolvedRun, resolve_run
 from kenotron.train.resume_settings import apply_launch_settings, built_settings
 from kenotron.train.step import check_label_tokens, eval_loss, train_step
@@ -110,6 +112,10 @@ class Trainer:
             self.job.extensions[:0] = job_extensions(self.job)
         if self.run.plan.pipeline is not None and self.is_rank0:
             logger.info("%s", self.run.plan.pipeline)
+        if cfg.optimizer.name == "muon" and self.is_rank0:  # which parameters get Muon, which AdamW
+            for part in self.job.model_parts:  # the whole part's groups (ZeRO-1's rank holds a partition of them)
+                logger.info("optimizer groups:\n%s",
+                            group_table(part, build_param_groups(part, cfg.optimizer, cfg.model.parametrization)))
         args = self.run.model_args
         self.flops_per_token = flops_per_token(self.job.matmul_params,
                                                self.run.spec.mixing_flops(args, cfg.training.seq_len))

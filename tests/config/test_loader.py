@@ -44,6 +44,8 @@ FEATURES_ADDED_SINCE = {
     "data.weights_from",  # issue 25: a blend's weights learned by DoReMi
     "parallelism.ep",  # issue 22: expert parallel (with the [moe] section, below)
     "float8.experts",  # issue 36: the routed experts in float8
+    "optimizer.muon_momentum", "optimizer.muon_nesterov", "optimizer.muon_ns_steps",  # issue 37: Muon
+    "optimizer.muon_lr_rule", "optimizer.muon_include", "optimizer.muon_exclude",
 }
 """Fields of features added after the config was cut to 70 (each feature brings its own)."""
 LATER_SECTIONS = ("validation.", "doremi.", "moe.", "fault_tolerance.")  # issues 24, 25, 22, 38: validation, DoReMi, MoE, fault tolerance

@@ -151,3 +151,13 @@ def test_metrics_logger_tells_tensorboard_to_purge_replayed_steps(tmp_path):
     write(range(1, 7), 5.0)
     write(range(4, 6), 3.0, purge=4)
     assert _tensorboard_steps(tmp_path) == [(1, 5.0), (2, 5.0), (3, 5.0), (4, 3.0), (5, 3.0)]
+
+
+def test_a_resume_under_another_optimizer_must_leave_its_state_unloaded(tmp_path):
+    run = tmp_path / "run"
+    _fake_run(run, _cfg(run, "--checkpoint.enable", "true"), [1, 2], checkpoints=[2])
+    with pytest.raises(ConfigError, match=r"optimizer.name='muon' resumes a checkpoint saved by optimizer.name='adamw'"
+                                          r".*--checkpoint.exclude_from_loading optimizer"):
+        check_run_folder(_cfg(run, "--checkpoint.enable", "true", "--optimizer.name", "muon"))
+    check_run_folder(_cfg(run, "--checkpoint.enable", "true", "--optimizer.name", "muon",
+                          "--checkpoint.exclude_from_loading", "optimizer"))
