@@ -143,7 +143,6 @@ def check_run_folder(cfg: JobConfig) -> FolderState:
     if resumes:
         # Without a config.toml (a folder of checkpoints only) there is nothing to compare with.
         changed = _differences(state.previous_config, now, IDENTITY_KEYS) if state.previous_config is not None else []
-        _check_optimizer_kept(cfg, state.previous_config)
         if changed:
             raise ConfigError(
                 f"job.dump_folder={str(folder)!r} holds a run of another model or data ({'; '.join(changed[:3])}): "
@@ -166,18 +165,6 @@ def check_run_folder(cfg: JobConfig) -> FolderState:
         )
     return state
 
-
-def _check_optimizer_kept(cfg: JobConfig, previous: dict[str, Any] | None) -> None:
-    """A resume under another optimizer (AdamW's checkpoint, Muon's state) must not load the
-    optimizer's state: one line before any process group instead of DCP's missing keys."""
-    before = (previous or {}).get("optimizer.name")
-    if before is None or before == cfg.optimizer.name or "optimizer" in cfg.checkpoint.exclude_from_loading:
-        return
-    raise ConfigError(
-        f"optimizer.name={cfg.optimizer.name!r} resumes a checkpoint saved by optimizer.name={before!r}, whose "
-        f"optimizer state it cannot load; load the model only with --checkpoint.exclude_from_loading optimizer "
-        f"(and lr_scheduler to restart the schedule), or keep optimizer.name={before!r}"
-    )
 
 
 def _truncate_records(path: Path, last_step: int, keep_dropped: Path | None = None) -> int:
