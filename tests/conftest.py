@@ -25,16 +25,16 @@ def pytest_unconfigure(config):
 
 @pytest.fixture(scope="session", autouse=True)
 def _shutdown_worker_processes():
-    """Stop the multi-rank worker pools (tests/distributed/pool.py) and the Triton interpreter's
-    server (tests/triton_interpreter.py) when the session ends, also after -x, a failure or
-    Ctrl-C. Importing nothing here keeps torch out of unrelated runs."""
+    """Stop the multi-rank worker pools (tests/distributed/pool.py) and the fork servers
+    (tests/fork_server.py) when the session ends, also after -x, a failure or Ctrl-C. Importing
+    nothing here keeps torch out of unrelated runs."""
     yield
     pool = sys.modules.get("tests.distributed.pool")
     if pool is not None:
         pool.shutdown_pools()
-    interpreter = sys.modules.get("tests.triton_interpreter")
-    if interpreter is not None:
-        interpreter.shutdown_server()
+    servers = sys.modules.get("tests.fork_server")
+    if servers is not None:
+        servers.shutdown_servers()
 
 
 @pytest.fixture(autouse=True)

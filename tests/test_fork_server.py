@@ -1,6 +1,6 @@
-"""tests/triton_interpreter.py: each script runs in a fresh process of its own under
-TRITON_INTERPRET=1 (forked by one server), its failure or hang fails the test with its output,
-and the server goes on serving after either."""
+"""tests/fork_server.py and tests/triton_interpreter.py over it: each script, or `-c` code, runs
+in a fresh process of its own (forked by one server; TRITON_INTERPRET=1 for the interpreter's),
+its failure or hang fails the test with its output, and the server goes on serving after either."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import importlib.util
 
 import pytest
 
+from tests.fork_server import fork_server
 from tests.triton_interpreter import run_in_triton_interpreter
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs the triton package")
@@ -46,3 +47,10 @@ def test_a_hanging_script_is_killed_at_its_timeout_and_the_next_one_runs(tmp_pat
     with pytest.raises(AssertionError, match=r"(?s)ran longer than 1 s.*started"):
         run_in_triton_interpreter(hangs, timeout=1)
     run_in_triton_interpreter(fine)
+
+
+def test_code_runs_as_python_dash_c_with_its_arguments_and_exit_code():
+    code, out, err = fork_server(("torch",)).run(["-c", "import sys; print(sys.argv[1:]); sys.exit(3)", "a"], 60)
+    assert (code, out, err) == (3, "['a']\n", "")
+    code, _, err = fork_server(("torch",)).run(["-c", "raise KeyError('missing')"], 60)
+    assert code == 1 and "KeyError: 'missing'" in err
