@@ -24,13 +24,17 @@ def pytest_unconfigure(config):
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _shutdown_multirank_pools():
-    """Stop the multi-rank worker pools (tests/distributed/pool.py) when the session ends, also
-    after -x, a failure or Ctrl-C. Importing nothing here keeps torch out of unrelated runs."""
+def _shutdown_worker_processes():
+    """Stop the multi-rank worker pools (tests/distributed/pool.py) and the fork servers
+    (tests/fork_server.py) when the session ends, also after -x, a failure or Ctrl-C. Importing
+    nothing here keeps torch out of unrelated runs."""
     yield
     pool = sys.modules.get("tests.distributed.pool")
     if pool is not None:
         pool.shutdown_pools()
+    servers = sys.modules.get("tests.fork_server")
+    if servers is not None:
+        servers.shutdown_servers()
 
 
 @pytest.fixture(autouse=True)

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import ast
 import re
-import subprocess
 import sys
 from collections import defaultdict
 from pathlib import Path
 
 import kenotron
+from tests.fork_server import fork_server
 
 PACKAGE = Path(kenotron.__file__).parent
 
@@ -448,9 +448,8 @@ for info in pkgutil.walk_packages(kenotron.__path__, "kenotron."):
 print("\\n".join(failed))
 sys.exit(1 if failed else 0)
 """
-    proc = subprocess.run([sys.executable, "-c", script], check=False, capture_output=True, text=True,
-                          timeout=300, cwd=PACKAGE.parent)
-    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    code, out, err = fork_server(("torch",)).run(["-c", script], timeout=300)  # a fresh process, torch imported
+    assert code == 0, out + err[-3000:]
 
 
 def test_package_faces_export_what_they_list():
@@ -471,9 +470,8 @@ assert Plan.__name__ == "Plan" and callable(plan_for) and Trainer.__name__ == "T
 assert callable(build_job) and callable(train_step)
 print("ok")
 """
-    proc = subprocess.run([sys.executable, "-c", script], check=False, capture_output=True, text=True,
-                          timeout=300, cwd=PACKAGE.parent)
-    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stdout + proc.stderr[-3000:]
+    code, out, err = fork_server(("torch",)).run(["-c", script], timeout=300)
+    assert code == 0 and out.strip().endswith("ok"), out + err[-3000:]
 
 
 def _rooms_in_design_doc(text: str) -> set[str]:

@@ -2,24 +2,19 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 from kenotron.models import MODEL_SPECS
 from kenotron.models.registry import FAMILIES, ModelRegistry
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.fork_server import fork_server
 
 
 def _fresh_interpreter(script: str) -> str:
-    """Run `script` in a new Python (so that nothing another test imported counts); its stdout."""
-    proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          check=False)
-    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
-    return proc.stdout
+    """Run `script` in a new Python (so that nothing another test imported counts: a process
+    forked from one that imported torch alone, tests/fork_server.py); its stdout."""
+    code, out, err = fork_server(("torch",)).run(["-c", script], timeout=300)
+    assert code == 0, out + err[-3000:]
+    return out
 
 
 def test_building_the_debug_llama3_job_imports_no_other_family_nor_the_mamba_kernels():

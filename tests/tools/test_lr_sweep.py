@@ -1,9 +1,11 @@
 """scripts/mup_lr_sweep.py (docs/mup.md's sweep) end to end on a tiny grid: it trains every
 (parametrization, width, learning rate) run, prints each width's best learning rate, writes the
-curves and the plot; `--load` of those curves prints the same table without training."""
+curves and the plot; `--load` of those curves prints the same table without training (the
+script's main in this process: a second interpreter would only import torch again)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
@@ -30,7 +32,16 @@ def tables(output: str) -> list[str]:
     return [line for line in output.splitlines() if line.startswith(("standard:", "spectral_mup:", "  "))]
 
 
-def test_the_sweep_trains_every_run_and_load_reprints_its_table(tmp_path):
+def sweep_in_this_process(capsys, *args: str) -> str:
+    spec = importlib.util.spec_from_file_location("mup_lr_sweep", ROOT / "scripts" / "mup_lr_sweep.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    capsys.readouterr()
+    assert script.main(list(args)) == 0
+    return capsys.readouterr().out
+
+
+def test_the_sweep_trains_every_run_and_load_reprints_its_table(tmp_path, capsys):
     curves, plot = tmp_path / "w64.json", tmp_path / "sweep.png"
     trained = sweep(*TINY[:8], "--json", str(curves), "--out", str(plot), *TINY[8:])
     data = json.loads(curves.read_text())
@@ -41,5 +52,5 @@ def test_the_sweep_trains_every_run_and_load_reprints_its_table(tmp_path):
     assert plot.stat().st_size > 0
     rows = tables(trained)
     assert len(rows) == 6 and rows[2].split()[0] == "64"  # per parametrization: title, header, width 64
-    loaded = sweep("--load", str(curves), "--tail", "2", "--out", str(tmp_path / "again.png"))
+    loaded = sweep_in_this_process(capsys, "--load", str(curves), "--tail", "2", "--out", str(tmp_path / "again.png"))
     assert tables(loaded) == rows
