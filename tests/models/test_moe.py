@@ -51,7 +51,8 @@ def reference(layer: MoE, x: torch.Tensor) -> torch.Tensor:
 def test_grouping_puts_every_copy_once_in_aligned_contiguous_groups():
     ids = torch.tensor([3, 0, 3, 1, 3, 0, 2, 3])
     g = group_by_expert(ids, 5, k=2, align=4)
-    assert g.rows == 8 + 5 * 3  # static: copies + groups * (align - 1)
+    assert g.rows == 24  # static: copies + groups * (align - 1) = 23, rounded up to a multiple of align
+    assert g.rows % 4 == 0  # float8 reads the buffer transposed: the row count is aligned too
     assert g.counts.tolist() == [2, 1, 1, 4, 0]
     starts = [0] + g.offsets.tolist()[:-1]
     assert all(s % 4 == 0 for s in starts) and g.offsets[-1] == g.rows

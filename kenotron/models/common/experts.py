@@ -74,8 +74,10 @@ def padded_counts(counts: torch.Tensor, align: int) -> torch.Tensor:
 def group_by_expert(expert_ids: torch.Tensor, n_groups: int, k: int, align: int = 1,
                     counts: torch.Tensor | None = None) -> Grouping:
     """Group the copies whose experts are `expert_ids` (copies,) by expert, each group padded to a
-    multiple of `align` rows. The buffer has a static size, copies + n_groups * (align - 1): the
-    last group takes the rows that the others' padding leaves over. `counts` (n_groups,), the
+    multiple of `align` rows. The buffer has a static size, copies + n_groups * (align - 1) rounded
+    up to a multiple of `align` (float8's grouped GEMM reads the buffer transposed in backward: its
+    row count must be 16-byte aligned too): the last group takes the rows that the others' padding
+    leaves over. `counts` (n_groups,), the
     copies per group, when the caller knows them: counting runs through an accumulating
     index_put, whose CUDA kernel takes each run of equal ids serially (11 ms for one group of
     130k copies)."""
@@ -86,7 +88,7 @@ def group_by_expert(expert_ids: torch.Tensor, n_groups: int, k: int, align: int 
         counts = torch.zeros(n_groups, dtype=torch.int64, device=device)
         counts.index_add_(0, expert_ids, torch.ones_like(expert_ids))
     padded = padded_counts(counts, align)
-    rows = copies + n_groups * (align - 1)
+    rows = -(-(copies + n_groups * (align - 1)) // align) * align
     ends = torch.cumsum(padded, 0)
     ends[-1] = rows  # the tail of the static buffer belongs to the last group
     starts = torch.cumsum(padded, 0) - padded
