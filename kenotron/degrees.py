@@ -180,3 +180,17 @@ def expert_parallel_degrees(dp_shard: int, cp: int, n_experts: int = 0) -> list[
     `n_experts` when given)."""
     out = sorted({1} | {cp * d for d in _divisors(dp_shard)})
     return [e for e in out if not n_experts or n_experts % e == 0]
+
+
+ZERO_BUBBLE_SCHEDULES = ("InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
+"""Pipeline schedules that split each backward into an input and a weight pass."""
+
+def check_compile(schedule: str, compile_blocks: bool) -> None:
+    """Zero-bubble schedules split each backward into an input part and a weight part, which
+    torch.compile'd blocks do not support (torch refuses them for ZBVZeroBubble and DualPipeV)."""
+    if compile_blocks and schedule in ZERO_BUBBLE_SCHEDULES:
+        raise ParallelConfigError(
+            f"parallelism.pp_schedule={schedule!r} splits backward into input and weight passes, which compiled "
+            f"blocks do not support; use compile.enable=false or a schedule among GPipe, 1F1B, Interleaved1F1B, "
+            f"LoopedBFS"
+        )

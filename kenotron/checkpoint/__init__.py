@@ -21,7 +21,6 @@ from kenotron.checkpoint.folders import (
     step_folder_name,
 )
 from kenotron.checkpoint.manager import EXPORT_DTYPES, CheckpointManager
-from kenotron.checkpoint.settings import check_checkpoint_config
 from kenotron.checkpoint.state import PART_NAMES, TrainState
 
 __all__ = [
@@ -37,7 +36,6 @@ __all__ = [
     "NonFiniteStateError",
     "RemoteStorageError",
     "TrainState",
-    "check_checkpoint_config",
     "list_step_folders",
     "read_marker",
     "step_folder_name",

@@ -67,7 +67,6 @@ from kenotron.checkpoint.saver import (
     DcpSaver,
     SaveInFlight,
 )
-from kenotron.checkpoint.settings import check_checkpoint_config
 from kenotron.checkpoint.state import (
     HasState,
     JsonState,
@@ -77,6 +76,7 @@ from kenotron.checkpoint.state import (
 )
 from kenotron.checkpoint.trust import load_state
 from kenotron.config.sections import Checkpoint as CheckpointConfig
+from kenotron.config.validate import check_checkpoint_config
 
 logger = logging.getLogger("kenotron")
 

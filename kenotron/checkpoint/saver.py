@@ -37,9 +37,10 @@ from torch.distributed.checkpoint.staging import AsyncStager
 from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 
 from kenotron.checkpoint.errors import CheckpointError
+from kenotron.config.sections import CHECKPOINT_ASYNC_MODES
 
 AsyncMode = Literal["disabled", "async", "async_with_pinned_mem"]
-ASYNC_MODES: tuple[str, ...] = ("disabled", "async", "async_with_pinned_mem")
+ASYNC_MODES = CHECKPOINT_ASYNC_MODES
 NO_GROUP_FOR_WRITER_PROCESS = (
     "checkpoint.async_mode='async_with_pinned_mem' writes from a separate process that joins a process group, "
     "but none is initialized; launch with torchrun (run_train.sh does, also for one process) or use "

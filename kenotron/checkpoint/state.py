@@ -36,10 +36,11 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
+from kenotron.config.sections import CHECKPOINT_PARTS
 from kenotron.errors import DataError
 
-PART_NAMES = ("model", "optimizer", "lr_scheduler", "dataloader", "train_state")
-"""Names of the parts, in save order; `checkpoint.exclude_from_loading` takes these."""
+PART_NAMES = CHECKPOINT_PARTS
+"""Names of the parts, in save order (config/sections.py: the launcher checks them without torch)."""
 
 # Per-parameter param-group entries ("param_groups.<fqn>.lr") instead of index-based groups:
 # the same keys whatever the pipeline split, so optimizer state reshards like the model does.

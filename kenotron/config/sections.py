@@ -298,6 +298,12 @@ class MoE:
     """Auxiliary-loss-free balancing (DeepSeek-V3): after each step every expert's routing bias moves by this much toward balance (sign of mean load − its load); 0 turns it off."""
 
 
+CHECKPOINT_PARTS = ("model", "optimizer", "lr_scheduler", "dataloader", "train_state")
+"""Names of a checkpoint's parts, in save order; `checkpoint.exclude_from_loading` takes these."""
+CHECKPOINT_ASYNC_MODES = ("disabled", "async", "async_with_pinned_mem")
+"""The values of `checkpoint.async_mode` (checkpoint/saver.py)."""
+
+
 @dataclass
 class Checkpoint:
     enable: bool = False

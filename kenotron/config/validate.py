@@ -7,7 +7,8 @@ import dataclasses
 from kenotron.config.loader import ConfigError
 from kenotron.config.ranges import RANGE_KEY, range_problem
 from kenotron.config.schema import all_fields
-from kenotron.config.sections import JobConfig
+from kenotron.config.sections import CHECKPOINT_ASYNC_MODES, CHECKPOINT_PARTS, JobConfig
+from kenotron.config.sections import Checkpoint as CheckpointConfig
 
 
 def check_ranges(cfg: JobConfig) -> None:
@@ -28,9 +29,29 @@ def check_ranges(cfg: JobConfig) -> None:
                         raise ConfigError(problem)
 
 
+def check_checkpoint_config(config: CheckpointConfig) -> None:
+    """ConfigError for checkpoint settings that are wrong on their own (no files looked at); the
+    checkpoint manager checks a config built in Python with it too."""
+    if config.interval <= 0:
+        raise ConfigError(f"checkpoint.interval={config.interval} must be a positive number of steps")
+    if config.keep_latest_k < 0:
+        raise ConfigError(f"checkpoint.keep_latest_k={config.keep_latest_k} must be >= 0 (0 keeps every checkpoint)")
+    if config.load_step < -1:
+        raise ConfigError(f"checkpoint.load_step={config.load_step} must be -1 (latest), 0 (fresh start) or a step")
+    unknown = [p for p in config.exclude_from_loading if p not in CHECKPOINT_PARTS]
+    if unknown:
+        raise ConfigError(f"checkpoint.exclude_from_loading has {unknown[0]!r}, which is not a part; use some of "
+                          f"{', '.join(CHECKPOINT_PARTS)}")
+    if config.async_mode not in CHECKPOINT_ASYNC_MODES:
+        raise ConfigError(f"checkpoint.async_mode={config.async_mode!r} is not one of {', '.join(CHECKPOINT_ASYNC_MODES)}")
+    if config.remote_folder and not config.remote_folder.startswith("s3://"):  # checkpoint/remote.py's is_remote
+        raise ConfigError(f"checkpoint.remote_folder={config.remote_folder!r} must look like s3://bucket/prefix")
+
+
 def validate_config(cfg: JobConfig) -> None:
     """Raise ConfigError for values out of their range, or valid alone but unusable together."""
     check_ranges(cfg)
+    check_checkpoint_config(cfg.checkpoint)
     t = cfg.training
     o = cfg.optimizer
     if cfg.tuning.mixed_precision == "master_weights" and (t.param_dtype != "bfloat16" or o.name != "adamw"):

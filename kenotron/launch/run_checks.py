@@ -5,8 +5,7 @@ the config, the model's shape, the kernel choices) first and this module only af
 
 What only this round finds: what needs the meta model (the family's layout, spectral µP's fans,
 the pipeline split, Mamba sizes the Triton scan does not take, a fused loss without an output
-layer), files (the tokenizer, the data, a DoReMi reference checkpoint), the checkpoint settings
-and the zero-bubble schedules with compile (their modules import torch), flash-attn's import and
+layer), files (the tokenizer, the data, a DoReMi reference checkpoint), flash-attn's import and
 version, torch's own view of CUDA (launch_target), and the trainer's checks (run folder, wandb,
 float8)."""
 

@@ -35,7 +35,6 @@ SINGLE_STAGE_SCHEDULES = ("GPipe", "1F1B")
 LOOPED_SCHEDULES = ("Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble")
 V_SCHEDULES = ("ZBVZeroBubble", "DualPipeV")
 PP_SCHEDULES = SINGLE_STAGE_SCHEDULES + LOOPED_SCHEDULES + V_SCHEDULES
-ZERO_BUBBLE_SCHEDULES = ("InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
 
 
 def pipeline_units(model: nn.Module, blocks: str = "layers.*") -> tuple[list[str], list[str], list[str]]:
@@ -212,15 +211,6 @@ def check_microbatches(schedule: str, microbatches: int, local_batch_size: int, 
             )
 
 
-def check_compile(schedule: str, compile_blocks: bool) -> None:
-    """Zero-bubble schedules split each backward into an input part and a weight part, which
-    torch.compile'd blocks do not support (torch refuses them for ZBVZeroBubble and DualPipeV)."""
-    if compile_blocks and schedule in ZERO_BUBBLE_SCHEDULES:
-        raise ParallelConfigError(
-            f"parallelism.pp_schedule={schedule!r} splits backward into input and weight passes, which compiled "
-            f"blocks do not support; use compile.enable=false or a schedule among GPipe, 1F1B, Interleaved1F1B, "
-            f"LoopedBFS"
-        )
 
 
 def tied_groups(model: nn.Module) -> list[list[str]]:

@@ -11,8 +11,9 @@ over the window) gives rank 0 the picture:
     slowest_rank      the rank with the most compute per step
     slowest_rank_s    its compute seconds per step
     median_rank_s     the median of the other ranks' compute per step
-    slow_rank_named   True when slowest_rank_s > (1 + SLOW_MARGIN) x median_rank_s (and at
-                      least MIN_GAP_S more): the log line then names it
+    slow_rank_named   True when slowest_rank_s > (1 + SLOW_MARGIN) x median_rank_s and the
+                      difference is at least MIN_STEP_SHARE of the step's wall time (and
+                      MIN_GAP_S): the log line then names it
 
 What this sees: work on the host (the CPU path's compute, data preparation, Python, a busy
 neighbour process on a shared host); a CUDA rank's kernels run asynchronously and are not in
@@ -33,15 +34,22 @@ SLOW_MARGIN = 0.25
 """A rank is named when its compute per step exceeds the other ranks' median by this fraction."""
 MIN_GAP_S = 1e-3
 """...and by at least this many seconds (on a tiny step, scheduler noise is a large fraction)."""
+MIN_STEP_SHARE = 0.1
+"""...and by at least this fraction of the step's wall time. On GPUs the thread's CPU time is
+kernel launches, tens of ms that vary from rank to rank by more than SLOW_MARGIN (a healthy
+2 x H100 DDP run: 48 against 66 ms of a ~310 ms step, 2026-11-27): a difference that costs the
+step less than this is not worth a name."""
 
 
-def slowest(compute_s: list[float]) -> dict[str, Any]:
-    """The record's keys for these per-rank compute seconds per step (rank = list index)."""
+def slowest(compute_s: list[float], step_wall_s: float = 0.0) -> dict[str, Any]:
+    """The record's keys for these per-rank compute seconds per step (rank = list index), in
+    steps of `step_wall_s` seconds."""
     rank = max(range(len(compute_s)), key=lambda r: compute_s[r])
     # The others' median: with two ranks the median of all would be halfway to the slow one.
     others = compute_s[:rank] + compute_s[rank + 1:]
     median = statistics.median(others) if others else compute_s[rank]
-    named = compute_s[rank] > (1 + SLOW_MARGIN) * median and compute_s[rank] - median >= MIN_GAP_S
+    gap = compute_s[rank] - median
+    named = compute_s[rank] > (1 + SLOW_MARGIN) * median and gap >= max(MIN_GAP_S, MIN_STEP_SHARE * step_wall_s)
     return {"slowest_rank": rank, "slowest_rank_s": compute_s[rank], "median_rank_s": median,
             "slow_rank_named": named}
 
@@ -80,6 +88,5 @@ class SlowRankMeter:
             rows = [t.tolist() for t in everyone]
         else:
             rows = [mine.tolist()]
-        out = slowest([compute for compute, _ in rows])
-        out["step_wall_s"] = max(wall for _, wall in rows)
-        return out
+        wall = max(w for _, w in rows)
+        return {**slowest([compute for compute, _ in rows], wall), "step_wall_s": wall}

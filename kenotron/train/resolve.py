@@ -15,7 +15,6 @@ from typing import Any
 
 import torch
 
-from kenotron.checkpoint import check_checkpoint_config
 from kenotron.config import ConfigError, JobConfig
 from kenotron.data import build_tokenizer, check_data_config
 from kenotron.degrees import ParallelDims
@@ -27,7 +26,7 @@ from kenotron.models.common.parametrization import matrix_fans
 from kenotron.parallel.context.apply import cp_attention_kind
 from kenotron.parallel.float8 import check_float8_experts
 from kenotron.parallel.parallel_settings import ParallelSettings
-from kenotron.parallel.pipeline import PipelineSplit, build_pipeline_split, check_compile
+from kenotron.parallel.pipeline import PipelineSplit, build_pipeline_split
 from kenotron.parallel.plan import Plan, layout_for
 from kenotron.runtime.preflight import resolve_degrees, resolve_model
 from kenotron.train.doremi_checks import check_doremi
@@ -89,7 +88,6 @@ def resolve_run(cfg: JobConfig, world_size: int, target: Target | None = None, c
             f"the tokenizer has {tokenizer.vocab_size} tokens but the model's vocabulary is {args.vocab_size}; "
             f"set --model.vocab_size {tokenizer.vocab_size} (or larger) or use a smaller tokenizer"
         )
-    check_checkpoint_config(cfg.checkpoint)
     with torch.device("meta"):
         meta_model = spec.build(args)
     layout_for(spec, args).check(meta_model)  # the family's layout fits its model whatever the parallel layout
@@ -113,7 +111,6 @@ def resolve_layout(cfg: JobConfig, world_size: int, spec: ModelSpec, args: Any, 
     """The checks and choices that depend on the parallel layout (`cfg.parallelism`, the batch
     sizes, activation checkpointing): resolve_run's second half, which the planner runs for
     every candidate layout. `meta_model` is `spec.build(args)` on the meta device."""
-    p = cfg.parallelism
     dims, global_batch, accum = resolve_degrees(cfg, world_size, spec, args, target.device_type)
     kernels = settle_kernels(cfg, dims, spec, args, target, accum)  # what the launcher checked before torch
     plan = Plan(layout_for(spec, args), ParallelSettings.from_config(cfg))
@@ -122,7 +119,6 @@ def resolve_layout(cfg: JobConfig, world_size: int, spec: ModelSpec, args: Any, 
     plan.settings.check(plan.layout.count_blocks(meta_model), dims.degrees())
     check_multi_token_prediction(args, dims.pp, dims.cp)
     if dims.pp > 1:
-        check_compile(p.pp_schedule, cfg.compile.enable)
         plan.pipeline = build_pipeline_split_from_config(meta_model, cfg, dims.pp, spec.blocks)
     choices = resolve_choices(cfg, dims, target, meta_model, kernels)
     check_float8_experts(cfg.float8.enable, cfg.float8.experts, choices.expert_kernel, spec.is_moe)

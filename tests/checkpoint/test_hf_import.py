@@ -21,6 +21,7 @@ from kenotron.checkpoint.hf_import import HFWeights, spec_for_hf_config
 from kenotron.models import MODEL_SPECS, get_model_spec
 from kenotron.models.llama3 import Llama3Args
 from kenotron.models.mamba2 import Mamba2Args
+from tests.models.deepseek_v3.test_hf import SMALL as DEEPSEEK_V3_SMALL
 from tests.models.hf_parity import random_kenotron_model
 from tests.models.test_hf_parity import SMALL as DENSE_SMALL
 from tests.models.test_moe_families import small_args as moe_small_args
@@ -32,6 +33,7 @@ SMALL = {
                          chunk_size=16, max_seq_len=32),
     **DENSE_SMALL,
     **{family: moe_small_args(family) for family in ("qwen3_moe", "mixtral", "qwen2_moe")},
+    "deepseek_v3": dataclasses.replace(DEEPSEEK_V3_SMALL, max_seq_len=32),  # MLA, dense first block, MTP
 }
 CASES = [(family, None) for family in sorted(SMALL)] + [
     ("llama3-tied", None), ("mamba2", torch.bfloat16), ("qwen3_moe", torch.bfloat16), ("llama3-tied", torch.bfloat16),

@@ -13,12 +13,12 @@ from kenotron.checkpoint import (
     CheckpointFormatError,
     CheckpointManager,
     CheckpointMismatchError,
-    check_checkpoint_config,
     list_step_folders,
 )
 from kenotron.checkpoint.folders import STAMP_NAME
 from kenotron.config import ConfigError
 from kenotron.config.sections import Checkpoint
+from kenotron.config.validate import check_checkpoint_config
 from tests.checkpoint.tiny import eval_loss, make_run, run_layout, tiny_args
 
 

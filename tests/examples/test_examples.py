@@ -47,7 +47,9 @@ def test_the_index_lists_every_example_folder():
 
 def test_async_checkpoint_example_saves_in_the_background_and_resumes(tmp_path):
     output = run_example("async-checkpoint", tmp_path)
-    assert "Received async checkpoint request" in output  # the writer process got the saves
+    # The writer process saves in the background and says nothing (launch/rank.py: its four INFO
+    # lines per save are gone from the console); its saves complete and resume below.
+    assert "Received async checkpoint request" not in output
     assert re.search(r"checkpoint \S+step-000004 complete", output)
     assert "loaded step-000004 (model, optimizer, lr_scheduler, dataloader, train_state)" in output
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step-000004", "step-000006"]

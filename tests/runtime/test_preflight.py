@@ -57,6 +57,9 @@ SHAPE_ERRORS = [
     ("mamba2_debug.toml", ["--parallelism.tp", "3"], 3, "tp=3 does not divide ssm heads"),
     ("mamba2_debug.toml", ["--data.document_masking", "true"], 1, "data.document_masking=true is not supported"),
     ("qwen2_debug.toml", ["--model.parametrization", "spectral_mup"], 1, "qwen2 debug ties them"),
+    ("debug.toml", ["--checkpoint.remote_folder", "bucket/prefix"], 1, "must look like s3://bucket/prefix"),
+    ("debug.toml", ["--parallelism.pp", "2", "--parallelism.pp_schedule", "ZBVZeroBubble", "--compile.enable",
+                    "true"], 2, "compiled blocks do not support"),
 ]
 
 

@@ -9,7 +9,7 @@ import time
 import torch.distributed as dist
 
 from kenotron.config import load_config
-from kenotron.runtime.slow_ranks import SLOW_MARGIN, slowest
+from kenotron.runtime.slow_ranks import MIN_STEP_SHARE, SLOW_MARGIN, slowest
 from kenotron.train.trainer import Trainer
 from tests.distributed.pool import run_on_ranks
 from tests.train.short_run import read_records, short_run_args
@@ -25,6 +25,12 @@ def test_slowest_names_a_rank_only_beyond_the_margin_over_the_median():
     assert slowest([0.10, within, 0.10])["slow_rank_named"] is False
     assert slowest([0.10, 0.20])["slow_rank_named"] is True  # two ranks: against the other one
     assert slowest([0.0001, 0.0003])["slow_rank_named"] is False  # beyond the margin, below MIN_GAP_S
+
+
+def test_a_gap_that_costs_the_step_little_names_nobody():
+    # A healthy 2 x H100 DDP run's launch times (2026-11-27): 38% apart, 6% of a 310 ms step.
+    assert slowest([0.048, 0.066], step_wall_s=0.31)["slow_rank_named"] is False
+    assert slowest([0.048, 0.066 + MIN_STEP_SHARE * 0.31], step_wall_s=0.31)["slow_rank_named"] is True
 
 
 def _train_with_rank_slowed(folder: str, slow_rank: int) -> list[str]:
