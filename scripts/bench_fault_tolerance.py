@@ -39,7 +39,9 @@ STARTED: list[subprocess.Popen] = []
 
 
 def train(args: list[str], gpus: str, log: Path) -> subprocess.Popen:
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpus, "PYTHONPATH": str(REPO)}
+    # This clone first, then the caller's path (where torchft may be installed, e.g. pip --target).
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpus, "PYTHONPATH": path}
     proc = subprocess.Popen([sys.executable, "-m", "kenotron.cli", "train", *args], cwd=REPO, env=env,
                             stdout=log.open("w"), stderr=subprocess.STDOUT)
     STARTED.append(proc)
