@@ -15,6 +15,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import kenotron
+from tests.architecture_rules import LAZY_ON_PURPOSE, OPTIONAL_PACKAGES
 from tests.fork_server import fork_server
 
 PACKAGE = Path(kenotron.__file__).parent
@@ -242,52 +243,6 @@ def test_modules_form_no_import_cycle():
     assert not cycles, f"{len(cycles)} import cycles between modules (cut one import of each):\n  " + "\n  ".join(cycles)
 
 
-# Third-party packages kenotron runs without (the extras of pyproject.toml, and packages read for
-# one input format): a module imports them inside the function that needs them, or imports a
-# kenotron module that imports one at its top (a Triton kernel).
-OPTIONAL_PACKAGES = {"triton", "torchao", "flash_attn", "flash_attn_interface", "flash_attn_4", "boto3", "wandb",
-                     "matplotlib", "safetensors", "tokenizers", "tiktoken", "datasets", "pyarrow", "datatrove",
-                     "transformers", "torchft"}
-
-# Function-level imports of required modules kept on purpose, as (module, imported module); each
-# has its reason beside the import too. A pair that is no longer in the tree fails the test.
-LAZY_ON_PURPOSE: dict[tuple[str, str], str] = {
-    # torch's private CP module keeps the DTensor op handlers present at its import (torch_ring.py).
-    ("kenotron.parallel.context.torch_ring", "torch.distributed.tensor.experimental._context_parallel"): "side effect",
-    ("kenotron.parallel.context.torch_ring", "torch.distributed.tensor.experimental"): "side effect",
-    # The Mamba kernels load only for a model with Mamba blocks (issue 34: loaded on demand).
-    ("kenotron.models.common.mamba", "kenotron.kernels.mamba_mixer_op"): "on demand: Mamba kernels",
-    ("kenotron.models.common.mamba", "kenotron.kernels.ssd_op"): "on demand: Mamba kernels",
-    # Command dispatch: `kenotron train --help` answers without torch; each command loads its own room.
-    ("kenotron.cli", "kenotron.launch.launcher"): "command dispatch",
-    ("kenotron.cli", "kenotron.planner.cli"): "command dispatch",
-    ("kenotron.cli", "kenotron.generate.cli"): "command dispatch",
-    ("kenotron.cli", "kenotron.checkpoint.convert_cli"): "command dispatch",
-    ("kenotron.cli", "kenotron.runs.cli"): "command dispatch",
-    ("kenotron.cli", "kenotron.data.preprocess_cli"): "command dispatch",
-    ("kenotron.cli", "difflib"): "an unknown command's suggestion only",
-    # The launcher checks the config and the model's shape before it imports torch (errors first,
-    # fast): the trainer's checks are imported once those passed.
-    ("kenotron.launch.launcher", "kenotron.runtime.info_flags"): "on demand: --help / --list-models",
-    ("kenotron.models.spec", "torch"): "the spec stays torch-free: only a family without an args count builds on meta",
-    ("kenotron.launch.launcher", "kenotron.launch.run_checks"): "after the model's checks",
-    # The kernel choices' checks and their Target run in the launcher before torch (issue 34).
-    ("kenotron.kernel_choice.target", "torch"): "Target.planned: the estimator's process, which has torch",
-    ("kenotron.kernel_choice.target", "kenotron.models.common.flash_attention"): "Target.of: a rank's device",
-    ("kenotron.kernel_choice.tuning", "torch"): "a named tuning.expert_kernel='grouped_mm' only",
-    ("kenotron.launch.launcher", "torch.distributed.elastic.multiprocessing.api"): "torchrun, once the config passed",
-    ("kenotron.launch.launcher", "torch.distributed.elastic.multiprocessing.errors"): "torchrun, as above",
-    ("kenotron.launch.launcher", "torch.distributed.run"): "torchrun, as above",
-    ("kenotron.launch.launcher", "kenotron.fault_tolerance.torchft_import"): "fault_tolerance.enable, after the model's checks",
-    ("kenotron.runtime.run_lock", "fcntl"): "POSIX only: the lock is taken where it exists",
-    ("kenotron.runtime.watchdog", "torch.distributed"): "private distributed_c10d store, inside its guard",
-    ("kenotron.train.metrics", "torch.utils.tensorboard"): "only with metrics.tensorboard (slow import)",
-    # The benchmark's parent process only starts workers (bench_worker.py) and stays free of torch.
-    ("kenotron.tools.bench", "torch"): "a GPU preset's device check only",
-    ("kenotron.tools.bench", "kenotron.data.sample_data"): "data cases only (kenotron.data imports torch)",
-}
-
-
 def _top_level_packages(path: Path) -> set[str]:
     tree = ast.parse(path.read_text(), str(path))
     found = set()
@@ -464,6 +419,7 @@ for face in (kenotron.parallel, kenotron.train):
         value = getattr(face, name)
         if face is kenotron.parallel:
             assert value.__module__.startswith(("kenotron.parallel.", "kenotron.degrees")), (name, value.__module__)
+from tests.architecture_rules import LAZY_ON_PURPOSE, OPTIONAL_PACKAGES
 from kenotron.parallel import Plan, plan_for
 from kenotron.train import Trainer, build_job, train_step
 assert Plan.__name__ == "Plan" and callable(plan_for) and Trainer.__name__ == "Trainer"
