@@ -32,7 +32,7 @@ from kenotron.errors import DataError
 
 _EOS_NAMES = ("</s>", "<|endoftext|>", "<|end_of_text|>")
 MAX_UNCUT_CHARS = 4 << 20
-"""The most characters encoded in one call: about 0.5 GiB and 5-20 s in `tokenizers` (measured at 8 Mi: 1 GiB, 9-38 s)."""
+"""The most characters encoded in one call (its cost in `tokenizers`: docs/performance.md)."""
 
 
 def cuts_exactly(tokenizer_json: dict[str, Any]) -> bool:

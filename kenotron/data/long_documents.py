@@ -9,10 +9,7 @@ whitespace run. So cutting a text at such places gives pre-tokens, hence tokens,
 the whole text's, and a document of megabytes is encoded piece by piece (`PIECE_CHARS` each,
 cut at the last such place before the limit) instead of in one call, whose cost in time and
 memory grows with its length (Hugging Face's `tokenizers` keeps ~100 bytes per character of
-one call's input). Measured on 2 shared CPU cores (2026-11-27), a 30 MB document first in a
-jsonl file, two steps of the debug model: through the built-in vocabulary as a tokenizer.json,
-peak RSS 3.8 GB and 177 s before, 0.97 GB and 127 s in pieces; through tiktoken, 0.92 GB / 87 s
-before and 0.90 GB / 69 s (the same losses: the same tokens).
+one call's input; what the pieces save: docs/performance.md, "Measurements behind code choices").
 
 A tokenizer that cannot be cut exactly (another split pattern, a normalizer that may join
 characters, Metaspace) encodes each document whole, up to its `max_uncut_chars`; a longer one

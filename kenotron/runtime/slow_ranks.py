@@ -36,9 +36,8 @@ MIN_GAP_S = 1e-3
 """...and by at least this many seconds (on a tiny step, scheduler noise is a large fraction)."""
 MIN_STEP_SHARE = 0.1
 """...and by at least this fraction of the step's wall time. On GPUs the thread's CPU time is
-kernel launches, tens of ms that vary from rank to rank by more than SLOW_MARGIN (a healthy
-2 x H100 DDP run: 48 against 66 ms of a ~310 ms step, 2026-11-27): a difference that costs the
-step less than this is not worth a name."""
+kernel launches, tens of ms that vary from rank to rank by more than SLOW_MARGIN in a healthy run
+(docs/performance.md): a difference that costs the step less than this is not worth a name."""
 
 
 def slowest(compute_s: list[float], step_wall_s: float = 0.0) -> dict[str, Any]:
