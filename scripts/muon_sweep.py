@@ -5,8 +5,10 @@ against steps (issue 37, docs/optimizers.md).
     python scripts/muon_sweep.py --steps 100 --adamw 3e-3 --muon 1e-2 --json out.json
     python scripts/muon_sweep.py --load out.json --plot docs/images/muon_vs_adamw.png
     python scripts/muon_sweep.py --muon '' --json a.json & python scripts/muon_sweep.py --adamw '' --json m.json
+    python scripts/muon_sweep.py --documents 'SITE/transformers/models/**/*.py' -- --model.flavor 1B  # a bigger corpus
 
-The built-in corpus is split by document, every tenth one held out for validation (written as
+The built-in corpus (about 400k tokens; `--documents GLOB` reads every matching file as one
+document instead, for models that would see it many times over) is split by document, every tenth one held out for validation (written as
 two JSON Lines files in a temporary folder), so the validation loss is on text no step trained
 on. Every run: the same model, seed, batches and schedule (debug's), only
 the optimizer and its lr change. Prints each run's validation losses, each optimizer's best lr
@@ -17,6 +19,7 @@ AdamW run's final validation loss.
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import math
 import tempfile
@@ -33,6 +36,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--every", type=int, default=20, help="validate every this many steps")
     p.add_argument("--adamw", default="1e-3,3e-3,1e-2", help="AdamW's learning rates")
     p.add_argument("--muon", default="3e-3,1e-2,3e-2,1e-1", help="Muon's learning rates (Moonlight's rule: AdamW's scale)")
+    p.add_argument("--documents", help="a glob (** allowed) of text files, one document each, instead of the built-in corpus")
     p.add_argument("--json", type=Path, help="write every run's validation curve here")
     p.add_argument("--load", type=Path, nargs="+",
                    help="train nothing: report (and plot) the curves of earlier --json files, merged (e.g. one run "
@@ -42,10 +46,19 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def write_split(folder: Path) -> tuple[Path, Path]:
-    """train.jsonl and validation.jsonl: every tenth built-in document held out."""
+def documents(pattern: str | None) -> list[str]:
+    """The built-in corpus, or every file the glob matches (sorted, so every run splits alike)."""
+    if not pattern:
+        return builtin_documents()
+    paths = sorted(glob.glob(pattern, recursive=True))
+    if not paths:
+        raise SystemExit(f"--documents {pattern!r} matches no file")
+    return [Path(p).read_text(errors="replace") for p in paths]
+
+
+def write_split(folder: Path, docs: list[str]) -> tuple[Path, Path]:
+    """train.jsonl and validation.jsonl: every tenth document held out."""
     train, val = folder / "train.jsonl", folder / "validation.jsonl"
-    docs = builtin_documents()
     with train.open("w") as t, val.open("w") as v:
         for i, doc in enumerate(docs):
             (v if i % 10 == 9 else t).write(json.dumps({"text": doc}) + "\n")
@@ -118,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         curves = {}
         with tempfile.TemporaryDirectory() as tmp:
-            data = write_split(Path(tmp))
+            data = write_split(Path(tmp), documents(args.documents))
             for opt, grid in (("adamw", args.adamw), ("muon", args.muon)):
                 if not grid:
                     continue

@@ -154,6 +154,20 @@ PRESETS: dict[str, dict[str, list[str]]] = {
         "1B b4x4096 FSDP2 compiled Muon every-rank": _1B + ["--compile.enable", "true", "--optimizer.name", "muon",
                                                             "--tuning.muon_redistribution", "every_rank"],
     },
+    # The same at pretraining batch sizes: gradient accumulation over 16 micro-batches (8B width:
+    # 262k tokens per step on 1 GPU; 1B FSDP 2: 524k), where one optimizer step serves many.
+    "muon-1gpu-accumulated": {
+        "8B-width 8L b2x8192 x16 compiled AdamW": _8B_WIDTH + ["--compile.enable", "true",
+                                                              "--training.global_batch_size", "32"],
+        "8B-width 8L b2x8192 x16 compiled Muon": _8B_WIDTH + ["--compile.enable", "true",
+                                                             "--training.global_batch_size", "32",
+                                                             "--optimizer.name", "muon"],
+    },
+    "muon-2gpu-accumulated": {
+        "1B b4x4096 x16 FSDP2 compiled AdamW": _1B + ["--compile.enable", "true", "--training.global_batch_size", "128"],
+        "1B b4x4096 x16 FSDP2 compiled Muon": _1B + ["--compile.enable", "true", "--training.global_batch_size", "128",
+                                                     "--optimizer.name", "muon"],
+    },
     "cpu-smoke": {
         "debug fp32": ["--training.local_batch_size", "2", "--training.seq_len", "64"],
         "debug fp32 plain loss": ["--training.local_batch_size", "2", "--training.seq_len", "64", "--tuning.loss", "plain"],
