@@ -75,6 +75,7 @@ class WorkerGuard:
     grace_s: float = 25.0
     """Seconds between the first stop signal and the forced exit."""
     stopping: threading.Event = field(default_factory=threading.Event)
+    _uninstalled: threading.Event = field(default_factory=threading.Event)
     _previous: dict[int, Any] = field(default_factory=dict)
 
     @classmethod
@@ -83,13 +84,21 @@ class WorkerGuard:
         if threading.current_thread() is threading.main_thread():
             for signum in (signal.SIGINT, signal.SIGTERM):
                 guard._previous[signum] = signal.signal(signum, guard._on_signal)
+            # A blocked signal mask is inherited through fork and exec: a launcher started with
+            # SIGTERM blocked would pass on ranks that never hear their stop.
+            if hasattr(signal, "pthread_sigmask"):
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
         if watch_parent:
             parent = os.getppid()
-            if parent != 1 and not _die_with_parent(parent):
+            if parent != 1:
+                _die_with_parent(parent)
+                # Also where the kernel's signal is promised: a CI run saw ranks outlive a killed
+                # launcher once (2026-11-27, not reproduced); the thread costs one wake-up a second.
                 threading.Thread(target=guard._watch_parent, args=(parent,), daemon=True).start()
         return guard
 
     def uninstall(self) -> None:
+        self._uninstalled.set()  # the parent watcher ends
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
         self._previous.clear()
@@ -112,9 +121,10 @@ class WorkerGuard:
         os._exit(128 + signum)
 
     def _watch_parent(self, parent: int) -> None:
-        while os.getppid() == parent:
-            time.sleep(1.0)
-        os.kill(os.getpid(), signal.SIGTERM)
+        while not self._uninstalled.wait(1.0):
+            if os.getppid() != parent:
+                os.kill(os.getpid(), signal.SIGTERM)
+                return
 
 
 def report_failure(line: str, *, kind: str = "error") -> None:

@@ -25,14 +25,16 @@ def _env() -> dict[str, str]:
     return env
 
 
-def _launcher(mode: str, tmp_path: Path, nproc: int = 2) -> subprocess.Popen:
+def _launcher(mode: str, tmp_path: Path, nproc: int = 2, blocked: tuple[int, ...] = ()) -> subprocess.Popen:
     code = (
         "import sys; from kenotron.launch.launcher import launch; "
         f"sys.exit(launch([{mode!r}, {str(tmp_path)!r}], nproc={nproc}, module='tests.launch.rank_program', "
         f"log_dir={str(tmp_path / 'logs')!r}))"
     )
+    # `blocked`: signals masked in the launcher, a mask its ranks inherit through fork and exec.
+    block = (lambda: signal.pthread_sigmask(signal.SIG_BLOCK, blocked)) if blocked else None
     return subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, preexec_fn=block)
 
 
 def _worker_pids(tmp_path: Path, n: int, timeout: float = 60.0) -> list[int]:
@@ -55,6 +57,15 @@ def _alive(pid: int) -> bool:
         if Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z":
             return False
     return True
+
+
+def _signal_state(pid: int) -> str:
+    """What a survivor's /proc says about its state, parent and signals (for a failure's message)."""
+    keys = ("State", "PPid", "SigBlk", "SigIgn", "SigCgt", "SigPnd", "ShdPnd")
+    with contextlib.suppress(OSError):
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+        return f"{pid}: " + ", ".join(line.replace("\t", " ") for line in lines if line.split(":")[0] in keys)
+    return f"{pid}: gone"
 
 
 def _cleanup(pids: list[int]) -> None:
@@ -82,8 +93,9 @@ def test_a_rank_dying_of_a_signal_is_named_with_the_end_of_its_log(tmp_path):
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent-death signal is Linux's")
-def test_workers_die_with_a_killed_launcher(tmp_path):
-    proc = _launcher("sleep", tmp_path)
+@pytest.mark.parametrize("blocked", [(), (signal.SIGTERM,)], ids=["plain", "sigterm-blocked-in-the-launcher"])
+def test_workers_die_with_a_killed_launcher(tmp_path, blocked):
+    proc = _launcher("sleep", tmp_path, blocked=blocked)
     pids = _worker_pids(tmp_path, 2)
     try:
         proc.kill()  # SIGKILL: the launcher cannot forward anything
@@ -91,7 +103,8 @@ def test_workers_die_with_a_killed_launcher(tmp_path):
         deadline = time.time() + 20
         while any(_alive(p) for p in pids) and time.time() < deadline:
             time.sleep(0.2)
-        assert not any(_alive(p) for p in pids), "workers outlived their launcher"
+        alive = [p for p in pids if _alive(p)]
+        assert not alive, f"workers outlived their launcher: {[_signal_state(p) for p in alive]}"
     finally:
         _cleanup(pids)
 
