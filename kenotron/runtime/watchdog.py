@@ -17,6 +17,12 @@ the steps it has completed, its host and pid. When a rank's own progress has sta
 from the lowest-numbered healthy rank only, with the time left before the timeout ends the job.
 All ranks stalled alike (a long compilation, a save) name nobody and stay quiet.
 
+The collective timeout is the backend's to enforce, and gloo does. NCCL may not: with a peer
+stopped (SIGSTOP) on 2 x H100 its watchdog had not ended the job 60 s after a 12 s timeout,
+waiting for kernels that never finish. So a rank whose progress has stalled for the timeout plus
+a grace (`end_grace_s`), with a suspect named, ends the job itself: the same one line as a
+collective timeout, then `end_job` (by default: record it for the launcher and exit).
+
 A rank may stop before its first heartbeat (a fast start: its thread's first beat comes
 `beat_s` after it starts, by when a tiny model has trained a few steps). Its key is then missing,
 and reading a missing key blocks until the store's timeout (the collective timeout) and raises:
@@ -52,6 +58,20 @@ class _Seen:
     """Seen changing during this stall: the rank is alive (one look cannot tell)."""
 
 
+def default_end_grace_s(timeout_s: float) -> float:
+    """Seconds past the collective timeout left to the backend before the watchdog ends the job."""
+    return max(15.0, timeout_s / 4)
+
+
+def end_process(line: str) -> None:
+    """The default `end_job`: the one line on stderr and for the launcher, then exit 1 at once (the
+    main thread is stuck in a collective that will not return)."""
+    from kenotron.runtime.worker_guard import report_failure
+
+    report_failure(line)
+    os._exit(1)
+
+
 def timings(timeout_s: float) -> tuple[float, float]:
     """(seconds between heartbeats, seconds of stalled progress before the first warning)."""
     warn_after = max(min(60.0, timeout_s / 4), 1.0)
@@ -63,9 +83,13 @@ class ProgressWatchdog:
 
     def __init__(self, store: Any, rank: int, world_size: int, timeout_s: float, progress: Callable[[], int],
                  *, setting: str = "parallelism.collective_timeout_s", activity: Callable[[], str] | None = None,
-                 loader: str = "the data loader") -> None:
+                 loader: str = "the data loader", end_job: Callable[[str], None] = end_process,
+                 end_grace_s: float | None = None) -> None:
         """`activity` says what this rank's main thread does (WAITING_FOR_DATA, or any one word);
-        `loader` names the data loader in the warnings (e.g. the config's data.loader)."""
+        `loader` names the data loader in the warnings (e.g. the config's data.loader); `end_job`
+        is called with the line once the stall outlasts the timeout by `end_grace_s`."""
+        self.end_job = end_job
+        self.end_grace_s = default_end_grace_s(timeout_s) if end_grace_s is None else end_grace_s
         self.store = store
         self.activity = activity
         self.loader = loader
@@ -116,6 +140,17 @@ class ProgressWatchdog:
             except Exception as exc:  # noqa: BLE001  (as in _beat)
                 logger.debug("watchdog: the store is not reachable (%s); stopping the heartbeat", exc)
                 return
+            if self.diagnosis and now - last_change >= self.timeout_s + self.end_grace_s:
+                self.end_job(self._ending_line(now - last_change))
+                return
+
+    def _ending_line(self, stalled_s: float) -> str:
+        """The collective timeout's line (runtime/rank_failure.py), saying the watchdog ended the job."""
+        from kenotron.runtime.rank_failure import WATCHDOG_NOTE
+
+        return (f"kenotron: a collective timed out after {self.timeout_s:g} s ({self.setting}): another rank stopped "
+                f"answering, and the backend had not ended the job {stalled_s - self.timeout_s:.0f} s later, so "
+                f"rank {self.rank}'s watchdog did; {WATCHDOG_NOTE}{self.diagnosis}")
 
     def _beat(self, beat: int, step: int) -> bool:
         """Publish this rank's heartbeat; False when the store is gone."""

@@ -106,3 +106,29 @@ def test_a_peer_waiting_for_its_loader_is_named_with_the_loader_not_as_stuck_in_
         dog = watch_until_named(store, lambda: 3, loader="data.loader=slow.py:build")
     assert dog.diagnosis == ("rank 1 (pid 4242 on otherhost) is alive but waiting for its data loader "
                              "(data.loader=slow.py:build) after step 2: the loader is stuck or slow")
+
+
+def test_a_stall_that_outlasts_the_timeout_ends_the_job_with_the_timeout_line_naming_the_suspect():
+    # NCCL may not end the job at its timeout (a stopped peer: kernels that never finish); gloo does.
+    store = make_store()
+    store.set(KEY_PREFIX + "1", "7 3 otherhost 4242")  # rank 1 beat once, then froze
+    ended: list[str] = []
+    dog = ProgressWatchdog(store, 0, 2, 1.0, lambda: 4, end_job=ended.append, end_grace_s=1.5).start()
+    deadline = time.monotonic() + 30
+    while not ended and time.monotonic() < deadline:
+        time.sleep(0.05)
+    dog.stop()
+    assert len(ended) == 1, "the watchdog did not end the job"
+    assert ended[0].startswith("kenotron: a collective timed out after 1 s (parallelism.collective_timeout_s): "
+                               "another rank stopped answering, and the backend had not ended the job ")
+    assert "so rank 0's watchdog did; before that the watchdog found: rank 1 (pid 4242 on otherhost)" in ended[0]
+
+
+def test_ranks_stalled_alike_past_the_timeout_are_left_to_the_backend():
+    store = make_store()
+    ended: list[str] = []
+    with beating(store, 4):  # rank 1 alive at this rank's step: nobody is suspect
+        dog = ProgressWatchdog(store, 0, 2, 0.5, lambda: 4, end_job=ended.append, end_grace_s=0.5).start()
+        time.sleep(3.0)
+        dog.stop()
+    assert ended == [] and dog.diagnosis == ""
