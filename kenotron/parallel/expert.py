@@ -4,14 +4,14 @@ For every module of a plan's `layout.moe_modules` (models/common/moe.py):
 
 - Expert parallel (an "ep" mesh dimension, borrowed from dp_shard x cp; parallel/dims.py):
   the expert weights become DTensors sharded over ep on the expert dimension (each rank holds
-  n_experts / ep experts), and the layer's dispatcher exchanges the tokens: by default
-  `EvenSplitDispatcher`, every token to every rank of the group with nothing read on the host
-  (parallel/expert_even_split.py); where that moves too many bytes or buffers (large ep, few
-  experts per token) or for float8 experts, `UnevenSplitDispatcher`: each token travels once to
-  each rank that holds one of its experts, the row counts exchanged first and read on the host
-  (parallel/expert_dispatch.py). Either way the receiver computes its experts, weights and sums
-  them, and sends one row back. FSDP then shards the expert weights over the data-parallel ranks
-  ep leaves ("efsdp", parallel/data_parallel.py).
+  n_experts / ep experts), and the layer's dispatcher exchanges the tokens. At ep 2,
+  `EvenSplitDispatcher`: every token to every rank of the group, nothing read on the host
+  (parallel/expert_even_split.py). Above, where its worst-case buffers cost more than a host read
+  (and for float8 experts or a sparse routing), `UnevenSplitDispatcher`: each token travels once
+  to each rank that holds one of its experts, the row counts exchanged first and read on the host
+  (parallel/expert_dispatch.py); `pays_without_host_read` chooses. Either way the receiver
+  computes its experts, weights and sums them, and sends one row back. FSDP then shards the
+  expert weights over the data-parallel ranks ep leaves ("efsdp", parallel/data_parallel.py).
 - Tensor parallel (a "tp" dimension): the MoE layer has no tensor-parallel split. It runs on
   this rank's shard of the sequence (under sequence parallel the residual stream is split
   already; without, its input is sliced and its output gathered), with every weight replicated
@@ -54,7 +54,7 @@ SEQ = Shard(1)
 
 
 class UnevenSplitDispatcher:
-    """The expert-parallel dispatcher of large ep and float8 experts: each token travels once to
+    """The expert-parallel dispatcher above ep 2 and of float8 experts: each token travels once to
     each rank holding one of its experts and back (parallel/expert_dispatch.py); the splits are
     read on the host once per layer (parallel/expert_even_split.py says when this pays)."""
 

@@ -18,7 +18,7 @@ What it costs (docs/performance.md, "expert parallel without the host read"):
   buffer; torch._grouped_mm computes only the rows up to the last group's end, so the time is the
   real rows', but the buffer, the gate and the row copies span the whole of it).
 Both grow with ep while the host read's cost (the GPU idle while the host launches the rest of
-the layer) does not: `pays_without_host_read` chooses.
+the layer) does not: `pays_without_host_read` chooses (ep 2 today, MAX_EVEN_SPLIT_EP).
 
 float8 experts keep the deduplicated exchange: torchao's grouped GEMM has not been run on a buffer
 whose rows past the last group are left unwritten (torch._grouped_mm leaves them so).
@@ -35,9 +35,13 @@ from kenotron.models.common.moe import expert_alignment
 from kenotron.models.common.router import RouterOutput
 from kenotron.parallel.expert_dispatch import pair_counts
 
-MAX_EVEN_SPLIT_EP = 4
-"""Beyond 4 ranks the worst-case grouped buffer (ep x the even routing's) outgrows what a host read
-per layer costs (15-28 ms a step over 4 layers on 2 x H100, run 70); not measured above 4."""
+MAX_EVEN_SPLIT_EP = 2
+"""Above 2 ranks the worst-case grouped buffer (ep x even routing's) costs more than the host read
+saves, by the analysis of docs/performance.md ("Expert parallel without the host read"): on the
+Qwen3-30B-A3B 4-layer preset, ep 2 moves the same link bytes for 2 x the experts' buffers
+(+4.2 GiB, the host reads' 15-28 ms idle a step gone); ep 4 moves 1.1 x the bytes for 4 x the
+buffers (+12.8 GiB, 23.5 -> 36.3 GiB) and the throughput model predicts +0.7% on NVLink and -2.7%
+through host memory. Raise it when a GPU measurement at ep 4 says otherwise."""
 MIN_FILL = 0.75
 """Below it the even split moves more than 4/3 of the deduplicated exchange's bytes."""
 

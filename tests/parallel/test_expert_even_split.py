@@ -12,7 +12,8 @@ import torch.distributed as dist
 from torch import nn
 
 from kenotron.models.common.experts import GroupedExperts, gather_rows, sum_rows
-from kenotron.models.common.moe import LocalDispatcher
+from kenotron.models.common.moe import LocalDispatcher, MoE
+from kenotron.models.common.moe_args import MoEArgs
 from kenotron.models.common.router import RouterOutput
 from kenotron.parallel.expert import UnevenSplitDispatcher
 from kenotron.parallel.expert_even_split import (
@@ -103,10 +104,10 @@ def test_grouping_fits_every_slot_on_one_rank_without_padding():
     assert g.rows == 5 and g.offsets.tolist() == [2, 5] and sorted(g.dest_row.tolist()) == [0, 1, 2, 3]
 
 
-def test_even_split_is_chosen_for_small_ep_and_dense_routing_only():
-    assert pays_without_host_read(128, 8, 2, False) and pays_without_host_read(128, 8, 4, False)
-    assert not pays_without_host_read(128, 8, 8, False)  # ep above 4, and 0.67 of the ranks per token
-    assert not pays_without_host_read(8, 2, 4, False)  # Mixtral over 4 ranks: 0.46
+def test_even_split_is_chosen_for_ep_2_and_dense_routing_only():
+    assert pays_without_host_read(128, 8, 2, False) and pays_without_host_read(8, 2, 2, False)  # fill 0.997, 0.79
+    assert not pays_without_host_read(128, 8, 4, False)  # 4 x the experts' buffers (fill 0.91)
+    assert not pays_without_host_read(8, 1, 2, False)  # top-1 over 2 ranks: half the rows would be empty
     assert not pays_without_host_read(128, 8, 2, True)  # float8 experts keep the deduplicated exchange
 
 
@@ -134,27 +135,24 @@ def test_even_split_reads_nothing_on_the_host_in_forward_or_backward():
 
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
                     reason="needs a CUDA GPU with torch._grouped_mm in bf16 (compute capability 9+)")
-def test_even_split_runs_without_a_cuda_synchronization(tmp_path):
+def test_moe_layer_on_the_even_split_runs_without_a_cuda_synchronization(tmp_path):
     dist.init_process_group("nccl", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
     try:
         torch.manual_seed(0)
-        tokens, n_experts, k, dim, ffn = 512, 16, 4, 256, 128
-        experts = GroupedExperts(dim, ffn, n_experts).cuda().bfloat16()
-        nn.init.normal_(experts.w13, std=0.02)
-        nn.init.normal_(experts.w2, std=0.02)
-        experts.kernel = "grouped_mm"
-        dispatcher = EvenSplitDispatcher(dist.group.WORLD, 1)
-        x = torch.randn(tokens, dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-        weights = torch.rand(tokens, k, device="cuda", requires_grad=True)
-        ids = torch.rand(tokens, n_experts, device="cuda").topk(k, dim=1).indices
-        r = RouterOutput(weights, ids, torch.empty(0), torch.empty(0), torch.empty(0))
-        dispatcher(x, r, experts).sum().backward()  # warm-up: lazy initializations may synchronize
+        dim = 256
+        moe = MoE(dim, MoEArgs(n_experts=16, top_k=4, ffn_dim=128)).cuda().bfloat16()
+        for param in moe.parameters():
+            nn.init.normal_(param, std=0.02)
+        moe.experts.kernel = "grouped_mm"
+        moe.dispatcher = EvenSplitDispatcher(dist.group.WORLD, 1)
+        x = torch.randn(4, 128, dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        moe(x).float().pow(2).sum().backward()  # warm-up: lazy initializations may synchronize
         torch.cuda.synchronize()
         torch.cuda.set_sync_debug_mode("error")
-        try:
-            dispatcher(x, r, experts).float().pow(2).sum().backward()
+        try:  # router, exchange, grouping, grouped GEMMs and combine, forward and backward
+            moe(x).float().pow(2).sum().backward()
         finally:
             torch.cuda.set_sync_debug_mode("default")
-        assert torch.isfinite(experts.w13.grad).all()
+        assert torch.isfinite(moe.experts.w13.grad).all() and torch.isfinite(x.grad).all()
     finally:
         dist.destroy_process_group()
