@@ -114,7 +114,8 @@ def even_split_grouping(local_ids: torch.Tensor, local: int, align: int) -> Grou
 
 class EvenSplitDispatcher:
     """The expert-parallel dispatcher without a host read: every token to every rank of the ep
-    group and one row back from each (module docstring)."""
+    group and one row back from each (module docstring). Every rank of the group passes as many
+    tokens (the data-parallel ranks' micro-batches share one shape): the splits are equal."""
 
     def __init__(self, group: dist.ProcessGroup, ep: int) -> None:
         self.group, self.ep = group, ep
