@@ -12,9 +12,9 @@ routing that load balancing aims at:
   of the per-expert loop up to the padding rows;
 - under eager CUDA runs the experts' gate allocates as the fused Triton kernel does (it keeps
   h and the routing weights, kernels/expert_swiglu.py);
-- the default expert-parallel dispatcher (EvenSplitDispatcher) reads nothing on the host and runs
-  as built: every token to every rank, the grouped buffer planned for the worst case; the
-  deduplicated one (UnevenSplitDispatcher, large ep and float8 experts) takes every split as even
+- the even-split dispatcher (EvenSplitDispatcher, ep 2) reads nothing on the host and runs as
+  built: every token to every rank, the grouped buffer planned for the worst case; the
+  deduplicated one (UnevenSplitDispatcher, above ep 2 and float8 experts) takes every split as even
   (its assume_balanced): each rank sends and receives top_k x tokens copies, its all-to-all
   buffers included.
 """

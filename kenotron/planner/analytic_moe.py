@@ -5,9 +5,9 @@ tensor parallelism (the layer runs on this rank's shard, parallel/expert.py). Ea
 k copies; the layer's experts on this rank are E_l = E/ep; the grouped buffer has
 P = Tm·k + E_l·(a − 1) rows (a: the grouped GEMM's row alignment, 16 bytes of the compute
 dtype; 1 for the per-expert loop), planned for even routing as the fake-tensor estimate does
-(moe_memory.py): under ep the copies a rank receives are as many as it sends. Under ep's default
-exchange (parallel/expert_even_split.py: every token to every rank, nothing read on the host) the
-buffer is planned for the worst case instead, P = ep·Tm·min(k, E_l) + E_l·(a − 1) + 1 rows
+(moe_memory.py): under ep the copies a rank receives are as many as it sends. Under the even
+split (parallel/expert_even_split.py, ep 2: every token to every rank, nothing read on the host)
+the buffer is planned for the worst case instead, P = ep·Tm·min(k, E_l) + E_l·(a − 1) + 1 rows
 rounded up to a. Bytes kept for backward, c the compute dtype's size:
 
   router       Tm·E·(c + 4) (logits, fp32 probabilities) + Tm·k·(8 + 4) (choices, weights)

@@ -216,7 +216,8 @@ class GroupedExperts(nn.Module):
         for e, (xs, ss) in enumerate(zip(torch.split(x[:ends[-1]], sizes), torch.split(scale[:ends[-1]], sizes))):
             h = F.linear(xs, w13[e])
             outs.append(F.linear(self.swiglu(h, ss), w2[e]))
-        outs.append(x.new_zeros((x.shape[0] - ends[-1], w2.shape[1])))  # rows in no group
+        if x.shape[0] > ends[-1]:  # rows in no group, in the products' dtype (autocast's)
+            outs.append(outs[0].new_zeros((x.shape[0] - ends[-1], outs[0].shape[1])))
         return torch.cat(outs)
 
     def param_init_specs(self, init_std: float, out_std: float) -> dict[str, InitSpec]:
