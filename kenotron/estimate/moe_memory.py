@@ -12,8 +12,11 @@ routing that load balancing aims at:
   of the per-expert loop up to the padding rows;
 - under eager CUDA runs the experts' gate allocates as the fused Triton kernel does (it keeps
   h and the routing weights, kernels/expert_swiglu.py);
-- the expert-parallel dispatcher takes every split as even (AllToAllDispatcher.assume_balanced):
-  each rank sends and receives top_k x tokens copies, its all-to-all buffers included.
+- the even-split dispatcher (EvenSplitDispatcher, ep 2) reads nothing on the host and runs as
+  built: every token to every rank, the grouped buffer planned for the worst case; the
+  deduplicated one (UnevenSplitDispatcher, above ep 2 and float8 experts) takes every split as even
+  (its assume_balanced): each rank sends and receives top_k x tokens copies, its all-to-all
+  buffers included.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from torch import nn
 
 from kenotron.models.common.experts import GroupedExperts, swiglu_rows
 from kenotron.models.common.moe import MoE
-from kenotron.parallel.expert import AllToAllDispatcher
+from kenotron.parallel.expert import UnevenSplitDispatcher
 
 
 class _GroupedMMMemory(torch.autograd.Function):
@@ -81,7 +84,7 @@ def use_moe_memory(model: nn.Module, fused_gate: bool) -> None:
 
 
 def plan_even_routing(model: nn.Module) -> None:
-    """Every expert-parallel dispatcher of `model` takes its splits as even (after the plan)."""
+    """Every deduplicating expert-parallel dispatcher of `model` takes its splits as even (after the plan)."""
     for module in model.modules():
-        if isinstance(module, MoE) and isinstance(module.dispatcher, AllToAllDispatcher):
+        if isinstance(module, MoE) and isinstance(module.dispatcher, UnevenSplitDispatcher):
             module.dispatcher.assume_balanced = True

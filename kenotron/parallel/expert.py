@@ -4,11 +4,14 @@ For every module of a plan's `layout.moe_modules` (models/common/moe.py):
 
 - Expert parallel (an "ep" mesh dimension, borrowed from dp_shard x cp; parallel/dims.py):
   the expert weights become DTensors sharded over ep on the expert dimension (each rank holds
-  n_experts / ep experts), and the layer's dispatcher becomes `AllToAllDispatcher`: each token
-  travels once to each rank that holds one of its experts (the row counts are exchanged first,
-  so the splits may be uneven), which computes its experts there, weights and sums them, and
-  sends one row back (parallel/expert_dispatch.py). FSDP then shards the expert weights over the data-parallel ranks ep leaves
-  ("efsdp", parallel/data_parallel.py).
+  n_experts / ep experts), and the layer's dispatcher exchanges the tokens. At ep 2,
+  `EvenSplitDispatcher`: every token to every rank of the group, nothing read on the host
+  (parallel/expert_even_split.py). Above, where its worst-case buffers cost more than a host read
+  (and for float8 experts or a sparse routing), `UnevenSplitDispatcher`: each token travels once
+  to each rank that holds one of its experts, the row counts exchanged first and read on the host
+  (parallel/expert_dispatch.py); `pays_without_host_read` chooses. Either way the receiver
+  computes its experts, weights and sums them, and sends one row back. FSDP then shards the
+  expert weights over the data-parallel ranks ep leaves ("efsdp", parallel/data_parallel.py).
 - Tensor parallel (a "tp" dimension): the MoE layer has no tensor-parallel split. It runs on
   this rank's shard of the sequence (under sequence parallel the residual stream is split
   already; without, its input is sliced and its output gathered), with every weight replicated
@@ -43,15 +46,17 @@ from kenotron.parallel.expert_dispatch import (
     received_grouping,
     send_order,
 )
+from kenotron.parallel.expert_even_split import EvenSplitDispatcher, pays_without_host_read
 from kenotron.parallel.model_layout import ModelLayout, matching_modules
 from kenotron.parallel.parallel_settings import ParallelSettings
 
 SEQ = Shard(1)
 
 
-class AllToAllDispatcher:
-    """The expert-parallel dispatcher: each token travels once to each rank holding one of its
-    experts and back (parallel/expert_dispatch.py)."""
+class UnevenSplitDispatcher:
+    """The expert-parallel dispatcher above ep 2 and of float8 experts: each token travels once to
+    each rank holding one of its experts and back (parallel/expert_dispatch.py); the splits are
+    read on the host once per layer (parallel/expert_even_split.py says when this pays)."""
 
     def __init__(self, group: dist.ProcessGroup, ep: int) -> None:
         self.group, self.ep = group, ep
@@ -164,7 +169,9 @@ def apply_expert_parallel(model: nn.Module, meshes: Meshes, layout: ModelLayout,
         if ep_mesh is not None:
             if experts.n_experts % ep_mesh.size():
                 raise ValueError(f"ep={ep_mesh.size()} does not divide the {experts.n_experts} experts of {name}")
-            moe.dispatcher = AllToAllDispatcher(ep_mesh.get_group(), ep_mesh.size())
+            ep = ep_mesh.size()
+            even = pays_without_host_read(experts.n_experts, moe.args.top_k, ep, settings.float8_experts)
+            moe.dispatcher = (EvenSplitDispatcher if even else UnevenSplitDispatcher)(ep_mesh.get_group(), ep)
         if tp_mesh is not None:
             _replicate_over_tp(moe, tp_mesh, settings.sequence_parallel)
 

@@ -5,23 +5,27 @@ tensor parallelism (the layer runs on this rank's shard, parallel/expert.py). Ea
 k copies; the layer's experts on this rank are E_l = E/ep; the grouped buffer has
 P = Tm·k + E_l·(a − 1) rows (a: the grouped GEMM's row alignment, 16 bytes of the compute
 dtype; 1 for the per-expert loop), planned for even routing as the fake-tensor estimate does
-(moe_memory.py): under ep the copies a rank receives are as many as it sends. Bytes kept for
-backward, c the compute dtype's size:
+(moe_memory.py): under ep the copies a rank receives are as many as it sends. Under the even
+split (parallel/expert_even_split.py, ep 2: every token to every rank, nothing read on the host)
+the buffer is planned for the worst case instead, P = ep·Tm·min(k, E_l) + E_l·(a − 1) + 1 rows
+rounded up to a. Bytes kept for backward, c the compute dtype's size:
 
   router       Tm·E·(c + 4) (logits, fp32 probabilities) + Tm·k·(8 + 4) (choices, weights)
   experts      P·D·c (the grouped rows, the first GEMM's input) + P·2F·c (its output, the gate's
                input) + P·F·c (the gate's output, the second GEMM's input); PyTorch's gate ops
                also keep silu(gate)·up: + P·F·c (not with the fused Triton gate)
-  ep combine   Tm·k·D·c (the results back from the all-to-all, kept to weight the copies)
+  ep combine   Tm·k·D·c (the results back from the all-to-all, kept to weight the copies); none
+               under the even split (its sum over the ranks keeps nothing)
   shared       as a dense SwiGLU of width F_s on Tm tokens, + Tm·4 for its sigmoid gate
 
 Backward temporaries of the layer: the gradients of its rows P·(D + 2F + F)·c, and under ep the
-all-to-all's receive buffers of the gradients, 2·Tm·k·D·c.
+all-to-all's receive buffers of the gradients, 2·Tm·k·D·c (the even split's: 2·ep·Tm·D·c).
 
-Time (throughput.py): under ep each MoE layer sends each token once to every other rank that
-holds one of its experts, and the results back, in forward and again in backward: 4·Tm·r·D·c
-bytes per micro-step, r the remote ranks per token (`remote_rows_per_token`), not overlapped;
-its forward's host read of the split sizes leaves the GPU idle a fitted `Hardware.ep_sync_s`.
+Time (throughput.py): under ep each MoE layer sends each token to other ranks, and the results
+back, in forward and again in backward: 4·Tm·r·D·c bytes per micro-step, not overlapped, r the
+remote ranks per token (`remote_rows_per_token`): ep − 1 under the even split; under the
+deduplicated exchange those holding one of its experts, whose forward's host read of the split
+sizes leaves the GPU idle a fitted `Hardware.ep_sync_s`.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from typing import Any
 
 from kenotron.estimate.tracker import allocated_bytes
 from kenotron.models.common.experts import EXPERT_KERNELS
+from kenotron.parallel.expert_even_split import pays_without_host_read, rank_fill, static_rows
 
 FP32 = 4
 
@@ -50,13 +55,23 @@ class MoEShape:
     align: int
     """Rows each expert's group is padded to."""
     ep: int
+    even_split: bool = False
+    """Under ep: the exchange without a host read (every token to every rank, the grouped buffer
+    planned for the worst case), else the deduplicated one planned for even routing."""
 
     @property
     def copies(self) -> int:
         return self.tokens * self.top_k
 
     @property
+    def received(self) -> int:
+        """Rows the all-to-all brings under the even split: every rank's tokens."""
+        return self.ep * self.tokens
+
+    @property
     def rows(self) -> int:
+        if self.even_split:
+            return static_rows(self.received, self.top_k, self.local_experts, self.align)
         return self.copies + self.local_experts * (self.align - 1)
 
 
@@ -68,8 +83,9 @@ def moe_shape(run: Any, tokens: int, tp: int, compute: int) -> MoEShape | None:
     assert run.choices.expert_kernel in EXPERT_KERNELS
     align = 16 // compute if run.choices.expert_kernel == "grouped_mm" else 1
     ep = run.dims.ep
+    even = ep > 1 and pays_without_host_read(moe.n_experts, moe.top_k, ep, run.plan.settings.float8_experts)
     return MoEShape(tokens // tp, moe.n_experts, moe.n_experts // ep, moe.top_k, moe.ffn_dim, moe.shared_ffn_dim,
-                    moe.shared_gate, align, ep)
+                    moe.shared_gate, align, ep, even)
 
 
 def moe_activations(m: MoEShape, dim: int, c: int, fused_gate: bool, mode: str) -> int:
@@ -77,15 +93,15 @@ def moe_activations(m: MoEShape, dim: int, c: int, fused_gate: bool, mode: str) 
     P, D, F, T = m.rows, dim, m.ffn, m.tokens
     if mode == "selective-op":  # the saved op outputs: router logits, both GEMMs, the all-to-alls
         kept = allocated_bytes(T * m.experts * c) + allocated_bytes(P * 2 * F * c) + allocated_bytes(P * D * c)
-        if m.ep > 1:
-            kept += 2 * allocated_bytes(m.copies * D * c)
+        if m.ep > 1:  # the all-to-alls' outputs: rows out and results back
+            kept += 2 * allocated_bytes((m.received if m.even_split else m.copies) * D * c)
         return kept
     router = allocated_bytes(T * m.experts * c) + allocated_bytes(T * m.experts * FP32) + allocated_bytes(
         T * m.top_k * 8) + allocated_bytes(T * m.top_k * FP32)
     experts = allocated_bytes(P * D * c) + allocated_bytes(P * 2 * F * c) + allocated_bytes(P * F * c)
     if not fused_gate:
         experts += allocated_bytes(P * F * c)
-    combine = allocated_bytes(m.copies * D * c) if m.ep > 1 else 0
+    combine = allocated_bytes(m.copies * D * c) if m.ep > 1 and not m.even_split else 0
     shared = 0
     if m.shared_ffn:
         shared = (3 if fused_gate else 4) * allocated_bytes(T * m.shared_ffn * c)
@@ -97,31 +113,39 @@ def moe_backward_temporaries(m: MoEShape, dim: int, c: int) -> int:
     """The layer's largest backward temporaries: its rows' gradients (and the all-to-all's)."""
     temp = allocated_bytes(m.rows * (dim + 3 * m.ffn) * c)
     if m.ep > 1:
-        temp += 2 * allocated_bytes(m.copies * dim * c)
+        temp += 2 * allocated_bytes((m.received if m.even_split else m.copies) * dim * c)
     return temp
 
 
-def remote_rows_per_token(n_experts: int, top_k: int, ep: int) -> float:
-    """Rows a token sends to other ranks under ep (parallel/expert_dispatch.py: one per rank that
-    holds at least one of its k distinct experts), for uniform routing: (ep − 1) times the chance
-    that a given rank's n/ep experts hold one of the k, 1 − C(n − n/ep, k) / C(n, k)."""
-    miss = 1.0
-    for i in range(top_k):  # C(n − n/ep, k) / C(n, k), as a product
-        miss *= max(n_experts - n_experts // ep - i, 0) / (n_experts - i)
-    return (ep - 1) * (1 - miss)
+def remote_rows_per_token(n_experts: int, top_k: int, ep: int, even_split: bool) -> float:
+    """Rows a token sends to other ranks under ep: all ep − 1 under the even split; under the
+    deduplicated exchange (parallel/expert_dispatch.py) one per rank that holds at least one of
+    its k distinct experts, for uniform routing (ep − 1) times `rank_fill`."""
+    return (ep - 1) * (1.0 if even_split else rank_fill(n_experts, top_k, ep))
 
 
-def all_to_all_seconds(run: Any, bandwidth: float, tokens: int, sync_seconds: float = 0.0) -> float:
+def all_to_all_seconds(run: Any, bandwidth: float, tokens: int, sync_seconds: float = 0.0,
+                       memory_bytes_per_s: float = float("inf")) -> float:
     """Exposed all-to-all time of one optimizer step (0 without ep); `tokens` per micro-step on this
     rank. Each MoE layer sends every token's rows out and the results back, in forward and again
-    in backward, not overlapped; its forward also reads the split sizes on the host, after which
-    the GPU waits `sync_seconds` for the host to launch the rest of the layer."""
+    in backward, not overlapped. Under the deduplicated exchange its forward also reads the split
+    sizes on the host, after which the GPU waits `sync_seconds` for the host to launch the rest of
+    the layer; under the even split the row copies and the gate span the worst-case buffer: each
+    row past even routing's costs (2·D + 8·F)·c bytes at `memory_bytes_per_s` (the rows gathered
+    and their gradients, the gate's reads and writes both ways)."""
     moe = getattr(run.model_args, "moe", None)
     ep = run.dims.ep
     if moe is None or ep == 1:
         return 0.0
     c = 2 if run.cfg.training.param_dtype == "bfloat16" else FP32
-    rows = remote_rows_per_token(moe.n_experts, moe.top_k, ep)
-    per_layer = 4 * (tokens // run.dims.tp) * rows * run.model_args.dim * c / bandwidth + sync_seconds
+    local = tokens // run.dims.tp
+    even = pays_without_host_read(moe.n_experts, moe.top_k, ep, run.plan.settings.float8_experts)
+    rows = remote_rows_per_token(moe.n_experts, moe.top_k, ep, even)
+    per_layer = 4 * local * rows * run.model_args.dim * c / bandwidth
+    if even:
+        extra = static_rows(ep * local, moe.top_k, moe.n_experts // ep, 1) - local * moe.top_k
+        per_layer += extra * (2 * run.model_args.dim + 8 * moe.ffn_dim) * c / memory_bytes_per_s
+    else:
+        per_layer += sync_seconds
     layers = run.model_args.n_layers / run.dims.pp  # under pipeline parallel a rank runs its stages' blocks only
     return run.grad_accum_steps * layers * per_layer

@@ -33,6 +33,7 @@ slowest (docs/estimation.md, Throughput model).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from torch import nn
@@ -118,6 +119,10 @@ def rates(run: ResolvedRun, units: list[Unit], kind: dict, recompute: Recompute,
     n_mamba = sum(u.kind == "mamba" for u in units) or 1
     per_flop = 1 / (hw.peak_flops * run.dims.tp)
     shape = StepShape.of(run, kind)
+    if shape.moe is not None and shape.moe.even_split:
+        # The even split's grouped rows past even routing's pass through the row copies and the
+        # gate only, not every elementwise kernel: analytic_moe.all_to_all_seconds prices them.
+        shape = dataclasses.replace(shape, moe=dataclasses.replace(shape.moe, even_split=False))
     sp = run.dims.tp > 1 and run.plan.settings.sequence_parallel
     activations = kinds_activations(shape, "none", sp) / shape.tokens  # bytes a block keeps per token, without AC
     return Rates(6 * per_flop * recompute.matmul / hw.matmul_efficiency,

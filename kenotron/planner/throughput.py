@@ -38,9 +38,11 @@ m micro-steps of b sequences, t = tp, p = cp, q = pp, T = b·s/p the rank's toke
   replicas = 2·(r-1)/r · P_local / B_dp once per step      (HSDP / DDP / ZeRO-1 all-reduce of the
              rank's fp32 gradients; ZeRO-1's r = dp·cp)
   ep       = m · L/q · (4·T·r·d·c / B_ep + s)   (expert parallel: each MoE layer sends each token
-             once to each of the r other ranks holding one of its experts and gets the results
-             back, in forward and again in backward, not overlapped; s the GPU's idle after the
-             host reads the split sizes, `Hardware.ep_sync_s`; analytic_moe.py)
+             to r other ranks and gets the results back, in forward and again in backward, not
+             overlapped; by default r = ep − 1 and s the row copies over the worst-case grouped
+             buffer at B_mem; under the deduplicated exchange r the ranks holding one of its
+             experts and s the GPU's idle after the host reads the split sizes,
+             `Hardware.ep_sync_s`; analytic_moe.py)
   tail     = the root unit's gradient reduction ((n-1)/n or 2(r-1)/r of its fp32 bytes / B): the
              last one of the backward, after the last matmul, exposed (the first all-gathers of
              a step run under the previous optimizer step, `parallelism.fsdp_early_all_gather`)
@@ -218,7 +220,8 @@ def step_time(run: ResolvedRun, model: AnalyticModel, hw: Hardware | None = None
         if kind == "zero1":  # the owners' broadcast of the updated parameters follows the optimizer step
             optimizer += (replicas - 1) / replicas * params.local / _bandwidth(replicas, inner, hw)
     # ep is taken from dp_shard x cp, inside tp: its group spans ep x tp ranks.
-    ep_time = all_to_all_seconds(run, _bandwidth(d.ep, d.tp, hw), micro_tokens // d.cp, hw.ep_sync_s)
+    ep_time = all_to_all_seconds(run, _bandwidth(d.ep, d.tp, hw), micro_tokens // d.cp, hw.ep_sync_s,
+                                 hw.memory_bytes_per_s)
     compute += hw.collective_sm_share * dp_time
     return StepTime(compute, tp_time, dp_time, cp_time, tokens, d.world_size, bubble, p2p, ep_time, optimizer, tail)
 

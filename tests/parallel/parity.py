@@ -66,6 +66,9 @@ def run_steps(
         norms.append(clip_gradients(job).item())
         optimizer_step(job)
         losses.append(trainer.global_losses([loss])[0].item())
+    # Which token exchange each MoE layer ran (expert parallel picks one per layout).
+    dispatchers = sorted({type(m.dispatcher).__name__ for part in job.model_parts for m in part.modules()
+                          if hasattr(m, "dispatcher")})
     trainer.close()
     reports = all(job.meshes.coordinate(d) == 0 for d in ("dp_replicate", "dp_shard", "cp", "tp"))
     # What this rank actually holds, so a test can tell a sharded layout from a replicated one.
@@ -81,6 +84,7 @@ def run_steps(
         "losses": losses, "norms": norms, "grads": grads if reports else None, "local_shapes": local_shapes,
         "dtensor_params": dtensors, "optimizer_params": stepped,
         "grad_local_shapes": grad_local_shapes, "stage_ids": list(job.applied.stage_ids),
+        "dispatchers": dispatchers,
     }
 
 

@@ -1,6 +1,7 @@
-"""Expert parallelism on CPU/gloo against one rank: ep 2 and 4, EP x FSDP, EP x TP (dense parts),
-EP x PP, EP under activation checkpointing. fp32, SGD, 2 steps of qwen3_moe's debug model with the auxiliary loss, the z-loss and
-the bias updates on: losses and gradient norms within 1e-5, first-step gradients within 1e-5.
+"""Expert parallelism on CPU/gloo against one rank: ep 2 (the even split) and 4 (the deduplicated
+exchange), EP x FSDP, EP x TP (dense parts), EP x PP, EP under activation checkpointing. fp32,
+SGD, 2 steps of qwen3_moe's debug model with the auxiliary loss, the z-loss and the bias updates
+on: losses and gradient norms within 1e-5, first-step gradients within 1e-5.
 deepseek_v3 (a dense first block, MLA, shared experts, grouped sigmoid routing) under EP x TP
 with its MTP module and EP x PP with full activation checkpointing.
 
@@ -51,6 +52,9 @@ def test_expert_parallel_layout_matches_one_rank(layout, reference, tmp_path):
     results = run_on_ranks(world, run_steps, MOE + overrides, str(tmp_path), STEPS)
     shape = results[0]["local_shapes"]["layers.0.feed_forward.experts.w13"]
     assert shape == EXPECTED_W13[layout], shape
+    # Top-2 of 8 experts: the even split (no host read) at ep 2, the deduplicated exchange at ep 4.
+    expected = "UnevenSplitDispatcher" if layout == "ep4" else "EvenSplitDispatcher"
+    assert results[0]["dispatchers"] == [expected], results[0]["dispatchers"]
     worst = assert_parity(reference, results, TOL, TOL)
     print(layout, worst)
 

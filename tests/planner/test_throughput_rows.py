@@ -74,6 +74,7 @@ ROWS = [
     ("MoE 4L FSDP 2 reshard never bf16 reduction", 2, "qwen3_moe_30b_a3b",
      MOE + " --compile.enable true" + NEVER + " --parallelism.fsdp_reduce_dtype bfloat16", 100_795, f"{PERF}, run 72",
      TOLERANCE),
+    # Measured on the host-read exchange; ep 2 now runs the even split (parallel/expert_even_split.py).
     ("MoE 4L EP 2", 2, "qwen3_moe_30b_a3b", MOE + " --compile.enable true --parallelism.ep 2", 98_662,
      f"{PERF}, run 74", TOLERANCE),
     # Weak scaling on 4 x H200, 2026-11-27 (docs/performance.md, runs 75-78).

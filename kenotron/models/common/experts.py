@@ -194,7 +194,8 @@ class GroupedExperts(nn.Module):
 
     def forward(self, x: torch.Tensor, offsets: torch.Tensor, counts: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
         """x (rows, dim) grouped by local expert (group e ends at offsets[e]; `counts` are its
-        real rows), `scale` (rows,) each row's routing weight -> (rows, dim)."""
+        real rows), `scale` (rows,) each row's routing weight -> (rows, dim). Rows past the last
+        group's end belong to no expert: "grouped_mm" leaves them unwritten, "for_loop" zero."""
         w13, w2 = self.local_weights()
         if self.kernel == "grouped_mm":
             dtype = x.dtype
@@ -208,11 +209,15 @@ class GroupedExperts(nn.Module):
 
     def _for_loop(self, x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, offsets: torch.Tensor,
                   scale: torch.Tensor) -> torch.Tensor:
-        sizes = torch.diff(offsets, prepend=offsets.new_zeros(1)).tolist()
+        # The reference path reads the group sizes on the host (torch.split needs them).
+        ends = offsets.tolist()
+        sizes = [end - start for start, end in zip([0, *ends[:-1]], ends)]
         outs = []
-        for e, (xs, ss) in enumerate(zip(torch.split(x, sizes), torch.split(scale, sizes))):
+        for e, (xs, ss) in enumerate(zip(torch.split(x[:ends[-1]], sizes), torch.split(scale[:ends[-1]], sizes))):
             h = F.linear(xs, w13[e])
             outs.append(F.linear(self.swiglu(h, ss), w2[e]))
+        if x.shape[0] > ends[-1]:  # rows in no group, in the products' dtype (autocast's)
+            outs.append(outs[0].new_zeros((x.shape[0] - ends[-1], outs[0].shape[1])))
         return torch.cat(outs)
 
     def param_init_specs(self, init_std: float, out_std: float) -> dict[str, InitSpec]:
