@@ -31,10 +31,10 @@ def _launcher(mode: str, tmp_path: Path, nproc: int = 2, blocked: tuple[int, ...
         f"sys.exit(launch([{mode!r}, {str(tmp_path)!r}], nproc={nproc}, module='tests.launch.rank_program', "
         f"log_dir={str(tmp_path / 'logs')!r}))"
     )
-    # `blocked`: signals masked in the launcher, a mask its ranks inherit through fork and exec.
-    block = (lambda: signal.pthread_sigmask(signal.SIG_BLOCK, blocked)) if blocked else None
+    if blocked:  # signals masked in the launcher, a mask its ranks inherit through fork and exec
+        code = f"import signal; signal.pthread_sigmask(signal.SIG_BLOCK, {[int(s) for s in blocked]!r}); " + code
     return subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, preexec_fn=block)
+                            stderr=subprocess.PIPE, text=True)
 
 
 def _worker_pids(tmp_path: Path, n: int, timeout: float = 60.0) -> list[int]:
