@@ -42,6 +42,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from kenotron.runtime.rank_failure import WATCHDOG_NOTE
+from kenotron.runtime.worker_guard import report_failure
+
 logger = logging.getLogger("kenotron")
 
 KEY_PREFIX = "kenotron/heartbeat/"
@@ -66,8 +69,6 @@ def default_end_grace_s(timeout_s: float) -> float:
 def end_process(line: str) -> None:
     """The default `end_job`: the one line on stderr and for the launcher, then exit 1 at once (the
     main thread is stuck in a collective that will not return)."""
-    from kenotron.runtime.worker_guard import report_failure
-
     report_failure(line)
     os._exit(1)
 
@@ -146,8 +147,6 @@ class ProgressWatchdog:
 
     def _ending_line(self, stalled_s: float) -> str:
         """The collective timeout's line (runtime/rank_failure.py), saying the watchdog ended the job."""
-        from kenotron.runtime.rank_failure import WATCHDOG_NOTE
-
         return (f"kenotron: a collective timed out after {self.timeout_s:g} s ({self.setting}): another rank stopped "
                 f"answering, and the backend had not ended the job {stalled_s - self.timeout_s:.0f} s later, so "
                 f"rank {self.rank}'s watchdog did; {WATCHDOG_NOTE}{self.diagnosis}")
