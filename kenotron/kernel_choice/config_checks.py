@@ -154,9 +154,9 @@ def check_context_parallel(cfg: JobConfig, dims: ParallelDims, spec: ModelSpec, 
             f"{t.seq_len}; use training.seq_len <= {window}, a flavor without a window, or cp=1"
         )
     on_cuda = target.device_type == "cuda"
-    if u.cp_attention in ("torch", "flex") and not on_cuda:
-        raise ConfigError(f"tuning.cp_attention={u.cp_attention!r} needs CUDA (it runs fused CUDA kernels); "
-                          f"use 'auto' or 'ring'")
+    if u.cp_attention == "torch" and not on_cuda:
+        raise ConfigError("tuning.cp_attention='torch' needs CUDA (torch has no context-parallel CPU kernel); "
+                          "use 'auto' or 'ring'")
     if u.cp_attention == "torch" and cfg.data.document_masking:
         raise ConfigError("data.document_masking=true under context parallel needs a document mask per chunk pair, but "
                           "tuning.cp_attention='torch' runs torch's ring of plain causal SDPA; use 'auto' (FlexAttention "
