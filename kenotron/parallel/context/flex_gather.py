@@ -27,6 +27,8 @@ when gradients are needed, since torch has no flex backward there); the CPU test
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -87,6 +89,9 @@ class FlexContextAttention(nn.Module):
         self.cp = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
         self._causal: dict[tuple[int, str], BlockMask] = {}
+        # None: FlexAttention under this rank's block mask. The memory estimator puts a kernel
+        # here that allocates what flex's does on CUDA, without the mask (estimate/cp_ring_memory.py).
+        self.kernel: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None = None
 
     def block_mask(self, layout: SequenceLayout, device: torch.device,
                    documents: SequenceDocuments | None) -> BlockMask:
@@ -113,6 +118,8 @@ class FlexContextAttention(nn.Module):
                              f"({q.shape[0]}, {layout.seq_len}) for q of shape {tuple(q.shape)} on {self.cp} ranks")
         k_all = _GatherSequence.apply(k, self.group, layout)
         v_all = _GatherSequence.apply(v, self.group, layout)
+        if self.kernel is not None:
+            return self.kernel(q, k_all, v_all)
         return flex_attend(q, k_all, v_all, self.block_mask(layout, q.device, documents))
 
     def extra_repr(self) -> str:
