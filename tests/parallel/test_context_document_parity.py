@@ -92,3 +92,23 @@ def test_a_packed_documents_logits_under_context_parallel_equal_its_logits_alone
     layout = SequenceLayout(32, 2)
     packed = layout.unshard(run_on_ranks(2, _packed_logits, tokens, eos))
     torch.testing.assert_close(packed[:, 12:], alone.detach(), atol=2e-5, rtol=1e-5)
+
+
+# -- the long-context preset and its bad input ----------------------------------------------------
+
+
+def test_the_long_context_preset_resolves_to_a_document_masked_cp_2_stage():
+    run = resolve_run(load_config("debug_long_context", ["--training.device", "cpu"]), 2)
+    assert run.dims.cp == 2 and run.cfg.data.document_masking and run.plan.settings.cp_attention == "ring"
+    assert [s.seq_len for s in run.cfg.data.stages] == [256, 1024] == [256, run.cfg.training.seq_len]
+
+
+def test_a_data_stage_length_that_cp_cannot_split_is_refused_before_any_process_group(tmp_path):
+    from kenotron.config.presets import PRESETS_DIR
+
+    config = tmp_path / "bad_stage.toml"
+    config.write_text((PRESETS_DIR / "debug_long_context.toml").read_text().replace("seq_len = 256", "seq_len = 258"))
+    with pytest.raises(Exception, match=r"data.stages\[0\].seq_len=258 is not divisible by tp x 2 x cp = 1 x 2 x 2 = 4 .*"
+                                        r"use a multiple of 4"):
+        resolve_run(load_config(str(config)), 2)
+    assert not dist.is_initialized()
