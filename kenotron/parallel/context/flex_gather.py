@@ -9,12 +9,14 @@ empty, full or partial, so the kernel skips the tiles the document mask empties 
 `masked_work` counts them). Backward is flex's own (autograd), and the gradients of the gathered
 keys/values go back to the ranks that own them through one all-to-all, summed there.
 
-Why not torch's ring with flex, or flex per chunk pair: torch's context parallel (2.11 and
-2.13, `_context_parallel._attention`) runs flex the same way (all-gather of keys/values, a
-block mask rebuilt for the local queries) but only behind its process-wide dispatcher and its
-own load balancer objects, whose private names differ between the two versions; a per-pair
-flex with log-sum-exp merges would need flex's lse-gradient path, which differs between them
-too. This module uses flex_attention's public API only.
+Why not torch's own CP with flex: torch 2.13's (`_context_parallel._attention`, read for this)
+does the same thing, an all-gather of keys/values (`flex_cp_allgather`, reduce-scatter in
+backward) and a block mask for the local queries (`create_cp_block_mask`), but through a
+parallel style's hook, its own load balancer's rearranged order and private names, and it
+refuses a sequence that cp x 128 does not divide; torch 2.11's was not read here. This module
+uses flex_attention's public API only, kenotron's layout as it is, and any length the layout
+takes. Why not flex per chunk pair with log-sum-exp merges (the ring's structure): one kernel
+call per rank and layer instead of per pair, and flex's own backward, with no lse gradient.
 
 Cost: the gathered keys/values (cp x the local ones) are kept for backward by flex, per layer,
 where the ring keeps only the local ones; the estimator counts it (estimate/cp_ring_memory.py).
