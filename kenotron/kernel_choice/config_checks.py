@@ -106,11 +106,12 @@ def check_attention(cfg: JobConfig, dims: ParallelDims, args: Any, target: Targe
             f"replaces the attention with its own over the sharded sequence; use cp=1 or model.attention_backend='auto'"
         )
     if backend == "flex":
-        if dims.pp > 1:
+        # Under context parallel the document ids travel to every stage with the schedule's inputs.
+        if dims.pp > 1 and dims.cp == 1:
             raise ConfigError(
-                f"{name} does not combine with pipeline parallel (parallelism.pp={dims.pp}) yet: the block mask is "
-                f"built from the token ids, which the stages after the first never see; use pp=1"
-                + (", or turn data.document_masking off" if cfg.data.document_masking else "")
+                f"{name} does not combine with pipeline parallel (parallelism.pp={dims.pp}) without context parallel "
+                f"yet: the block mask is built from the token ids, which the stages after the first never see; use "
+                f"pp=1 or parallelism.cp > 1" + (", or turn data.document_masking off" if cfg.data.document_masking else "")
             )
         return
     _check_flash_attn(cfg, args, target)

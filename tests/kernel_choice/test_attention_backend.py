@@ -110,7 +110,8 @@ def test_document_masking_with_torchs_context_parallel_ring_is_refused():
 
 def test_flex_with_pipeline_parallel_is_refused():
     msg = refused(["--model.attention_backend", "flex", "--parallelism.pp", "2"], world_size=2)
-    assert "model.attention_backend='flex' does not combine with pipeline parallel (parallelism.pp=2) yet" in msg
+    assert "model.attention_backend='flex' does not combine with pipeline parallel (parallelism.pp=2) without context" in msg
+    assert "use pp=1 or parallelism.cp > 1" in msg
 
 
 def test_flash_attn_without_the_package_says_how_to_install_it(monkeypatch):

@@ -3,8 +3,8 @@
 The data are short documents (1 to 12 words), so every 32-token window packs several whose
 borders fall inside chunks and across the ranks' shards. Same model, seed and batches
 (tests/parallel/parity.py): fp32 losses within 1e-6 and first-step gradients within 1e-5 for
-cp 2 and 4 (head-tail and contiguous layouts), with FSDP, and with TP through the FlexAttention
-CP attention (flex_gather.py; the others run kenotron's ring). Then the model itself: a
+cp 2 and 4 (head-tail and contiguous layouts), with FSDP, with TP through the FlexAttention
+CP attention (flex_gather.py; the others run kenotron's ring), and inside pipeline stages. Then the model itself: a
 packed document's logits under cp 2 equal its logits alone.
 """
 
@@ -33,6 +33,8 @@ LAYOUTS = {
                            "--tuning.cp_load_balance", "false"]),
     "cp2_fsdp2": (4, CP2 + ["--parallelism.dp_shard", "2", "--training.local_batch_size", "4"]),
     "cp2_tp2_flex": (4, CP2 + ["--parallelism.tp", "2", "--tuning.cp_attention", "flex"]),
+    # The document ids reach the second stage with the schedule's kwargs, split into microbatches.
+    "pp2_cp2_1f1b": (4, CP2 + ["--parallelism.pp", "2", "--parallelism.pp_schedule", "1F1B"]),
 }
 
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.utils._pytree import register_pytree_node
 
 from kenotron.parallel.context.layout import SequenceLayout
 
@@ -44,6 +45,18 @@ class SequenceDocuments:
     @property
     def seq_len(self) -> int:
         return self.ids.shape[1]
+
+
+# A pytree node whose child is the ids: torch's pipeline schedule splits them into its
+# microbatches along the batch, as it splits tensors (kwargs reach every stage), and hooks that
+# map over a forward's arguments (FSDP's casts) rebuild the object around the same ids. The
+# cache travels as the node's context, so a rebuilt object shares it; its keys name the ids.
+register_pytree_node(
+    SequenceDocuments,
+    lambda documents: ([documents.ids], documents.cache),
+    lambda children, cache: SequenceDocuments(children[0], cache),
+    serialized_type_name="kenotron.SequenceDocuments",
+)
 
 
 def chunk_ids(documents: torch.Tensor, layout: SequenceLayout, chunks: list[int] | tuple[int, ...]) -> torch.Tensor:

@@ -98,7 +98,9 @@ class FlexContextAttention(nn.Module):
     def block_mask(self, layout: SequenceLayout, device: torch.device,
                    documents: SequenceDocuments | None) -> BlockMask:
         """This rank's (local_len x seq_len) mask, built once per micro-batch (or per length)."""
-        key = ("flex_context", self.rank, layout.seq_len, layout.load_balance)
+        # The ids' address and rows: a pipeline's microbatches share the micro-batch's cache.
+        ids_key = (documents.ids.data_ptr(), documents.ids.shape[0]) if documents is not None else None
+        key = ("flex_context", self.rank, layout.seq_len, layout.load_balance, ids_key)
         cache = documents.cache if documents is not None else self._causal
         if key not in cache:
             positions = layout.positions(self.rank, device=device)
