@@ -109,3 +109,11 @@ def test_masked_work_counts_what_the_document_mask_leaves_by_brute_force():
     assert 0 < work.kept_fraction < 1
     one_document = masked_work(torch.zeros(1, SEQ, dtype=torch.int32), layout, block=4)
     assert one_document.kept_fraction == 1.0 and one_document.document_pairs == one_document.causal_pairs
+
+
+def test_cp_attention_refuses_a_block_mask_of_the_whole_sequence_with_the_fix():
+    from kenotron.models.common.flex_attention import causal_block_mask
+
+    q = torch.zeros(1, 2, 8, 4)
+    with pytest.raises(TypeError, match=r"not a BlockMask; build them with BlockMasks.documents\(whole_inputs\)"):
+        RingAttention(group=None)(q, q, q, causal_block_mask(16, "cpu"))  # type: ignore[arg-type]

@@ -59,6 +59,15 @@ register_pytree_node(
 )
 
 
+def check_documents(documents: object) -> SequenceDocuments | None:
+    """`documents` as a context-parallel attention takes it: None or SequenceDocuments (a
+    FlexAttention BlockMask of the whole sequence cannot be cut into a rank's chunk pairs)."""
+    if documents is not None and not isinstance(documents, SequenceDocuments):
+        raise TypeError(f"context-parallel attention masks by the whole sequence's document ids (SequenceDocuments), "
+                        f"not a {type(documents).__name__}; build them with BlockMasks.documents(whole_inputs)")
+    return documents
+
+
 def chunk_ids(documents: torch.Tensor, layout: SequenceLayout, chunks: list[int] | tuple[int, ...]) -> torch.Tensor:
     """Document ids (batch, len(chunks) * chunk_len) of global chunks `chunks`, concatenated."""
     c = layout.chunk_len

@@ -37,7 +37,7 @@ from torch import nn
 from torch.nn.attention.flex_attention import BlockMask
 
 from kenotron.models.common.flex_attention import MaskMod, build_block_mask, flex_attend
-from kenotron.parallel.context.documents import SequenceDocuments
+from kenotron.parallel.context.documents import SequenceDocuments, check_documents
 from kenotron.parallel.context.layout import SequenceLayout
 
 # torch 2.13 renames all_gather_into_tensor (a FutureWarning on every call); 2.11 has only the old name.
@@ -116,6 +116,7 @@ class FlexContextAttention(nn.Module):
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 documents: SequenceDocuments | None = None) -> torch.Tensor:
         """q (batch, heads, local_len, dim), k/v (batch, kv_heads, local_len, dim) -> like q."""
+        documents = check_documents(documents)
         layout = SequenceLayout(q.shape[2] * self.cp, self.cp, self.load_balance)
         if documents is not None and documents.ids.shape != (q.shape[0], layout.seq_len):
             raise ValueError(f"document ids of shape {tuple(documents.ids.shape)} are not the whole sequence's "

@@ -40,7 +40,7 @@ from kenotron.parallel.context.block_math import (
     pair_forward,
     ungroup_heads,
 )
-from kenotron.parallel.context.documents import SequenceDocuments, chunk_ids, pair_mask
+from kenotron.parallel.context.documents import SequenceDocuments, check_documents, chunk_ids, pair_mask
 from kenotron.parallel.context.layout import SequenceLayout
 
 ROTATE_METHODS = ("allgather", "alltoall")
@@ -324,6 +324,7 @@ class RingAttention(nn.Module):
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 documents: SequenceDocuments | None = None) -> torch.Tensor:
         """`documents`: the whole sequence's document ids (document masking), or None (causal)."""
+        documents = check_documents(documents)
         return ring_attention(q, k, v, self.group, load_balance=self.load_balance, rotate_method=self.rotate_method,
                               documents=None if documents is None else documents.ids)
 
