@@ -79,7 +79,7 @@ class Tuning:
     """Context parallel: keys/values reach every rank by one all-gather or by a ring of sends."""
 
     cp_attention: Literal["auto", "torch", "ring", "flex"] = "auto"
-    """Context-parallel attention: torch (its ring over fused SDPA; CUDA), flex (FlexAttention over the gathered keys/values, with document masks; fused on CUDA, a dense mask elsewhere), ring (kenotron's exact ring), auto (flex with data.document_masking, else torch, on CUDA; ring elsewhere)."""
+    """Context-parallel attention: torch (its ring over fused SDPA; CUDA), flex (FlexAttention over gathered keys/values, for document masking), ring (kenotron's exact ring), auto (flex or torch on CUDA, ring elsewhere)."""
 
     pp_first_stage_weight: float = ranged(1.0, at_least(0))
     """Cost of the embedding in the automatic pipeline split, in blocks."""
