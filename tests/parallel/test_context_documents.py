@@ -68,7 +68,7 @@ def _cp_rank(q, k, v, grad_out, documents, kind: str, load_balance: bool, rotate
 @pytest.mark.parametrize(
     "kind, cp, load_balance, rotate_method",
     [("ring", 2, True, "allgather"), ("ring", 4, True, "alltoall"), ("ring", 4, False, "allgather"),
-     ("flex", 2, True, "allgather"), ("flex", 4, False, "allgather")],
+     ("flex", 2, True, "allgather")],  # flex eager on CPU is the slow case: one layout, the head-tail one
 )
 def test_document_masked_cp_attention_equals_block_causal_attention_on_one_rank(kind, cp, load_balance, rotate_method):
     q, k, v, grad_out = _qkv()
