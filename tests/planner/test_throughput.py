@@ -63,3 +63,7 @@ def test_document_masking_prices_only_the_attention_tiles_the_mask_leaves():
     assert masked.compute < full.compute and masked.context_parallel == full.context_parallel
     with pytest.raises(ValueError, match=r"attention_share=0 is not a share of the causal work"):
         step_time(run, model, Hardware(), attention_share=0)
+    from kenotron.planner.prediction import predict
+
+    assert "Attention priced as plain causal; --document-tokens N" in predict(run)
+    assert "Attention priced at 0.152 of causal (512-token documents" in predict(run, document_tokens=512)
