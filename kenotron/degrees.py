@@ -159,14 +159,15 @@ class ParallelDims:
         if self.pp > n_layers:
             raise ParallelConfigError(f"pp={self.pp} stages but the model has only {n_layers} layers; use pp <= {n_layers}")
 
-    def check_seq_len(self, seq_len: int, sequence_parallel: bool = True) -> None:
-        """Sequence parallel splits by tp, load-balanced context parallel by 2 x cp."""
+    def check_seq_len(self, seq_len: int, sequence_parallel: bool = True, key: str = "training.seq_len") -> None:
+        """Sequence parallel splits by tp, load-balanced context parallel by 2 x cp; `key` names
+        the length in the message (a data stage's has its own)."""
         tp = self.tp if sequence_parallel else 1
         unit = tp * (2 * self.cp if self.cp > 1 else 1)
         if seq_len % unit != 0:
             what = f"tp x 2 x cp = {tp} x 2 x {self.cp} = {unit}" if self.cp > 1 else f"tp={tp}"
             raise ParallelConfigError(
-                f"training.seq_len={seq_len} is not divisible by {what} (sequence parallel splits each sequence "
+                f"{key}={seq_len} is not divisible by {what} (sequence parallel splits each sequence "
                 f"over the ranks); use a multiple of {unit}"
             )
 

@@ -78,8 +78,8 @@ class Tuning:
     cp_rotate_method: Literal["allgather", "alltoall"] = "allgather"
     """Context parallel: keys/values reach every rank by one all-gather or by a ring of sends."""
 
-    cp_attention: Literal["auto", "torch", "ring"] = "auto"
-    """Context-parallel attention: torch (its ring over fused SDPA; CUDA), ring (kenotron's exact ring), auto (torch on CUDA)."""
+    cp_attention: Literal["auto", "torch", "ring", "flex"] = "auto"
+    """Context-parallel attention: torch (its ring over fused SDPA; CUDA), flex (FlexAttention over gathered keys/values, for document masking), ring (kenotron's exact ring), auto (flex or torch on CUDA, ring elsewhere)."""
 
     pp_first_stage_weight: float = ranged(1.0, at_least(0))
     """Cost of the embedding in the automatic pipeline split, in blocks."""

@@ -28,6 +28,13 @@ torch keeps its CP options and DTensor's custom op handlers process-wide; `torch
 saves them before a fake job is built and restores them after, so an estimate leaves the
 process as it found it. Where the job would run kenotron's ring (`cp_attention = "ring"`, or
 `training.device = "cpu"`) the plan's `RingAttention` is kept and runs as it is.
+
+Document masking on CUDA runs `FlexContextAttention` (cp_attention "flex", flex_gather.py): its
+all-gathers run as they are, and flex's kernel is replaced by SDPA of the local queries against
+the gathered keys/values without a mask (`use_flex_memory`), which on fake CPU tensors allocates
+what flex returns and keeps on CUDA: the output and a float32 log-sum-exp, with the gathered
+keys/values (cp x the local ones) saved for backward in every layer. The block masks (a few
+bytes per 128 x 128 tile) are left out.
 """
 
 from __future__ import annotations
@@ -38,9 +45,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch.distributed.tensor import DTensor, Shard
 
 from kenotron.dtensor import local_tensor
+from kenotron.parallel.context.flex_gather import FlexContextAttention
 from kenotron.parallel.context.torch_ring import torch_cp_api
 from kenotron.parallel.dims import Meshes
 from kenotron.train.resolve import ResolvedRun
@@ -51,7 +60,7 @@ CPU_FLASH_BACKWARD = aten._scaled_dot_product_flash_attention_for_cpu_backward.d
 
 
 def cp_attention_kind(run: ResolvedRun) -> str | None:
-    """"torch" or "ring": the CP attention the job runs (resolve_run settled it); None without CP."""
+    """"torch", "flex" or "ring": the CP attention the job runs (resolve_run settled it); None without CP."""
     if run.dims.cp == 1:
         return None
     return run.plan.settings.cp_attention
@@ -122,6 +131,20 @@ def use_torch_ring(run: ResolvedRun, meshes: Meshes) -> None:
     }
 
 
+def _unmasked_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    return F.scaled_dot_product_attention(q, k, v, enable_gqa=k.shape[1] != q.shape[1])
+
+
+def use_flex_memory(run: ResolvedRun, model: torch.nn.Module) -> None:
+    """Where the job runs FlexAttention under cp, give every FlexContextAttention of `model` the
+    fused kernel's allocations in place of flex's (module docstring)."""
+    if cp_attention_kind(run) != "flex":
+        return
+    for module in model.modules():
+        if isinstance(module, FlexContextAttention):
+            module.kernel = _unmasked_sdpa
+
+
 def attention_output_copy(run: ResolvedRun) -> bool:
     """Whether the simulated rank's output projection keeps its own copy of the attention output.
 
@@ -143,10 +166,13 @@ def context_notes(run: ResolvedRun) -> list[str]:
     kind = cp_attention_kind(run)
     if kind is None:
         return []
-    attention = (
-        f"torch's ring over the fused SDPA kernels, {run.plan.settings.cp_rotate_method} rotation"
-        if kind == "torch" else f"kenotron's ring attention, {run.plan.settings.cp_rotate_method} rotation"
-    )
+    rotation = run.plan.settings.cp_rotate_method
+    attention = {
+        "torch": f"torch's ring over the fused SDPA kernels, {rotation} rotation",
+        "flex": "FlexAttention against the all-gathered keys/values (kept for backward: cp x the local ones per layer)",
+    }.get(kind, f"kenotron's ring attention, {rotation} rotation")
+    if run.cfg.data.document_masking:
+        attention += ", document-masked (the mask's skipped work is not counted in memory; the throughput model prices it)"
     layout = "load balanced" if run.plan.settings.cp_load_balance else "contiguous"
     note = f"context parallel: {attention}, {layout}, {run.cfg.training.seq_len // run.dims.cp} tokens per rank"
     if kind == "torch" and run.plan.settings.cp_load_balance:

@@ -29,7 +29,7 @@ except ImportError:
     clear_redistribute_planner_cache = None
 
 from kenotron.data import MicroBatch
-from kenotron.estimate.cp_ring_memory import use_torch_ring
+from kenotron.estimate.cp_ring_memory import use_flex_memory, use_torch_ring
 from kenotron.estimate.cuda_kernels import use_fused_gate_memory
 from kenotron.estimate.moe_memory import plan_even_routing, use_moe_memory
 from kenotron.train.fused_loss import chunk_fn_for
@@ -117,6 +117,7 @@ def build_fake_job(run: ResolvedRun, fake_mode: Any, pipeline: Any = None) -> Tr
 
     def applied(model: torch.nn.Module, meshes: Any) -> None:
         use_torch_ring(run, meshes)
+        use_flex_memory(run, model)
         plan_even_routing(model)
 
     hooks = BuildHooks(meta_model=meta_model, applied=applied)

@@ -9,7 +9,9 @@ a context around the model's forward: the kernel picked in forward also runs the
 "flex": FlexAttention (models/common/flex_attention.py). The trainer builds one BlockMask per
 micro-batch (`BlockMasks`): causal, or block-causal over the documents of the packed windows
 with `data.document_masking` (for which "auto" means flex), plus the model's sliding window;
-the model hands it to every layer.
+the model hands it to every layer. Under context parallel the trainer hands the model the
+document ids of the whole sequence instead (`BlockMasks.documents`), which the cp attention
+masks each of its chunk pairs by (kenotron/parallel/context/documents.py).
 
 "flash_attn": the flash-attn package (models/common/flash_attention.py) becomes every attention
 module's `attention_fn` (`use_attention_kernel`), before the plan is applied.
@@ -42,6 +44,7 @@ from kenotron.models.common.flash_attention import (
     load_flash_attention,
 )
 from kenotron.models.common.flex_attention import causal_block_mask, document_block_mask
+from kenotron.parallel.context.documents import SequenceDocuments
 
 NAMED = {
     "cudnn": SDPBackend.CUDNN_ATTENTION,
@@ -115,6 +118,14 @@ class BlockMasks:
         if key not in self._causal:
             self._causal[key] = causal_block_mask(inputs.shape[1], inputs.device, self.sliding_window)
         return self._causal[key]
+
+    def documents(self, inputs: torch.Tensor) -> SequenceDocuments | None:
+        """Under context parallel: the document ids of the whole micro-batch `inputs` (before the
+        sequence is sliced), which the cp attention masks by; None without document masking
+        (plain causal attention, which the cp attention runs without a mask)."""
+        if self.eos_id is None:
+            return None
+        return SequenceDocuments(document_ids(inputs, self.eos_id))
 
 
 def check_flash_attn_kernel(cfg: JobConfig, target: Target) -> None:

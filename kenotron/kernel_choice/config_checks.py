@@ -100,18 +100,18 @@ def check_attention(cfg: JobConfig, dims: ParallelDims, args: Any, target: Targe
     name = f"model.attention_backend={backend!r}"
     if cfg.data.document_masking:
         name = f"data.document_masking=true ({name})"
-    if dims.cp > 1:
+    if dims.cp > 1 and backend == "flash_attn":
         raise ConfigError(
             f"{name} does not combine with context parallel (parallelism.cp={dims.cp}): context parallel "
-            f"replaces the attention with its own ring of plain causal SDPA; use cp=1"
-            + (", or turn data.document_masking off" if cfg.data.document_masking else ", or model.attention_backend='auto'")
+            f"replaces the attention with its own over the sharded sequence; use cp=1 or model.attention_backend='auto'"
         )
     if backend == "flex":
-        if dims.pp > 1:
+        # Under context parallel the document ids travel to every stage with the schedule's inputs.
+        if dims.pp > 1 and dims.cp == 1:
             raise ConfigError(
-                f"{name} does not combine with pipeline parallel (parallelism.pp={dims.pp}) yet: the block mask is "
-                f"built from the token ids, which the stages after the first never see; use pp=1"
-                + (", or turn data.document_masking off" if cfg.data.document_masking else "")
+                f"{name} does not combine with pipeline parallel (parallelism.pp={dims.pp}) without context parallel "
+                f"yet: the block mask is built from the token ids, which the stages after the first never see; use "
+                f"pp=1 or parallelism.cp > 1" + (", or turn data.document_masking off" if cfg.data.document_masking else "")
             )
         return
     _check_flash_attn(cfg, args, target)
@@ -139,8 +139,8 @@ def _check_flash_attn(cfg: JobConfig, args: Any, target: Target) -> None:
 
 def check_context_parallel(cfg: JobConfig, dims: ParallelDims, spec: ModelSpec, args: Any, target: Target) -> None:
     """What context parallel (cp > 1) cannot run: families whose sequence mixing it cannot split,
-    anything but plain causal attention over the whole sequence; torch's ring runs the fused
-    CUDA kernels only."""
+    anything but causal or block-causal (document-masked) attention over the whole sequence;
+    torch's ring runs the fused CUDA kernels only, without a document mask."""
     if dims.cp == 1:
         return
     if spec.no_context_parallel:
@@ -158,6 +158,10 @@ def check_context_parallel(cfg: JobConfig, dims: ParallelDims, spec: ModelSpec, 
     if u.cp_attention == "torch" and not on_cuda:
         raise ConfigError("tuning.cp_attention='torch' needs CUDA (torch has no context-parallel CPU kernel); "
                           "use 'auto' or 'ring'")
+    if u.cp_attention == "torch" and cfg.data.document_masking:
+        raise ConfigError("data.document_masking=true under context parallel needs a document mask per chunk pair, but "
+                          "tuning.cp_attention='torch' runs torch's ring of plain causal SDPA; use 'auto' (FlexAttention "
+                          "on CUDA), 'flex' or 'ring'")
     if u.cp_attention != "ring" and on_cuda and cfg.model.attention_backend == "math":
         raise ConfigError("torch's context-parallel attention runs only the fused SDPA kernels, not "
                           "model.attention_backend='math'; choose another backend or tuning.cp_attention='ring'")

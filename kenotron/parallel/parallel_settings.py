@@ -19,7 +19,7 @@ from kenotron.parallel.model_layout import PlanError
 
 DP_MODES = ("fsdp", "zero1")
 RESHARD_POLICIES = ("default", "always", "never")
-CP_ATTENTION_CHOICES = ("auto", "torch", "ring")
+CP_ATTENTION_CHOICES = ("auto", "torch", "ring", "flex")
 DTYPES = ("float32", "bfloat16")
 
 

@@ -197,9 +197,9 @@ class Plan:
             [b for _, b in blocks[offloaded:]], st.ac_mode, st.ac_every_n, st.ac_save_matmul_every
         )
         if st.compile:
-            # Dynamo cannot trace kenotron's ring attention (point-to-point sends): blocks that
-            # hold it compile around it.
-            ring = cp_mesh is not None and cp_attention_kind(st.cp_attention, cp_mesh.device_type) == "ring"
+            # Dynamo cannot trace kenotron's ring attention (point-to-point sends) nor the flex
+            # one's all-gather and mask building: blocks that hold them compile around them.
+            ring = cp_mesh is not None and cp_attention_kind(st.cp_attention, cp_mesh.device_type) in ("ring", "flex")
             # Neither can the all-to-all of expert parallelism (its splits are read on the host).
             all_to_all = bool(lay.moe_modules) and meshes.get("ep") is not None
             for _, block in blocks:

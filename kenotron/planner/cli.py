@@ -42,6 +42,9 @@ def parser(prog: str = "python estimation.py") -> argparse.ArgumentParser:
                    help="search layouts, AC modes and local batch sizes that fit, ranked by modelled throughput")
     p.add_argument("--full-depth", action="store_true",
                    help="simulate every block instead of extrapolating from two shallow copies (slower)")
+    p.add_argument("--document-tokens", type=int, default=None,
+                   help="with data.document_masking: the packed documents' typical length in tokens, to price the "
+                        "attention the mask skips (default: priced as plain causal)")
     p.add_argument("--top-modules", type=int, default=8, help="modules listed by activation memory")
     p.add_argument("--top", type=int, default=10, help="--search: candidates listed")
     p.add_argument("--confirm", type=int, default=3, help="--search: best candidates re-checked on fake tensors")
@@ -69,7 +72,7 @@ def main(argv: list[str] | None = None, prog: str = "python estimation.py") -> i
         print(f"kenotron: --ngpu {args.ngpu} must be >= 1", file=sys.stderr)
         return 2
     for flag, value in (("--gpus-per-node", args.gpus_per_node), ("--node-gb-s", args.node_gb_s),
-                        ("--network-gb-s", args.network_gb_s)):
+                        ("--network-gb-s", args.network_gb_s), ("--document-tokens", 1 if args.document_tokens is None else args.document_tokens)):
         if not value > 0:
             print(f"kenotron: {flag} {value} must be > 0", file=sys.stderr)
             return 2
@@ -86,7 +89,7 @@ def main(argv: list[str] | None = None, prog: str = "python estimation.py") -> i
             run = resolve_run(cfg, args.ngpu, check_data=False)
             report = add_closed_form(estimate_run(run, budget, args.full_depth), run)
             print(report.format(top_modules=args.top_modules))
-            print(predict(run, hw))
+            print(predict(run, hw, args.document_tokens))
             payload = report.to_dict()
     except CONFIG_ERRORS as e:
         print(f"kenotron: config error: {e}", file=sys.stderr)

@@ -4,7 +4,8 @@ Per optimizer step, on one rank (G global batch, s sequence, dp = dp_replicate·
 m micro-steps of b sequences, t = tp, p = cp, q = pp, T = b·s/p the rank's tokens per micro-step):
 
   compute  = m · (kernels + loss + accumulation) of a micro-step over the whole model
-             (step_compute.py: matmuls at e_mm of the peak, attention at e_attn, Mamba's scan
+             (step_compute.py: matmuls at e_mm of the peak, attention at e_attn (times the share
+             a document mask leaves, `attention_share`), Mamba's scan
              at e_scan, the elementwise kernels (κ times a block's saved activations), the loss
              and fp32 gradient accumulation at the memory bandwidth B_mem; activation
              checkpointing's reruns per kind of work: `recompute`)
@@ -62,9 +63,14 @@ model to those rows.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
+import torch
+
 from kenotron.estimate.static_memory import data_parallel_kind, zero1_ranks
+from kenotron.parallel.context.documents import FLEX_BLOCK, masked_work
+from kenotron.parallel.context.layout import SequenceLayout
 from kenotron.planner.analytic_model import AnalyticModel
 from kenotron.planner.analytic_moe import all_to_all_seconds
 from kenotron.planner.hardware import Hardware
@@ -129,6 +135,16 @@ class StepTime:
         return self.tokens / self.seconds / self.world
 
 
+def packed_attention_share(seq_len: int, document_tokens: int, block: int = FLEX_BLOCK) -> float:
+    """Share of causal attention's tiles a document mask leaves when every document of the packed
+    windows is `document_tokens` long (documents.masked_work on such a window): about
+    (document_tokens + block) / seq_len for documents much shorter than the window."""
+    if document_tokens < 1 or seq_len < 1:
+        raise ValueError(f"document_tokens={document_tokens} and seq_len={seq_len} must be >= 1")
+    ids = (torch.arange(seq_len) // document_tokens)[None]
+    return masked_work(ids, SequenceLayout(seq_len, 1, load_balance=False), block).kept_fraction
+
+
 def _bandwidth(group_size: int, inner: int, hw: Hardware) -> float:
     """NVLink if the group (with `inner` ranks between its members) stays inside a node."""
     return hw.nvlink_bytes_per_s if group_size * inner <= hw.gpus_per_node else hw.network_bytes_per_s
@@ -150,8 +166,11 @@ def recompute(run: ResolvedRun) -> Recompute:
     return Recompute(1.0, 1.0, 1.0)
 
 
-def step_time(run: ResolvedRun, model: AnalyticModel, hw: Hardware | None = None) -> StepTime:
-    """The model above for one resolved run of `model`'s family and size."""
+def step_time(run: ResolvedRun, model: AnalyticModel, hw: Hardware | None = None, attention_share: float = 1.0) -> StepTime:
+    """The model above for one resolved run of `model`'s family and size. `attention_share`: the
+    share of causal attention's work a document mask leaves (data.document_masking: the fused
+    kernels skip the empty tiles; `packed_attention_share` for documents of a typical length, or
+    MaskedWork.kept_fraction measured on batches); 1 prices plain causal attention."""
     hw = hw or Hardware()
     params = model.parameters(run)
     a, t, d = run.model_args, run.cfg.training, run.dims
@@ -160,6 +179,9 @@ def step_time(run: ResolvedRun, model: AnalyticModel, hw: Hardware | None = None
     micro_tokens = t.local_batch_size * t.seq_len
     units = model.units(run)
     r = rates(run, units, model.kind, recompute(run), hw)
+    if not 0 < attention_share <= 1:
+        raise ValueError(f"attention_share={attention_share} is not a share of the causal work; use a value in (0, 1]")
+    r = dataclasses.replace(r, attention=r.attention * attention_share)
     local = params.local / 4  # this rank's parameters (params.local counts fp32 bytes)
     if run.plan.pipeline is not None and d.pp > 1:
         compute, bubble, optimizer = pipeline_compute(run, units, r, local / model.parameter_count, hw)

@@ -98,6 +98,9 @@ def resolve_degrees(cfg: JobConfig, world_size: int, spec: ModelSpec, args: Any,
     dims.check_model(spec.tp_divisors(args), n_layers=args.n_layers)
     # An MoE layer's width is not split by tensor parallel (it runs on this rank's sequence shard).
     dims.check_seq_len(t.seq_len, sequence_parallel=p.sequence_parallel or spec.is_moe)
+    for i, stage in enumerate(cfg.data.stages):  # a stage's windows are split the same way
+        if stage.seq_len:
+            dims.check_seq_len(stage.seq_len, p.sequence_parallel or spec.is_moe, key=f"data.stages[{i}].seq_len")
     check_expert_parallel(cfg, dims, spec, args)
     if p.async_tp and dims.tp > 1 and not (device_type == "cuda" and cfg.compile.enable):
         raise ConfigError("parallelism.async_tp needs CUDA and compile.enable=true (the overlap is done by the "

@@ -27,6 +27,7 @@ import torch.distributed as dist
 from kenotron.data import MicroBatch
 from kenotron.dtensor import full_tensor
 from kenotron.models.common.router import TopKRouter
+from kenotron.parallel.context.documents import SequenceDocuments
 from kenotron.parallel.pipeline import build_schedule
 from kenotron.parallel.pipeline_tied import TiedAcrossStages
 from kenotron.train.extension import JobExtension
@@ -60,6 +61,16 @@ class PipelineExtension(JobExtension):
 
     def forward_backward(self, microbatches: Sequence[MicroBatch], observer: Any) -> torch.Tensor:
         return self.executor.forward_backward(microbatches, observer)
+
+    def stage_kwargs(self, mb: MicroBatch) -> dict[str, Any]:
+        """What every stage's forward takes beside its input: under context parallel with document
+        masking, the document ids of the whole sequences (every rank is fed the token ids then),
+        which the schedule splits into its microbatches with the batch."""
+        masks, sharder = self.job.block_masks, self.job.applied.sequence_sharder
+        if masks is None or sharder is None or mb.inputs is None:
+            return {}
+        documents = masks.documents(mb.inputs.to(self.job.device, non_blocking=True))
+        return {} if documents is None else {"block_mask": documents}
 
     def eval_loss(self, microbatches: Sequence[MicroBatch]) -> torch.Tensor:
         return self.executor.eval_loss(microbatches)  # type: ignore[attr-defined]
@@ -105,7 +116,8 @@ class PipelineRunner:
             target = labels if self.has_last_stage else None
             losses: list[torch.Tensor] | None = [] if self.has_last_stage else None
             with step_context(job):
-                self.schedule.step(*args, target=target, losses=losses, return_outputs=RETURN_OUTPUTS)
+                self.schedule.step(*args, target=target, losses=losses, return_outputs=RETURN_OUTPUTS,
+                                   **self.stage_kwargs(mb))
             for loss in losses or []:
                 # Undo the averaging-size factor for reporting (exact for power-of-two sizes).
                 total += full_tensor(loss.detach()) / averaging_size
@@ -127,6 +139,16 @@ class PipelineRunner:
             labels = None if labels is None else layout.shard(labels, sharder.rank)
         return inputs, labels
 
+    def stage_kwargs(self, mb: MicroBatch) -> dict[str, Any]:
+        """What every stage's forward takes beside its input: under context parallel with document
+        masking, the document ids of the whole sequences (every rank is fed the token ids then),
+        which the schedule splits into its microbatches with the batch."""
+        masks, sharder = self.job.block_masks, self.job.applied.sequence_sharder
+        if masks is None or sharder is None or mb.inputs is None:
+            return {}
+        documents = masks.documents(mb.inputs.to(self.job.device, non_blocking=True))
+        return {} if documents is None else {"block_mask": documents}
+
     def eval_loss(self, microbatches: Sequence[MicroBatch]) -> torch.Tensor:
         """Forward and loss only, for validation; the return value is forward_backward's and no
         gradient is touched. See ForwardOnlyPipeline for why this is not `schedule.eval`."""
@@ -135,7 +157,7 @@ class PipelineRunner:
         averaging_size = job.applied.data_parallel.averaging_size
         with torch.no_grad():
             for mb in microbatches:
-                for loss in self.forward_only.run(*self.rank_shard(mb)):
+                for loss in self.forward_only.run(*self.rank_shard(mb), **self.stage_kwargs(mb)):
                     total += full_tensor(loss) / averaging_size
         return total
 
@@ -215,22 +237,26 @@ class ForwardOnlyPipeline:
         dist.recv(tensor, self._peer(stage - 1), group=self.group, tag=stage)
         return tensor
 
-    def run(self, inputs: torch.Tensor | None, labels: torch.Tensor | None) -> list[torch.Tensor]:
+    def run(self, inputs: torch.Tensor | None, labels: torch.Tensor | None,
+            block_mask: SequenceDocuments | None = None) -> list[torch.Tensor]:
         """The last stage's losses of one micro-step's microbatches (empty on other ranks), from
-        this rank's token ids and labels as `PipelineRunner.rank_shard` gives them."""
+        this rank's token ids and labels as `PipelineRunner.rank_shard` gives them (and the
+        document ids of `stage_kwargs`, split like the batch)."""
         job, split = self.job, self.split
         chunks = split.microbatches
         inputs = inputs.tensor_split(chunks) if inputs is not None else [None] * chunks
         labels = labels.tensor_split(chunks) if labels is not None else [None] * chunks
+        documents = ([{"block_mask": SequenceDocuments(ids)} for ids in block_mask.ids.tensor_split(chunks)]
+                     if block_mask is not None else [{}] * chunks)
         last = split.n_stages - 1
         losses = []
-        for chunk_inputs, chunk_labels in zip(inputs, labels, strict=True):
+        for chunk_inputs, chunk_labels, kwargs in zip(inputs, labels, documents, strict=True):
             hidden = chunk_inputs
             for stage in sorted(self.parts):
                 if stage > 0 and split.rank_of_stage(stage - 1) != self.pp_rank:
                     hidden = self._recv(stage)
                 with step_context(job):
-                    hidden = self.parts[stage](hidden)
+                    hidden = self.parts[stage](hidden, **kwargs)
                     if stage == last:
                         losses.append(microbatch_loss(job, hidden, chunk_labels))
                 if stage < last and split.rank_of_stage(stage + 1) != self.pp_rank:

@@ -115,7 +115,8 @@ def resolve_layout(cfg: JobConfig, world_size: int, spec: ModelSpec, args: Any, 
     kernels = settle_kernels(cfg, dims, spec, args, target, accum)  # what the launcher checked before torch
     plan = Plan(layout_for(spec, args), ParallelSettings.from_config(cfg))
     # The kind of ring the target runs (the estimator builds a CUDA job's torch ring on its CPU mesh).
-    plan.settings.cp_attention = cp_attention_kind(plan.settings.cp_attention, target.device_type)
+    plan.settings.cp_attention = cp_attention_kind(plan.settings.cp_attention, target.device_type,
+                                                   cfg.data.document_masking)
     plan.settings.check(plan.layout.count_blocks(meta_model), dims.degrees())
     check_multi_token_prediction(args, dims.pp, dims.cp)
     if dims.pp > 1:

@@ -115,16 +115,17 @@ def microbatch_forward(job: TrainingJob, mb: MicroBatch, denominator: int) -> to
     model, applied = job.model, job.applied
     inputs = mb.inputs.to(job.device, non_blocking=True)
     labels = mb.labels.to(job.device, non_blocking=True)
-    positions = None
-    if applied.sequence_sharder is not None:
-        # Context parallel: this rank's tokens and labels, and their global RoPE positions.
-        shard = applied.sequence_sharder.shard(inputs, labels)
-        inputs, labels, positions = shard.inputs, shard.labels, shard.positions
     kwargs: dict[str, Any] = {}
-    if job.block_masks is not None:
+    if applied.sequence_sharder is not None:
+        # Context parallel: the document ids of the whole sequence (document masking), then this
+        # rank's tokens and labels, and their global RoPE positions.
+        documents = job.block_masks.documents(inputs) if job.block_masks is not None else None
+        if documents is not None:
+            kwargs["block_mask"] = documents
+        shard = applied.sequence_sharder.shard(inputs, labels)
+        inputs, labels, kwargs["positions"] = shard.inputs, shard.labels, shard.positions
+    elif job.block_masks is not None:
         kwargs["block_mask"] = job.block_masks(inputs)
-    elif positions is not None:
-        kwargs["positions"] = positions
     if job.fused_loss:  # the model stops at its final norm; the loss applies the output weight chunk by chunk
         out = model(inputs, logits=False, **kwargs)
         loss_sum = linear_cross_entropy_sum(

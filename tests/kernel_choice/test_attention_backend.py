@@ -94,15 +94,24 @@ def test_document_masking_with_an_sdpa_backend_is_refused():
     assert "set model.attention_backend to 'flex' or 'auto'" in msg
 
 
-def test_document_masking_with_context_parallel_is_refused():
-    msg = refused(DOCS + ["--parallelism.cp", "2"], world_size=2)
-    assert "data.document_masking=true (model.attention_backend='flex') does not combine with context parallel" in msg
-    assert "use cp=1, or turn data.document_masking off" in msg
+def test_document_masking_under_context_parallel_picks_flex_on_cuda_and_the_ring_on_cpu():
+    cp2 = DOCS + ["--parallelism.cp", "2"]
+    assert resolve_run(load_config(None, cp2), 2).plan.settings.cp_attention == "flex"  # planned for CUDA
+    on_cpu = resolve_run(load_config(None, cp2 + ["--training.device", "cpu"]), 2)
+    assert on_cpu.plan.settings.cp_attention == "ring"
+    assert resolve_run(load_config(None, ["--parallelism.cp", "2"]), 2).plan.settings.cp_attention == "torch"
+
+
+def test_document_masking_with_torchs_context_parallel_ring_is_refused():
+    msg = refused(DOCS + ["--parallelism.cp", "2", "--tuning.cp_attention", "torch"], world_size=2)
+    assert "data.document_masking=true under context parallel needs a document mask per chunk pair" in msg
+    assert "use 'auto' (FlexAttention on CUDA), 'flex' or 'ring'" in msg
 
 
 def test_flex_with_pipeline_parallel_is_refused():
     msg = refused(["--model.attention_backend", "flex", "--parallelism.pp", "2"], world_size=2)
-    assert "model.attention_backend='flex' does not combine with pipeline parallel (parallelism.pp=2) yet" in msg
+    assert "model.attention_backend='flex' does not combine with pipeline parallel (parallelism.pp=2) without context" in msg
+    assert "use pp=1 or parallelism.cp > 1" in msg
 
 
 def test_flash_attn_without_the_package_says_how_to_install_it(monkeypatch):

@@ -48,3 +48,22 @@ def test_context_parallel_inside_pipelines_halves_the_stage_messages_and_each_ra
     cp = _step(2, "--parallelism.cp", "2", "--training.local_batch_size", "8")
     assert pp_cp.pipeline_p2p == pytest.approx(pp.pipeline_p2p / 2, rel=1e-9)
     assert pp_cp.context_parallel == pytest.approx(cp.context_parallel / 2, rel=1e-9)
+
+
+def test_document_masking_prices_only_the_attention_tiles_the_mask_leaves():
+    from kenotron.planner.throughput import packed_attention_share
+
+    # Documents of 4k tokens in a 32k window: about (4096 + 128) / 32768 of the causal tiles.
+    assert packed_attention_share(32768, 4096) == pytest.approx((4096 + 128) / 32768, rel=0.05)
+    assert packed_attention_share(4096, 8192) == 1.0  # one document fills the window
+    run = resolve_run(load_config(DEBUG, ["--training.param_dtype", "bfloat16", "--parallelism.cp", "2",
+                                          "--data.document_masking", "true", "--training.seq_len", "4096"]), 2)
+    model = AnalyticModel(run)
+    full, masked = step_time(run, model, Hardware()), step_time(run, model, Hardware(), attention_share=0.25)
+    assert masked.compute < full.compute and masked.context_parallel == full.context_parallel
+    with pytest.raises(ValueError, match=r"attention_share=0 is not a share of the causal work"):
+        step_time(run, model, Hardware(), attention_share=0)
+    from kenotron.planner.prediction import predict
+
+    assert "Attention priced as plain causal; --document-tokens N" in predict(run)
+    assert "Attention priced at 0.152 of causal (512-token documents" in predict(run, document_tokens=512)

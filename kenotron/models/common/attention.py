@@ -40,6 +40,13 @@ def sees_whole_sequence(attention_fn: Callable[..., torch.Tensor]) -> bool:
     return attention_fn is causal_attention or isinstance(attention_fn, FlashAttention)
 
 
+def takes_documents(attention_fn: Callable[..., torch.Tensor]) -> bool:
+    """Whether an attention_fn applies a document mask itself: context parallel's attention, given
+    the batch's document ids (kenotron.parallel.context.documents.SequenceDocuments) in place of
+    a BlockMask, which it could not use on a shard of the sequence."""
+    return bool(getattr(attention_fn, "takes_documents", False))
+
+
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
     """SDPA on (batch, heads, seq, head_dim). `attn_mask` (bool, True = may attend) or None:
     None means causal over equal-length q and k, or a single query that sees every key."""
@@ -143,6 +150,8 @@ class GQAttention(nn.Module):
         v = v.transpose(1, 2)
         if attn_mask is None and kv_cache is None and block_mask is None:
             out = self.attention_fn(q, k, v)
+        elif attn_mask is None and kv_cache is None and takes_documents(self.attention_fn):
+            out = self.attention_fn(q, k, v, block_mask)
         else:
             if not sees_whole_sequence(self.attention_fn):
                 # A replaced attention_fn (context parallel) sees only part of the sequence.

@@ -79,12 +79,17 @@ def _compiled(fn: Callable) -> Callable:
     return torch.compile(fn)
 
 
-def _create_block_mask(mask_mod: MaskMod, batch: int | None, seq_len: int, device: torch.device) -> BlockMask:
+def build_block_mask(mask_mod: MaskMod, batch: int | None, q_len: int, kv_len: int, device: torch.device) -> BlockMask:
+    """A BlockMask of `mask_mod` over q_len queries x kv_len keys, every head alike."""
     # Compiled on CUDA, as torch recommends for long sequences: the eager version evaluates
     # mask_mod on a dense (batch, seq, seq) grid. Eager elsewhere (compiling needs a compiler
     # toolchain on CPU and gains nothing at test sizes).
     build = _compiled(create_block_mask) if device.type == "cuda" else create_block_mask
-    return build(mask_mod, batch, None, seq_len, seq_len, device=device)
+    return build(mask_mod, batch, None, q_len, kv_len, device=device)
+
+
+def _create_block_mask(mask_mod: MaskMod, batch: int | None, seq_len: int, device: torch.device) -> BlockMask:
+    return build_block_mask(mask_mod, batch, seq_len, seq_len, device)
 
 
 def causal_block_mask(seq_len: int, device: torch.device | str, sliding_window: int | None = None) -> BlockMask:

@@ -28,13 +28,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention.flex_attention import BlockMask
 
-from kenotron.models.common.attention import attend, causal_attention, sees_whole_sequence
+from kenotron.models.common.attention import attend, causal_attention, sees_whole_sequence, takes_documents
 from kenotron.models.common.flex_attention import flex_attend
 from kenotron.models.common.init import ONES, InitSpec, trunc_normal
 from kenotron.models.common.kv_cache import KVCache
@@ -137,8 +138,8 @@ class LatentAttention(nn.Module):
         if kv_cache is not None:
             c, k_rope = kv_cache.update(c, k_rope)
         k, v = self.keys_values(c, k_rope)
-        if attn_mask is None and kv_cache is None and block_mask is None:
-            out = self._attention_fn_any_v(q, k, v)
+        if attn_mask is None and kv_cache is None and (block_mask is None or takes_documents(self.attention_fn)):
+            out = self._attention_fn_any_v(q, k, v, block_mask)
         elif not sees_whole_sequence(self.attention_fn):
             raise RuntimeError(
                 f"this attention's attention_fn was replaced by {type(self.attention_fn).__name__}, which supports "
@@ -150,14 +151,15 @@ class LatentAttention(nn.Module):
             out = attend(q, k, v, attn_mask)
         return self.wo(out.transpose(1, 2).reshape(bsz, seqlen, -1))
 
-    def _attention_fn_any_v(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def _attention_fn_any_v(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, documents: Any = None) -> torch.Tensor:
         """The attention_fn, given values as wide as the keys: flash-attn and the ring kernels take one
         head size, and so do SDPA's flash kernels, CUDA's and the CPU's (with two sizes SDPA falls
         back to its math kernel, which keeps the whole score matrix for backward: 1.3 GiB a block
         at 16 heads x 4096 tokens). v is padded with zeros and the padding cut from the output."""
+        extra = () if documents is None else (documents,)  # context parallel's document ids
         if v.shape[-1] == q.shape[-1]:
-            return self.attention_fn(q, k, v)
-        return self.attention_fn(q, k, _pad_last(v, q.shape[-1]))[..., : v.shape[-1]]
+            return self.attention_fn(q, k, v, *extra)
+        return self.attention_fn(q, k, _pad_last(v, q.shape[-1]), *extra)[..., : v.shape[-1]]
 
     def param_init_specs(self, init_std: float, out_std: float) -> dict[str, InitSpec]:
         """Projections at init_std, the latent norms at one, the output projection at out_std."""

@@ -5,10 +5,18 @@
 - ring.py: kenotron's ring attention (CPU/gloo, and the fallback on CUDA) with its backward;
 - block_math.py: the fp32 chunk-pair attention and log-sum-exp merge it is built from;
 - torch_ring.py: torch's own context-parallel attention over the fused SDPA kernels (CUDA);
+- documents.py: document masking under CP: each chunk pair's slice of the block-causal mask,
+  and how much work the mask skips;
+- flex_gather.py: FlexAttention against the gathered keys/values (CUDA, document masking);
 - apply.py: the plan's CP step (swap each attention's attention_fn) and the batch slicer.
 """
 
+from kenotron.parallel.context.documents import MaskedWork, SequenceDocuments, masked_work
+from kenotron.parallel.context.flex_gather import FlexContextAttention
 from kenotron.parallel.context.layout import ContextShard, SequenceLayout, shard_batch
 from kenotron.parallel.context.ring import ROTATE_METHODS, RingAttention, ring_attention
 
-__all__ = ["ROTATE_METHODS", "ContextShard", "RingAttention", "SequenceLayout", "ring_attention", "shard_batch"]
+__all__ = [
+    "ROTATE_METHODS", "ContextShard", "FlexContextAttention", "MaskedWork", "RingAttention", "SequenceDocuments",
+    "SequenceLayout", "masked_work", "ring_attention", "shard_batch",
+]

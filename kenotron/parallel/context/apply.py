@@ -7,7 +7,13 @@ over the whole sequence sharded across the cp ranks:
 
 - on CUDA (`plan.settings.cp_attention = "auto"` or `"torch"`): torch's own ring over the fused SDPA
   kernels (torch_ring.py);
+- on CUDA with `data.document_masking` (`"auto"` or `"flex"`): FlexAttention against the
+  gathered keys/values under each rank's block mask (flex_gather.py);
 - elsewhere, or with `"ring"`: kenotron's ring attention (ring.py), which also runs on CUDA.
+
+With document masking the trainer hands the model the document ids of the whole sequence
+(documents.py's SequenceDocuments) in place of a block mask; the model's attention passes them
+to these modules, which mask every chunk pair by them.
 
 The trainer (or a notebook) then feeds each rank its part of every micro-batch and the global
 RoPE positions of those tokens: `SequenceSharder.shard(inputs, labels)`.
@@ -21,6 +27,7 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
+from kenotron.parallel.context.flex_gather import FlexContextAttention
 from kenotron.parallel.context.layout import ContextShard, SequenceLayout, shard_batch
 from kenotron.parallel.context.ring import RingAttention
 from kenotron.parallel.context.torch_ring import TorchRingAttention
@@ -47,20 +54,26 @@ class SequenceSharder:
         return shard_batch(inputs, labels, self.layout(inputs.shape[1]), self.rank)
 
 
-def cp_attention_kind(choice: str, device_type: str) -> str:
-    """"torch" or "ring" for a settings' cp_attention: auto picks torch's ring on CUDA and
-    kenotron's elsewhere; a named one is kept (resolve_run refuses torch for a CPU job; the
+def cp_attention_kind(choice: str, device_type: str, document_masking: bool = False) -> str:
+    """"torch", "flex" or "ring" for a settings' cp_attention: auto picks, on CUDA, FlexAttention
+    with document masking (torch's ring has no document mask) and torch's ring without; kenotron's
+    ring elsewhere; a named one is kept (resolve_run refuses torch and flex for a CPU job; the
     memory estimator builds a CUDA job's torch ring on its fake CPU mesh)."""
     if choice == "auto":
-        return "torch" if device_type == "cuda" else "ring"
+        if device_type != "cuda":
+            return "ring"
+        return "flex" if document_masking else "torch"
     return choice
 
 
 def context_parallel_attention(cp_mesh: DeviceMesh, settings: ParallelSettings) -> nn.Module:
     """A new CP attention module for one attention layer, as the plan's settings choose it."""
     st = settings
-    if cp_attention_kind(st.cp_attention, cp_mesh.device_type) == "torch":
+    kind = cp_attention_kind(st.cp_attention, cp_mesh.device_type)
+    if kind == "torch":
         return TorchRingAttention(cp_mesh, st.cp_load_balance, st.cp_rotate_method)
+    if kind == "flex":
+        return FlexContextAttention(cp_mesh.get_group(), st.cp_load_balance)
     return RingAttention(cp_mesh.get_group(), st.cp_load_balance, st.cp_rotate_method)
 
 

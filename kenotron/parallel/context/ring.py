@@ -7,6 +7,10 @@ Partial results are merged through their log-sum-exp in fp32 (block_math.py). Ba
 recomputes the probabilities from the saved log-sum-exp and sends each key/value block's
 gradient back to the rank that owns it.
 
+With document masking (`documents`: the document ids of the whole sequence, documents.py) each
+chunk pair applies its slice of the block-causal mask in global positions, and pairs the mask
+empties are skipped in forward and backward alike.
+
 Two ways to move the key/value blocks (`rotate_method`, the names torch's context parallel
 uses):
 - "allgather": one all-gather of every rank's keys/values (overlapped with the local block);
@@ -36,6 +40,7 @@ from kenotron.parallel.context.block_math import (
     pair_forward,
     ungroup_heads,
 )
+from kenotron.parallel.context.documents import SequenceDocuments, check_documents, chunk_ids, pair_mask
 from kenotron.parallel.context.layout import SequenceLayout
 
 ROTATE_METHODS = ("allgather", "alltoall")
@@ -128,6 +133,30 @@ def _visible(layout: SequenceLayout, q_chunk: int, src: int) -> tuple[list[int],
     return before, same
 
 
+Pair = tuple[list[int], bool, torch.Tensor | None]
+"""(indices of the source block's chunks, causal triangle?, document mask or None) of one pair."""
+
+
+def _pairs(layout: SequenceLayout, q_chunk: int, src: int, documents: torch.Tensor | None) -> list[Pair]:
+    """The pairs a query chunk computes against rank `src`'s block: its earlier chunks together,
+    then its own chunk. With document ids (of the whole sequence) each carries its slice of the
+    block-causal mask, and a pair the mask empties is left out (documents.py)."""
+    before, same = _visible(layout, q_chunk, src)
+    pairs: list[Pair] = [(before, False, None)] if before else []
+    if same is not None:
+        pairs.append(([same], True, None))
+    if documents is None:
+        return pairs
+    src_chunks = layout.chunks_of(src)
+    q_ids = chunk_ids(documents, layout, [q_chunk])
+    masked: list[Pair] = []
+    for indices, causal in ((i, c) for i, c, _ in pairs):
+        mask = pair_mask(q_ids, chunk_ids(documents, layout, [src_chunks[i] for i in indices]), causal)
+        if mask is not False:
+            masked.append((indices, causal, mask))  # type: ignore[arg-type]
+    return masked
+
+
 def _select(parts: tuple[torch.Tensor, ...], whole: torch.Tensor, indices: list[int]) -> torch.Tensor:
     """The chunks `indices` of a block, without a copy when that is the whole block."""
     if len(indices) == len(parts):
@@ -136,7 +165,8 @@ def _select(parts: tuple[torch.Tensor, ...], whole: torch.Tensor, indices: list[
 
 
 def _ring_forward(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ring: _Ring, layout: SequenceLayout, method: str, scale: float
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ring: _Ring, layout: SequenceLayout, method: str, scale: float,
+    documents: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Grouped fp32 output (batch, kv_heads, group, local_len, dim) and its log-sum-exp."""
     kv_heads, c = k.shape[1], layout.chunk_len
@@ -148,12 +178,10 @@ def _ring_forward(
         kg, vg = kb.float().unsqueeze(2), vb.float().unsqueeze(2)
         k_parts, v_parts = kg.split(c, dim=3), vg.split(c, dim=3)
         for qi, q_chunk in enumerate(q_chunks):
-            before, same = _visible(layout, q_chunk, src)
-            if before:
-                o, lse = pair_forward(q_parts[qi], _select(k_parts, kg, before), _select(v_parts, vg, before), False, scale)
-                outs[qi], lses[qi] = merge_partial(outs[qi], lses[qi], o, lse)
-            if same is not None:
-                o, lse = pair_forward(q_parts[qi], k_parts[same], v_parts[same], True, scale)
+            for indices, causal, mask in _pairs(layout, q_chunk, src, documents):
+                o, lse = pair_forward(
+                    q_parts[qi], _select(k_parts, kg, indices), _select(v_parts, vg, indices), causal, scale, mask
+                )
                 outs[qi], lses[qi] = merge_partial(outs[qi], lses[qi], o, lse)
     # Every query chunk met its own chunk (the diagonal) in this rank's own block.
     return torch.cat(outs, dim=3), torch.cat(lses, dim=3)  # type: ignore[arg-type]
@@ -162,7 +190,7 @@ def _ring_forward(
 def _block_grads(
     src: int, kb: torch.Tensor, vb: torch.Tensor, q_parts: tuple[torch.Tensor, ...], go_parts: tuple[torch.Tensor, ...],
     lse_parts: tuple[torch.Tensor, ...], delta_parts: tuple[torch.Tensor, ...], grad_q_parts: list[torch.Tensor],
-    q_chunks: tuple[int, ...], layout: SequenceLayout, scale: float,
+    q_chunks: tuple[int, ...], layout: SequenceLayout, scale: float, documents: torch.Tensor | None,
 ) -> torch.Tensor:
     """Add this block's share to the query gradients; return its key/value gradients, packed (fp32)."""
     c = layout.chunk_len
@@ -171,14 +199,10 @@ def _block_grads(
     grad_k, grad_v = torch.zeros_like(kg), torch.zeros_like(vg)
     gk_parts, gv_parts = grad_k.split(c, dim=3), grad_v.split(c, dim=3)
     for qi, q_chunk in enumerate(q_chunks):
-        before, same = _visible(layout, q_chunk, src)
-        pairs = [(before, False)] if before else []
-        if same is not None:
-            pairs.append(([same], True))
-        for indices, causal in pairs:
+        for indices, causal, mask in _pairs(layout, q_chunk, src, documents):
             gq, gk, gv = pair_backward(
                 q_parts[qi], _select(k_parts, kg, indices), _select(v_parts, vg, indices), go_parts[qi],
-                lse_parts[qi], delta_parts[qi], causal, scale,
+                lse_parts[qi], delta_parts[qi], causal, scale, mask,
             )
             grad_q_parts[qi] += gq
             for j, i in enumerate(indices):
@@ -189,7 +213,7 @@ def _block_grads(
 
 def _ring_backward(
     grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
-    ring: _Ring, layout: SequenceLayout, method: str, scale: float,
+    ring: _Ring, layout: SequenceLayout, method: str, scale: float, documents: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     kv_heads, c = k.shape[1], layout.chunk_len
     q_chunks = layout.chunks_of(ring.rank)
@@ -199,7 +223,7 @@ def _ring_backward(
     lse_parts, delta_parts = lse.split(c, dim=3), delta.split(c, dim=3)
     grad_q = torch.zeros_like(qg)
     grad_q_parts = list(grad_q.split(c, dim=3))
-    args = (q_parts, go_parts, lse_parts, delta_parts, grad_q_parts, q_chunks, layout, scale)
+    args = (q_parts, go_parts, lse_parts, delta_parts, grad_q_parts, q_chunks, layout, scale, documents)
     blocks = _kv_blocks(k, v, ring, method)
 
     if ring.size == 1:
@@ -230,18 +254,20 @@ def _ring_backward(
 
 class _RingAttentionFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, ring: _Ring, layout: SequenceLayout, method: str, scale: float):  # type: ignore[override]
-        out_grouped, lse = _ring_forward(q, k, v, ring, layout, method, scale)
+    def forward(ctx, q, k, v, ring: _Ring, layout: SequenceLayout, method: str, scale: float,  # type: ignore[override]
+                documents: torch.Tensor | None):
+        out_grouped, lse = _ring_forward(q, k, v, ring, layout, method, scale, documents)
         out = ungroup_heads(out_grouped).to(q.dtype)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.ring, ctx.layout, ctx.method, ctx.scale = ring, layout, method, scale
+        ctx.ring, ctx.layout, ctx.method, ctx.scale, ctx.documents = ring, layout, method, scale, documents
         return out
 
     @staticmethod
     def backward(ctx, grad_out):  # type: ignore[override]
         q, k, v, out, lse = ctx.saved_tensors
-        grads = _ring_backward(grad_out, q, k, v, out, lse, ctx.ring, ctx.layout, ctx.method, ctx.scale)
-        return (*grads, None, None, None, None)
+        grads = _ring_backward(grad_out, q, k, v, out, lse, ctx.ring, ctx.layout, ctx.method, ctx.scale,
+                               ctx.documents)
+        return (*grads, None, None, None, None, None)
 
 
 def ring_attention(
@@ -253,8 +279,10 @@ def ring_attention(
     load_balance: bool = True,
     rotate_method: str = "allgather",
     scale: float | None = None,
+    documents: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Causal attention of this rank's queries over the whole sharded sequence.
+    """Causal attention of this rank's queries over the whole sharded sequence; with `documents`
+    (batch, local_len * cp), the document ids of the whole sequence, block-causal attention.
 
     q (batch, heads, local_len, dim), k/v (batch, kv_heads, local_len, dim) hold this rank's
     tokens in the layout `SequenceLayout(local_len * cp, cp, load_balance)` describes; heads
@@ -269,12 +297,18 @@ def ring_attention(
         )
     ring = _Ring(group)
     layout = SequenceLayout(q.shape[2] * ring.size, ring.size, load_balance)
+    if documents is not None and documents.shape != (q.shape[0], layout.seq_len):
+        raise ValueError(f"documents of shape {tuple(documents.shape)} are not the whole sequence's ids "
+                         f"({q.shape[0]}, {layout.seq_len}) for q of shape {tuple(q.shape)} on {ring.size} ranks")
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    return _RingAttentionFunction.apply(q, k, v, ring, layout, rotate_method, scale)
+    return _RingAttentionFunction.apply(q, k, v, ring, layout, rotate_method, scale, documents)
 
 
 class RingAttention(nn.Module):
     """Drop-in `attention_fn` of an attention module under context parallel (no parameters)."""
+
+    takes_documents = True
+    """The model's attention may hand it the batch's SequenceDocuments (models/common/attention.py)."""
 
     def __init__(self, group: dist.ProcessGroup, load_balance: bool = True, rotate_method: str = "allgather") -> None:
         super().__init__()
@@ -287,8 +321,12 @@ class RingAttention(nn.Module):
     # Dynamo cannot trace the point-to-point sends inside: a compiled block runs this part eagerly
     # (the plan compiles blocks without fullgraph when ring attention is in them).
     @torch.compiler.disable
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return ring_attention(q, k, v, self.group, load_balance=self.load_balance, rotate_method=self.rotate_method)
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                documents: SequenceDocuments | None = None) -> torch.Tensor:
+        """`documents`: the whole sequence's document ids (document masking), or None (causal)."""
+        documents = check_documents(documents)
+        return ring_attention(q, k, v, self.group, load_balance=self.load_balance, rotate_method=self.rotate_method,
+                              documents=None if documents is None else documents.ids)
 
     def extra_repr(self) -> str:
         return f"cp={dist.get_world_size(self.group)}, load_balance={self.load_balance}, rotate={self.rotate_method}"
