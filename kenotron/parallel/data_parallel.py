@@ -126,6 +126,7 @@ def apply_data_parallel(model: nn.Module, meshes: Meshes, layout: ModelLayout, s
         # costs little memory.
         pipelined = pipeline is not None and meshes.get("pp") is not None
         _shard_experts(model, meshes, layout, settings, mp, pipelined)
+        head = [] if pipelined or mesh.size() == 1 else head_modules(model, layout)
         for i, unit in enumerate(units):
             if st.reshard_after_forward == "default":
                 # The last unit's parameters are needed again right away by backward; on a
@@ -134,18 +135,41 @@ def apply_data_parallel(model: nn.Module, meshes: Meshes, layout: ModelLayout, s
             else:
                 reshard = st.reshard_after_forward == "always"
             fully_shard(unit, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
+        if head:
+            # The final norm and the output layer as one unit: its gradients are complete after the
+            # norm's backward, the first of the step, so their reduce-scatter runs under the blocks'
+            # backward instead of at the tail with the root's (the embedding's, complete only after
+            # the last op). Kept gathered after forward: backward needs it at once, and the fused
+            # loss reads the output weight without calling the output layer.
+            fully_shard(head, mesh=mesh, mp_policy=mp, reshard_after_forward=False)
         # Left unset, the root keeps its parameters gathered after forward (backward needs them at
         # once, and a loss that reads the output weight after forward relies on it).
         root_kwargs = {"reshard_after_forward": False} if st.reshard_after_forward == "never" else {}
         fully_shard(model, mesh=mesh, mp_policy=mp, **root_kwargs)
         if st.gradients_in_compute_pool and kind == "fsdp" and mesh.device_type == "cuda":
             device = torch.device("cuda", torch.cuda.current_device())
-            if not allocate_gradients_in_compute_pool([*units, model], device):
+            if not allocate_gradients_in_compute_pool([*units, *([head] if head else []), model], device):
                 warnings.warn(
                     f"torch {torch.__version__} has no FSDPModule.set_custom_reduce_scatter: the sharded "
                     "gradients stay in the reduce-scatter stream's memory pool; set "
                     "tuning.fsdp_gradients_in_compute_pool false to silence this", stacklevel=2)
     return DataParallelState(kind, mesh)
+
+
+def head_modules(model: nn.Module, layout: ModelLayout) -> list[nn.Module]:
+    """The model's final norm and output layer (the top-level modules of style "norm" and
+    "output"), to be one FSDP unit of their own; empty where they cannot be: either is missing,
+    the output weight is tied to the embedding (one parameter belongs to one unit, the root's),
+    or multi-token prediction calls the output layer again after its own blocks (`mtp`)."""
+    styles = {style: name for name, style in layout.tp_styles.items() if "." not in name}
+    names = [styles.get("norm"), styles.get("output")]
+    modules = [getattr(model, name, None) if name else None for name in names]
+    if any(m is None for m in modules) or getattr(model, "mtp", None) is not None:
+        return []
+    own = {id(p) for m in modules for p in m.parameters()}
+    others = {id(p) for name, p in model.named_parameters(remove_duplicate=False)
+              if not name.startswith(tuple(f"{n}." for n in names))}
+    return [] if own & others else modules
 
 
 def expert_fsdp_mesh(meshes: Meshes) -> DeviceMesh | None:

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from kenotron.config import load_config
+from kenotron.models import get_model_spec
+from kenotron.parallel.data_parallel import head_modules
+from kenotron.parallel.plan import layout_for
 from kenotron.parallel.zero1 import partition_params
 from kenotron.train.step import forward_backward
 from kenotron.train.trainer import Trainer
@@ -139,3 +144,47 @@ def test_early_all_gather_trains_bit_for_bit_like_one_optimizer_step_and_prefetc
         assert params_e.keys() == params_p.keys()
         for name, value in params_e.items():
             assert torch.equal(value, params_p[name]), name
+
+
+def _post_backward_order(folder: str) -> list[str]:
+    from torch.distributed.fsdp import FSDPModule
+
+    cfg = load_config(None, [
+        "--model.n_layers", "2", "--training.seq_len", "32", "--training.local_batch_size", "2",
+        "--parallelism.dp_shard", "2", "--job.dump_folder", folder, "--metrics.tensorboard", "false",
+    ])
+    trainer = Trainer(cfg)
+    order: list[str] = []
+    states = {id(m._get_fsdp_state()): m._get_fsdp_state() for m in trainer.job.model.modules() if isinstance(m, FSDPModule)}
+    names = {id(m): n for n, m in trainer.job.model.named_modules()}
+    for state in states.values():
+        for group in state._fsdp_param_groups:
+            label = ",".join(names[id(m)] for m in group.modules) or "root"
+            original = group.post_backward
+
+            def spy(*args, _original=original, _label=label, _group=group):
+                if _group.reduce_grads and _label not in order:
+                    order.append(_label)
+                return _original(*args)
+
+            group.post_backward = spy
+    forward_backward(trainer.job, trainer.loader.next_step())
+    trainer.close()
+    return order
+
+
+def test_the_final_norm_and_output_reduce_their_gradients_first_and_the_root_last(tmp_path):
+    order = run_on_ranks(2, _post_backward_order, str(tmp_path))[0]
+    # The head is its own unit, reduced right after its backward (the step's first), before the
+    # blocks'; the root (the embedding alone) is reduced at the end.
+    assert order == ["norm,output", "layers.1", "layers.0", "root"], order
+
+
+def test_a_tied_output_stays_in_the_root_unit():
+    spec = get_model_spec("llama3")
+    for tied in (False, True):
+        args = dataclasses.replace(spec.flavors["debug"], n_layers=1, tie_embeddings=tied)
+        with torch.device("meta"):
+            model = spec.build(args)
+        head = head_modules(model, layout_for(spec, args))
+        assert head == ([] if tied else [model.norm, model.output])
