@@ -229,7 +229,7 @@ def peak_breakdown(run: ResolvedRun, params: ParameterBytes, O: int, kind: dict[
         # blocks' sharded gradients. Untied, the gathered root is already freed; tied, the
         # simulation of FSDP2's post-backward also holds it and the sharded result at that moment.
         shard = run.dims.dp_shard * run.dims.cp
-        reduce_size = FP32 if run.plan.settings.reduce_dtype == "float32" else 2
+        reduce_size = FP32 if run.plan.settings.reduce_dtypes()[0] == "float32" else 2  # the root holds no experts
         root = params.root_gathered - params.head_gathered  # the final norm and output: their own unit
         reduced = root * reduce_size // c
         root_local = root * (FP32 // c) // shard

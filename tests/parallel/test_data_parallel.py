@@ -9,6 +9,7 @@ import torch
 from kenotron.config import load_config
 from kenotron.models import get_model_spec
 from kenotron.parallel.data_parallel import head_modules
+from kenotron.parallel.parallel_settings import ParallelSettings
 from kenotron.parallel.plan import layout_for
 from kenotron.parallel.zero1 import partition_params
 from kenotron.train.step import forward_backward
@@ -188,3 +189,47 @@ def test_a_tied_output_stays_in_the_root_unit():
             model = spec.build(args)
         head = head_modules(model, layout_for(spec, args))
         assert head == ([] if tied else [model.norm, model.output])
+
+
+def _moe_reduce(reduce_dtype: str, param_dtype: str, folder: str) -> tuple[dict[str, torch.dtype], dict[str, torch.Tensor]]:
+    from torch.distributed.fsdp import FSDPModule
+
+    cfg = load_config("qwen3_moe_debug", [
+        "--model.n_layers", "2", "--training.seq_len", "32", "--training.local_batch_size", "2",
+        "--parallelism.dp_shard", "2", "--parallelism.fsdp_reduce_dtype", reduce_dtype,
+        "--training.param_dtype", param_dtype, "--job.dump_folder", folder, "--metrics.tensorboard", "false",
+    ])
+    trainer = Trainer(cfg)
+    names = {id(m): n for n, m in trainer.job.model.named_modules()}
+    policies = {names[id(m)] or "root": m._get_fsdp_state()._fsdp_param_group.mp_policy.reduce_dtype
+                for m in trainer.job.model.modules() if isinstance(m, FSDPModule)}
+    forward_backward(trainer.job, trainer.loader.next_step())
+    grads = {n: p.grad.to_local().clone() for n, p in trainer.job.model.named_parameters()}
+    trainer.close()
+    return policies, grads
+
+
+def test_auto_reduces_the_routed_experts_in_bf16_and_everything_else_exactly_as_fp32(tmp_path):
+    auto_policies, auto_grads = run_on_ranks(2, _moe_reduce, "auto", "bfloat16", str(tmp_path / "auto"))[0]
+    exact_policies, exact_grads = run_on_ranks(2, _moe_reduce, "float32", "bfloat16", str(tmp_path / "fp32"))[0]
+    experts = {"layers.0.feed_forward.experts", "layers.1.feed_forward.experts"}
+    assert {n for n, d in auto_policies.items() if d == torch.bfloat16} == experts, auto_policies
+    assert set(auto_policies) - experts == set(exact_policies)  # fp32: the experts stay in their blocks
+    assert set(exact_policies.values()) == {torch.float32}
+    rounded = False
+    for name, g in exact_grads.items():
+        if ".experts." in name:
+            assert (auto_grads[name] - g).abs().max() <= 2 ** -7 * g.abs().max() + 1e-12, name
+            rounded |= not torch.equal(auto_grads[name], g)
+        else:  # the same local backward; only the experts' sums are rounded
+            assert torch.equal(auto_grads[name], g), name
+    assert rounded
+
+
+
+def test_auto_keeps_fp32_sums_for_fp32_training_and_a_named_dtype_everywhere():
+    # fp32 training keeps the experts in their blocks with fp32 sums (the CPU parity tests' exact reduction).
+    assert ParallelSettings(reduce_dtype="auto", param_dtype="float32").reduce_dtypes() == ("float32", "float32")
+    assert ParallelSettings(reduce_dtype="auto", param_dtype="bfloat16").reduce_dtypes() == ("float32", "bfloat16")
+    for dtype in ("float32", "bfloat16"):
+        assert ParallelSettings(reduce_dtype=dtype, param_dtype="bfloat16").reduce_dtypes() == (dtype, dtype)
