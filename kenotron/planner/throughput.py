@@ -212,7 +212,13 @@ def step_time(run: ResolvedRun, model: AnalyticModel, hw: Hardware | None = None
             copy_in = gathered / ranks * (1 + 4 // c)
             copies = group_gathers * (2 * gathered + copy_in) + gathered + reduced
             compute += run.grad_accum_steps * copies * stage / hw.memory_bytes_per_s
-        tail = (shard - 1) / shard * root_reduced * stage / _bandwidth(shard, d.tp, hw)
+        # The first block's gradients are complete only after its own backward, the last but the
+        # embedding's: its reduction runs after the last matmul too (run 70's MoE FSDP 2 trace:
+        # layer 0's and the root's reduce-scatters, 8 ms exposed).
+        experts_reduced = d.ep < shard  # under ep = dp_shard x cp each rank holds its experts whole
+        first_block = ((params.block_gathered - params.block_experts) * reduce_scale
+                       + (params.block_experts * expert_scale if experts_reduced else 0)) * (4 // c)
+        tail = (shard - 1) / shard * (root_reduced + first_block) * stage / _bandwidth(shard, d.tp, hw)
     replicas = d.dp_replicate if kind in ("hsdp", "ddp") else (zero1_ranks(run) if kind == "zero1" else 1)
     if replicas > 1:
         inner = d.tp * (shard if kind == "hsdp" else 1)
