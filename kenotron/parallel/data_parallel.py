@@ -202,6 +202,8 @@ def _shard_experts(model: nn.Module, meshes: Meshes, layout: ModelLayout, settin
     policy = settings.reshard_after_forward
     reshard = policy == "always" or (policy == "default" and mesh.size() > 1 and not pipelined)
     wrapped = [experts for _, experts in matching_modules(model, layout.experts)]
-    for experts in wrapped:
-        fully_shard(experts, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
+    for i, experts in enumerate(wrapped):
+        # As the blocks: under `default` the last block's experts stay gathered for its backward.
+        last = policy == "default" and i == len(wrapped) - 1
+        fully_shard(experts, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard and not last)
     return wrapped

@@ -128,6 +128,10 @@ class ParallelSettings:
             return "float32", "bfloat16" if self.param_dtype == "bfloat16" else "float32"
         return self.reduce_dtype, self.reduce_dtype
 
+    def _reduce_detail(self) -> str:
+        dense, experts = self.reduce_dtypes()
+        return f" (experts {experts}, the rest {dense})" if self.reduce_dtype == "auto" else ""
+
     def __str__(self) -> str:
         ac = self.ac_mode + (f" (every {self.ac_every_n})" if self.ac_mode == "every-n-layers" else "")
         if self.ac_mode == "selective-op" and self.ac_save_matmul_every > 1:
@@ -137,7 +141,8 @@ class ParallelSettings:
             (f"  sequence_parallel: {self.sequence_parallel}   loss_parallel: {self.loss_parallel}   "
              f"async_tp: {self.async_tp}"),
             (f"  data parallel: {self.dp_mode}, reshard_after_forward {self.reshard_after_forward}, params "
-             f"{self.param_dtype}, reduce {self.reduce_dtype}, early all-gather {self.early_all_gather}"),
+             f"{self.param_dtype}, reduce {self.reduce_dtype}{self._reduce_detail()}, early all-gather "
+             f"{self.early_all_gather}"),
             f"  activation checkpointing: {ac}"
             + (f"   offload: first {self.offload_blocks} blocks" if self.offload_blocks else "")
             + f"   compile: {self.compile}   float8: {self.float8 or 'off'}",
