@@ -270,8 +270,8 @@ class Parallelism:
 
 
 
-    fsdp_reduce_dtype: Literal["float32", "bfloat16"] = "float32"
-    """Dtype of the data-parallel gradient reduction: float32 (exact sums), or bfloat16 (half the bytes on the wire, sums rounded to bf16)."""
+    fsdp_reduce_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    """Dtype of the data-parallel gradient reduction: float32 (exact sums), bfloat16 (half the bytes, sums rounded to bf16), or auto: with bf16 params, bfloat16 for the routed experts and float32 for the rest."""
 
     sequence_parallel: bool = True
     """With tp > 1, also split norms and the residual stream along the sequence."""

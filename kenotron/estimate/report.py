@@ -61,6 +61,7 @@ def describe_settings(run: ResolvedRun) -> dict[str, object]:
     cfg = run.cfg
     return {
         "data parallel": data_parallel_kind(run),
+        "reshard after forward": run.plan.settings.reshard_after_forward,
         "param_dtype": cfg.training.param_dtype,
         "AC": cfg.activation_checkpoint.mode
         + (f"/{cfg.activation_checkpoint.every_n}" if cfg.activation_checkpoint.mode == "every-n-layers" else "")

@@ -17,6 +17,7 @@ from torch import nn
 
 from kenotron.estimate.tracker import allocated_bytes
 from kenotron.models.common.router import TopKRouter
+from kenotron.parallel.data_parallel import head_modules
 from kenotron.parallel.model_layout import fqn_matches, matching_modules
 from kenotron.parallel.zero1 import partition_params
 from kenotron.train.muon_groups import muon_param_groups
@@ -77,6 +78,9 @@ class ParameterBytes:
     """Of block_gathered, this rank's routed experts (under expert parallelism)."""
     local_bf16: int = 0
     """Σ local shards in bf16 (master weights), each rounded as allocated (small tensors: not half of `local`)."""
+    head_gathered: int = 0
+    """Of root_gathered, the final norm's and output layer's when FSDP makes them their own unit
+    (kenotron.parallel.data_parallel.head_modules; 0 where they stay in the root)."""
 
 
 def parameter_bytes(run: ResolvedRun, model: nn.Module) -> ParameterBytes:
@@ -91,7 +95,12 @@ def parameter_bytes(run: ResolvedRun, model: nn.Module) -> ParameterBytes:
     experts = run.plan.layout.experts
     block_experts = sum(math.prod(r["local_shape"]) * c_p for r in tp_only if r["name"].startswith(first_block)
                         and experts and fqn_matches(experts, r["name"].rpartition(".")[0]))
+    head = [name for name, m in model.named_children() if any(m is h for h in head_modules(model, run.plan.layout))]
+    split_head = (data_parallel_kind(run) in ("fsdp", "hsdp") and run.dims.dp_shard * run.dims.cp > 1
+                  and run.dims.pp == 1 and head)
+    head_bytes = sum(math.prod(r["local_shape"]) * c_p for r in tp_only if r["name"].split(".")[0] in head)
     return ParameterBytes(
+        head_gathered=head_bytes if split_head else 0,
         local=sum(allocated_bytes(r["bytes"]) for r in sharded),
         block_gathered=block, root_gathered=root, count=len(sharded),
         buffers=sum(allocated_bytes(b.numel() * b.element_size()) for b in model.buffers()) + _balance_state(model),

@@ -13,8 +13,9 @@ The loss is a sum over tokens divided by the global token count, so the right gr
 the *sum* over ranks, while FSDP and DDP average: the trainer multiplies the loss it
 back-propagates by `DataParallelState.averaging_size` (keeping the backends' native averaging
 collectives; gloo has no pre-multiplied sum).
-Gradients are reduced in `reduce_dtype` (fp32 by default) and accumulated in fp32 in the
-sharded gradient even when compute runs in bf16.
+Gradients are reduced in `reduce_dtype` (auto: bf16 for the routed experts, each expert module an
+FSDP unit of its own, fp32 for the rest) and accumulated in fp32 in the sharded gradient even
+when compute runs in bf16.
 """
 
 from __future__ import annotations
@@ -94,7 +95,9 @@ def apply_data_parallel(model: nn.Module, meshes: Meshes, layout: ModelLayout, s
                         pipeline: PipelineSplit | None) -> DataParallelState:
     """A plan's data-parallel step: wrap each unit, then the root, in FSDP (or its replicate-only variant)."""
     st = settings
-    mp = MixedPrecisionPolicy(param_dtype=DTYPES[st.param_dtype], reduce_dtype=DTYPES[st.reduce_dtype])
+    dense_reduce, expert_reduce = st.reduce_dtypes()
+    mp = MixedPrecisionPolicy(param_dtype=DTYPES[st.param_dtype], reduce_dtype=DTYPES[dense_reduce])
+    expert_mp = MixedPrecisionPolicy(param_dtype=DTYPES[st.param_dtype], reduce_dtype=DTYPES[expert_reduce])
     units = [m for pattern in layout.fsdp_units for _, m in matching_modules(model, pattern)]
 
     if st.dp_mode == "zero1":
@@ -125,7 +128,8 @@ def apply_data_parallel(model: nn.Module, meshes: Meshes, layout: ModelLayout, s
         # keeping them gathered for the step (the schedule reshards after its last backward)
         # costs little memory.
         pipelined = pipeline is not None and meshes.get("pp") is not None
-        _shard_experts(model, meshes, layout, settings, mp, pipelined)
+        experts = _shard_experts(model, meshes, layout, settings, expert_mp, pipelined, mesh)
+        head = [] if pipelined or mesh.size() == 1 else head_modules(model, layout)
         for i, unit in enumerate(units):
             if st.reshard_after_forward == "default":
                 # The last unit's parameters are needed again right away by backward; on a
@@ -134,18 +138,41 @@ def apply_data_parallel(model: nn.Module, meshes: Meshes, layout: ModelLayout, s
             else:
                 reshard = st.reshard_after_forward == "always"
             fully_shard(unit, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
+        if head:
+            # The final norm and the output layer as one unit: its gradients are complete after the
+            # norm's backward, the first of the step, so their reduce-scatter runs under the blocks'
+            # backward instead of at the tail with the root's (the embedding's, complete only after
+            # the last op). Kept gathered after forward: backward needs it at once, and the fused
+            # loss reads the output weight without calling the output layer.
+            fully_shard(head, mesh=mesh, mp_policy=mp, reshard_after_forward=False)
         # Left unset, the root keeps its parameters gathered after forward (backward needs them at
         # once, and a loss that reads the output weight after forward relies on it).
         root_kwargs = {"reshard_after_forward": False} if st.reshard_after_forward == "never" else {}
         fully_shard(model, mesh=mesh, mp_policy=mp, **root_kwargs)
         if st.gradients_in_compute_pool and kind == "fsdp" and mesh.device_type == "cuda":
             device = torch.device("cuda", torch.cuda.current_device())
-            if not allocate_gradients_in_compute_pool([*units, model], device):
+            if not allocate_gradients_in_compute_pool([*experts, *units, *([head] if head else []), model], device):
                 warnings.warn(
                     f"torch {torch.__version__} has no FSDPModule.set_custom_reduce_scatter: the sharded "
                     "gradients stay in the reduce-scatter stream's memory pool; set "
                     "tuning.fsdp_gradients_in_compute_pool false to silence this", stacklevel=2)
     return DataParallelState(kind, mesh)
+
+
+def head_modules(model: nn.Module, layout: ModelLayout) -> list[nn.Module]:
+    """The model's final norm and output layer (the top-level modules of style "norm" and
+    "output"), to be one FSDP unit of their own; empty where they cannot be: either is missing,
+    the output weight is tied to the embedding (one parameter belongs to one unit, the root's),
+    or multi-token prediction calls the output layer again after its own blocks (`mtp`)."""
+    styles = {style: name for name, style in layout.tp_styles.items() if "." not in name}
+    names = [styles.get("norm"), styles.get("output")]
+    modules = [getattr(model, name, None) if name else None for name in names]
+    if any(m is None for m in modules) or getattr(model, "mtp", None) is not None:
+        return []
+    own = {id(p) for m in modules for p in m.parameters()}
+    others = {id(p) for name, p in model.named_parameters(remove_duplicate=False)
+              if not name.startswith(tuple(f"{n}." for n in names))}
+    return [] if own & others else modules
 
 
 def expert_fsdp_mesh(meshes: Meshes) -> DeviceMesh | None:
@@ -159,15 +186,24 @@ def expert_fsdp_mesh(meshes: Meshes) -> DeviceMesh | None:
 
 
 def _shard_experts(model: nn.Module, meshes: Meshes, layout: ModelLayout, settings: ParallelSettings,
-                   mp: MixedPrecisionPolicy, pipelined: bool) -> None:
-    """Under expert parallelism each expert module is its own FSDP unit over the ranks ep leaves
-    (resharded after forward as the blocks are). Averaging over that mesh, 1/ep the size of the
-    dense parameters', is right because compute scales the experts' gradients by 1/ep
-    (parallel/expert.py)."""
+                   mp: MixedPrecisionPolicy, pipelined: bool, dense_mesh: DeviceMesh) -> list[nn.Module]:
+    """Each routed-expert module becomes its own FSDP unit (resharded after forward as the blocks
+    are) under expert parallelism, over the ranks ep leaves, and without it where the experts
+    reduce in another dtype than the rest (`mp`, fsdp_reduce_dtype auto), over the blocks' mesh.
+    Averaging over the ep-left mesh, 1/ep the size of the dense parameters', is right because
+    compute scales the experts' gradients by 1/ep (parallel/expert.py). Returns the modules wrapped."""
+    if not layout.experts:
+        return []
     mesh = expert_fsdp_mesh(meshes)
-    if mesh is None or not layout.experts:
-        return
+    if mesh is None:
+        if len(set(settings.reduce_dtypes())) == 1 or dense_mesh.size() == 1:
+            return []
+        mesh = dense_mesh
     policy = settings.reshard_after_forward
     reshard = policy == "always" or (policy == "default" and mesh.size() > 1 and not pipelined)
-    for _, experts in matching_modules(model, layout.experts):
-        fully_shard(experts, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
+    wrapped = [experts for _, experts in matching_modules(model, layout.experts)]
+    for i, experts in enumerate(wrapped):
+        # As the blocks: under `default` the last block's experts stay gathered for its backward.
+        last = policy == "default" and i == len(wrapped) - 1
+        fully_shard(experts, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard and not last)
+    return wrapped

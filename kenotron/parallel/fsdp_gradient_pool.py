@@ -92,12 +92,16 @@ class ComputePoolReduceScatter(ReduceScatter):
         return dist.reduce_scatter_tensor(output_tensor, input_tensor, op=op, group=group, async_op=async_op)
 
 
-def allocate_gradients_in_compute_pool(modules: list[nn.Module], device: torch.device) -> bool:
-    """Install a compute-pool reduce-scatter on every FSDP module (the compute stream is the
-    current one); False where this torch build has no custom reduce-scatter hook."""
-    if not all(hasattr(m, "set_custom_reduce_scatter") for m in modules):
+def allocate_gradients_in_compute_pool(units: list[nn.Module | list[nn.Module]], device: torch.device) -> bool:
+    """Install a compute-pool reduce-scatter on every FSDP unit (a module, or a list of modules
+    wrapped as one unit; the compute stream is the current one); False where this torch build
+    has no custom reduce-scatter hook."""
+    groups = [unit if isinstance(unit, list) else [unit] for unit in units]
+    if not all(hasattr(m, "set_custom_reduce_scatter") for group in groups for m in group):
         return False
     compute = torch.cuda.current_stream(device)
-    for module in modules:
-        module.set_custom_reduce_scatter(ComputePoolReduceScatter(compute, own_parameters(module)))
+    for group in groups:
+        # The modules of one unit share its state: one hook covers all their parameters.
+        params = [p for module in group for p in own_parameters(module)]
+        group[0].set_custom_reduce_scatter(ComputePoolReduceScatter(compute, params))
     return True

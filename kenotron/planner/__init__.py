@@ -16,6 +16,7 @@ fake-tensor estimator (kenotron/estimate), which stays the authority on memory.
 - hardware.py           the cluster the throughput model assumes (fitted constants)
 - search.py             the search (--search)
 - closed_form_column.py the closed form beside the fake-tensor estimate (the report's analytic column)
+- reshard_choice.py     fsdp_reshard_after_forward "default" settled by memory, for the trainer, the estimate and the search
 - cli.py                the `kenotron estimate` command (estimation.py)
 """
 

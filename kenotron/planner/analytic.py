@@ -56,6 +56,8 @@ with G_acc the gradients accumulated by earlier micro-steps (FSDP: sharded; DDP/
 
 from __future__ import annotations
 
+import dataclasses
+
 from kenotron.estimate.static_memory import (
     FP32,
     ParameterBytes,
@@ -227,14 +229,25 @@ def peak_breakdown(run: ResolvedRun, params: ParameterBytes, O: int, kind: dict[
         # blocks' sharded gradients. Untied, the gathered root is already freed; tied, the
         # simulation of FSDP2's post-backward also holds it and the sharded result at that moment.
         shard = run.dims.dp_shard * run.dims.cp
-        reduce_size = FP32 if run.plan.settings.reduce_dtype == "float32" else 2
-        reduced = params.root_gathered * reduce_size // c
-        root_local = params.root_gathered * (FP32 // c) // shard
+        reduce_size = FP32 if run.plan.settings.reduce_dtypes()[0] == "float32" else 2  # the root holds no experts
+        root = params.root_gathered - params.head_gathered  # the final norm and output: their own unit
+        reduced = root * reduce_size // c
+        root_local = root * (FP32 // c) // shard
         moments.append(Breakdown(
-            parameters=P, unsharded_parameters=params.root_gathered if tied else 0,
+            parameters=P, unsharded_parameters=root if tied else 0,
             gradients=accumulated if accumulated else max(G - root_local, 0), optimizer_state=O,
-            temporaries=params.root_gathered + reduced + (reduced // shard if tied else 0),
+            temporaries=root + reduced + (reduced // shard if tied else 0),
         ))
+        if params.head_gathered:
+            # The head unit's reduce-scatter right after the loss' backward, every activation
+            # still alive: its gradients in the compute dtype and their copy in the reduce dtype
+            # beside the hidden states' gradient; gathered are the head and the blocks forward
+            # left so (the fake-tensor step holds no gathered embedding there, whatever the policy).
+            head = params.head_gathered
+            moments.append(dataclasses.replace(
+                backward_moment, unsharded_parameters=gathered_bytes(run, params, s.layers, "forward") - root,
+                gradients=backward_moment.gradients + head * (FP32 // c) // shard,
+                temporaries=head + head * reduce_size // c + allocated_bytes(s.tokens * s.dim * c)))
     if s.tp > 1 and not extra_grad and "embedding" in run.plan.layout.tp_styles.values():
         # Data parallel takes the embedding's whole (Replicate) gradient, keeps its TP shard, casts it
         # to fp32 and reduce-scatters it: briefly the largest temporaries of the step for a big vocabulary.

@@ -18,6 +18,7 @@ from kenotron.estimate.memory import default_gpu_memory_gib, estimate_run
 from kenotron.planner.closed_form_column import add_closed_form
 from kenotron.planner.hardware import Hardware
 from kenotron.planner.prediction import predict
+from kenotron.planner.reshard_choice import settle_reshard_after_forward
 from kenotron.planner.search import SEARCH_LEGEND, format_search, search_layouts
 from kenotron.train.resolve import resolve_run
 
@@ -87,8 +88,10 @@ def main(argv: list[str] | None = None, prog: str = "python estimation.py") -> i
             payload = result.to_dict()
         else:
             run = resolve_run(cfg, args.ngpu, check_data=False)
+            reshard = settle_reshard_after_forward(run, budget)  # as the trainer settles it on such a GPU
             report = add_closed_form(estimate_run(run, budget, args.full_depth), run)
             print(report.format(top_modules=args.top_modules))
+            print(reshard)
             print(predict(run, hw, args.document_tokens))
             payload = report.to_dict()
     except CONFIG_ERRORS as e:

@@ -34,6 +34,7 @@ from kenotron.estimate.report import RESERVED_FRACTION, describe_model, gib
 from kenotron.kernel_choice.target import Target
 from kenotron.planner.analytic_model import AnalyticModel
 from kenotron.planner.hardware import Hardware
+from kenotron.planner.reshard_choice import settle_reshard_after_forward
 from kenotron.planner.throughput import StepTime, step_time
 from kenotron.progress import progress_bar
 from kenotron.train.resolve import ResolvedRun, resolve_layout, resolve_run
@@ -191,9 +192,10 @@ def _trials(base: ResolvedRun, ngpu: int, global_batch: int, hw: Hardware) -> li
 
 
 def enumerate_candidates(
-    base: ResolvedRun, model: AnalyticModel, ngpu: int, global_batch: int, hw: Hardware
+    base: ResolvedRun, model: AnalyticModel, ngpu: int, global_batch: int, hw: Hardware, gpu_memory_gib: float
 ) -> list[Candidate]:
-    """Every valid candidate, priced (analytic memory, modelled step time). On a terminal a bar
+    """Every valid candidate, priced (analytic memory, modelled step time) with the reshard policy
+    the trainer would settle on GPUs of `gpu_memory_gib` (reshard_choice.py). On a terminal a bar
     counts the layouts priced out of all to price (stderr; nothing when it is a file or a pipe)."""
     trials = _trials(base, ngpu, global_batch, hw)
     out = []
@@ -212,6 +214,7 @@ def enumerate_candidates(
             run = _candidate_run(base, cfg, model.model)
             if run is None:
                 continue
+            settle_reshard_after_forward(run, gpu_memory_gib, model)
             out.append(Candidate(
                 {**dims.degrees(), "ep": ep}, dp_mode, ac, local, run.grad_accum_steps, model.peak(run).total,
                 step_time(run, model, hw),
@@ -232,7 +235,7 @@ def search_layouts(
     # The config's other values get the trainer's checks once, on a plain data-parallel layout.
     base = resolve_run(_with(cfg, parallelism=defaults, training={"global_batch_size": -1}), ngpu, check_data=False)
     model = AnalyticModel(base)
-    candidates = enumerate_candidates(base, model, ngpu, global_batch, hw)
+    candidates = enumerate_candidates(base, model, ngpu, global_batch, hw, gpu_memory_gib)
     budget = gpu_memory_gib * (1 - RESERVED_FRACTION) * 2**30
     fitting = sorted((c for c in candidates if c.analytic_peak <= budget),
                      key=lambda c: (-c.step.tokens_per_s_per_gpu, c.analytic_peak))
@@ -249,7 +252,9 @@ def search_layouts(
             c_cfg = _with(cfg, parallelism=c.parallelism(), activation_checkpoint={"mode": c.ac_mode},
                           training={"local_batch_size": c.local_batch, "global_batch_size": global_batch})
             try:
-                report = estimate_run(resolve_run(c_cfg, ngpu, check_data=False), gpu_memory_gib)
+                c_run = resolve_run(c_cfg, ngpu, check_data=False)
+                settle_reshard_after_forward(c_run, gpu_memory_gib, model)
+                report = estimate_run(c_run, gpu_memory_gib)
             except ConfigError as e:
                 notes.append(f"{c.label()}: refused by resolve_run: {e}")
                 continue

@@ -207,21 +207,26 @@ def step_time(run: ResolvedRun, model: AnalyticModel, hw: Hardware | None = None
 
     kind = data_parallel_kind(run)
     dp_time, tail = 0.0, 0.0
-    reduce_scale = 0.5 if run.plan.settings.reduce_dtype == "bfloat16" else 1.0  # params.local counts fp32 bytes
-    root_reduced = params.root_gathered * (4 // c) * reduce_scale  # the last gradients of the backward
+    # params.local counts fp32 bytes; under fsdp_reduce_dtype auto the routed experts reduce in bf16.
+    reduce_scale, expert_scale = (0.5 if dtype == "bfloat16" else 1.0 for dtype in run.plan.settings.reduce_dtypes())
+    # The last gradients of the backward: the root's (the embedding; the final norm and output are
+    # a unit of their own, reduced under the blocks' backward).
+    root_reduced = (params.root_gathered - params.head_gathered) * (4 // c) * reduce_scale
     shard = d.dp_shard * d.cp
     stage = 1 / d.pp  # under pipeline parallel a rank holds one stage: about 1/pp of the model's bytes
     if kind in ("fsdp", "hsdp") and shard > 1:
         gathers = 1 if run.plan.settings.reshard_after_forward == "never" or d.pp > 1 else 2
         # Under expert parallelism the routed experts are FSDP units of their own over the ranks
-        # ep leaves (efsdp = shard / ep): a rank gathers only its experts, from fewer ranks.
-        experts = a.n_layers * params.block_experts if d.ep > 1 else 0
-        groups = [(params.root_gathered + a.n_layers * params.block_gathered - experts, shard, gathers)]
+        # ep leaves (efsdp = shard / ep): a rank gathers only its experts, from fewer ranks; so
+        # are they over the blocks' ranks where they reduce in another dtype than the rest.
+        split = d.ep > 1 or expert_scale != reduce_scale
+        experts = a.n_layers * params.block_experts if split else 0
+        groups = [(params.root_gathered + a.n_layers * params.block_gathered - experts, shard, gathers, reduce_scale)]
         if experts:
             efsdp = shard // d.ep
-            groups.append((experts, efsdp, gathers if efsdp > 1 else 1))
-        for gathered, ranks, group_gathers in groups:
-            reduced = gathered * (4 // c) * reduce_scale  # the fp32 gradients, in the reduce dtype
+            groups.append((experts, efsdp, gathers if efsdp > 1 else 1, expert_scale))
+        for gathered, ranks, group_gathers, scale in groups:
+            reduced = gathered * (4 // c) * scale  # the fp32 gradients, in the reduce dtype
             if ranks > 1:
                 per_micro = (ranks - 1) / ranks * (group_gathers * gathered + reduced) * stage
                 dp_time += run.grad_accum_steps * per_micro / _bandwidth(ranks, d.tp, hw)
@@ -231,7 +236,13 @@ def step_time(run: ResolvedRun, model: AnalyticModel, hw: Hardware | None = None
             copy_in = gathered / ranks * (1 + 4 // c)
             copies = group_gathers * (2 * gathered + copy_in) + gathered + reduced
             compute += run.grad_accum_steps * copies * stage / hw.memory_bytes_per_s
-        tail = (shard - 1) / shard * root_reduced * stage / _bandwidth(shard, d.tp, hw)
+        # The first block's gradients are complete only after its own backward, the last but the
+        # embedding's: its reduction runs after the last matmul too (run 70's MoE FSDP 2 trace:
+        # layer 0's and the root's reduce-scatters, 8 ms exposed).
+        experts_reduced = d.ep < shard  # under ep = dp_shard x cp each rank holds its experts whole
+        first_block = ((params.block_gathered - params.block_experts) * reduce_scale
+                       + (params.block_experts * expert_scale if experts_reduced else 0)) * (4 // c)
+        tail = (shard - 1) / shard * (root_reduced + first_block) * stage / _bandwidth(shard, d.tp, hw)
     replicas = d.dp_replicate if kind in ("hsdp", "ddp") else (zero1_ranks(run) if kind == "zero1" else 1)
     if replicas > 1:
         inner = d.tp * (shard if kind == "hsdp" else 1)

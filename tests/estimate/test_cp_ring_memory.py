@@ -108,7 +108,7 @@ def test_the_planner_enumerates_cp():
     cfg = load_config(DEBUG, ["--training.global_batch_size", "8", "--training.local_batch_size", "1"])
     base = resolve_run(cfg, 8)
     model = AnalyticModel(base)
-    candidates = enumerate_candidates(base, model, 8, target_global_batch(cfg, 8), Hardware())
+    candidates = enumerate_candidates(base, model, 8, target_global_batch(cfg, 8), Hardware(), 80)
     by_cp = {c.degrees["cp"] for c in candidates}
     assert by_cp == {1, 2, 4, 8}
     assert [c for c in candidates if c.degrees["cp"] > 1 and c.dp_mode == "zero1"]  # ZeRO-1 over dp x cp

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from kenotron.config import load_config
+from kenotron.models import get_model_spec
+from kenotron.parallel.data_parallel import head_modules
+from kenotron.parallel.parallel_settings import ParallelSettings
+from kenotron.parallel.plan import layout_for
 from kenotron.parallel.zero1 import partition_params
 from kenotron.train.step import forward_backward
 from kenotron.train.trainer import Trainer
@@ -139,3 +145,91 @@ def test_early_all_gather_trains_bit_for_bit_like_one_optimizer_step_and_prefetc
         assert params_e.keys() == params_p.keys()
         for name, value in params_e.items():
             assert torch.equal(value, params_p[name]), name
+
+
+def _post_backward_order(folder: str) -> list[str]:
+    from torch.distributed.fsdp import FSDPModule
+
+    cfg = load_config(None, [
+        "--model.n_layers", "2", "--training.seq_len", "32", "--training.local_batch_size", "2",
+        "--parallelism.dp_shard", "2", "--job.dump_folder", folder, "--metrics.tensorboard", "false",
+    ])
+    trainer = Trainer(cfg)
+    order: list[str] = []
+    states = {id(m._get_fsdp_state()): m._get_fsdp_state() for m in trainer.job.model.modules() if isinstance(m, FSDPModule)}
+    names = {id(m): n for n, m in trainer.job.model.named_modules()}
+    for state in states.values():
+        for group in state._fsdp_param_groups:
+            label = ",".join(names[id(m)] for m in group.modules) or "root"
+            original = group.post_backward
+
+            def spy(*args, _original=original, _label=label, _group=group):
+                if _group.reduce_grads and _label not in order:
+                    order.append(_label)
+                return _original(*args)
+
+            group.post_backward = spy
+    forward_backward(trainer.job, trainer.loader.next_step())
+    trainer.close()
+    return order
+
+
+def test_the_final_norm_and_output_reduce_their_gradients_first_and_the_root_last(tmp_path):
+    order = run_on_ranks(2, _post_backward_order, str(tmp_path))[0]
+    # The head is its own unit, reduced right after its backward (the step's first), before the
+    # blocks'; the root (the embedding alone) is reduced at the end.
+    assert order == ["norm,output", "layers.1", "layers.0", "root"], order
+
+
+def test_a_tied_output_stays_in_the_root_unit():
+    spec = get_model_spec("llama3")
+    for tied in (False, True):
+        args = dataclasses.replace(spec.flavors["debug"], n_layers=1, tie_embeddings=tied)
+        with torch.device("meta"):
+            model = spec.build(args)
+        head = head_modules(model, layout_for(spec, args))
+        assert head == ([] if tied else [model.norm, model.output])
+
+
+def _moe_reduce(reduce_dtype: str, param_dtype: str, folder: str) -> tuple[dict[str, torch.dtype], dict[str, torch.Tensor]]:
+    from torch.distributed.fsdp import FSDPModule
+
+    cfg = load_config("qwen3_moe_debug", [
+        "--model.n_layers", "2", "--training.seq_len", "32", "--training.local_batch_size", "2",
+        "--parallelism.dp_shard", "2", "--parallelism.fsdp_reduce_dtype", reduce_dtype,
+        "--training.param_dtype", param_dtype, "--job.dump_folder", folder, "--metrics.tensorboard", "false",
+    ])
+    trainer = Trainer(cfg)
+    names = {id(m): n for n, m in trainer.job.model.named_modules()}
+    policies = {names[id(m)] or "root": m._get_fsdp_state()._fsdp_param_group.mp_policy.reduce_dtype
+                for m in trainer.job.model.modules() if isinstance(m, FSDPModule)}
+    forward_backward(trainer.job, trainer.loader.next_step())
+    grads = {n: p.grad.to_local().clone() for n, p in trainer.job.model.named_parameters()}
+    trainer.close()
+    return policies, grads
+
+
+def test_auto_reduces_the_routed_experts_in_bf16_and_everything_else_exactly_as_fp32(tmp_path):
+    auto_policies, auto_grads = run_on_ranks(2, _moe_reduce, "auto", "bfloat16", str(tmp_path / "auto"))[0]
+    exact_policies, exact_grads = run_on_ranks(2, _moe_reduce, "float32", "bfloat16", str(tmp_path / "fp32"))[0]
+    experts = {"layers.0.feed_forward.experts", "layers.1.feed_forward.experts"}
+    assert {n for n, d in auto_policies.items() if d == torch.bfloat16} == experts, auto_policies
+    assert set(auto_policies) - experts == set(exact_policies)  # fp32: the experts stay in their blocks
+    assert set(exact_policies.values()) == {torch.float32}
+    rounded = False
+    for name, g in exact_grads.items():
+        if ".experts." in name:
+            assert (auto_grads[name] - g).abs().max() <= 2 ** -7 * g.abs().max() + 1e-12, name
+            rounded |= not torch.equal(auto_grads[name], g)
+        else:  # the same local backward; only the experts' sums are rounded
+            assert torch.equal(auto_grads[name], g), name
+    assert rounded
+
+
+
+def test_auto_keeps_fp32_sums_for_fp32_training_and_a_named_dtype_everywhere():
+    # fp32 training keeps the experts in their blocks with fp32 sums (the CPU parity tests' exact reduction).
+    assert ParallelSettings(reduce_dtype="auto", param_dtype="float32").reduce_dtypes() == ("float32", "float32")
+    assert ParallelSettings(reduce_dtype="auto", param_dtype="bfloat16").reduce_dtypes() == ("float32", "bfloat16")
+    for dtype in ("float32", "bfloat16"):
+        assert ParallelSettings(reduce_dtype=dtype, param_dtype="bfloat16").reduce_dtypes() == (dtype, dtype)

@@ -23,6 +23,8 @@ PP16 = " --training.local_batch_size 16 --parallelism.pp 4 --parallelism.pp_sche
 PERF, PAR = "docs/performance.md", "docs/parallelism.md"
 DDP2 = " --parallelism.dp_replicate 2 --parallelism.dp_shard 1"
 NEVER = " --parallelism.fsdp_reshard_after_forward never"
+# fsdp_reduce_dtype auto (bf16 for the routed experts) came on 2026-11-27: MoE rows measured before ran in fp32.
+FP32 = " --parallelism.fsdp_reduce_dtype float32"
 
 
 def _cp(seq: int, cp: int) -> str:
@@ -68,18 +70,18 @@ ROWS = [
     # Weak scaling on 2 x H200 (docs/performance.md, runs 70-74).
     ("1B FSDP 2 (run 70)", 2, "llama3_1b", B1, 61_684, f"{PERF}, run 70", TOLERANCE),
     ("1B DDP 2", 2, "llama3_1b", B1 + DDP2, 60_181, f"{PERF}, run 70", TOLERANCE),
-    ("MoE 4L FSDP 2", 2, "qwen3_moe_30b_a3b", MOE + " --compile.enable true", 95_762, f"{PERF}, run 70", TOLERANCE),
-    ("MoE 4L FSDP 2 reshard never", 2, "qwen3_moe_30b_a3b", MOE + " --compile.enable true" + NEVER, 97_468,
+    ("MoE 4L FSDP 2", 2, "qwen3_moe_30b_a3b", MOE + " --compile.enable true" + FP32, 95_762, f"{PERF}, run 70", TOLERANCE),
+    ("MoE 4L FSDP 2 reshard never", 2, "qwen3_moe_30b_a3b", MOE + " --compile.enable true" + NEVER + FP32, 97_468,
      f"{PERF}, run 72", TOLERANCE),
     ("MoE 4L FSDP 2 reshard never bf16 reduction", 2, "qwen3_moe_30b_a3b",
      MOE + " --compile.enable true" + NEVER + " --parallelism.fsdp_reduce_dtype bfloat16", 100_795, f"{PERF}, run 72",
      TOLERANCE),
     # Measured on the host-read exchange; ep 2 now runs the even split (parallel/expert_even_split.py).
-    ("MoE 4L EP 2", 2, "qwen3_moe_30b_a3b", MOE + " --compile.enable true --parallelism.ep 2", 98_662,
+    ("MoE 4L EP 2", 2, "qwen3_moe_30b_a3b", MOE + " --compile.enable true --parallelism.ep 2" + FP32, 98_662,
      f"{PERF}, run 74", TOLERANCE),
     # Weak scaling on 4 x H200, 2026-11-27 (docs/performance.md, runs 75-78).
     ("1B FSDP 4 (run 75)", 4, "llama3_1b", B1, 61_718, f"{PERF}, run 75", TOLERANCE),
-    ("MoE 4L EP 4", 4, "qwen3_moe_30b_a3b", MOE + " --compile.enable true --parallelism.ep 4", 96_365,
+    ("MoE 4L EP 4", 4, "qwen3_moe_30b_a3b", MOE + " --compile.enable true --parallelism.ep 4" + FP32, 96_365,
      f"{PERF}, run 75", TOLERANCE),
     ("8B FSDP 4 selective-op (run 78)", 4, "llama3_8b", F8, 10_404, f"{PERF}, run 78", TOLERANCE),
 ] + [
@@ -102,13 +104,13 @@ against NVLink's 210, measured with a collective micro-benchmark (issue 33; 22-2
 GPUs, scripts/bench_collectives.py, run 76)."""
 SLOW_LINK_ROWS = [
     ("1B FSDP 2, slow link", 2, "llama3_1b", B1, 51_926, "issue 33's table (2 x H200)"),
-    ("MoE 4L FSDP 2, slow link", 2, "qwen3_moe_30b_a3b", MOE + " --compile.enable true", 31_240,
+    ("MoE 4L FSDP 2, slow link", 2, "qwen3_moe_30b_a3b", MOE + " --compile.enable true" + FP32, 31_240,
      "issue 33's table (2 x H200)"),
-    ("MoE 4L EP 2, slow link", 2, "qwen3_moe_30b_a3b", MOE + " --compile.enable true --parallelism.ep 2", 59_797,
+    ("MoE 4L EP 2, slow link", 2, "qwen3_moe_30b_a3b", MOE + " --compile.enable true --parallelism.ep 2" + FP32, 59_797,
      f"{PERF}, run 74"),
     # Four GPUs through host memory: 22-24 GB/s bus for all-gather, reduce-scatter and all-reduce (run 76).
     ("1B FSDP 4, slow link", 4, "llama3_1b", B1, 49_853, f"{PERF}, run 76"),
-    ("MoE 4L EP 4, slow link", 4, "qwen3_moe_30b_a3b", MOE + " --compile.enable true --parallelism.ep 4", 44_969,
+    ("MoE 4L EP 4, slow link", 4, "qwen3_moe_30b_a3b", MOE + " --compile.enable true --parallelism.ep 4" + FP32, 44_969,
      f"{PERF}, run 77"),
 ]
 
