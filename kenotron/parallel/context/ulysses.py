@@ -1,0 +1,162 @@
+"""All-to-all context parallel (DeepSpeed-Ulysses): trade the sequence shard for a head shard.
+
+Each cp rank holds `seq/cp` tokens of every head. One all-to-all over the cp group hands rank j
+heads `[j*h/cp, (j+1)*h/cp)` of *every* token, so each rank holds the whole sequence for its
+share of the heads; the ordinary attention kernel (SDPA's causal, or flex under a whole-sequence
+block mask) runs on it unchanged; a second all-to-all gives every rank its own tokens of all
+heads back. Backward is the same two all-to-alls in reverse (the all-to-all's gradient is an
+all-to-all), through torch's functional collectives, so autograd and torch.compile see them.
+
+Why a second scheme beside the ring (ring.py): the attention kernel is the fused one of an
+unsharded run (no chunk-pair loop, no log-sum-exp merge, no per-pair kernel launches), and
+the traffic per layer is fixed: q, k, v there and the output back, each `1/cp` of a shard
+leaving every rank, which shrinks with cp where the ring's key/value traffic grows. The price:
+the degree is capped by the head count (heads/tp must divide by cp), and nothing overlaps the
+all-to-alls with compute (docs/parallelism.md compares the two).
+
+Token order. The sequence arrives in the layout's order (layout.py: under head-tail load
+balancing rank r holds chunks r and 2*cp-1-r), so after the all-to-all the tokens sit in rank
+order, chunks 0, 2cp-1, 1, 2cp-2, ... This module puts the chunks back in sequence order
+before the kernel and returns them to rank order after it (one gather each way, cheap beside
+attention), so causal attention and any block mask built for the whole sequence are exact.
+
+Grouped kv heads. When the rank's kv heads divide by cp they are split like the query heads.
+When cp is a multiple of them (e.g. 8 kv heads, tp 2, cp 8: 4 per tp rank) each kv head is
+repeated cp/kv times first, so every rank gets the one its query heads use, as DeepSpeed does;
+their gradients are summed back by autograd. Other counts are refused (resolve_run says so
+before any process group: `ulysses_head_problem`).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
+from torch import nn
+from torch.nn.attention.flex_attention import BlockMask
+
+from kenotron.models.common.attention import causal_attention
+from kenotron.models.common.flex_attention import flex_attend
+from kenotron.parallel.context.layout import SequenceLayout
+
+
+def ulysses_head_problem(heads: int, kv_heads: int, cp: int) -> str:
+    """Why `heads` query and `kv_heads` key/value heads (per tensor-parallel rank) cannot be
+    split over `cp` ranks by the all-to-all ("" when they can)."""
+    if heads % cp:
+        return f"{heads} query heads per tensor-parallel rank do not divide by cp={cp}"
+    if kv_heads % cp and cp % kv_heads:
+        return (f"{kv_heads} key/value heads per tensor-parallel rank neither divide by cp={cp} nor divide it "
+                f"(a kv head can be repeated over cp/kv_heads ranks)")
+    return ""
+
+
+def kv_repeats(kv_heads: int, cp: int) -> int:
+    """How many times each kv head is repeated so that the cp ranks can share them (1: none)."""
+    return 1 if kv_heads % cp == 0 else cp // kv_heads
+
+
+def sequence_order(layout: SequenceLayout) -> torch.Tensor | None:
+    """For the chunks in rank order (what the all-to-all gathers), the index of each chunk of the
+    whole sequence, in sequence order; None when rank order is sequence order (contiguous)."""
+    rank_order = [c for rank in range(layout.cp) for c in layout.chunks_of(rank)]
+    if rank_order == sorted(rank_order):
+        return None
+    return torch.tensor([rank_order.index(c) for c in range(layout.n_chunks)])
+
+
+def _reorder_chunks(x: torch.Tensor, n_chunks: int, order: torch.Tensor | None) -> torch.Tensor:
+    """x (batch, heads, seq, dim) with its seq cut in n_chunks, chunks taken in `order`."""
+    if order is None:
+        return x
+    b, h, s, d = x.shape
+    chunks = x.reshape(b, h, n_chunks, s // n_chunks, d)
+    return chunks.index_select(2, order.to(x.device)).reshape(b, h, s, d)
+
+
+def _all_to_all(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+    """Block i of dim 0 goes to rank i; block i of the result came from rank i (differentiable)."""
+    return funcol.wait_tensor(funcol.all_to_all_single_autograd(x.contiguous(), None, None, group))
+
+
+def _scatter_heads(tensors: list[torch.Tensor], cp: int, group: dist.ProcessGroup) -> list[torch.Tensor]:
+    """[(batch, h_i, s_local, d)] -> [(batch, h_i/cp, cp*s_local, d)] in rank order of tokens.
+
+    Tensors of one head size travel in one all-to-all (one message per rank pair, not three)."""
+    b, _, s, d = tensors[0].shape
+    # (cp, batch, h_i/cp, s, d): block j holds the heads rank j will own.
+    parts = [t.reshape(b, cp, t.shape[1] // cp, s, t.shape[-1]).transpose(0, 1) for t in tensors]
+    widths = [p.shape[2] for p in parts]
+    if all(t.shape[-1] == d for t in tensors):
+        received = _all_to_all(torch.cat(parts, dim=2), group).split(widths, dim=2)
+    else:
+        received = [_all_to_all(p, group) for p in parts]
+    # received[i] holds rank i's tokens: (cp, b, h, s, d) -> (b, h, cp*s, d).
+    return [r.permute(1, 2, 0, 3, 4).reshape(b, r.shape[2], cp * s, r.shape[-1]) for r in received]
+
+
+def _gather_heads(x: torch.Tensor, cp: int, group: dist.ProcessGroup) -> torch.Tensor:
+    """(batch, h/cp, cp*s_local, d) in rank order of tokens -> (batch, h, s_local, d): the inverse."""
+    b, h, seq, d = x.shape
+    s = seq // cp
+    received = _all_to_all(x.reshape(b, h, cp, s, d).permute(2, 0, 1, 3, 4), group)
+    # received[j] holds this rank's tokens of rank j's heads: (cp, b, h, s, d) -> (b, cp*h, s, d).
+    return received.transpose(0, 1).reshape(b, cp * h, s, d)
+
+
+def ulysses_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    group: dist.ProcessGroup,
+    *,
+    load_balance: bool = True,
+    block_mask: BlockMask | None = None,
+) -> torch.Tensor:
+    """Causal attention of this rank's tokens over the whole sequence sharded on the cp group.
+
+    q (batch, heads, local_len, dim), k/v (batch, kv_heads, local_len, dim) hold this rank's
+    tokens in the layout `SequenceLayout(local_len * cp, cp, load_balance)` describes.
+    `block_mask`: a FlexAttention mask of the *whole* sequence in sequence order (document
+    masking); None: plain causal SDPA. Returns (batch, heads, local_len, dim).
+    """
+    cp = dist.get_world_size(group)
+    heads, kv_heads = q.shape[1], k.shape[1]
+    problem = ulysses_head_problem(heads, kv_heads, cp)
+    if problem or k.shape[:3] != v.shape[:3] or q.shape[2] != k.shape[2]:
+        raise ValueError(
+            f"ulysses attention needs q (b, h, s, d) and k, v (b, h_kv, s, d) whose heads split over cp={cp}; "
+            f"got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}{': ' + problem if problem else ''}"
+        )
+    if cp == 1:
+        return flex_attend(q, k, v, block_mask) if block_mask is not None else causal_attention(q, k, v)
+    repeats = kv_repeats(kv_heads, cp)
+    if repeats > 1:
+        k, v = k.repeat_interleave(repeats, dim=1), v.repeat_interleave(repeats, dim=1)
+    layout = SequenceLayout(q.shape[2] * cp, cp, load_balance)
+    order = sequence_order(layout)
+    q_all, k_all, v_all = (
+        _reorder_chunks(t, layout.n_chunks, order) for t in _scatter_heads([q, k, v], cp, group)
+    )
+    if block_mask is not None:
+        out = flex_attend(q_all, k_all, v_all, block_mask)
+    else:
+        out = causal_attention(q_all, k_all, v_all)
+    back = None if order is None else torch.argsort(order)
+    return _gather_heads(_reorder_chunks(out, layout.n_chunks, back), cp, group)
+
+
+class UlyssesAttention(nn.Module):
+    """Drop-in `attention_fn` of an attention module under all-to-all context parallel (no parameters)."""
+
+    def __init__(self, group: dist.ProcessGroup, load_balance: bool = True) -> None:
+        super().__init__()
+        self.group = group
+        self.load_balance = load_balance
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                block_mask: BlockMask | None = None) -> torch.Tensor:
+        return ulysses_attention(q, k, v, self.group, load_balance=self.load_balance, block_mask=block_mask)
+
+    def extra_repr(self) -> str:
+        return f"cp={dist.get_world_size(self.group)}, load_balance={self.load_balance}"

@@ -1,0 +1,115 @@
+"""All-to-all (Ulysses) context-parallel attention on CPU/gloo, against attention on the whole
+sequence in one process.
+
+Every rank gets its slice of q/k/v in the layout under test, runs ulysses_attention and
+back-propagates its slice of a fixed output gradient; the slices are put back together and
+compared with causal SDPA (or the whole sequence's document mask) in fp32: outputs and q/k/v
+gradients within 1e-5. One pool call per world size runs every case (the cases are cheap, the
+calls are not).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.distributed.device_mesh import init_device_mesh
+
+from kenotron.models.common.flex_attention import dense_mask, document_block_mask
+from kenotron.parallel.context.layout import SequenceLayout
+from kenotron.parallel.context.ulysses import (
+    kv_repeats,
+    sequence_order,
+    ulysses_attention,
+    ulysses_head_problem,
+)
+from tests.distributed.pool import run_on_ranks
+
+SEQ, HEAD_DIM = 32, 8
+# Documents whose borders fall inside chunks (8 tokens a chunk under cp 2, 4 under cp 4).
+DOCUMENTS = torch.tensor([[0] * 11 + [1] * 21, [0] * 3 + [1] * 17 + [2] * 12])
+
+
+def _qkv(batch: int, heads: int, kv_heads: int, seed: int) -> tuple[torch.Tensor, ...]:
+    gen = torch.Generator().manual_seed(seed)
+    shapes = [(batch, heads), (batch, kv_heads), (batch, kv_heads), (batch, heads)]
+    return tuple(torch.randn(*s, SEQ, HEAD_DIM, generator=gen) for s in shapes)
+
+
+def _reference(q, k, v, grad_out, documents: torch.Tensor | None):
+    q, k, v = (t.clone().requires_grad_() for t in (q, k, v))
+    gqa = k.shape[1] != q.shape[1]
+    if documents is None:
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+    else:
+        mask = dense_mask(document_block_mask(documents))
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+    out.backward(grad_out)
+    return [out.detach(), q.grad, k.grad, v.grad]
+
+
+# name: (batch, heads, kv_heads, load_balance, documents, dp)
+CASES = {
+    "balanced": (2, 4, 2, True, False, 1),
+    "contiguous": (2, 4, 4, False, False, 1),
+    "kv_heads_repeated": (1, 4, 1, True, False, 1),  # one kv head shared by the cp ranks
+    "documents": (2, 4, 2, True, True, 1),
+    "dp2_subgroups": (2, 4, 2, True, False, 2),  # cp groups {0, 1} and {2, 3} of a (dp 2, cp 2) mesh
+}
+
+
+def _rank(case: str, cp_world: int) -> dict:
+    """One case on this rank: its slices of out, dq, dk, dv (cp_world: ranks per cp group x dp)."""
+    batch, heads, kv_heads, load_balance, with_documents, dp = CASES[case]
+    q, k, v, grad_out = _qkv(batch, heads, kv_heads, seed=len(case))
+    cp = cp_world // dp
+    mesh = init_device_mesh("cpu", (dp, cp), mesh_dim_names=("dp", "cp"))
+    cp_rank, dp_rank = mesh["cp"].get_local_rank(), mesh["dp"].get_local_rank()
+    rows = slice(dp_rank, dp_rank + 1) if dp > 1 else slice(None)
+    layout = SequenceLayout(SEQ, cp, load_balance)
+    local = [layout.shard(t[rows], cp_rank, dim=2).requires_grad_() for t in (q, k, v)]
+    mask = document_block_mask(DOCUMENTS[rows]) if with_documents else None
+    out = ulysses_attention(*local, mesh["cp"].get_group(), load_balance=load_balance, block_mask=mask)
+    out.backward(layout.shard(grad_out[rows], cp_rank, dim=2))
+    return {"parts": [out.detach(), *(t.grad for t in local)], "dp_rank": dp_rank, "cp_rank": cp_rank}
+
+
+def _all_cases(world: int) -> dict[str, dict]:
+    return {case: _rank(case, world) for case in CASES if not (world == 2 and CASES[case][5] == 2)}
+
+
+@pytest.fixture(scope="module", params=[2, 4], ids=["cp2", "cp4_or_dp2xcp2"])
+def ranks(request):
+    world = request.param
+    return world, run_on_ranks(world, _all_cases, world)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_ulysses_attention_matches_whole_sequence_attention(case, ranks):
+    world, results = ranks
+    if case not in results[0]:
+        pytest.skip("needs 4 ranks")
+    batch, heads, kv_heads, load_balance, with_documents, dp = CASES[case]
+    q, k, v, grad_out = _qkv(batch, heads, kv_heads, seed=len(case))
+    want = _reference(q, k, v, grad_out, DOCUMENTS if with_documents else None)
+    layout = SequenceLayout(SEQ, world // dp, load_balance)
+    per_rank = [r[case] for r in results]
+    for i, name in enumerate(("out", "dq", "dk", "dv")):
+        rows = []
+        for d in range(dp):
+            shards = [r["parts"][i] for r in sorted(per_rank, key=lambda r: r["cp_rank"]) if r["dp_rank"] == d]
+            rows.append(layout.unshard(shards, dim=2))
+        torch.testing.assert_close(torch.cat(rows), want[i], atol=1e-5, rtol=0, msg=lambda m, n=name: f"{n}: {m}")
+
+
+def test_sequence_order_puts_head_tail_chunks_back_in_sequence_order():
+    # cp 2 gathers chunks 0, 3, 1, 2 (rank 0's head and tail, then rank 1's).
+    assert sequence_order(SequenceLayout(16, 2)).tolist() == [0, 2, 3, 1]
+    assert sequence_order(SequenceLayout(16, 2, load_balance=False)) is None
+
+
+def test_head_problems_name_the_counts():
+    assert ulysses_head_problem(8, 4, 4) == "" and kv_repeats(4, 4) == 1
+    assert ulysses_head_problem(8, 2, 4) == "" and kv_repeats(2, 4) == 2
+    assert "6 query heads per tensor-parallel rank do not divide by cp=4" in ulysses_head_problem(6, 2, 4)
+    assert "3 key/value heads" in ulysses_head_problem(6, 3, 2)
