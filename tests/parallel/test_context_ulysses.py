@@ -15,14 +15,10 @@ import torch
 import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
 
+from kenotron.degrees import ulysses_head_problem
 from kenotron.models.common.flex_attention import dense_mask, document_block_mask
 from kenotron.parallel.context.layout import SequenceLayout
-from kenotron.parallel.context.ulysses import (
-    kv_repeats,
-    sequence_order,
-    ulysses_attention,
-    ulysses_head_problem,
-)
+from kenotron.parallel.context.ulysses import kv_repeats, sequence_order, ulysses_attention
 from tests.distributed.pool import run_on_ranks
 
 SEQ, HEAD_DIM = 32, 8

@@ -7,7 +7,9 @@ over the whole sequence sharded across the cp ranks:
 
 - on CUDA (`plan.settings.cp_attention = "auto"` or `"torch"`): torch's own ring over the fused SDPA
   kernels (torch_ring.py);
-- elsewhere, or with `"ring"`: kenotron's ring attention (ring.py), which also runs on CUDA.
+- elsewhere, or with `"ring"`: kenotron's ring attention (ring.py), which also runs on CUDA;
+- with `plan.settings.cp_scheme = "ulysses"`, on any device: the all-to-all of heads around the
+  ordinary attention kernel (ulysses.py).
 
 The trainer (or a notebook) then feeds each rank its part of every micro-batch and the global
 RoPE positions of those tokens: `SequenceSharder.shard(inputs, labels)`.
@@ -24,6 +26,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from kenotron.parallel.context.layout import ContextShard, SequenceLayout, shard_batch
 from kenotron.parallel.context.ring import RingAttention
 from kenotron.parallel.context.torch_ring import TorchRingAttention
+from kenotron.parallel.context.ulysses import UlyssesAttention
 from kenotron.parallel.model_layout import ModelLayout, PlanError, matching_modules
 from kenotron.parallel.parallel_settings import ParallelSettings
 
@@ -59,6 +62,8 @@ def cp_attention_kind(choice: str, device_type: str) -> str:
 def context_parallel_attention(cp_mesh: DeviceMesh, settings: ParallelSettings) -> nn.Module:
     """A new CP attention module for one attention layer, as the plan's settings choose it."""
     st = settings
+    if st.cp_scheme == "ulysses":
+        return UlyssesAttention(cp_mesh.get_group(), st.cp_load_balance)
     if cp_attention_kind(st.cp_attention, cp_mesh.device_type) == "torch":
         return TorchRingAttention(cp_mesh, st.cp_load_balance, st.cp_rotate_method)
     return RingAttention(cp_mesh.get_group(), st.cp_load_balance, st.cp_rotate_method)

@@ -24,7 +24,7 @@ Grouped kv heads. When the rank's kv heads divide by cp they are split like the 
 When cp is a multiple of them (e.g. 8 kv heads, tp 2, cp 8: 4 per tp rank) each kv head is
 repeated cp/kv times first, so every rank gets the one its query heads use, as DeepSpeed does;
 their gradients are summed back by autograd. Other counts are refused (resolve_run says so
-before any process group: `ulysses_head_problem`).
+before any process group: kenotron/degrees.py's `check_ulysses_heads`).
 """
 
 from __future__ import annotations
@@ -35,20 +35,10 @@ import torch.distributed._functional_collectives as funcol
 from torch import nn
 from torch.nn.attention.flex_attention import BlockMask
 
+from kenotron.degrees import ulysses_head_problem
 from kenotron.models.common.attention import causal_attention
 from kenotron.models.common.flex_attention import flex_attend
 from kenotron.parallel.context.layout import SequenceLayout
-
-
-def ulysses_head_problem(heads: int, kv_heads: int, cp: int) -> str:
-    """Why `heads` query and `kv_heads` key/value heads (per tensor-parallel rank) cannot be
-    split over `cp` ranks by the all-to-all ("" when they can)."""
-    if heads % cp:
-        return f"{heads} query heads per tensor-parallel rank do not divide by cp={cp}"
-    if kv_heads % cp and cp % kv_heads:
-        return (f"{kv_heads} key/value heads per tensor-parallel rank neither divide by cp={cp} nor divide it "
-                f"(a kv head can be repeated over cp/kv_heads ranks)")
-    return ""
 
 
 def kv_repeats(kv_heads: int, cp: int) -> int:
