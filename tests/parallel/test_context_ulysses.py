@@ -10,6 +10,8 @@ calls are not).
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -18,7 +20,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from kenotron.degrees import ulysses_head_problem
 from kenotron.models.common.flex_attention import dense_mask, document_block_mask
 from kenotron.parallel.context.layout import SequenceLayout
-from kenotron.parallel.context.ulysses import kv_repeats, sequence_order, ulysses_attention
+from kenotron.parallel.context.ulysses import UlyssesAttention, kv_repeats, sequence_order, ulysses_attention
 from tests.distributed.pool import run_on_ranks
 
 SEQ, HEAD_DIM = 32, 8
@@ -50,6 +52,7 @@ CASES = {
     "contiguous": (2, 4, 4, False, False, 1),
     "kv_heads_repeated": (1, 4, 1, True, False, 1),  # one kv head shared by the cp ranks
     "documents": (2, 4, 2, True, True, 1),
+    "document_ids": (2, 4, 2, True, "ids", 1),  # what the trainer hands the module: ids, mask built once
     "dp2_subgroups": (2, 4, 2, True, False, 2),  # cp groups {0, 1} and {2, 3} of a (dp 2, cp 2) mesh
 }
 
@@ -64,8 +67,16 @@ def _rank(case: str, cp_world: int) -> dict:
     rows = slice(dp_rank, dp_rank + 1) if dp > 1 else slice(None)
     layout = SequenceLayout(SEQ, cp, load_balance)
     local = [layout.shard(t[rows], cp_rank, dim=2).requires_grad_() for t in (q, k, v)]
-    mask = document_block_mask(DOCUMENTS[rows]) if with_documents else None
-    out = ulysses_attention(*local, mesh["cp"].get_group(), load_balance=load_balance, block_mask=mask)
+    if with_documents == "ids":
+        documents = SimpleNamespace(ids=DOCUMENTS[rows], cache={})
+        module = UlyssesAttention(mesh["cp"].get_group(), load_balance)
+        out = module(*local, documents)
+        built = documents.cache["ulysses_block_mask"]
+        module(*(t.detach() for t in local), documents)  # a second layer of the same micro-batch
+        assert documents.cache["ulysses_block_mask"] is built
+    else:
+        mask = document_block_mask(DOCUMENTS[rows]) if with_documents else None
+        out = ulysses_attention(*local, mesh["cp"].get_group(), load_balance=load_balance, block_mask=mask)
     out.backward(layout.shard(grad_out[rows], cp_rank, dim=2))
     return {"parts": [out.detach(), *(t.grad for t in local)], "dp_rank": dp_rank, "cp_rank": cp_rank}
 

@@ -19,6 +19,9 @@ balancing rank r holds chunks r and 2*cp-1-r), so after the all-to-all the token
 order, chunks 0, 2cp-1, 1, 2cp-2, ... This module puts the chunks back in sequence order
 before the kernel and returns them to rank order after it (one gather each way, cheap beside
 attention), so causal attention and any block mask built for the whole sequence are exact.
+That makes document masking the ordinary one: given the micro-batch's document ids of the
+whole sequence (`UlyssesAttention.takes_documents`), the module builds the one-rank run's
+block-causal mask once per micro-batch and runs flex_attention under it.
 
 Grouped kv heads. When the rank's kv heads divide by cp they are split like the query heads.
 When cp is a multiple of them (e.g. 8 kv heads, tp 2, cp 8: 4 per tp rank) each kv head is
@@ -29,6 +32,8 @@ before any process group: kenotron/degrees.py's `check_ulysses_heads`).
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
@@ -37,7 +42,7 @@ from torch.nn.attention.flex_attention import BlockMask
 
 from kenotron.degrees import ulysses_head_problem
 from kenotron.models.common.attention import causal_attention
-from kenotron.models.common.flex_attention import flex_attend
+from kenotron.models.common.flex_attention import document_block_mask, flex_attend
 from kenotron.parallel.context.layout import SequenceLayout
 
 
@@ -136,17 +141,38 @@ def ulysses_attention(
     return _gather_heads(_reorder_chunks(out, layout.n_chunks, back), cp, group)
 
 
+def whole_sequence_mask(documents: Any) -> BlockMask:
+    """The block-causal BlockMask of the whole sequence for a micro-batch's document ids, built
+    by the first layer and kept in `documents.cache` for the others.
+
+    `documents` is what the trainer hands every attention layer under context parallel with
+    document masking: an object with `ids` (batch, seq_len), the document of every token of the
+    whole sequence in sequence order, and a `cache` dict that lives as long as the micro-batch
+    (kenotron/parallel/context/documents.py's SequenceDocuments). A BlockMask is taken as is."""
+    if isinstance(documents, BlockMask):
+        return documents
+    key = "ulysses_block_mask"
+    if key not in documents.cache:
+        documents.cache[key] = document_block_mask(documents.ids)
+    return documents.cache[key]
+
+
 class UlyssesAttention(nn.Module):
     """Drop-in `attention_fn` of an attention module under all-to-all context parallel (no parameters)."""
+
+    takes_documents = True
+    """The attention layers hand it the micro-batch's document ids under document masking
+    (models/common/attention.py's `takes_documents`): it builds the whole sequence's mask."""
 
     def __init__(self, group: dist.ProcessGroup, load_balance: bool = True) -> None:
         super().__init__()
         self.group = group
         self.load_balance = load_balance
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                block_mask: BlockMask | None = None) -> torch.Tensor:
-        return ulysses_attention(q, k, v, self.group, load_balance=self.load_balance, block_mask=block_mask)
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, documents: Any = None) -> torch.Tensor:
+        """`documents`: None (causal), a whole-sequence BlockMask, or document ids (`whole_sequence_mask`)."""
+        mask = None if documents is None else whole_sequence_mask(documents)
+        return ulysses_attention(q, k, v, self.group, load_balance=self.load_balance, block_mask=mask)
 
     def extra_repr(self) -> str:
         return f"cp={dist.get_world_size(self.group)}, load_balance={self.load_balance}"
