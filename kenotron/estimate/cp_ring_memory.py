@@ -51,9 +51,12 @@ CPU_FLASH_BACKWARD = aten._scaled_dot_product_flash_attention_for_cpu_backward.d
 
 
 def cp_attention_kind(run: ResolvedRun) -> str | None:
-    """"torch" or "ring": the CP attention the job runs (resolve_run settled it); None without CP."""
+    """"torch", "ring" or "ulysses": the CP attention the job runs (resolve_run settled it); None without CP.
+    Ulysses' all-to-alls are functional collectives, which the fake process group runs as they are."""
     if run.dims.cp == 1:
         return None
+    if run.plan.settings.cp_scheme == "ulysses":
+        return "ulysses"
     return run.plan.settings.cp_attention
 
 
@@ -132,10 +135,11 @@ def attention_output_copy(run: ResolvedRun) -> bool:
     returns a contiguous (batch, heads, seq, dim) tensor: on every rank but the last (rank 0
     among them, the one simulated) the reshape copies it, one more T·H·h tensor per block,
     measured on 4 x H200 (docs/estimation.md). kenotron's ring returns it contiguous on every
-    rank. torch's ring without load balancing merges element-wise and keeps the layout.
+    rank. torch's ring without load balancing merges element-wise and keeps the layout. Ulysses'
+    inverse all-to-all hands back a contiguous (batch, heads, seq, dim) tensor too.
     """
     kind = cp_attention_kind(run)
-    return kind == "ring" or (kind == "torch" and run.plan.settings.cp_load_balance)
+    return kind in ("ring", "ulysses") or (kind == "torch" and run.plan.settings.cp_load_balance)
 
 
 def context_notes(run: ResolvedRun) -> list[str]:
@@ -144,7 +148,8 @@ def context_notes(run: ResolvedRun) -> list[str]:
     if kind is None:
         return []
     attention = (
-        f"torch's ring over the fused SDPA kernels, {run.plan.settings.cp_rotate_method} rotation"
+        "all-to-all of heads (ulysses) around the attention kernel" if kind == "ulysses"
+        else f"torch's ring over the fused SDPA kernels, {run.plan.settings.cp_rotate_method} rotation"
         if kind == "torch" else f"kenotron's ring attention, {run.plan.settings.cp_rotate_method} rotation"
     )
     layout = "load balanced" if run.plan.settings.cp_load_balance else "contiguous"
