@@ -248,6 +248,9 @@ def search_layouts(
                      key=lambda c: (-c.step.tokens_per_s_per_gpu, c.analytic_peak))
     notes = [(f"pipeline parallel: searched with {PP_SCHEDULE}, one sequence per microbatch (pp_microbatches = local "
               f"batch) and the trainer's balanced split; other schedules are not searched (estimate them directly)")]
+    if any(c.cp_scheme == "ulysses" for c in fitting[:top]):
+        notes.append("cp-ulysses rows: the all-to-all's traffic is priced from its volumes and not yet checked against "
+                     "a measured row, as the ring's is (docs/estimation.md)")
     if cfg.tuning.loss == "fused":
         notes.append("pipeline parallel is not searched: tuning.loss='fused' does not combine with it")
     if not candidates:
@@ -299,8 +302,8 @@ def format_search(result: SearchResult) -> str:
 
 SEARCH_LEGEND = [
     "columns: layout = the parallel degrees above 1 (r dp_replicate, s dp_shard (FSDP), tp, pp, cp (the ring;",
-    "  cp-ulysses: parallelism.cp_scheme='ulysses'); zero1: only the",
-    "  optimizer state sharded; 1 GPU: none); AC = activation_checkpoint.mode; batch = training.local_batch_size",
+    "  cp-ulysses: the all-to-all, parallelism.cp_scheme='ulysses'); zero1: only the optimizer state sharded; 1 GPU:",
+    "  none); AC = activation_checkpoint.mode; batch = training.local_batch_size",
     "  (sequences per rank per micro-step); accum = micro-steps per optimizer step; analytic GiB = per-rank peak of the",
     "  analytic model (what ranks the layouts); fake GiB = the peak of the fake-tensor dry run, for the best",
     "  --confirm layouts only (- = not run); tok/s/GPU = modelled throughput. `best:` is the first row as overrides.",

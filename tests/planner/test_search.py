@@ -98,6 +98,7 @@ def test_the_search_pairs_context_parallel_with_pipelines_and_with_zero1():
     ulysses = [c for c in result.ranked if c.cp_scheme == "ulysses"]
     assert pp_cp and zero1_cp and ulysses and {c.cp_scheme for c in pp_cp} == {"ring", "ulysses"}
     assert all(c.degrees["cp"] > 1 and "-ulysses" in c.label() for c in ulysses)
+    assert any("cp-ulysses rows" in note and "not yet checked against a measured row" in note for note in result.notes)
     for c in (pp_cp[0], zero1_cp[0], ulysses[0]):
         run = resolve_run(load_config("debug", args + " ".join(c.overrides()).split()), 8)
         assert {"ep": 1, **run.dims.degrees()} == c.degrees and run.plan.settings.dp_mode == c.dp_mode
