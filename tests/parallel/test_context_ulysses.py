@@ -20,7 +20,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from kenotron.degrees import ulysses_head_problem
 from kenotron.models.common.flex_attention import dense_mask, document_block_mask
 from kenotron.parallel.context.layout import SequenceLayout
-from kenotron.parallel.context.ulysses import UlyssesAttention, kv_repeats, sequence_order, ulysses_attention
+from kenotron.parallel.context.ulysses import UlyssesAttention, chunk_places, kv_repeats, ulysses_attention
 from tests.distributed.pool import run_on_ranks
 
 SEQ, HEAD_DIM = 32, 8
@@ -109,10 +109,23 @@ def test_ulysses_attention_matches_whole_sequence_attention(case, ranks):
         torch.testing.assert_close(torch.cat(rows), want[i], atol=1e-5, rtol=0, msg=lambda m, n=name: f"{n}: {m}")
 
 
-def test_sequence_order_puts_head_tail_chunks_back_in_sequence_order():
-    # cp 2 gathers chunks 0, 3, 1, 2 (rank 0's head and tail, then rank 1's).
-    assert sequence_order(SequenceLayout(16, 2)).tolist() == [0, 2, 3, 1]
-    assert sequence_order(SequenceLayout(16, 2, load_balance=False)) is None
+def test_chunk_places_name_the_rank_and_slot_of_every_chunk():
+    # cp 2, head-tail: chunks 0 and 3 on rank 0, 1 and 2 on rank 1; each rank's head chunk first.
+    rank_of, slot_of = chunk_places(SequenceLayout(16, 2))
+    assert rank_of.tolist() == [0, 1, 1, 0] and slot_of.tolist() == [0, 0, 1, 1]
+    rank_of, slot_of = chunk_places(SequenceLayout(16, 2, load_balance=False))
+    assert rank_of.tolist() == [0, 1] and slot_of.tolist() == [0, 0]
+
+
+def test_rank_order_and_sequence_order_are_inverse():
+    from kenotron.parallel.context.ulysses import _to_ranks, _to_sequence
+
+    layout = SequenceLayout(24, 3)
+    x = torch.arange(2 * 2 * 24 * 1.0).view(2, 2, 24, 1)
+    buffer = _to_ranks(x, *chunk_places(layout), 3)
+    for rank in range(3):  # block r holds rank r's tokens in its layout order
+        torch.testing.assert_close(buffer[rank], layout.shard(x, rank, dim=2))
+    torch.testing.assert_close(_to_sequence(buffer, *chunk_places(layout)), x)
 
 
 def test_head_problems_name_the_counts():

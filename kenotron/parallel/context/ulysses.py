@@ -17,8 +17,9 @@ all-to-alls with compute (docs/parallelism.md compares the two).
 Token order. The sequence arrives in the layout's order (layout.py: under head-tail load
 balancing rank r holds chunks r and 2*cp-1-r), so after the all-to-all the tokens sit in rank
 order, chunks 0, 2cp-1, 1, 2cp-2, ... This module puts the chunks back in sequence order
-before the kernel and returns them to rank order after it (one gather each way, cheap beside
-attention), so causal attention and any block mask built for the whole sequence are exact.
+before the kernel and returns them to rank order after it (one gather each way, folded into
+the copies the all-to-all needs anyway), so causal attention and any block mask built for the
+whole sequence are exact.
 That makes document masking the ordinary one: given the micro-batch's document ids of the
 whole sequence (`UlyssesAttention.takes_documents`), the module builds the one-rank run's
 block-causal mask once per micro-batch and runs flex_attention under it.
@@ -32,6 +33,7 @@ before any process group: kenotron/degrees.py's `check_ulysses_heads`).
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -51,22 +53,71 @@ def kv_repeats(kv_heads: int, cp: int) -> int:
     return 1 if kv_heads % cp == 0 else cp // kv_heads
 
 
-def sequence_order(layout: SequenceLayout) -> torch.Tensor | None:
-    """For the chunks in rank order (what the all-to-all gathers), the index of each chunk of the
-    whole sequence, in sequence order; None when rank order is sequence order (contiguous)."""
-    rank_order = [c for rank in range(layout.cp) for c in layout.chunks_of(rank)]
-    if rank_order == sorted(rank_order):
-        return None
-    return torch.tensor([rank_order.index(c) for c in range(layout.n_chunks)])
+def chunk_places(layout: SequenceLayout) -> tuple[torch.Tensor, torch.Tensor]:
+    """For each chunk of the sequence, in sequence order: the cp rank that holds it and its slot
+    among that rank's chunks (the layout's order). Under head-tail balancing chunk c sits on
+    rank min(c, 2cp-1-c), slot 0 for a head chunk and 1 for a tail."""
+    rank_of, slot_of = [0] * layout.n_chunks, [0] * layout.n_chunks
+    for rank in range(layout.cp):
+        for slot, chunk in enumerate(layout.chunks_of(rank)):
+            rank_of[chunk], slot_of[chunk] = rank, slot
+    return torch.tensor(rank_of), torch.tensor(slot_of)
 
 
-def _reorder_chunks(x: torch.Tensor, n_chunks: int, order: torch.Tensor | None) -> torch.Tensor:
-    """x (batch, heads, seq, dim) with its seq cut in n_chunks, chunks taken in `order`."""
-    if order is None:
-        return x
-    b, h, s, d = x.shape
-    chunks = x.reshape(b, h, n_chunks, s // n_chunks, d)
-    return chunks.index_select(2, order.to(x.device)).reshape(b, h, s, d)
+@functools.cache
+def _places_on(seq_len: int, cp: int, load_balance: bool, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """chunk_places on the device, made once per shape (no host-to-device copy in every layer)."""
+    rank_of, slot_of = chunk_places(SequenceLayout(seq_len, cp, load_balance))
+    return rank_of.to(device), slot_of.to(device)
+
+
+def _by_rank(buffer: torch.Tensor, per_rank: int) -> torch.Tensor:
+    """A view (batch, heads, cp, per_rank, chunk, dim) of an all-to-all buffer (cp, batch, heads, s_local, dim)."""
+    cp, b, h, s, d = buffer.shape
+    return buffer.view(cp, b, h, per_rank, s // per_rank, d).permute(1, 2, 0, 3, 4, 5)
+
+
+def _to_sequence(buffer: torch.Tensor, rank_of: torch.Tensor, slot_of: torch.Tensor) -> torch.Tensor:
+    """(cp, batch, heads, s_local, dim) in rank order -> (batch, heads, seq, dim) in sequence order: one gather."""
+    cp, b, h, s, d = buffer.shape
+    per_rank = rank_of.numel() // cp
+    return _by_rank(buffer, per_rank)[:, :, rank_of, slot_of].reshape(b, h, cp * s, d)
+
+
+def _to_ranks(x: torch.Tensor, rank_of: torch.Tensor, slot_of: torch.Tensor, cp: int) -> torch.Tensor:
+    """The inverse of _to_sequence: (batch, heads, seq, dim) -> a new (cp, batch, heads, s_local, dim)."""
+    b, h, seq, d = x.shape
+    n = rank_of.numel()
+    buffer = x.new_empty(cp, b, h, seq // cp, d)
+    _by_rank(buffer, n // cp)[:, :, rank_of, slot_of] = x.reshape(b, h, n, seq // n, d)
+    return buffer
+
+
+class _ToSequence(torch.autograd.Function):
+    """_to_sequence whose backward is its inverse (a gather, where autograd's own would
+    accumulate the gradient by index into a zeroed tensor)."""
+
+    @staticmethod
+    def forward(ctx, buffer, rank_of, slot_of):  # type: ignore[override]
+        ctx.places, ctx.cp = (rank_of, slot_of), buffer.shape[0]
+        return _to_sequence(buffer, rank_of, slot_of)
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        return _to_ranks(grad, *ctx.places, ctx.cp), None, None
+
+
+class _ToRanks(torch.autograd.Function):
+    """_to_ranks, backward by _to_sequence."""
+
+    @staticmethod
+    def forward(ctx, x, rank_of, slot_of, cp):  # type: ignore[override]
+        ctx.places = (rank_of, slot_of)
+        return _to_ranks(x, rank_of, slot_of, cp)
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        return _to_sequence(grad.contiguous(), *ctx.places), None, None, None
 
 
 def _all_to_all(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
@@ -74,29 +125,33 @@ def _all_to_all(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
     return funcol.wait_tensor(funcol.all_to_all_single_autograd(x.contiguous(), None, None, group))
 
 
-def _scatter_heads(tensors: list[torch.Tensor], cp: int, group: dist.ProcessGroup) -> list[torch.Tensor]:
-    """[(batch, h_i, s_local, d)] -> [(batch, h_i/cp, cp*s_local, d)] in rank order of tokens.
+def _scatter_heads(
+    tensors: list[torch.Tensor], cp: int, group: dist.ProcessGroup, places: tuple[torch.Tensor, torch.Tensor]
+) -> list[torch.Tensor]:
+    """[(batch, h_i, s_local, d)] on every rank -> [(batch, h_i/cp, seq, d)] in sequence order.
 
     Tensors of one head size travel in one all-to-all (one message per rank pair, not three)."""
     b, _, s, d = tensors[0].shape
-    # (cp, batch, h_i/cp, s, d): block j holds the heads rank j will own.
+    # (cp, batch, h_i/cp, s, d) views: block j holds the heads rank j will own; cat makes the one copy.
     parts = [t.reshape(b, cp, t.shape[1] // cp, s, t.shape[-1]).transpose(0, 1) for t in tensors]
     widths = [p.shape[2] for p in parts]
     if all(t.shape[-1] == d for t in tensors):
         received = _all_to_all(torch.cat(parts, dim=2), group).split(widths, dim=2)
     else:
         received = [_all_to_all(p, group) for p in parts]
-    # received[i] holds rank i's tokens: (cp, b, h, s, d) -> (b, h, cp*s, d).
-    return [r.permute(1, 2, 0, 3, 4).reshape(b, r.shape[2], cp * s, r.shape[-1]) for r in received]
+    # received[i] holds rank i's tokens: chunks back in sequence order in one gather per tensor.
+    return [_ToSequence.apply(r.contiguous(), *places) for r in received]
 
 
-def _gather_heads(x: torch.Tensor, cp: int, group: dist.ProcessGroup) -> torch.Tensor:
-    """(batch, h/cp, cp*s_local, d) in rank order of tokens -> (batch, h, s_local, d): the inverse."""
+def _gather_heads(
+    x: torch.Tensor, cp: int, group: dist.ProcessGroup, places: tuple[torch.Tensor, torch.Tensor]
+) -> torch.Tensor:
+    """(batch, h/cp, seq, d) in sequence order -> (batch, h, s_local, d): the inverse."""
     b, h, seq, d = x.shape
-    s = seq // cp
-    received = _all_to_all(x.reshape(b, h, cp, s, d).permute(2, 0, 1, 3, 4), group)
-    # received[j] holds this rank's tokens of rank j's heads: (cp, b, h, s, d) -> (b, cp*h, s, d).
-    return received.transpose(0, 1).reshape(b, cp * h, s, d)
+    received = _all_to_all(_ToRanks.apply(x, *places, cp), group)
+    # received[j] holds this rank's tokens of rank j's heads (cp, b, h, s, d). Laid out as
+    # (b, s, cp*h, d), the attention's transpose back to (b, s, heads*d) is free.
+    return received.permute(1, 3, 0, 2, 4).reshape(b, seq // cp, cp * h, d).transpose(1, 2)
 
 
 def ulysses_attention(
@@ -128,17 +183,13 @@ def ulysses_attention(
     repeats = kv_repeats(kv_heads, cp)
     if repeats > 1:
         k, v = k.repeat_interleave(repeats, dim=1), v.repeat_interleave(repeats, dim=1)
-    layout = SequenceLayout(q.shape[2] * cp, cp, load_balance)
-    order = sequence_order(layout)
-    q_all, k_all, v_all = (
-        _reorder_chunks(t, layout.n_chunks, order) for t in _scatter_heads([q, k, v], cp, group)
-    )
+    places = _places_on(q.shape[2] * cp, cp, load_balance, q.device)
+    q_all, k_all, v_all = _scatter_heads([q, k, v], cp, group, places)
     if block_mask is not None:
         out = flex_attend(q_all, k_all, v_all, block_mask)
     else:
         out = causal_attention(q_all, k_all, v_all)
-    back = None if order is None else torch.argsort(order)
-    return _gather_heads(_reorder_chunks(out, layout.n_chunks, back), cp, group)
+    return _gather_heads(out, cp, group, places)
 
 
 def whole_sequence_mask(documents: Any) -> BlockMask:
