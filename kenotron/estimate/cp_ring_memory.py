@@ -135,8 +135,9 @@ def attention_output_copy(run: ResolvedRun) -> bool:
     returns a contiguous (batch, heads, seq, dim) tensor: on every rank but the last (rank 0
     among them, the one simulated) the reshape copies it, one more T·H·h tensor per block,
     measured on 4 x H200 (docs/estimation.md). kenotron's ring returns it contiguous on every
-    rank. torch's ring without load balancing merges element-wise and keeps the layout. Ulysses'
-    inverse all-to-all hands back a contiguous (batch, heads, seq, dim) tensor too.
+    rank. torch's ring without load balancing merges element-wise and keeps the layout. Under
+    Ulysses the kernel saves its own output (the whole sequence, heads/cp heads: as many bytes),
+    and the output projection the tensor the inverse all-to-all made: two tensors too.
     """
     kind = cp_attention_kind(run)
     return kind in ("ring", "ulysses") or (kind == "torch" and run.plan.settings.cp_load_balance)
