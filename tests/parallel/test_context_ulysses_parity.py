@@ -3,7 +3,8 @@
 The trainer's own path (tests/parallel/parity.py), fp32, SGD, 2 steps of the 2-layer debug
 model (8 heads, 4 kv heads): losses and gradient norms within 1e-6, first-step gradients within
 1e-5, for cp 2 and 4 (head-tail layout; the contiguous one and repeated kv heads are checked at
-the attention level, test_context_ulysses.py), with FSDP, with TP, and inside pipeline stages.
+the attention level, test_context_ulysses.py), under selective activation checkpointing, with
+FSDP, with TP, and inside pipeline stages.
 Then bad input, refused before any process group.
 """
 
@@ -20,6 +21,8 @@ ULYSSES = ["--parallelism.cp_scheme", "ulysses", "--training.local_batch_size", 
 LAYOUTS = {
     "cp2": (2, ULYSSES + ["--parallelism.cp", "2"]),
     "cp4": (4, ULYSSES + ["--parallelism.cp", "4"]),
+    # The all-to-all's outputs are saved, the chunk gathers around it recomputed.
+    "cp2_selective_ac": (2, ULYSSES + ["--parallelism.cp", "2", "--activation_checkpoint.mode", "selective-op"]),
     "cp2_fsdp2": (4, ULYSSES[:2] + ["--parallelism.cp", "2", "--parallelism.dp_shard", "2",
                                     "--training.local_batch_size", "1"]),
     "cp2_tp2": (4, ULYSSES + ["--parallelism.cp", "2", "--parallelism.tp", "2"]),
