@@ -111,10 +111,8 @@ def test_ulysses_attention_matches_whole_sequence_attention(case, ranks):
 
 def test_chunk_places_name_the_rank_and_slot_of_every_chunk():
     # cp 2, head-tail: chunks 0 and 3 on rank 0, 1 and 2 on rank 1; each rank's head chunk first.
-    rank_of, slot_of = chunk_places(SequenceLayout(16, 2))
-    assert rank_of.tolist() == [0, 1, 1, 0] and slot_of.tolist() == [0, 0, 1, 1]
-    rank_of, slot_of = chunk_places(SequenceLayout(16, 2, load_balance=False))
-    assert rank_of.tolist() == [0, 1] and slot_of.tolist() == [0, 0]
+    assert chunk_places(SequenceLayout(16, 2)) == ((0, 0), (1, 0), (1, 1), (0, 1))
+    assert chunk_places(SequenceLayout(16, 2, load_balance=False)) == ((0, 0), (1, 0))
 
 
 def test_rank_order_and_sequence_order_are_inverse():
@@ -122,10 +120,10 @@ def test_rank_order_and_sequence_order_are_inverse():
 
     layout = SequenceLayout(24, 3)
     x = torch.arange(2 * 2 * 24 * 1.0).view(2, 2, 24, 1)
-    buffer = _to_ranks(x, *chunk_places(layout), 3)
+    buffer = _to_ranks(x, chunk_places(layout), 3)
     for rank in range(3):  # block r holds rank r's tokens in its layout order
         torch.testing.assert_close(buffer[rank], layout.shard(x, rank, dim=2))
-    torch.testing.assert_close(_to_sequence(buffer, *chunk_places(layout)), x)
+    torch.testing.assert_close(_to_sequence(buffer, chunk_places(layout)), x)
 
 
 def test_head_problems_name_the_counts():

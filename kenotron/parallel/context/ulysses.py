@@ -53,22 +53,22 @@ def kv_repeats(kv_heads: int, cp: int) -> int:
     return 1 if kv_heads % cp == 0 else cp // kv_heads
 
 
-def chunk_places(layout: SequenceLayout) -> tuple[torch.Tensor, torch.Tensor]:
-    """For each chunk of the sequence, in sequence order: the cp rank that holds it and its slot
-    among that rank's chunks (the layout's order). Under head-tail balancing chunk c sits on
-    rank min(c, 2cp-1-c), slot 0 for a head chunk and 1 for a tail."""
-    rank_of, slot_of = [0] * layout.n_chunks, [0] * layout.n_chunks
-    for rank in range(layout.cp):
-        for slot, chunk in enumerate(layout.chunks_of(rank)):
-            rank_of[chunk], slot_of[chunk] = rank, slot
-    return torch.tensor(rank_of), torch.tensor(slot_of)
+Places = tuple[tuple[int, int], ...]
+"""(rank, slot) of every chunk of the sequence, in sequence order (`chunk_places`)."""
 
 
 @functools.cache
-def _places_on(seq_len: int, cp: int, load_balance: bool, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """chunk_places on the device, made once per shape (no host-to-device copy in every layer)."""
-    rank_of, slot_of = chunk_places(SequenceLayout(seq_len, cp, load_balance))
-    return rank_of.to(device), slot_of.to(device)
+def chunk_places(layout: SequenceLayout) -> Places:
+    """For each chunk of the sequence, in sequence order: the cp rank that holds it and its slot
+    among that rank's chunks (the layout's order). Under head-tail balancing chunk c sits on
+    rank min(c, 2cp-1-c), slot 0 for a head chunk and 1 for a tail. Plain ints, not index
+    tensors: nothing to copy to the device in every layer, nothing a fake-tensor estimate
+    could leave in a cache."""
+    places = [(0, 0)] * layout.n_chunks
+    for rank in range(layout.cp):
+        for slot, chunk in enumerate(layout.chunks_of(rank)):
+            places[chunk] = (rank, slot)
+    return tuple(places)
 
 
 def _by_rank(buffer: torch.Tensor, per_rank: int) -> torch.Tensor:
@@ -77,47 +77,47 @@ def _by_rank(buffer: torch.Tensor, per_rank: int) -> torch.Tensor:
     return buffer.view(cp, b, h, per_rank, s // per_rank, d).permute(1, 2, 0, 3, 4, 5)
 
 
-def _to_sequence(buffer: torch.Tensor, rank_of: torch.Tensor, slot_of: torch.Tensor) -> torch.Tensor:
-    """(cp, batch, heads, s_local, dim) in rank order -> (batch, heads, seq, dim) in sequence order: one gather."""
-    cp, b, h, s, d = buffer.shape
-    per_rank = rank_of.numel() // cp
-    return _by_rank(buffer, per_rank)[:, :, rank_of, slot_of].reshape(b, h, cp * s, d)
+def _to_sequence(buffer: torch.Tensor, places: Places) -> torch.Tensor:
+    """(cp, batch, heads, s_local, dim) in rank order -> (batch, heads, seq, dim) in sequence order: one copy."""
+    by_rank = _by_rank(buffer, len(places) // buffer.shape[0])
+    return torch.cat([by_rank[:, :, rank, slot] for rank, slot in places], dim=2)
 
 
-def _to_ranks(x: torch.Tensor, rank_of: torch.Tensor, slot_of: torch.Tensor, cp: int) -> torch.Tensor:
+def _to_ranks(x: torch.Tensor, places: Places, cp: int) -> torch.Tensor:
     """The inverse of _to_sequence: (batch, heads, seq, dim) -> a new (cp, batch, heads, s_local, dim)."""
     b, h, seq, d = x.shape
-    n = rank_of.numel()
     buffer = x.new_empty(cp, b, h, seq // cp, d)
-    _by_rank(buffer, n // cp)[:, :, rank_of, slot_of] = x.reshape(b, h, n, seq // n, d)
+    by_rank = _by_rank(buffer, len(places) // cp)
+    for chunk, (rank, slot) in zip(x.chunk(len(places), dim=2), places):
+        by_rank[:, :, rank, slot].copy_(chunk)
     return buffer
 
 
 class _ToSequence(torch.autograd.Function):
-    """_to_sequence whose backward is its inverse (a gather, where autograd's own would
-    accumulate the gradient by index into a zeroed tensor)."""
+    """_to_sequence whose backward is its inverse (autograd's own would give each chunk's view a
+    zeroed tensor of the whole buffer's size and add them up)."""
 
     @staticmethod
-    def forward(ctx, buffer, rank_of, slot_of):  # type: ignore[override]
-        ctx.places, ctx.cp = (rank_of, slot_of), buffer.shape[0]
-        return _to_sequence(buffer, rank_of, slot_of)
+    def forward(ctx, buffer, places):  # type: ignore[override]
+        ctx.places, ctx.cp = places, buffer.shape[0]
+        return _to_sequence(buffer, places)
 
     @staticmethod
     def backward(ctx, grad):  # type: ignore[override]
-        return _to_ranks(grad, *ctx.places, ctx.cp), None, None
+        return _to_ranks(grad, ctx.places, ctx.cp), None
 
 
 class _ToRanks(torch.autograd.Function):
     """_to_ranks, backward by _to_sequence."""
 
     @staticmethod
-    def forward(ctx, x, rank_of, slot_of, cp):  # type: ignore[override]
-        ctx.places = (rank_of, slot_of)
-        return _to_ranks(x, rank_of, slot_of, cp)
+    def forward(ctx, x, places, cp):  # type: ignore[override]
+        ctx.places = places
+        return _to_ranks(x, places, cp)
 
     @staticmethod
     def backward(ctx, grad):  # type: ignore[override]
-        return _to_sequence(grad.contiguous(), *ctx.places), None, None, None
+        return _to_sequence(grad.contiguous(), ctx.places), None, None
 
 
 def _all_to_all(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
@@ -126,7 +126,7 @@ def _all_to_all(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
 
 
 def _scatter_heads(
-    tensors: list[torch.Tensor], cp: int, group: dist.ProcessGroup, places: tuple[torch.Tensor, torch.Tensor]
+    tensors: list[torch.Tensor], cp: int, group: dist.ProcessGroup, places: Places
 ) -> list[torch.Tensor]:
     """[(batch, h_i, s_local, d)] on every rank -> [(batch, h_i/cp, seq, d)] in sequence order.
 
@@ -139,16 +139,16 @@ def _scatter_heads(
         received = _all_to_all(torch.cat(parts, dim=2), group).split(widths, dim=2)
     else:
         received = [_all_to_all(p, group) for p in parts]
-    # received[i] holds rank i's tokens: chunks back in sequence order in one gather per tensor.
-    return [_ToSequence.apply(r.contiguous(), *places) for r in received]
+    # received[i] holds rank i's tokens: chunks back in sequence order in one copy per tensor.
+    return [_ToSequence.apply(r, places) for r in received]
 
 
 def _gather_heads(
-    x: torch.Tensor, cp: int, group: dist.ProcessGroup, places: tuple[torch.Tensor, torch.Tensor]
+    x: torch.Tensor, cp: int, group: dist.ProcessGroup, places: Places
 ) -> torch.Tensor:
     """(batch, h/cp, seq, d) in sequence order -> (batch, h, s_local, d): the inverse."""
     b, h, seq, d = x.shape
-    received = _all_to_all(_ToRanks.apply(x, *places, cp), group)
+    received = _all_to_all(_ToRanks.apply(x, places, cp), group)
     # received[j] holds this rank's tokens of rank j's heads (cp, b, h, s, d). Laid out as
     # (b, s, cp*h, d), the attention's transpose back to (b, s, heads*d) is free.
     return received.permute(1, 3, 0, 2, 4).reshape(b, seq // cp, cp * h, d).transpose(1, 2)
@@ -183,7 +183,7 @@ def ulysses_attention(
     repeats = kv_repeats(kv_heads, cp)
     if repeats > 1:
         k, v = k.repeat_interleave(repeats, dim=1), v.repeat_interleave(repeats, dim=1)
-    places = _places_on(q.shape[2] * cp, cp, load_balance, q.device)
+    places = chunk_places(SequenceLayout(q.shape[2] * cp, cp, load_balance))
     q_all, k_all, v_all = _scatter_heads([q, k, v], cp, group, places)
     if block_mask is not None:
         out = flex_attend(q_all, k_all, v_all, block_mask)
