@@ -183,6 +183,41 @@ def expert_parallel_degrees(dp_shard: int, cp: int, n_experts: int = 0) -> list[
     return [e for e in out if not n_experts or n_experts % e == 0]
 
 
+CP_SCHEMES = ("ring", "ulysses")
+"""parallelism.cp_scheme: the ring (parallel/context/ring.py, torch_ring.py) or the all-to-all (ulysses.py)."""
+
+
+def ulysses_head_problem(heads: int, kv_heads: int, cp: int) -> str:
+    """Why `heads` query and `kv_heads` key/value heads of one tensor-parallel rank cannot be
+    scattered over `cp` ranks by the all-to-all ("" when they can): the query heads must divide
+    by cp; the kv heads too, or divide cp (each is then repeated over cp/kv_heads ranks)."""
+    if heads % cp:
+        return f"{heads} query heads per tensor-parallel rank do not divide by cp={cp}"
+    if kv_heads % cp and cp % kv_heads:
+        return (f"{kv_heads} key/value heads per tensor-parallel rank neither divide by cp={cp} nor divide it "
+                f"(a kv head is repeated over cp/kv_heads ranks)")
+    return ""
+
+
+def ulysses_cp_degrees(heads: int, kv_heads: int, tp: int) -> list[int]:
+    """The cp degrees the all-to-all allows at this tp: those `ulysses_head_problem` accepts."""
+    per_rank, kv_per_rank = heads // tp, kv_heads // tp
+    return [cp for cp in _divisors(per_rank) if not ulysses_head_problem(per_rank, kv_per_rank, cp)]
+
+
+def check_ulysses_heads(dims: ParallelDims, heads: int, kv_heads: int) -> None:
+    """parallelism.cp_scheme='ulysses' against the model's heads (after tensor parallel)."""
+    if dims.cp == 1:
+        return
+    # check_model ran first: tp divides both head counts.
+    problem = ulysses_head_problem(heads // dims.tp, kv_heads // dims.tp, dims.cp)
+    if problem:
+        raise ParallelConfigError(
+            f"parallelism.cp_scheme='ulysses' scatters attention heads over the cp ranks, but with tp={dims.tp} "
+            f"{problem}; use cp in {ulysses_cp_degrees(heads, kv_heads, dims.tp)} or parallelism.cp_scheme='ring'"
+        )
+
+
 ZERO_BUBBLE_SCHEDULES = ("InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
 """Pipeline schedules that split each backward into an input and a weight pass."""
 

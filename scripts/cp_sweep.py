@@ -2,6 +2,7 @@
 
     python scripts/cp_sweep.py                                   # 1B and 8B, cp 1 2 4, on 4 GPUs
     python scripts/cp_sweep.py --shapes 1B --cp 2 4 --rotate alltoall --json cp_1b.json
+    python scripts/cp_sweep.py --shapes 1B --cp 2 4 --scheme ulysses          # the all-to-all instead of the ring
     python scripts/cp_sweep.py --shapes debug --ngpu 2 --cp 1 2 --start 256 --max 1024 --extra "--training.device cpu"
 
 Every (shape, cp) runs on the same `--ngpu` ranks, with FSDP over the rest (dp_shard =
@@ -49,7 +50,7 @@ def _overrides(shape: str, cp: int, seq_len: int, args: argparse.Namespace) -> l
     return SHAPES[shape] + [
         "--parallelism.cp", str(cp), "--parallelism.dp_shard", "-1",
         "--tuning.cp_load_balance", "true" if args.load_balance else "false",
-        "--tuning.cp_rotate_method", args.rotate,
+        "--tuning.cp_rotate_method", args.rotate, "--parallelism.cp_scheme", args.scheme,
         "--training.seq_len", str(seq_len), "--training.local_batch_size", "1", "--training.global_batch_size", "-1",
         "--activation_checkpoint.mode", args.ac, "--compile.enable", "true" if args.compile else "false",
     ] + shlex.split(args.extra)
@@ -121,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--unit", type=int, default=1024, help="lengths are multiples of this")
     parser.add_argument("--resolution", type=float, default=0.125, help="bisect until the gap is this share of the best")
     parser.add_argument("--rotate", choices=["allgather", "alltoall"], default="allgather")
+    parser.add_argument("--scheme", choices=["ring", "ulysses"], default="ring", help="parallelism.cp_scheme")
     parser.add_argument("--no-load-balance", dest="load_balance", action="store_false")
     parser.add_argument("--ac", default="full", help="activation_checkpoint.mode of every run")
     parser.add_argument("--no-compile", dest="compile", action="store_false")

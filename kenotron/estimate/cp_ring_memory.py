@@ -60,9 +60,12 @@ CPU_FLASH_BACKWARD = aten._scaled_dot_product_flash_attention_for_cpu_backward.d
 
 
 def cp_attention_kind(run: ResolvedRun) -> str | None:
-    """"torch", "flex" or "ring": the CP attention the job runs (resolve_run settled it); None without CP."""
+    """"torch", "flex", "ring" or "ulysses": the CP attention the job runs (resolve_run settled it); None
+    without CP. Ulysses' all-to-alls are functional collectives, which the fake process group runs as they are."""
     if run.dims.cp == 1:
         return None
+    if run.plan.settings.cp_scheme == "ulysses":
+        return "ulysses"
     return run.plan.settings.cp_attention
 
 
@@ -155,10 +158,12 @@ def attention_output_copy(run: ResolvedRun) -> bool:
     returns a contiguous (batch, heads, seq, dim) tensor: on every rank but the last (rank 0
     among them, the one simulated) the reshape copies it, one more T·H·h tensor per block,
     measured on 4 x H200 (docs/estimation.md). kenotron's ring returns it contiguous on every
-    rank. torch's ring without load balancing merges element-wise and keeps the layout.
+    rank. torch's ring without load balancing merges element-wise and keeps the layout. Under
+    Ulysses the kernel saves its own output (the whole sequence, heads/cp heads: as many bytes),
+    and the output projection the tensor the inverse all-to-all made: two tensors too.
     """
     kind = cp_attention_kind(run)
-    return kind == "ring" or (kind == "torch" and run.plan.settings.cp_load_balance)
+    return kind in ("ring", "ulysses") or (kind == "torch" and run.plan.settings.cp_load_balance)
 
 
 def context_notes(run: ResolvedRun) -> list[str]:
@@ -170,6 +175,7 @@ def context_notes(run: ResolvedRun) -> list[str]:
     attention = {
         "torch": f"torch's ring over the fused SDPA kernels, {rotation} rotation",
         "flex": "FlexAttention against the all-gathered keys/values (kept for backward: cp x the local ones per layer)",
+        "ulysses": "all-to-all of heads (ulysses) around the attention kernel",
     }.get(kind, f"kenotron's ring attention, {rotation} rotation")
     if run.cfg.data.document_masking:
         attention += ", document-masked (the mask's skipped work is not counted in memory; the throughput model prices it)"

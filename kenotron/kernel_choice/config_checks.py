@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from kenotron.config import ConfigError, JobConfig
-from kenotron.degrees import ParallelDims
+from kenotron.degrees import ParallelDims, check_ulysses_heads
 from kenotron.kernel_choice.target import Target
 from kenotron.kernel_choice.tuning import (
     resolve_adamw_implementation,
@@ -154,6 +154,10 @@ def check_context_parallel(cfg: JobConfig, dims: ParallelDims, spec: ModelSpec, 
             f"{cfg.model.flavor} attends through a {window}-token sliding window, shorter than training.seq_len="
             f"{t.seq_len}; use training.seq_len <= {window}, a flavor without a window, or cp=1"
         )
+    if cfg.parallelism.cp_scheme == "ulysses":
+        heads = args.n_heads
+        check_ulysses_heads(dims, heads, getattr(args, "n_kv_heads", None) or heads)  # MLA: k/v per query head
+        return  # the ring's own settings below do not apply
     on_cuda = target.device_type == "cuda"
     if u.cp_attention == "torch" and not on_cuda:
         raise ConfigError("tuning.cp_attention='torch' needs CUDA (torch has no context-parallel CPU kernel); "

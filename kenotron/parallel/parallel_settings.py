@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from kenotron.config import JobConfig
+from kenotron.degrees import CP_SCHEMES
 from kenotron.parallel.activation_checkpoint import AC_MODES
 from kenotron.parallel.context.ring import ROTATE_METHODS
 from kenotron.parallel.model_layout import PlanError
@@ -73,6 +74,8 @@ class ParallelSettings:
     """Context parallel: keys/values by one all-gather ("allgather") or a ring of sends ("alltoall")."""
     cp_attention: str = field(default="auto", metadata=_key("tuning.cp_attention"))
     """Context-parallel attention: torch (its ring over fused SDPA; CUDA), ring (kenotron's), auto (by device)."""
+    cp_scheme: str = field(default="ring", metadata=_key("parallelism.cp_scheme"))
+    """Context parallel by a ring of keys/values (cp_attention says whose) or by all-to-all of heads ("ulysses")."""
 
     @classmethod
     def from_config(cls, cfg: JobConfig) -> ParallelSettings:
@@ -87,6 +90,7 @@ class ParallelSettings:
             float8=cfg.float8.recipe if cfg.float8.enable else "", float8_all_gather=u.float8_all_gather,
             float8_experts=cfg.float8.enable and cfg.float8.experts,
             cp_load_balance=u.cp_load_balance, cp_rotate_method=u.cp_rotate_method, cp_attention=u.cp_attention,
+            cp_scheme=p.cp_scheme,
         )
 
     @staticmethod
@@ -102,7 +106,7 @@ class ParallelSettings:
         for name, valid in (
             ("dp_mode", DP_MODES), ("reshard_after_forward", RESHARD_POLICIES), ("ac_mode", AC_MODES),
             ("param_dtype", DTYPES), ("reduce_dtype", REDUCE_DTYPES), ("cp_rotate_method", ROTATE_METHODS),
-            ("cp_attention", CP_ATTENTION_CHOICES), ("float8", ("", "tensorwise", "rowwise")),
+            ("cp_attention", CP_ATTENTION_CHOICES), ("cp_scheme", CP_SCHEMES), ("float8", ("", "tensorwise", "rowwise")),
         ):
             if getattr(self, name) not in valid:
                 raise self._bad(name, f"is not one of {', '.join(map(repr, valid))}")
@@ -146,6 +150,8 @@ class ParallelSettings:
             f"  activation checkpointing: {ac}"
             + (f"   offload: first {self.offload_blocks} blocks" if self.offload_blocks else "")
             + f"   compile: {self.compile}   float8: {self.float8 or 'off'}",
-            (f"  context parallel (when cp > 1): attention {self.cp_attention}, load_balance "
+            (f"  context parallel (when cp > 1): all-to-all of heads (ulysses), load_balance {self.cp_load_balance}"
+             if self.cp_scheme == "ulysses" else
+             f"  context parallel (when cp > 1): attention {self.cp_attention}, load_balance "
              f"{self.cp_load_balance}, rotate {self.cp_rotate_method}"),
         ])

@@ -199,7 +199,10 @@ class Plan:
         if st.compile:
             # Dynamo cannot trace kenotron's ring attention (point-to-point sends) nor the flex
             # one's all-gather and mask building: blocks that hold them compile around them.
-            ring = cp_mesh is not None and cp_attention_kind(st.cp_attention, cp_mesh.device_type) in ("ring", "flex")
+            # Ulysses' functional all-to-alls are traceable, but no compiled GPU run has checked
+            # it yet: a graph break rather than an error if not.
+            ring = cp_mesh is not None and (st.cp_scheme == "ulysses" or cp_attention_kind(
+                st.cp_attention, cp_mesh.device_type) in ("ring", "flex"))
             # Neither can the all-to-all of expert parallelism (its splits are read on the host).
             all_to_all = bool(lay.moe_modules) and meshes.get("ep") is not None
             for _, block in blocks:

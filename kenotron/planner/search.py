@@ -2,7 +2,8 @@
 
 1. Enumerate: tp (a divisor of the world that divides the heads, kv heads, FFN width and
    vocabulary, within one node), cp (context parallel: a divisor of what tp and pp leave, with
-   seq_len a multiple of 2·cp·tp and no sliding window shorter than seq_len), the split of the
+   seq_len a multiple of 2·cp·tp and no sliding window shorter than seq_len; both schemes,
+   the ring and Ulysses' all-to-all where the heads split over cp), the split of the
    rest into dp_replicate x dp_shard, the data-parallel mode (FSDP/HSDP/DDP, and ZeRO-1 over
    dp x cp), for MoE models the expert-parallel degree (every ep that dp_shard x cp and the expert
    count allow, under FSDP), activation checkpointing (none, selective-op, full) and the local
@@ -28,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kenotron.config import ConfigError, JobConfig
-from kenotron.degrees import ParallelConfigError, ParallelDims, expert_parallel_degrees
+from kenotron.degrees import CP_SCHEMES, ParallelConfigError, ParallelDims, expert_parallel_degrees
 from kenotron.estimate.memory import estimate_run
 from kenotron.estimate.report import RESERVED_FRACTION, describe_model, gib
 from kenotron.kernel_choice.target import Target
@@ -64,12 +65,14 @@ class Candidate:
     """Per-rank peak bytes from the analytic model."""
     step: StepTime
     """The throughput model's step time."""
+    cp_scheme: str = "ring"
+    """parallelism.cp_scheme (under cp > 1): ring or ulysses."""
     confirmed_peak: int | None = None
     """Per-rank peak bytes from the FakeTensor estimate (for the confirmed ones)."""
 
     def parallelism(self) -> dict[str, Any]:
         """The [parallelism] values that select this candidate."""
-        return candidate_parallelism(self.degrees, self.dp_mode)
+        return candidate_parallelism(self.degrees, self.dp_mode, self.cp_scheme)
 
     def overrides(self) -> list[str]:
         """The command-line overrides that select this candidate."""
@@ -77,6 +80,8 @@ class Candidate:
         out = [f"--parallelism.{k} {self.degrees[k]}" for k in order
                if self.degrees.get(k, 1) > 1 or k not in ("pp", "cp", "ep")]
         out.append(f"--parallelism.dp_mode {self.dp_mode}")
+        if self.cp_scheme != "ring":
+            out.append(f"--parallelism.cp_scheme {self.cp_scheme}")
         if self.degrees["pp"] > 1:
             out.append(f"--parallelism.pp_schedule {PP_SCHEDULE}")  # pp_microbatches 0: one sequence each
         out += [f"--activation_checkpoint.mode {self.ac_mode}", f"--training.local_batch_size {self.local_batch}"]
@@ -86,6 +91,8 @@ class Candidate:
         d = self.degrees
         parts = [f"{k}{v}" for k, v in (("r", d["dp_replicate"]), ("s", d["dp_shard"]), ("tp", d["tp"]),
                                           ("pp", d["pp"]), ("cp", d["cp"]), ("ep", d.get("ep", 1))) if v > 1]
+        if self.cp_scheme == "ulysses":
+            parts = [p + "-ulysses" if p.startswith("cp") else p for p in parts]
         return (" ".join(parts) or "1 GPU") + (" zero1" if self.dp_mode == "zero1" else "")
 
 
@@ -116,7 +123,7 @@ class SearchResult:
             "global_batch": self.global_batch, "considered": self.considered, "notes": self.notes,
             "elapsed_s": round(self.elapsed_s, 2),
             "candidates": [
-                {"layout": c.degrees, "dp_mode": c.dp_mode, "ac_mode": c.ac_mode, "local_batch": c.local_batch,
+                {"layout": c.degrees, "dp_mode": c.dp_mode, "cp_scheme": c.cp_scheme, "ac_mode": c.ac_mode, "local_batch": c.local_batch,
                  "micro_steps": c.micro_steps, "analytic_peak_gib": round(gib(c.analytic_peak), 3),
                  "confirmed_peak_gib": None if c.confirmed_peak is None else round(gib(c.confirmed_peak), 3),
                  "tokens_per_s_per_gpu": round(c.step.tokens_per_s_per_gpu), "step_s": round(c.step.seconds, 4),
@@ -130,10 +137,10 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def candidate_parallelism(degrees: dict[str, int], dp_mode: str) -> dict[str, Any]:
-    """[parallelism] of a candidate: its degrees and, under pp, the searched schedule with the
-    trainer's defaults for the rest (one sequence per microbatch, its balanced split)."""
-    out: dict[str, Any] = {**degrees, "dp_mode": dp_mode}
+def candidate_parallelism(degrees: dict[str, int], dp_mode: str, cp_scheme: str = "ring") -> dict[str, Any]:
+    """[parallelism] of a candidate: its degrees, CP scheme and, under pp, the searched schedule
+    with the trainer's defaults for the rest (one sequence per microbatch, its balanced split)."""
+    out: dict[str, Any] = {**degrees, "dp_mode": dp_mode, "cp_scheme": cp_scheme}
     if degrees.get("pp", 1) > 1:
         out.update(pp_schedule=PP_SCHEDULE, pp_microbatches=0, pp_stages_per_rank=0, pp_layers_per_stage=[],
                    pp_stage_modules=[])
@@ -167,9 +174,11 @@ def _candidate_run(base: ResolvedRun, cfg: JobConfig, meta_model: Any) -> Resolv
         return None
 
 
-def _trials(base: ResolvedRun, ngpu: int, global_batch: int, hw: Hardware) -> list[tuple[ParallelDims, str, int, str, int]]:
-    """Every (dims, dp_mode, ep, AC mode, local batch) the search prices, before any is priced:
-    the count is the progress bar's total."""
+def _trials(
+    base: ResolvedRun, ngpu: int, global_batch: int, hw: Hardware
+) -> list[tuple[ParallelDims, str, int, str, int, str]]:
+    """Every (dims, dp_mode, ep, AC mode, local batch, cp scheme) the search prices, before any is
+    priced: the count is the progress bar's total."""
     moe = getattr(base.model_args, "moe", None)
     out = []
     # Every tp x pp x cp that divides the world (cp inside pipeline stages too); the trainer's own
@@ -186,8 +195,9 @@ def _trials(base: ResolvedRun, ngpu: int, global_batch: int, hw: Hardware) -> li
                 continue
             per_rank = global_batch // dims.dp
             eps = expert_parallel_degrees(dp_shard, cp, moe.n_experts) if moe is not None and dp_mode == "fsdp" else [1]
-            out += [(dims, dp_mode, ep, ac, local) for ep in eps for ac in AC_CHOICES
-                    for local in (1, 2, 4, 8, MAX_LOCAL_BATCH) if per_rank % local == 0]
+            schemes = CP_SCHEMES if cp > 1 else ("ring",)
+            out += [(dims, dp_mode, ep, ac, local, scheme) for ep in eps for ac in AC_CHOICES
+                    for local in (1, 2, 4, 8, MAX_LOCAL_BATCH) if per_rank % local == 0 for scheme in schemes]
     return out
 
 
@@ -201,13 +211,13 @@ def enumerate_candidates(
     out = []
     bar = progress_bar(len(trials), desc="pricing layouts", unit="layout")
     try:
-        for dims, dp_mode, ep, ac, local in trials:
+        for dims, dp_mode, ep, ac, local, scheme in trials:
             bar.update()
             degrees = {"dp_replicate": dims.dp_replicate, "dp_shard": dims.dp_shard, "tp": dims.tp, "pp": dims.pp,
                        "cp": dims.cp, "ep": ep}
             cfg = _with(
                 base.cfg,
-                parallelism=candidate_parallelism(degrees, dp_mode),
+                parallelism=candidate_parallelism(degrees, dp_mode, scheme),
                 activation_checkpoint={"mode": ac},
                 training={"local_batch_size": local, "global_batch_size": global_batch},
             )
@@ -217,7 +227,7 @@ def enumerate_candidates(
             settle_reshard_after_forward(run, gpu_memory_gib, model)
             out.append(Candidate(
                 {**dims.degrees(), "ep": ep}, dp_mode, ac, local, run.grad_accum_steps, model.peak(run).total,
-                step_time(run, model, hw),
+                step_time(run, model, hw), scheme,
             ))
     finally:
         bar.close()
@@ -241,6 +251,9 @@ def search_layouts(
                      key=lambda c: (-c.step.tokens_per_s_per_gpu, c.analytic_peak))
     notes = [(f"pipeline parallel: searched with {PP_SCHEDULE}, one sequence per microbatch (pp_microbatches = local "
               f"batch) and the trainer's balanced split; other schedules are not searched (estimate them directly)")]
+    if any(c.cp_scheme == "ulysses" for c in fitting[:top]):
+        notes.append("cp-ulysses rows: the all-to-all's traffic is priced from its volumes and not yet checked against "
+                     "a measured row, as the ring's is (docs/estimation.md)")
     if cfg.tuning.loss == "fused":
         notes.append("pipeline parallel is not searched: tuning.loss='fused' does not combine with it")
     if not candidates:
@@ -293,8 +306,9 @@ def format_search(result: SearchResult) -> str:
 
 
 SEARCH_LEGEND = [
-    "columns: layout = the parallel degrees above 1 (r dp_replicate, s dp_shard (FSDP), tp, pp, cp; zero1: only the",
-    "  optimizer state sharded; 1 GPU: none); AC = activation_checkpoint.mode; batch = training.local_batch_size",
+    "columns: layout = the parallel degrees above 1 (r dp_replicate, s dp_shard (FSDP), tp, pp, cp (the ring;",
+    "  cp-ulysses: the all-to-all, parallelism.cp_scheme='ulysses'); zero1: only the optimizer state sharded; 1 GPU:",
+    "  none); AC = activation_checkpoint.mode; batch = training.local_batch_size",
     "  (sequences per rank per micro-step); accum = micro-steps per optimizer step; analytic GiB = per-rank peak of the",
     "  analytic model (what ranks the layouts); fake GiB = the peak of the fake-tensor dry run, for the best",
     "  --confirm layouts only (- = not run); tok/s/GPU = modelled throughput. `best:` is the first row as overrides.",

@@ -24,6 +24,10 @@ m micro-steps of b sequences, t = tp, p = cp, q = pp, T = b·s/p the rank's toke
              blocks of b·s/p tokens, and the fp32 k/v gradients passed on at each of its p steps;
              the same volume with the alltoall rotation. The attention kernels' lower efficiency
              on split blocks is not modelled: docs/parallelism.md, Context parallel)
+  cp (ulysses) = m · L/q · 2·(p-1)/p · b·s/p·h·c·(2·H/t + 2·K') / B_cp   (parallelism.cp_scheme=
+             'ulysses': all-to-alls of q, k, v and the output in forward, their gradients in
+             backward, not overlapped; K' = K/t kv heads, or p when they are repeated; the attention
+             kernel is the unsharded one. Not yet fitted to a measured row: a prediction)
   p2p      = m · (v·µ + q − 1) · 2 · b_µ·s/p·d·c_r / B_pp   (pipeline parallel: each slot of the
              critical path waits for one activation sent forward and one gradient sent back,
              b_µ·s/p·d·c_r bytes each (c_r: 4 under autocast's fp32 residual stream), taken as
@@ -150,6 +154,23 @@ def _bandwidth(group_size: int, inner: int, hw: Hardware) -> float:
     return hw.nvlink_bytes_per_s if group_size * inner <= hw.gpus_per_node else hw.network_bytes_per_s
 
 
+def cp_block_seconds(run: ResolvedRun, micro_tokens: int, c: int, hw: Hardware) -> float:
+    """Context parallel's traffic of one block and micro-step (module docstring, cp): the ring's
+    k/v blocks, or Ulysses' all-to-alls of q, k, v and the output, forward and backward."""
+    a, d = run.model_args, run.dims
+    if d.cp == 1:
+        return 0.0
+    kv_heads = getattr(a, "n_kv_heads", None) or a.n_heads  # MLA: keys and values per query head
+    if run.plan.settings.cp_scheme == "ulysses":
+        heads, kv = a.n_heads // d.tp, kv_heads // d.tp
+        kv_sent = kv if kv % d.cp == 0 else d.cp  # each kv head repeated over cp/kv ranks
+        shard = micro_tokens // d.cp * a.head_dim * c * (2 * heads + 2 * kv_sent)  # q, k, v, out of one rank
+        return 2 * (d.cp - 1) / d.cp * shard / _bandwidth(d.cp, d.tp, hw)
+    kv_block = micro_tokens // d.cp * kv_heads * a.head_dim // d.tp  # one rank's keys (or values)
+    per_block = (d.cp - 1) * 2 * kv_block * c * 2 + d.cp * 2 * kv_block * 4
+    return per_block / _bandwidth(d.cp, d.tp, hw)
+
+
 def recompute(run: ResolvedRun) -> Recompute:
     """What activation checkpointing reruns: full AC each block's forward (a third of its forward
     and backward work); selective-op the elementwise kernels' forward, and with save_matmul_every
@@ -199,11 +220,7 @@ def step_time(run: ResolvedRun, model: AnalyticModel, hw: Hardware | None = None
         volume = run.grad_accum_steps * layers * collectives * 2 * (d.tp - 1) / d.tp * micro_tokens * a.dim * c
         tp_time = volume / _bandwidth(d.tp, 1, hw)
 
-    cp_time = 0.0
-    if d.cp > 1:
-        kv_block = micro_tokens // d.cp * a.n_kv_heads * a.head_dim // d.tp  # one rank's keys (or values)
-        per_block = (d.cp - 1) * 2 * kv_block * c * 2 + d.cp * 2 * kv_block * 4
-        cp_time = run.grad_accum_steps * layers * per_block / _bandwidth(d.cp, d.tp, hw)
+    cp_time = run.grad_accum_steps * layers * cp_block_seconds(run, micro_tokens, c, hw)
 
     kind = data_parallel_kind(run)
     dp_time, tail = 0.0, 0.0

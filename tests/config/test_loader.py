@@ -46,6 +46,7 @@ FEATURES_ADDED_SINCE = {
     "float8.experts",  # issue 36: the routed experts in float8
     "optimizer.muon_momentum", "optimizer.muon_nesterov", "optimizer.muon_ns_steps",  # issue 37: Muon
     "optimizer.muon_lr_rule", "optimizer.muon_include", "optimizer.muon_exclude",
+    "parallelism.cp_scheme",  # issue 39: the all-to-all (Ulysses) context parallel beside the ring
 }
 """Fields of features added after the config was cut to 70 (each feature brings its own)."""
 LATER_SECTIONS = ("validation.", "doremi.", "moe.", "fault_tolerance.")  # issues 24, 25, 22, 38: validation, DoReMi, MoE, fault tolerance

@@ -119,3 +119,12 @@ def test_the_planner_enumerates_cp():
     assert all(c.local_batch * c.micro_steps * c.degrees["dp_replicate"] * c.degrees["dp_shard"] == 8
                for c in candidates)
     assert torch.distributed.is_initialized() is False
+
+
+def test_the_ulysses_estimate_runs_its_all_to_all_on_the_fake_group_and_matches_the_closed_form():
+    report = estimate(2, *LONG, "--parallelism.cp", "2", "--parallelism.cp_scheme", "ulysses")
+    assert any("all-to-all of heads (ulysses)" in note for note in report.notes), report.notes
+    rank = report.ranks[0]
+    # The closed form prices the attention output's copy as for kenotron's ring (attention_output_copy).
+    assert rank.peak.activations == pytest.approx(rank.analytic.activations, rel=0.02)
+    assert torch.distributed.is_initialized() is False  # the fake process group only

@@ -94,11 +94,16 @@ def test_the_search_pairs_context_parallel_with_pipelines_and_with_zero1():
     result = search_layouts(load_config("debug", args), 8, 80, top=1000, confirm=0)
     pp_cp = [c for c in result.ranked if c.degrees["pp"] > 1 and c.degrees["cp"] > 1]
     zero1_cp = [c for c in result.ranked if c.dp_mode == "zero1" and c.degrees["cp"] > 1]
-    assert pp_cp and zero1_cp
-    for c in (pp_cp[0], zero1_cp[0]):
+    # Both CP schemes are priced; the all-to-all only where debug's 8 heads and 4 kv heads split (cp <= 8).
+    ulysses = [c for c in result.ranked if c.cp_scheme == "ulysses"]
+    assert pp_cp and zero1_cp and ulysses and {c.cp_scheme for c in pp_cp} == {"ring", "ulysses"}
+    assert all(c.degrees["cp"] > 1 and "-ulysses" in c.label() for c in ulysses)
+    assert any("cp-ulysses rows" in note and "not yet checked against a measured row" in note for note in result.notes)
+    for c in (pp_cp[0], zero1_cp[0], ulysses[0]):
         run = resolve_run(load_config("debug", args + " ".join(c.overrides()).split()), 8)
         assert {"ep": 1, **run.dims.degrees()} == c.degrees and run.plan.settings.dp_mode == c.dp_mode
         assert (run.plan.pipeline is not None) == (c.degrees["pp"] > 1)
+        assert run.plan.settings.cp_scheme == c.cp_scheme
 
 
 class _Terminal(io.StringIO):

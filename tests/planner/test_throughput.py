@@ -67,3 +67,18 @@ def test_document_masking_prices_only_the_attention_tiles_the_mask_leaves():
 
     assert "Attention priced as plain causal; --document-tokens N" in predict(run)
     assert "Attention priced at 0.152 of causal (512-token documents" in predict(run, document_tokens=512)
+
+
+def test_ulysses_sends_q_k_v_and_the_output_twice_and_its_traffic_shrinks_with_cp():
+    # debug: 8 heads, 4 kv heads of 32, 2 layers; 8 sequences of 512 tokens per micro-step, bf16.
+    seq = ["--training.seq_len", "512", "--training.local_batch_size", "8", "--model.n_layers", "2"]
+    hw = Hardware()
+    for cp, kv_sent in ((2, 4), (4, 4), (8, 8)):  # at cp 8 each of the 4 kv heads is repeated twice
+        ulysses = _step(cp, *seq, "--parallelism.cp", str(cp), "--parallelism.cp_scheme", "ulysses")
+        shard = 8 * 512 // cp * 32 * 2 * (2 * 8 + 2 * kv_sent)
+        assert ulysses.context_parallel == pytest.approx(2 * 2 * (cp - 1) / cp * shard / hw.nvlink_bytes_per_s)
+    ring = {cp: _step(cp, *seq, "--parallelism.cp", str(cp)).context_parallel for cp in (2, 4)}
+    ulysses = {cp: _step(cp, *seq, "--parallelism.cp", str(cp), "--parallelism.cp_scheme", "ulysses").context_parallel
+               for cp in (2, 4)}
+    # The ring passes (cp-1) blocks of keys and values around; the all-to-all sends a shrinking shard.
+    assert ring[4] > ring[2] and ulysses[4] < ulysses[2]

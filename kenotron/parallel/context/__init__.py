@@ -8,6 +8,8 @@
 - documents.py: document masking under CP: each chunk pair's slice of the block-causal mask,
   and how much work the mask skips;
 - flex_gather.py: FlexAttention against the gathered keys/values (CUDA, document masking);
+- ulysses.py: the all-to-all scheme (parallelism.cp_scheme='ulysses'): heads scattered over the
+  cp ranks around the ordinary attention kernel on the whole sequence;
 - apply.py: the plan's CP step (swap each attention's attention_fn) and the batch slicer.
 """
 
@@ -15,8 +17,9 @@ from kenotron.parallel.context.documents import MaskedWork, SequenceDocuments, m
 from kenotron.parallel.context.flex_gather import FlexContextAttention
 from kenotron.parallel.context.layout import ContextShard, SequenceLayout, shard_batch
 from kenotron.parallel.context.ring import ROTATE_METHODS, RingAttention, ring_attention
+from kenotron.parallel.context.ulysses import UlyssesAttention, ulysses_attention
 
 __all__ = [
     "ROTATE_METHODS", "ContextShard", "FlexContextAttention", "MaskedWork", "RingAttention", "SequenceDocuments",
-    "SequenceLayout", "masked_work", "ring_attention", "shard_batch",
+    "SequenceLayout", "UlyssesAttention", "masked_work", "ring_attention", "shard_batch", "ulysses_attention",
 ]

@@ -9,7 +9,9 @@ over the whole sequence sharded across the cp ranks:
   kernels (torch_ring.py);
 - on CUDA with `data.document_masking` (`"auto"` or `"flex"`): FlexAttention against the
   gathered keys/values under each rank's block mask (flex_gather.py);
-- elsewhere, or with `"ring"`: kenotron's ring attention (ring.py), which also runs on CUDA.
+- elsewhere, or with `"ring"`: kenotron's ring attention (ring.py), which also runs on CUDA;
+- with `plan.settings.cp_scheme = "ulysses"`, on any device: the all-to-all of heads around the
+  ordinary attention kernel (ulysses.py), whatever `cp_attention` says.
 
 With document masking the trainer hands the model the document ids of the whole sequence
 (documents.py's SequenceDocuments) in place of a block mask; the model's attention passes them
@@ -31,6 +33,7 @@ from kenotron.parallel.context.flex_gather import FlexContextAttention
 from kenotron.parallel.context.layout import ContextShard, SequenceLayout, shard_batch
 from kenotron.parallel.context.ring import RingAttention
 from kenotron.parallel.context.torch_ring import TorchRingAttention
+from kenotron.parallel.context.ulysses import UlyssesAttention
 from kenotron.parallel.model_layout import ModelLayout, PlanError, matching_modules
 from kenotron.parallel.parallel_settings import ParallelSettings
 
@@ -69,6 +72,8 @@ def cp_attention_kind(choice: str, device_type: str, document_masking: bool = Fa
 def context_parallel_attention(cp_mesh: DeviceMesh, settings: ParallelSettings) -> nn.Module:
     """A new CP attention module for one attention layer, as the plan's settings choose it."""
     st = settings
+    if st.cp_scheme == "ulysses":
+        return UlyssesAttention(cp_mesh.get_group(), st.cp_load_balance)
     kind = cp_attention_kind(st.cp_attention, cp_mesh.device_type)
     if kind == "torch":
         return TorchRingAttention(cp_mesh, st.cp_load_balance, st.cp_rotate_method)
