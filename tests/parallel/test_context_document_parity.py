@@ -4,7 +4,8 @@ The data are short documents (1 to 12 words), so every 32-token window packs sev
 borders fall inside chunks and across the ranks' shards. Same model, seed and batches
 (tests/parallel/parity.py): fp32 losses within 1e-6 and first-step gradients within 1e-5 for
 cp 2 and 4 (head-tail and contiguous layouts), with FSDP, with TP through the FlexAttention
-CP attention (flex_gather.py; the others run kenotron's ring), and inside pipeline stages. Then the model itself: a
+CP attention (flex_gather.py; the others run kenotron's ring), inside pipeline stages, and under
+the all-to-all scheme (cp_scheme ulysses: the whole sequence's mask on every rank). Then the model itself: a
 packed document's logits under cp 2 equal its logits alone.
 """
 
@@ -35,6 +36,8 @@ LAYOUTS = {
     "cp2_tp2_flex": (4, CP2 + ["--parallelism.tp", "2", "--tuning.cp_attention", "flex"]),
     # The document ids reach the second stage with the schedule's kwargs, split into microbatches.
     "pp2_cp2_1f1b": (4, CP2 + ["--parallelism.pp", "2", "--parallelism.pp_schedule", "1F1B"]),
+    # The all-to-all scheme: each rank attends over the whole sequence with the one-rank mask.
+    "cp2_ulysses": (2, CP2 + ["--parallelism.cp_scheme", "ulysses"]),
 }
 
 
