@@ -76,7 +76,7 @@ def stage_peak(run: ResolvedRun, model: nn.Module, kind: dict[str, bool], stage:
     """The closed-form peak of the pipeline rank running `stage` (1F1B)."""
     split = run.plan.pipeline
     assert split is not None and split.schedule == "1F1B"
-    params, O = stage_static(run, model, split.stages[stage], {} if cache is None else cache)
+    params, O = stage_static(run, model, split.units_of(stage), {} if cache is None else cache)
     P = params.local + params.buffers
     first, last = stage == 0, stage == split.n_stages - 1
     blocks = sum(1 for u in split.stages[stage] if run.plan.layout.block_of(u + ".x") is not None)

@@ -54,6 +54,7 @@ def run_steps(
     assert trainer.run.dims.world_size == world
     job = trainer.job
     losses, norms, grads, grad_local_shapes = [], [], {}, {}
+    mtp, mtp_losses = job.extension("mtp"), []  # multi-token prediction's loss per module, per step
     duplicates = job.pipeline.norm_duplicates() if job.pipeline is not None else set()
     for step in range(steps):
         loss = forward_backward(job, trainer.loader.next_step())
@@ -66,6 +67,8 @@ def run_steps(
         norms.append(clip_gradients(job).item())
         optimizer_step(job)
         losses.append(trainer.global_losses([loss])[0].item())
+        if mtp is not None:  # collective: every rank
+            mtp_losses.append(mtp.metrics())
     trainer.close()
     reports = all(job.meshes.coordinate(d) == 0 for d in ("dp_replicate", "dp_shard", "cp", "tp"))
     # What this rank actually holds, so a test can tell a sharded layout from a replicated one.
@@ -78,7 +81,7 @@ def run_steps(
     stepped = sorted(names[id(p)] for o in job.torch_optimizers for g in o.param_groups for p in g["params"]
                      if id(p) in names)
     return {
-        "losses": losses, "norms": norms, "grads": grads if reports else None, "local_shapes": local_shapes,
+        "losses": losses, "norms": norms, "mtp_losses": mtp_losses, "grads": grads if reports else None, "local_shapes": local_shapes,
         "dtensor_params": dtensors, "optimizer_params": stepped,
         "grad_local_shapes": grad_local_shapes, "stage_ids": list(job.applied.stage_ids),
     }

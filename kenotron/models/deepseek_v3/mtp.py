@@ -10,12 +10,16 @@ of the model's `layers` (HF's `model.layers.{n_layers + k - 1}`), so every plan 
 `layers.*` (FSDP units, activation checkpointing, compile, tensor and expert parallel) covers
 it, and its keys convert as HF's MTP layers.
 
-The targets come from the input window itself: module k's input at position t is token t + k
-and its target token t + k + 1 (rolled along the sequence), so the last k + 1 positions of a
-window have no target and are left out. The loss joins backward through `attach_loss` on the
-model's output (as the routers' balancing terms do), weighted by `loss_scale` which the trainer
-sets each step (train/mtp.py: model.mtp_loss_weight / depth over the global batch's label
-tokens); the summed losses and target counts per module are kept for the metrics.
+The inputs and targets come from the window itself: `future_tokens(tokens, depth)` holds, at
+position t, tokens t + 1 .. t + depth + 1 (IGNORE_INDEX past the window's end); module k reads
+column k - 1 (token t + k) and predicts column k, so the last k + 1 positions of a window have no
+target. The model builds them from its token ids; where it gets no ids (a pipeline's last stage)
+or a shard of the sequence (context parallel), the trainer builds them from the whole sequence
+and cuts them as the tokens are cut (train/mtp.py). The loss joins backward through
+`attach_loss` on the model's output (as the routers' balancing terms do), weighted by
+`loss_scale` which the trainer sets each step (train/mtp.py: model.mtp_loss_weight / depth over
+the global batch's label tokens); the summed losses and target counts per module are kept for
+the metrics.
 """
 
 from __future__ import annotations
@@ -68,6 +72,17 @@ class MTPBlock(DeepSeekV3Block):
         }
 
 
+def future_tokens(tokens: torch.Tensor, depth: int) -> torch.Tensor:
+    """(batch, seq, depth + 1): at position t the tokens t + 1 .. t + depth + 1 of `tokens`
+    (batch, seq), IGNORE_INDEX past the window's end (see the module docstring)."""
+    seqlen = tokens.shape[1]
+    ahead = torch.arange(1, depth + 2, device=tokens.device)
+    index = torch.arange(seqlen, device=tokens.device)[:, None] + ahead  # (seq, depth + 1)
+    inside = index < seqlen
+    gathered = tokens[:, index.clamp(max=seqlen - 1)]
+    return gathered.masked_fill(~inside, IGNORE_INDEX)
+
+
 class MTPLoss(nn.Module):
     """The modules' statistics and loss weight (no parameters): `loss_scale` per target token's
     cross-entropy, and per module the step's summed losses and target counts (not saved)."""
@@ -75,6 +90,8 @@ class MTPLoss(nn.Module):
     def __init__(self, depth: int) -> None:
         super().__init__()
         self.loss_scale = 0.0
+        self.counting = True
+        """Whether term() adds to the statistics (off while torch's pipeline stages infer shapes)."""
         self.register_buffer("loss_sum", torch.zeros(depth), persistent=False)
         self.register_buffer("targets", torch.zeros(depth), persistent=False)
 
@@ -89,18 +106,15 @@ class MTPLoss(nn.Module):
         self.loss_sum.zero_()
         self.targets.zero_()
 
-    def term(self, k: int, logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-        """Module k's (1-based) weighted loss over `logits` (batch, seq, vocab) of positions t
-        predicting token t + k + 1 of `tokens` (batch, seq); adds to the statistics."""
-        seqlen = tokens.shape[1]
-        targets = torch.roll(tokens, -(k + 1), dims=1)
-        valid = torch.arange(seqlen, device=tokens.device) < seqlen - k - 1
-        targets = targets.masked_fill(~valid, IGNORE_INDEX)
+    def term(self, k: int, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Module k's (1-based) weighted loss over `logits` (batch, seq, vocab) and its `targets`
+        (batch, seq; IGNORE_INDEX where none); adds to the statistics."""
         # Under tensor parallel's loss parallel the logits are vocabulary shards and the loss a
         # replicated DTensor: its local value is the whole loss.
         loss = local_tensor(F.cross_entropy(logits.flatten(0, -2).float(), targets.flatten(), reduction="sum",
                                             ignore_index=IGNORE_INDEX))
-        with torch.no_grad():
-            self.loss_sum[k - 1] += loss.detach()
-            self.targets[k - 1] += valid.sum() * tokens.shape[0]
+        if self.counting:
+            with torch.no_grad():
+                self.loss_sum[k - 1] += loss.detach()
+                self.targets[k - 1] += (targets != IGNORE_INDEX).sum()
         return loss * self.loss_scale
