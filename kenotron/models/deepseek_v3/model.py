@@ -6,10 +6,8 @@ optional multi-token-prediction modules after the main blocks (mtp.py).
 from __future__ import annotations
 
 import torch
-from torch import nn
 from torch.nn.attention.flex_attention import BlockMask
 
-from kenotron.degrees import ParallelConfigError
 from kenotron.models.common.decoder import CausalLM
 from kenotron.models.common.kv_cache import KVCache
 from kenotron.models.common.latent_attention import LatentCache
@@ -17,7 +15,7 @@ from kenotron.models.common.norms import RMSNorm
 from kenotron.models.common.router import attach_loss
 from kenotron.models.deepseek_v3.args import DeepSeekV3Args
 from kenotron.models.deepseek_v3.block import DeepSeekV3Block
-from kenotron.models.deepseek_v3.mtp import MTPBlock, MTPLoss, future_tokens
+from kenotron.models.deepseek_v3.mtp import MTPBlock, MTPLoss, future_tokens, mtp_stage_copies
 
 
 def _block(layer_id: int, args: DeepSeekV3Args) -> DeepSeekV3Block:
@@ -40,17 +38,8 @@ class DeepSeekV3(CausalLM):
         return self.args.mtp_depth
 
     def pipeline_copies(self, units: list[str]) -> list[str]:
-        """What a pipeline stage holding `units` needs besides them (pipeline.py): the MTP modules'
-        stage a copy of the embedding, which they read. They must share the output head's stage."""
-        mtp = [u for u in units if u.startswith("layers.") and int(u.split(".")[1]) >= self.args.n_layers]
-        if not mtp:
-            return []
-        if "output" not in units:
-            raise ParallelConfigError(
-                f"the pipeline split puts MTP module {mtp[0]} on a stage without the output head; the "
-                f"model.mtp_depth={self.args.mtp_depth} MTP modules (the last blocks) run on the last stage: give "
-                f"it at least {self.args.mtp_depth + 1} blocks in parallelism.pp_layers_per_stage / pp_stage_modules")
-        return [] if "tok_embeddings" in units else ["tok_embeddings"]
+        """What a pipeline stage holding `units` needs besides them (pipeline.py; mtp.py's mtp_stage_copies)."""
+        return mtp_stage_copies(self.args, units)
 
     def forward(
         self,
@@ -67,7 +56,7 @@ class DeepSeekV3(CausalLM):
         stage) holds add their loss to backward through the output. `future`: mtp.py's
         future_tokens of this call's positions, made from `tokens` when None."""
         cos, sin, attn_mask = self._prepare(tokens, positions, kv_cache, token_mask, block_mask)
-        ids = not tokens.is_floating_point()  # a later pipeline stage gets hidden states (and may hold a copy of the embedding)
+        ids = not tokens.is_floating_point()  # a later stage gets hidden states (and may hold a copy of the embedding)
         h = self.tok_embeddings(tokens) if ids and self.tok_embeddings is not None else tokens
         mtp_blocks = []  # blocks n_layers.. (a plan may have wrapped them: told by their index)
         for name, layer in self.layers.items():
@@ -77,23 +66,12 @@ class DeepSeekV3(CausalLM):
                 h = self._attention_layer(layer, int(name), h, cos, sin, attn_mask, kv_cache, block_mask)
         # Meta inputs: torch 2.11's pipeline stages infer shapes on them (no loss to compute).
         if mtp_blocks and self.training and torch.is_grad_enabled() and kv_cache is None and not h.is_meta:
-            if future is None and not ids:
-                raise RuntimeError("the MTP modules' pipeline stage needs `future` (train/mtp.py gives it)")
-            future = future_tokens(tokens, self.args.mtp_depth) if future is None else future
+            if future is None:
+                future = future_tokens(tokens, self.args.mtp_depth)  # the whole sequence's ids, or refused there
             # Attached to the hidden states, a plain tensor (the logits may be a DTensor under loss parallel).
-            h = attach_loss(h, self._mtp_term(mtp_blocks, future, h, cos, sin, block_mask))
+            h = attach_loss(h, self.mtp.loss(mtp_blocks, self.tok_embeddings, self.output, future, h, cos, sin,
+                                             block_mask))
         return self._finish(h, kv_cache, tokens.shape[1], logits)
-
-    def _mtp_term(self, blocks: list[nn.Module], future: torch.Tensor, h: torch.Tensor, cos: torch.Tensor,
-                  sin: torch.Tensor, block_mask: BlockMask | None) -> torch.Tensor:
-        """The MTP modules' weighted losses (mtp.py), from the main blocks' last hidden states `h`."""
-        attention = {"block_mask": block_mask} if block_mask is not None else {}
-        total = h.new_zeros((), dtype=torch.float32)
-        for k, block in enumerate(blocks, start=1):
-            shifted = future[..., k - 1].clamp(min=0)  # past the window: any token (its position has no target)
-            h, normed = block(self.tok_embeddings(shifted), h, cos, sin, **attention)
-            total = total + self.mtp.term(k, self.output(normed), future[..., k])
-        return total
 
     def init_buffers(self, device: torch.device | str | None = None) -> None:
         """CausalLM's, and the MTP statistics zeroed."""

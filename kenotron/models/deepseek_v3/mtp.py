@@ -29,7 +29,9 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention.flex_attention import BlockMask
 
+from kenotron.degrees import ParallelConfigError
 from kenotron.dtensor import local_tensor
 from kenotron.models.common.init import InitSpec, prefixed, trunc_normal
 from kenotron.models.common.norms import RMSNorm
@@ -75,12 +77,29 @@ class MTPBlock(DeepSeekV3Block):
 def future_tokens(tokens: torch.Tensor, depth: int) -> torch.Tensor:
     """(batch, seq, depth + 1): at position t the tokens t + 1 .. t + depth + 1 of `tokens`
     (batch, seq), IGNORE_INDEX past the window's end (see the module docstring)."""
+    if tokens.is_floating_point():
+        raise RuntimeError("the MTP modules' pipeline stage gets hidden states, not token ids: pass `future` "
+                           "(train/mtp.py does)")
     seqlen = tokens.shape[1]
     ahead = torch.arange(1, depth + 2, device=tokens.device)
     index = torch.arange(seqlen, device=tokens.device)[:, None] + ahead  # (seq, depth + 1)
     inside = index < seqlen
     gathered = tokens[:, index.clamp(max=seqlen - 1)]
     return gathered.masked_fill(~inside, IGNORE_INDEX)
+
+
+def mtp_stage_copies(args: DeepSeekV3Args, units: list[str]) -> list[str]:
+    """The units a pipeline stage holding `units` needs a copy of (parallel/pipeline.py): the MTP
+    modules' stage the embedding, which they read. They must share the output head's stage."""
+    mtp = [u for u in units if u.startswith("layers.") and int(u.split(".")[1]) >= args.n_layers]
+    if not mtp:
+        return []
+    if "output" not in units:
+        raise ParallelConfigError(
+            f"the pipeline split puts MTP module {mtp[0]} on a stage without the output head; the "
+            f"model.mtp_depth={args.mtp_depth} MTP modules (the last blocks) run on the last stage: give it at "
+            f"least {args.mtp_depth + 1} blocks in parallelism.pp_layers_per_stage / pp_stage_modules")
+    return [] if "tok_embeddings" in units else ["tok_embeddings"]
 
 
 class MTPLoss(nn.Module):
@@ -105,6 +124,18 @@ class MTPLoss(nn.Module):
     def reset(self) -> None:
         self.loss_sum.zero_()
         self.targets.zero_()
+
+    def loss(self, blocks: list[nn.Module], embedding: nn.Module, output: nn.Module, future: torch.Tensor,
+             h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, block_mask: BlockMask | None) -> torch.Tensor:
+        """The weighted losses of the MTP modules `blocks` (in order) from the main blocks' last
+        hidden states `h` and `future` (future_tokens), with the model's embedding and output head."""
+        attention = {"block_mask": block_mask} if block_mask is not None else {}
+        total = h.new_zeros((), dtype=torch.float32)
+        for k, block in enumerate(blocks, start=1):
+            shifted = future[..., k - 1].clamp(min=0)  # past the window: any token (its position has no target)
+            h, normed = block(embedding(shifted), h, cos, sin, **attention)
+            total = total + self.term(k, output(normed), future[..., k])
+        return total
 
     def term(self, k: int, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Module k's (1-based) weighted loss over `logits` (batch, seq, vocab) and its `targets`
