@@ -39,3 +39,4 @@ def test_mtp_layout_matches_one_rank_in_losses_per_module_and_gradients(layout, 
             assert ref.keys() == got.keys() == {"mtp_loss/1", "mtp_loss/2"}
             assert all(abs(ref[k] - got[k]) <= TOL for k in ref), (ref, got)
     assert_parity(reference, results, TOL, TOL)
+
