@@ -10,9 +10,9 @@ balancing terms do); this extension sets its weight before the passes, λ / D ov
 batch's label tokens times the data-parallel averaging size (what the cross-entropy gets), and
 reports `mtp_loss/<k>` (module k's mean loss over its targets, all ranks) at logging steps.
 
-The modules' inputs and targets are the tokens ahead of each position (models/deepseek_v3/mtp.py's
-`future_tokens`): this extension makes them from each micro-batch's whole sequences, so that
-context parallel cuts them as it cuts the tokens (the tokens ahead of a shard's last position live
+The modules' inputs and targets are the tokens ahead of each position
+(models/common/future_tokens.py): this extension makes them from each micro-batch's whole
+sequences, so that context parallel cuts them as it cuts the tokens (the tokens ahead of a shard's last position live
 on another rank), and under pipeline parallel the last stage, which holds the MTP modules, a copy
 of the embedding and no token ids of its own, gets them (its rank is fed the token ids).
 """
@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from kenotron.data import MicroBatch
-from kenotron.models.deepseek_v3.mtp import future_tokens
+from kenotron.models.common.future_tokens import future_tokens
 from kenotron.train.extension import JobExtension
 from kenotron.train.training_job import TrainingJob
 

@@ -9,13 +9,14 @@ import torch
 from torch.nn.attention.flex_attention import BlockMask
 
 from kenotron.models.common.decoder import CausalLM
+from kenotron.models.common.future_tokens import future_tokens
 from kenotron.models.common.kv_cache import KVCache
 from kenotron.models.common.latent_attention import LatentCache
 from kenotron.models.common.norms import RMSNorm
 from kenotron.models.common.router import attach_loss
 from kenotron.models.deepseek_v3.args import DeepSeekV3Args
 from kenotron.models.deepseek_v3.block import DeepSeekV3Block
-from kenotron.models.deepseek_v3.mtp import MTPBlock, MTPLoss, future_tokens, mtp_stage_copies
+from kenotron.models.deepseek_v3.mtp import MTPBlock, MTPLoss, mtp_stage_copies
 
 
 def _block(layer_id: int, args: DeepSeekV3Args) -> DeepSeekV3Block:

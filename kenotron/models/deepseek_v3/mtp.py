@@ -10,7 +10,8 @@ of the model's `layers` (HF's `model.layers.{n_layers + k - 1}`), so every plan 
 `layers.*` (FSDP units, activation checkpointing, compile, tensor and expert parallel) covers
 it, and its keys convert as HF's MTP layers.
 
-The inputs and targets come from the window itself: `future_tokens(tokens, depth)` holds, at
+The inputs and targets come from the window itself: `future_tokens(tokens, depth)`
+(models/common/future_tokens.py) holds, at
 position t, tokens t + 1 .. t + depth + 1 (IGNORE_INDEX past the window's end); module k reads
 column k - 1 (token t + k) and predicts column k, so the last k + 1 positions of a window have no
 target. The model builds them from its token ids; where it gets no ids (a pipeline's last stage)
@@ -33,12 +34,11 @@ from torch.nn.attention.flex_attention import BlockMask
 
 from kenotron.degrees import ParallelConfigError
 from kenotron.dtensor import local_tensor
+from kenotron.models.common.future_tokens import IGNORE_INDEX
 from kenotron.models.common.init import InitSpec, prefixed, trunc_normal
 from kenotron.models.common.norms import RMSNorm
 from kenotron.models.deepseek_v3.args import DeepSeekV3Args
 from kenotron.models.deepseek_v3.block import DeepSeekV3Block
-
-IGNORE_INDEX = -100
 
 
 class MTPBlock(DeepSeekV3Block):
@@ -72,20 +72,6 @@ class MTPBlock(DeepSeekV3Block):
             **prefixed("head_norm", self.head_norm.param_init_specs()),
             "eh_proj.weight": trunc_normal(0.02),
         }
-
-
-def future_tokens(tokens: torch.Tensor, depth: int) -> torch.Tensor:
-    """(batch, seq, depth + 1): at position t the tokens t + 1 .. t + depth + 1 of `tokens`
-    (batch, seq), IGNORE_INDEX past the window's end (see the module docstring)."""
-    if tokens.is_floating_point():
-        raise RuntimeError("the MTP modules' pipeline stage gets hidden states, not token ids: pass `future` "
-                           "(train/mtp.py does)")
-    seqlen = tokens.shape[1]
-    ahead = torch.arange(1, depth + 2, device=tokens.device)
-    index = torch.arange(seqlen, device=tokens.device)[:, None] + ahead  # (seq, depth + 1)
-    inside = index < seqlen
-    gathered = tokens[:, index.clamp(max=seqlen - 1)]
-    return gathered.masked_fill(~inside, IGNORE_INDEX)
 
 
 def mtp_stage_copies(args: DeepSeekV3Args, units: list[str]) -> list[str]:

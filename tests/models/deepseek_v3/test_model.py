@@ -10,8 +10,8 @@ import torch
 
 from kenotron.config import ConfigError
 from kenotron.models import get_model_spec
+from kenotron.models.common.future_tokens import IGNORE_INDEX, future_tokens
 from kenotron.models.common.router import TopKRouter
-from kenotron.models.deepseek_v3.mtp import IGNORE_INDEX, future_tokens
 from kenotron.parallel.pipeline import build_pipeline_split
 from kenotron.train.mtp_checks import check_multi_token_prediction
 
