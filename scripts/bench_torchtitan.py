@@ -5,6 +5,8 @@
     PYTHONPATH=/path/to/torchtitan python scripts/bench_torchtitan.py --model llama3 --flavor 1B \\
         --ngpu 2 --case compiled                       # FSDP over 2 GPUs (--dp-replicate 2: DDP)
     PYTHONPATH=/path/to/torchtitan python scripts/bench_torchtitan.py --ngpu 4 --ep 4 --case compiled
+    PYTHONPATH=/path/to/torchtitan python scripts/bench_torchtitan.py --model deepseek_v3 --flavor 16B \
+        --n-layers 4 --batch 4 --seq 4096 --case compiled --case compiled-float8-experts
 
 torchtitan (0.2.2, not a kenotron dependency: give its folder on PYTHONPATH) trains through its
 own Trainer, which also builds a tokenizer and a Hugging Face dataset. This script builds what
@@ -16,6 +18,17 @@ implementation), `build_lr_schedulers`, `build_cross_entropy_loss` (compiled wit
 mixed precision as its Trainer sets it (FSDP's policy, else autocast in bf16), and its step:
 forward, loss sum / tokens, backward, `clip_grad_norm_` (max norm 1), optimizer and scheduler
 steps. Data: uniform random token ids, another stream per rank.
+
+`--model deepseek_v3` builds torchtitan's DeepSeek-V3 (MLA, 1 dense block then MoE blocks with
+shared experts; its `16B` flavor is kenotron's deepseek_v3 16B, which has no MTP module there:
+run kenotron with `--model.mtp_depth 0`) with `parallelize_deepseekv3` and, as its TrainSpec, the
+optimizers that update the routers' expert bias (`build_optimizers_with_moe_load_balancing`). Its
+16B flavor asks for FlexAttention with a per-document mask; the comparison runs SDPA's causal
+attention over whole windows, as kenotron does (attn_type "sdpa", attn_mask_type "causal"). The
+`-float8-experts` cases convert the routed experts' grouped GEMMs to float8 rowwise with
+torchtitan's own converter ("quantize.grouped_mm.float8" on the "experts" modules: torchao's
+MoE training prototype, which must be installed), as kenotron's `--float8.enable true
+--float8.recipe rowwise --float8.experts true` does.
 
 `--model llama3 --flavor 1B` is kenotron's llama3_1b shape in torchtitan's args (dim 2048, 16
 layers, 32 heads, 8 kv heads, SwiGLU width 8192 from ffn_dim_multiplier 1.5), except that
@@ -103,6 +116,12 @@ def _model_and_parallelize(model_name: str, flavor: str):
         from torchtitan.models.qwen3 import Qwen3Model, parallelize_qwen3, qwen3_args
 
         return qwen3_args[flavor], Qwen3Model, parallelize_qwen3
+    if model_name == "deepseek_v3":
+        from torchtitan.models.deepseek_v3 import DeepSeekV3Model, deepseekv3_args, parallelize_deepseekv3
+
+        args = deepseekv3_args[flavor]
+        args.attn_type, args.attn_mask_type = "sdpa", "causal"  # kenotron's attention (module docstring)
+        return args, DeepSeekV3Model, parallelize_deepseekv3
     from torchtitan.models.llama3 import Transformer, TransformerModelArgs, llama3_args, parallelize_llama
 
     if flavor == "1B":  # kenotron's llama3_1b shape (see the module docstring)
@@ -114,16 +133,18 @@ def _model_and_parallelize(model_name: str, flavor: str):
 
 
 def run_case(compiled: bool, model_name: str, flavor: str, n_layers: int, batch: int, seq: int, warmup: int,
-             steps: int, force_balance: bool, dp_replicate: int = 1, ep: int = 1, ac: str = "none") -> dict:
+             steps: int, force_balance: bool, dp_replicate: int = 1, ep: int = 1, ac: str = "none",
+             float8_experts: bool = False) -> dict:
     import torch
 
     _stub_missing_imports()
     from torchtitan.components.loss import build_cross_entropy_loss
     from torchtitan.components.lr_scheduler import build_lr_schedulers
-    from torchtitan.components.optimizer import build_optimizers
+    from torchtitan.components.optimizer import build_optimizers, build_optimizers_with_moe_load_balancing
     from torchtitan.config.job_config import JobConfig
     from torchtitan.distributed import ParallelDims
     from torchtitan.distributed import utils as dist_utils
+    from torchtitan.protocols.model_converter import build_model_converters
 
     world, rank = _init_distributed()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -140,6 +161,9 @@ def run_case(compiled: bool, model_name: str, flavor: str, n_layers: int, batch:
     job.parallelism.data_parallel_replicate_degree = dp_replicate
     job.parallelism.data_parallel_shard_degree = dp_shard
     job.parallelism.expert_parallel_degree = ep
+    if float8_experts:  # torchtitan's float8 grouped GEMMs of the routed experts (module docstring)
+        job.model.converters = ["quantize.grouped_mm.float8"]
+        job.quantize.grouped_mm.float8.fqns = ["experts"]
     args, model_cls, parallelize = _model_and_parallelize(model_name, flavor)
     if n_layers:
         args.n_layers = n_layers
@@ -151,12 +175,16 @@ def run_case(compiled: bool, model_name: str, flavor: str, n_layers: int, batch:
     with torch.device("meta"):
         model = model_cls(args)
     n_params, flops_per_token = args.get_nparams_and_flops(model, seq)
+    converters = build_model_converters(job, dims)  # as torchtitan's Trainer: before parallelizing
+    converters.convert(model)
     model = parallelize(model, dims, job)
     model.to_empty(device=device)
     with torch.no_grad():
         model.init_weights(buffer_device=None)
     model.train()
-    optimizers = build_optimizers([model], job.optimizer, dims)
+    # deepseek_v3's TrainSpec updates the routers' expert bias through its optimizers' hook.
+    build = build_optimizers_with_moe_load_balancing if model_name == "deepseek_v3" else build_optimizers
+    optimizers = build([model], job.optimizer, dims)
     schedulers = build_lr_schedulers(optimizers, job.lr_scheduler, job.training.steps)
     loss_fn = build_cross_entropy_loss(job)
     amp = dist_utils.maybe_enable_amp(dims, job.training.mixed_precision_param, device.type)
@@ -174,6 +202,7 @@ def run_case(compiled: bool, model_name: str, flavor: str, n_layers: int, batch:
         dist_utils.clip_grad_norm_(list(model.parameters()), job.training.max_norm, foreach=True,
                                    ep_enabled=dims.ep_enabled)
         optimizers.step()
+        converters.post_optimizer_hook(model)
         schedulers.step()
         return loss.detach()
 
@@ -208,7 +237,7 @@ def run_case(compiled: bool, model_name: str, flavor: str, n_layers: int, batch:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description="torchtitan's step on one or more GPUs, one table row per case")
-    parser.add_argument("--model", choices=["qwen3", "llama3"], default="qwen3")
+    parser.add_argument("--model", choices=["qwen3", "llama3", "deepseek_v3"], default="qwen3")
     parser.add_argument("--flavor", default="30B-A3B")
     parser.add_argument("--n-layers", type=int, default=4, help="0 keeps the flavor's")
     parser.add_argument("--batch", type=int, default=4)
@@ -219,14 +248,16 @@ def main() -> int:
     parser.add_argument("--dp-replicate", type=int, default=1, help="replicas (DDP when it equals --ngpu)")
     parser.add_argument("--ep", type=int, default=1, help="expert-parallel degree (MoE)")
     parser.add_argument("--ac", choices=["none", "selective"], default="none", help="activation checkpointing")
-    parser.add_argument("--case", action="append", choices=["compiled", "eager", "compiled-balanced"], default=[])
+    parser.add_argument("--case", action="append", default=[],
+                        choices=["compiled", "eager", "compiled-balanced", "compiled-float8-experts"])
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--json", help="write all rows to this file")
     args = parser.parse_args()
     if args.worker:
         name = args.case[0]
         row = run_case(name.startswith("compiled"), args.model, args.flavor, args.n_layers, args.batch, args.seq,
-                       args.warmup, args.steps, name.endswith("balanced"), args.dp_replicate, args.ep, args.ac)
+                       args.warmup, args.steps, name.endswith("balanced"), args.dp_replicate, args.ep, args.ac,
+                       name.endswith("float8-experts"))
         if int(os.environ.get("RANK", "0")) == 0:
             Path(args.worker).write_text(json.dumps(row))
         return 0

@@ -301,8 +301,10 @@ def simulations(run: ResolvedRun, pp_rank: int, rank: int, full_depth: bool) -> 
     # Two shallow runs cost 2·Σ(k - steps) + stages blocks: worth it only when fewer than Σ k.
     # ZeRO-1's greedy partition of a stage's parameters is not linear in its blocks: full depth.
     zero1 = data_parallel_kind(run) == "zero1"
+    # Multi-token-prediction modules are blocks of another cost that a shorter stage must keep: full depth.
+    mtp = getattr(run.model_args, "mtp_depth", 0) > 0
     shallow_blocks = 2 * sum(counts[s] - steps for s in local) + len(local)
-    if full_depth or zero1 or steps < 2 or shallow_blocks >= sum(counts[s] for s in local):
+    if full_depth or zero1 or mtp or steps < 2 or shallow_blocks >= sum(counts[s] for s in local):
         return [Simulation(rank, None, reduced)]
     # Other ranks' stages are not built here: one block each keeps the model small.
     return [Simulation(rank, [c - steps + extra if s in local else min(c, 1) for s, c in enumerate(counts)], reduced)

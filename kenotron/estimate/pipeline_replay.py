@@ -45,12 +45,12 @@ from torch.distributed.pipelining.stage import _PipelineStageBase
 from kenotron.estimate.pipeline_order import Action
 from kenotron.estimate.tracker import Position, StepMemoryTracker
 from kenotron.parallel.model_layout import matching_modules
-from kenotron.parallel.pipeline import PipelineSplit, pipeline_units, tied_groups
+from kenotron.parallel.pipeline import PipelineSplit, cross_stage_ties, pipeline_units, stage_copies
 from kenotron.parallel.pipeline_tied import TiedAcrossStages
 from kenotron.parallel.plan import AppliedPlan
 from kenotron.train.pipeline_step import RETURN_OUTPUTS
 from kenotron.train.resolve import ResolvedRun
-from kenotron.train.step import microbatch_loss, step_context
+from kenotron.train.step import extension_inputs, microbatch_loss, step_context
 from kenotron.train.training_job import TrainingJob
 
 
@@ -76,7 +76,8 @@ def resized_split(run: ResolvedRun, counts: list[int]) -> tuple[ResolvedRun, Pip
         start += count
     new = PipelineSplit(stages, split.pp, split.schedule, split.microbatches)
     new.check(model, blocks)
-    new.tied_parameters = [g for g in tied_groups(model) if len({new.stage_of(n) for n in g}) > 1]
+    new.copies = stage_copies(model, new.stages)
+    new.tied_parameters = cross_stage_ties(model, new)
     plan = dataclasses.replace(run.plan.copy(), pipeline=new)
     return dataclasses.replace(run, model_args=args, plan=plan), new
 
@@ -142,7 +143,7 @@ class SimulatedPipeline:
         assert split is not None
         self.split = split
         # Outside the fake mode: it creates process groups.
-        self.tied = TiedAcrossStages(split, applied.model_parts, applied.meshes)
+        self.tied = TiedAcrossStages(split, applied.model_parts, applied.stage_ids, applied.meshes)
         shape, dtype = residual_meta(job.run, applied)
         n = split.microbatches
         self.stages: dict[int, SimStage] = {}
@@ -259,6 +260,9 @@ def run_actions(pipe: SimulatedPipeline, actions: list[Action], numbering: Numbe
     # as PipelineRunner.rank_shard cuts it), split into microbatches (views) as step() splits it.
     tokens = _rank_batch(job, vocab).tensor_split(n) if first else None
     labels = _rank_batch(job, vocab).tensor_split(n) if last else None
+    # The extensions' inputs (MTP's future tokens), which torch's step hands every local stage.
+    extra = extension_inputs(job, _whole_batch(job, vocab)) if last else {}
+    stage_kwargs = [{k: v.tensor_split(n)[m] for k, v in extra.items()} for m in range(n)]
     backward_count: Counter[int] = Counter()
     with step_context(job):
         for index, a in enumerate(actions):
@@ -268,7 +272,7 @@ def run_actions(pipe: SimulatedPipeline, actions: list[Action], numbering: Numbe
                 observer.set_phase("forward", number)
                 assert m is not None
                 x = tokens[m] if stage.is_first else stage.act_buffers[m].requires_grad_(True)  # type: ignore[index]
-                out = stage.module(x)
+                out = stage.module(x, **stage_kwargs[m])
                 if stage.is_last:
                     if return_outputs:
                         stage.output_chunks.append(out)
@@ -332,11 +336,16 @@ def run_actions(pipe: SimulatedPipeline, actions: list[Action], numbering: Numbe
                 observer.end_backward()
 
 
+def _whole_batch(job: TrainingJob, vocab: int) -> torch.Tensor:
+    """Random token ids of one micro-step's local batch, whole sequences."""
+    t = job.run.cfg.training
+    return torch.randint(0, vocab, (t.local_batch_size, t.seq_len))
+
+
 def _rank_batch(job: TrainingJob, vocab: int) -> torch.Tensor:
     """Random token ids of one micro-step's local batch, as this rank holds them."""
-    t, sharder = job.run.cfg.training, job.applied.sequence_sharder
-    batch = torch.randint(0, vocab, (t.local_batch_size, t.seq_len))
-    return batch if sharder is None else sharder.layout(t.seq_len).shard(batch, sharder.rank)
+    batch, sharder = _whole_batch(job, vocab), job.applied.sequence_sharder
+    return batch if sharder is None else sharder.layout(batch.shape[1]).shard(batch, sharder.rank)
 
 
 class StagesTracker(StepMemoryTracker):

@@ -14,6 +14,12 @@ rank s mod pp; V schedules (ZBVZeroBubble, DualPipeV) need S = 2 pp and put stag
 The automatic split balances a cost per stage: one per block, plus `first_stage_weight` on
 the stage holding the embedding and `last_stage_weight` on the one holding norm and output
 (both in units of one block). Every stage gets at least one block.
+
+A model may ask for two things (DeepSeek-V3's multi-token-prediction modules do): its last
+`pipeline_tail_blocks` blocks on the last stage (beside the output head they read), and, through
+`pipeline_copies(units)`, a copy of an edge unit on a stage that holds `units` (the embedding
+beside those modules). A copy keeps the original's parameter names, so checkpoints, optimizer
+groups and init see one tensor; pipeline_tied.py keeps the copies equal, as tied weights.
 """
 
 from __future__ import annotations
@@ -105,8 +111,10 @@ class PipelineSplit:
     microbatches: int = 1
     """Microbatches each schedule step splits the local batch into."""
     tied_parameters: list[list[str]] = field(default_factory=list)
-    """Groups of parameter FQNs that are one tensor in the whole model (tied embeddings) but lie
-    on different stages: kept equal by summing their gradients."""
+    """Groups of parameter FQNs that are one tensor in the whole model (tied embeddings, copied
+    units) but lie on different stages: kept equal by summing their gradients."""
+    copies: dict[int, list[str]] = field(default_factory=dict)
+    """{stage: edge units it holds a copy of}, besides its own units (the model's `pipeline_copies`)."""
 
     @property
     def n_stages(self) -> int:
@@ -121,6 +129,15 @@ class PipelineSplit:
     def local_stages(self, pp_rank: int) -> list[int]:
         """Stage indices held by pp rank `pp_rank`, ascending."""
         return [s for s in range(self.n_stages) if self.rank_of_stage(s) == pp_rank]
+
+    def units_of(self, stage: int) -> list[str]:
+        """The units stage `stage` is cut with: its own, then its copies."""
+        return self.stages[stage] + self.copies.get(stage, [])
+
+    def holders(self, fqns: list[str]) -> list[int]:
+        """The stages holding any of `fqns` (units or parameter names), originals and copies."""
+        return [s for s in range(self.n_stages)
+                if any(f == u or f.startswith(u + ".") for f in fqns for u in self.units_of(s))]
 
     def stage_of(self, fqn: str) -> int | None:
         """The stage holding the unit that contains `fqn` (a unit or a parameter name)."""
@@ -156,6 +173,8 @@ class PipelineSplit:
         lines = [f"pipeline: {self.schedule}, {self.n_stages} stages on {self.pp} ranks, {self.microbatches} microbatches"]
         for s, units in enumerate(self.stages):
             lines.append(f"    stage {s} (pp rank {self.rank_of_stage(s)}): {_ranges(units)}")
+        for s, units in sorted(self.copies.items()):
+            lines.append(f"    stage {s} also holds a copy of {', '.join(units)} (kept equal)")
         for group in self.tied_parameters:
             lines.append(f"    tied across stages: {' = '.join(group)} (gradients summed)")
         return "\n".join(lines)
@@ -221,6 +240,26 @@ def tied_groups(model: nn.Module) -> list[list[str]]:
     return [group for group in names.values() if len(group) > 1]
 
 
+def stage_copies(model: nn.Module, stages: list[list[str]]) -> dict[int, list[str]]:
+    """{stage: edge units the model asks a copy of on it} (its `pipeline_copies`, if any)."""
+    ask = getattr(model, "pipeline_copies", None)
+    if ask is None:
+        return {}
+    return {s: copies for s, units in enumerate(stages) if (copies := list(ask(units)))}
+
+
+def cross_stage_ties(model: nn.Module, split: PipelineSplit) -> list[list[str]]:
+    """The split's groups of one tensor on several stages: tied weights, and each parameter of a
+    copied unit (a group of its one name, or the tied group it belongs to)."""
+    groups = tied_groups(model)
+    grouped = {name for group in groups for name in group}
+    copied = {unit for units in split.copies.values() for unit in units}
+    for name, _ in model.named_parameters():
+        if name not in grouped and any(name.startswith(unit + ".") for unit in copied):
+            groups.append([name])
+    return [group for group in groups if len(split.holders(group)) > 1]
+
+
 def build_pipeline_split(
     model: nn.Module,
     *,
@@ -254,7 +293,11 @@ def build_pipeline_split(
                 )
         else:
             per_rank = stages_per_rank or default_stages_per_rank(schedule)
-            counts = balanced_layer_counts(len(block_names), pp * per_rank, first_stage_weight, last_stage_weight)
+            # Tail blocks go to the last stage; they weigh there as blocks.
+            tail = getattr(model, "pipeline_tail_blocks", 0)
+            counts = balanced_layer_counts(len(block_names) - tail, pp * per_rank, first_stage_weight,
+                                           last_stage_weight + tail)
+            counts[-1] += tail
         stages, start = [], 0
         for count in counts:
             stages.append(block_names[start : start + count])
@@ -264,9 +307,8 @@ def build_pipeline_split(
     split = PipelineSplit(stages, pp, schedule, microbatches or local_batch_size)
     split.check(model, blocks)
     check_microbatches(schedule, split.microbatches, local_batch_size, split.n_stages, pp)
-    for group in tied_groups(model):
-        if len({split.stage_of(name) for name in group}) > 1:
-            split.tied_parameters.append(group)
+    split.copies = stage_copies(model, split.stages)
+    split.tied_parameters = cross_stage_ties(model, split)
     return split
 
 

@@ -1,4 +1,5 @@
-"""Weights tied across pipeline stages (an embedding shared with the output projection).
+"""Weights tied across pipeline stages (an embedding shared with the output projection, or a
+unit copied onto another stage: pipeline.py's `copies`, under the original's names).
 
 In the whole model the embedding and the output projection are one tensor. Cut into stages,
 the first stage holds it as `tok_embeddings.weight` and the last as `output.weight`: two
@@ -52,16 +53,34 @@ def _column_ranks(meshes: Meshes, pp_ranks: list[int]) -> tuple[list[list[int]],
     return columns, mine
 
 
+def _local_copies(names: list[str], parts: list[nn.Module], stage_ids: list[int], original: int | None
+                  ) -> tuple[list[nn.Parameter], bool]:
+    """This rank's distinct tensors of a group (a stage's copy shares the original's name), the
+    original stage's first-named one first; and whether that one is here."""
+    local: list[nn.Parameter] = []
+    counted = False
+    for stage, part in zip(stage_ids, parts, strict=True):
+        for name, param in part.named_parameters():
+            if name in names and all(param is not p for p in local):
+                if stage == original and name == names[0]:
+                    local.insert(0, param)
+                    counted = True
+                else:
+                    local.append(param)
+    return local, counted
+
+
 class TiedAcrossStages:
     """All tied groups of a pipeline split, as seen from this rank. Every rank builds it (the
     process groups are created collectively), also ranks that hold no copy."""
 
-    def __init__(self, split: PipelineSplit, parts: list[nn.Module], meshes: Meshes) -> None:
+    def __init__(self, split: PipelineSplit, parts: list[nn.Module], stage_ids: list[int], meshes: Meshes) -> None:
+        """`parts`: this rank's stage modules, stages `stage_ids`."""
         self.groups: list[TiedCopies] = []
-        params = {name: p for part in parts for name, p in part.named_parameters()}
         for names in split.tied_parameters:
-            owners = sorted({split.rank_of_stage(split.stage_of(n)) for n in names})  # type: ignore[arg-type]
-            first_owner = split.rank_of_stage(split.stage_of(names[0]))  # type: ignore[arg-type]
+            owners = sorted({split.rank_of_stage(s) for s in split.holders(names)})
+            original = split.stage_of(names[0])  # the stage holding the first name as its own unit
+            first_owner = split.rank_of_stage(original)  # type: ignore[arg-type]
             columns, mine = _column_ranks(meshes, owners)
             group = None
             if len(owners) > 1:
@@ -70,9 +89,9 @@ class TiedAcrossStages:
                     if j == mine and dist.get_rank() in ranks:
                         group = made
             source = _column_ranks(meshes, [first_owner])[0][mine][0]
-            local = [params[n] for n in names if n in params]
+            local, counted = _local_copies(names, parts, stage_ids, original)
             if local:
-                self.groups.append(TiedCopies(list(names), local, names[0] in params, group, source))
+                self.groups.append(TiedCopies(list(names), local, counted, group, source))
 
     @torch.no_grad()
     def sync_weights_(self) -> None:

@@ -148,7 +148,7 @@ class Plan:
                 raise PlanError("the mesh has a pp dimension but plan.pipeline is None; set a PipelineSplit")
             self.pipeline.check(model, lay.blocks)
             stage_ids = self.pipeline.local_stages(pp_mesh.get_local_rank())
-            parts = [stage_module(model, self.pipeline.stages[s], lay.blocks) for s in stage_ids]
+            parts = [stage_module(model, self.pipeline.units_of(s), lay.blocks) for s in stage_ids]
         data_parallel = sharder = None
         offloaders = []
         for index, part in enumerate(parts):

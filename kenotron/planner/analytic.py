@@ -5,7 +5,9 @@ sequence parallel (else T), d width, F FFN width, H / K query / kv heads of size
 vocabulary, L blocks, c = 2 (bf16 compute) or 4, c_r = bytes of the residual stream (4 under
 autocast, else c). Every tensor is rounded up to 512 bytes as the CUDA allocator does.
 
-MoE models replace the MLP terms by the MoE layer's (analytic_moe.py).
+MoE models replace the MLP terms by the MoE layer's (analytic_moe.py); leading dense blocks
+(deepseek_v3) keep the MLP's, each kind weighted by its count. Multi-head latent attention
+replaces the attention terms by its own (analytic_latent.py).
 
 Static (exact, from `plan.describe`, i.e. the same per-parameter table the plan prints;
 kenotron/estimate/static_memory.py):
@@ -31,6 +33,8 @@ Activations kept per block (no AC), bytes:
   full AC: T_r·d·c_r (the block input);  selective-op: the block input, matmul, attention and
   collective outputs: T_r·d·c_r + T·(H+2K)·h·c/t + T·H·h·c/t + 2·T·d·c + 2·T·F·c/t (+ SP
   all-gathers 2·T·d·c and reduce-scatters 2·T_r·d·c);  every-n-layers: 1 full + (n-1) none.
+Multi-token prediction: its modules count as blocks; its heads' plain losses add their kept
+  log-softmax and input maps, and their backward's temporaries (analytic_loss.py's mtp_loss_bytes).
 Loss: fused chunked (C = min(chunk, T) tokens): keeps grad_h (T·d·c) and grad_w (V·d·c with
   one chunk, V·d·4 with several); temporaries max(2·C·V·c − V·d·c, C·V·c) with one chunk (grad_w
   is made after the logits' gradient), max(2·C·V·c, C·V·c + V·d·c) with several, or in the
@@ -66,7 +70,8 @@ from kenotron.estimate.static_memory import (
     one_gpu_fsdp,
 )
 from kenotron.estimate.tracker import Breakdown, allocated_bytes
-from kenotron.planner.analytic_loss import loss_bytes
+from kenotron.planner.analytic_latent import latent_attention_activations, latent_matmul_widths
+from kenotron.planner.analytic_loss import loss_bytes, mtp_loss_bytes
 from kenotron.planner.analytic_mamba import mamba_backward_scratch, mamba_block_activations
 from kenotron.planner.analytic_moe import moe_activations, moe_backward_temporaries
 from kenotron.planner.step_shape import StepShape
@@ -87,13 +92,16 @@ def block_activations(s: StepShape, mode: str, sp: bool, save_matmul_every: int 
     else:
         mlp = ((3 if s.fused_gate else 4) if s.gated_mlp else 2) * allocated_bytes(T * s.ffn // t * c)
     if mode == "selective-op":
-        # Matmul outputs in forward order: wq, wk, wv, wo, then w1, w3 (gated) or the up
-        # projection, then the down projection; the policy keeps indices 0, k, 2k, ...
+        # Matmul outputs in forward order: wq, wk, wv, wo (MLA's: analytic_latent.py), then w1, w3
+        # (gated) or the up projection, then the down projection; the policy keeps indices 0, k, 2k, ...
         ffn = s.ffn // t
         dense = [] if s.moe is not None else ([ffn, ffn] if s.gated_mlp else [ffn]) + [s.dim]
-        widths = [q_width, kv_width, kv_width, s.dim] + dense
+        attention = (latent_matmul_widths(s.latent, s.heads // t)[:-1] if s.latent is not None
+                     else [q_width, kv_width, kv_width]) + [s.dim]
+        widths = attention + dense
         matmuls = sum(allocated_bytes(T * w * c) for w in widths[::save_matmul_every])
-        attention_out = allocated_bytes(T * q_width * c) + lse
+        attention_out = (latent_attention_activations(s.latent, s, mode) if s.latent is not None
+                         else allocated_bytes(T * q_width * c) + lse)
         comms = 2 * allocated_bytes(T * s.dim * c) + 2 * allocated_bytes(Tr * s.dim * c) if sp else 0
         return block_input + matmuls + attention_out + comms + (mlp if s.moe is not None else 0)
     if s.fp32_norm:  # LayerNorm in fp32 keeps an fp32 copy of its input instead of the input itself
@@ -101,6 +109,8 @@ def block_activations(s: StepShape, mode: str, sp: bool, save_matmul_every: int 
     else:
         residuals = 2 * block_input + 2 * allocated_bytes(Tr * FP32)
     matmul_inputs = 5 * allocated_bytes(T * s.dim * 2) if s.autocast else 2 * allocated_bytes(T * s.dim * c)
+    if s.latent is not None:  # MLA, its RoPE tables included
+        return residuals + matmul_inputs + latent_attention_activations(s.latent, s, mode) + mlp
     attention = 2 * allocated_bytes(T * q_width * c) + 2 * allocated_bytes(T * kv_width * c) + lse
     if s.cp_output_copy:
         attention += allocated_bytes(T * q_width * c)
@@ -113,9 +123,14 @@ def block_activations(s: StepShape, mode: str, sp: bool, save_matmul_every: int 
 def kinds_activations(s: StepShape, mode: str, sp: bool, save_matmul_every: int = 1) -> float:
     """Mean bytes per block under AC `mode` over the model's blocks: its attention blocks and
     its Mamba blocks (analytic_mamba.py), each kind's formula weighted by its count."""
+    total = s.layers if s.layers else 1
+    if s.moe is not None and s.dense_blocks:  # leading dense blocks (deepseek_v3) beside the MoE ones
+        dense = min(s.dense_blocks, total)
+        plain = block_activations(dataclasses.replace(s, moe=None), mode, sp, save_matmul_every)
+        experts = block_activations(s, mode, sp, save_matmul_every)
+        return (dense * plain + (total - dense) * experts) / total
     if s.mamba is None:
         return block_activations(s, mode, sp, save_matmul_every)
-    total = s.layers if s.layers else 1
     mamba = mamba_block_activations(s, s.mamba, mode, sp, save_matmul_every)
     if s.mamba_blocks >= s.layers:
         return mamba
@@ -196,6 +211,8 @@ def peak_breakdown(run: ResolvedRun, params: ParameterBytes, O: int, kind: dict[
         blocks += round(s.layers * params.block_gathered * uncheckpointed_fraction(run))
     edges = 2 * allocated_bytes(s.residual_tokens * s.dim * s.residual)  # embedding output, final norm output
     kept, loss_temp = loss_bytes(run, s, fused)
+    mtp_kept, mtp_temp = mtp_loss_bytes(run, s)
+    kept, loss_temp = kept + mtp_kept, max(loss_temp, mtp_temp)
     loss_moment = Breakdown(
         parameters=P, unsharded_parameters=gathered_bytes(run, params, s.layers, "forward"), gradients=accumulated,
         optimizer_state=O, activations=blocks + edges + kept, temporaries=loss_temp,

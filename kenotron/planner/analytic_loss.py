@@ -44,3 +44,17 @@ def loss_bytes(run: ResolvedRun, s: StepShape, fused: bool) -> tuple[int, int]:
     fp32 = allocated_bytes(s.tokens * V * FP32)
     vocab_parallel = s.tp > 1 and run.plan.settings.loss_parallel
     return logits + fp32, (3 if vocab_parallel else 2) * fp32
+
+
+def mtp_loss_bytes(run: ResolvedRun, s: StepShape) -> tuple[int, int]:
+    """(kept for backward, temporaries at their backward) of deepseek_v3's multi-token-prediction
+    heads (models/deepseek_v3/mtp.py), beyond their blocks (counted as blocks): per module the
+    fp32 logits' log-softmax of the plain cross-entropy, T·V·4/t, and its input maps (the two
+    norms' inputs, the concatenation eh_proj keeps, the head norm's input and output): 6·T·d·c.
+    The heads' backward holds the log-softmax's gradient and its fp32 copy: 2·T·V·4/t."""
+    depth = getattr(run.model_args, "mtp_depth", 0)
+    if not depth:
+        return 0, 0
+    fp32 = allocated_bytes(s.tokens * (s.vocab // s.tp) * FP32)
+    maps = 6 * allocated_bytes(s.tokens * s.dim * s.compute)
+    return depth * (fp32 + maps), 2 * fp32

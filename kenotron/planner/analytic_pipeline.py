@@ -48,7 +48,7 @@ from kenotron.estimate.static_memory import (
 from kenotron.estimate.tracker import Breakdown, allocated_bytes
 from kenotron.parallel.pipeline import stage_module
 from kenotron.planner.analytic import activations_per_block, backward_scratch, kinds_activations
-from kenotron.planner.analytic_loss import loss_bytes
+from kenotron.planner.analytic_loss import loss_bytes, mtp_loss_bytes
 from kenotron.planner.step_shape import StepShape
 from kenotron.train.resolve import ResolvedRun
 
@@ -76,7 +76,7 @@ def stage_peak(run: ResolvedRun, model: nn.Module, kind: dict[str, bool], stage:
     """The closed-form peak of the pipeline rank running `stage` (1F1B)."""
     split = run.plan.pipeline
     assert split is not None and split.schedule == "1F1B"
-    params, O = stage_static(run, model, split.stages[stage], {} if cache is None else cache)
+    params, O = stage_static(run, model, split.units_of(stage), {} if cache is None else cache)
     P = params.local + params.buffers
     first, last = stage == 0, stage == split.n_stages - 1
     blocks = sum(1 for u in split.stages[stage] if run.plan.layout.block_of(u + ".x") is not None)
@@ -117,6 +117,8 @@ def stage_peak(run: ResolvedRun, model: nn.Module, kind: dict[str, bool], stage:
     if last:
         logits, fp32 = allocated_bytes(tokens * V * c), allocated_bytes(tokens * V * FP32)
         loss_kept, loss_temp = loss_bytes(run, s, fused=False)  # the plain loss (vocab-parallel under TP)
+        mtp_kept, mtp_temp = mtp_loss_bytes(run, s)  # the MTP heads' losses, on this stage with their modules
+        loss_kept, loss_temp = loss_kept + mtp_kept, max(loss_temp, mtp_temp)
         # The final norm's output, the logits and log-softmax, and at the loss's backward one more
         # logits-sized tensor the simulation keeps (fp32 under autocast, whose logits are upcast).
         kept_loss = hidden + loss_kept + (fp32 if s.autocast else logits)

@@ -12,6 +12,7 @@ from kenotron.estimate.static_memory import FP32
 from kenotron.models.common.mamba import MambaBlock
 from kenotron.models.common.norms import LayerNorm
 from kenotron.parallel.model_layout import matching_modules
+from kenotron.planner.analytic_latent import LatentDims
 from kenotron.planner.analytic_mamba import MambaDims
 from kenotron.planner.analytic_moe import MoEShape, moe_shape
 from kenotron.train.resolve import ResolvedRun
@@ -49,6 +50,10 @@ class StepShape:
     """How many of the model's blocks are Mamba-2 blocks (analytic_mamba.py); the rest are attention blocks."""
     mamba: MambaDims | None = None
     """One rank's share of a Mamba mixer, when the model has Mamba blocks."""
+    latent: LatentDims | None = None
+    """Multi-head latent attention's sizes (analytic_latent.py); None for the other attention."""
+    dense_blocks: int = 0
+    """Leading blocks with a dense MLP in an MoE model (deepseek_v3's n_dense_layers)."""
 
     @classmethod
     def of(cls, run: ResolvedRun, block_kind: dict[str, bool]) -> StepShape:
@@ -69,7 +74,8 @@ class StepShape:
             layers=a.n_layers + getattr(a, "mtp_depth", 0), compute=compute,
             residual=FP32 if autocast else compute, autocast=autocast, cp_output_copy=attention_output_copy(run),
             fused_gate=(block_kind["gated_mlp"] or moe is not None) and run.choices.eager_kernels == "triton",
-            moe=moe, mamba=MambaDims.of(a, tp) if block_kind["mamba_blocks"] else None, **block_kind,
+            moe=moe, mamba=MambaDims.of(a, tp) if block_kind["mamba_blocks"] else None, latent=LatentDims.of(a),
+            dense_blocks=getattr(a, "n_dense_layers", 0) if moe is not None else 0, **block_kind,
         )
 
 
@@ -80,7 +86,7 @@ def block_kind(model: nn.Module, blocks: str) -> dict:
     mamba = sum(isinstance(b, MambaBlock) for b in found)
     block = next((b for b in found if not isinstance(b, MambaBlock)), found[0])
     return {
-        "gated_mlp": hasattr(getattr(block, "feed_forward", None), "w3"),
+        "gated_mlp": hasattr(getattr(block, "ffn", getattr(block, "feed_forward", None)), "w3"),  # a dense MLP's
         "qk_norm": getattr(getattr(block, "attention", None), "q_norm", None) is not None,
         "fp32_norm": isinstance(getattr(block, "attention_norm", None), LayerNorm),
         "mamba_blocks": mamba,

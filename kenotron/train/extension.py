@@ -4,6 +4,7 @@ The step (train/step.py) and the loop (train/trainer.py) are written for the pla
 call these hooks on every extension of the job, in the order `build_job` attached them:
 
     before_forward_backward(microbatches)      # e.g. the MoE routers' loss weights
+    model_inputs(tokens)                       # more keyword inputs of the model (MTP's future tokens)
     forward_backward(microbatches, observer)   # an extension that runs the passes itself
     eval_loss(microbatches)                    #   (the pipeline schedule, DoReMi's two passes)
     after_forward_backward()
@@ -42,6 +43,12 @@ class JobExtension:
 
     def before_forward_backward(self, microbatches: Sequence[MicroBatch]) -> None:
         """Before the step's forward and backward passes."""
+
+    def model_inputs(self, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Keyword inputs of the model made from a micro-batch's whole token ids (batch, seq) on
+        the device; the step cuts each along dim 1 as context parallel cuts the tokens, and under
+        pipeline parallel gives them to the last stage (train/step.py's `extension_inputs`)."""
+        return {}
 
     def forward_backward(self, microbatches: Sequence[MicroBatch], observer: Any) -> torch.Tensor | None:
         """Run the step's passes instead of the plain ones and return this rank's loss share; None: not this one."""

@@ -9,6 +9,12 @@ Each module's summed token loss joins backward inside the model's forward (as th
 balancing terms do); this extension sets its weight before the passes, λ / D over the global
 batch's label tokens times the data-parallel averaging size (what the cross-entropy gets), and
 reports `mtp_loss/<k>` (module k's mean loss over its targets, all ranks) at logging steps.
+
+The modules' inputs and targets are the tokens ahead of each position
+(models/common/future_tokens.py): this extension makes them from each micro-batch's whole
+sequences, so that context parallel cuts them as it cuts the tokens (the tokens ahead of a shard's last position live
+on another rank), and under pipeline parallel the last stage, which holds the MTP modules, a copy
+of the embedding and no token ids of its own, gets them (its rank is fed the token ids).
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from kenotron.data import MicroBatch
+from kenotron.models.common.future_tokens import future_tokens
 from kenotron.train.extension import JobExtension
 from kenotron.train.training_job import TrainingJob
 
@@ -36,6 +43,13 @@ class MultiTokenPrediction(JobExtension):
         self.last: torch.Tensor | None = None
         """(2, depth): the last step's summed losses and target counts of this rank."""
 
+    def data_layout(self, layout: dict[str, Any]) -> dict[str, Any]:
+        """The ranks of the MTP modules' stage also read the token ids."""
+        return {**layout, "feed_inputs": True} if self.losses else layout
+
+    def model_inputs(self, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"future": future_tokens(tokens, self.job.run.model_args.mtp_depth)}
+
     def before_forward_backward(self, microbatches: Sequence[MicroBatch]) -> None:
         job = self.job
         args = job.run.model_args
@@ -46,19 +60,22 @@ class MultiTokenPrediction(JobExtension):
 
     @torch.no_grad()
     def after_optimizer_step(self) -> None:
-        if self.losses:
-            self.last = torch.stack([sum(m.loss_sum for m in self.losses), sum(m.targets for m in self.losses)])
-            for m in self.losses:
-                m.reset()
+        depth = self.job.run.model_args.mtp_depth
+        self.last = torch.zeros(2, depth, device=self.job.device)  # zeros on stages without the modules
+        for m in self.losses:
+            self.last += torch.stack([m.loss_sum, m.targets])
+            m.reset()
 
     def metrics(self) -> dict[str, Any]:
         """`mtp_loss/<k>`: module k's mean cross-entropy over its targets in the last step, every
-        rank's tokens (collective over the data, context and tensor parallel ranks)."""
+        rank's tokens (collective over the data, context, tensor and pipeline parallel ranks: the
+        modules live on the last stage, the log on rank 0)."""
         if self.last is None:
             return {}
         stats = self.last.clone()
-        tokens = self.job.meshes.get("dp_cp_tp")
-        if tokens is not None:
-            dist.all_reduce(stats, group=tokens.get_group())
+        for dims in ("dp_cp_tp", "pp"):
+            mesh = self.job.meshes.get(dims)
+            if mesh is not None:
+                dist.all_reduce(stats, group=mesh.get_group())
         means = (stats[0] / stats[1].clamp(min=1)).tolist()
         return {f"mtp_loss/{k}": value for k, value in enumerate(means, start=1)}

@@ -31,7 +31,7 @@ from kenotron.parallel.context.documents import SequenceDocuments
 from kenotron.parallel.pipeline import build_schedule
 from kenotron.parallel.pipeline_tied import TiedAcrossStages
 from kenotron.train.extension import JobExtension
-from kenotron.train.step import microbatch_loss, step_context
+from kenotron.train.step import extension_inputs, microbatch_loss, step_context
 from kenotron.train.training_job import TrainingJob
 
 RETURN_OUTPUTS = False
@@ -62,16 +62,6 @@ class PipelineExtension(JobExtension):
     def forward_backward(self, microbatches: Sequence[MicroBatch], observer: Any) -> torch.Tensor:
         return self.executor.forward_backward(microbatches, observer)
 
-    def stage_kwargs(self, mb: MicroBatch) -> dict[str, Any]:
-        """What every stage's forward takes beside its input: under context parallel with document
-        masking, the document ids of the whole sequences (every rank is fed the token ids then),
-        which the schedule splits into its microbatches with the batch."""
-        masks, sharder = self.job.block_masks, self.job.applied.sequence_sharder
-        if masks is None or sharder is None or mb.inputs is None:
-            return {}
-        documents = masks.documents(mb.inputs.to(self.job.device, non_blocking=True))
-        return {} if documents is None else {"block_mask": documents}
-
     def eval_loss(self, microbatches: Sequence[MicroBatch]) -> torch.Tensor:
         return self.executor.eval_loss(microbatches)  # type: ignore[attr-defined]
 
@@ -96,7 +86,7 @@ class PipelineRunner:
             split, applied.model_parts, applied.stage_ids, pp_mesh.get_group(), job.device,
             lambda output, labels: microbatch_loss(job, output, labels),
         )
-        self.tied = TiedAcrossStages(split, applied.model_parts, applied.meshes)
+        self.tied = TiedAcrossStages(split, applied.model_parts, applied.stage_ids, applied.meshes)
         self.tied.sync_weights_()  # the initialized copies of a tied weight start equal
         _quiet_routers_during_metadata_inference(self.schedule, applied.model_parts)
         self.forward_only = ForwardOnlyPipeline(job, pp_mesh)
@@ -115,9 +105,14 @@ class PipelineRunner:
             args = (inputs,) if self.has_first_stage else ()
             target = labels if self.has_last_stage else None
             losses: list[torch.Tensor] | None = [] if self.has_last_stage else None
+            # The extensions' inputs (MTP's future tokens) go to this rank's stages (torch hands a
+            # step's keyword inputs to every local stage, split into the microbatches).
+            kwargs = {}
+            if self.has_last_stage and mb.inputs is not None:
+                kwargs = extension_inputs(job, mb.inputs.to(job.device, non_blocking=True))
             with step_context(job):
                 self.schedule.step(*args, target=target, losses=losses, return_outputs=RETURN_OUTPUTS,
-                                   **self.stage_kwargs(mb))
+                                   **self.stage_kwargs(mb), **kwargs)
             for loss in losses or []:
                 # Undo the averaging-size factor for reporting (exact for power-of-two sizes).
                 total += full_tensor(loss.detach()) / averaging_size
@@ -169,9 +164,9 @@ class PipelineRunner:
 def _quiet_routers_during_metadata_inference(schedule: Any, parts: list[torch.nn.Module]) -> None:
     """torch 2.13's stages infer their tensors' metadata by running forward (and backward) once on
     the first microbatch or on placeholder tensors, before the real ones: MoE routers must not
-    count that run in the step's expert loads (older torch infers on meta tensors, which the MoE
-    layer passes through without routing)."""
-    routers = [m for part in parts for m in part.modules() if isinstance(m, TopKRouter)]
+    count that run in the step's expert loads, nor the MTP modules in their losses (modules with
+    a `counting` switch; older torch infers on meta tensors, which both pass through)."""
+    routers = [m for part in parts for m in part.modules() if isinstance(m, TopKRouter) or hasattr(m, "counting")]
     stages = getattr(schedule, "_stages", None) or [getattr(schedule, "_stage", None)]
     if not routers:
         return

@@ -118,7 +118,7 @@ def resolve_layout(cfg: JobConfig, world_size: int, spec: ModelSpec, args: Any, 
     plan.settings.cp_attention = cp_attention_kind(plan.settings.cp_attention, target.device_type,
                                                    cfg.data.document_masking)
     plan.settings.check(plan.layout.count_blocks(meta_model), dims.degrees())
-    check_multi_token_prediction(args, dims.pp, dims.cp)
+    check_multi_token_prediction(args, dims.pp, cfg.parallelism.pp_schedule)
     if dims.pp > 1:
         plan.pipeline = build_pipeline_split_from_config(meta_model, cfg, dims.pp, spec.blocks)
     choices = resolve_choices(cfg, dims, target, meta_model, kernels)

@@ -109,13 +109,26 @@ def check_label_tokens(job: TrainingJob, microbatches: Sequence[MicroBatch]) -> 
         raise RuntimeError(f"expected {expected} label tokens per rank, got {local}")
 
 
+def extension_inputs(job: TrainingJob, inputs: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The extensions' keyword inputs of the model (JobExtension.model_inputs) for a micro-batch's
+    whole token ids on the device, cut along the sequence as context parallel cuts the tokens."""
+    kwargs: dict[str, torch.Tensor] = {}
+    for ext in job.extensions:
+        kwargs.update(ext.model_inputs(inputs))
+    sharder = job.applied.sequence_sharder
+    if sharder is not None and kwargs:
+        layout = sharder.layout(inputs.shape[1])
+        kwargs = {name: layout.shard(value, sharder.rank) for name, value in kwargs.items()}
+    return kwargs
+
+
 def microbatch_forward(job: TrainingJob, mb: MicroBatch, denominator: int) -> torch.Tensor:
     """One micro-batch through the (unpipelined) model and the loss, inside step_context: its
     summed token loss over `denominator`, this rank's share (context parallel included)."""
     model, applied = job.model, job.applied
     inputs = mb.inputs.to(job.device, non_blocking=True)
     labels = mb.labels.to(job.device, non_blocking=True)
-    kwargs: dict[str, Any] = {}
+    kwargs: dict[str, Any] = extension_inputs(job, inputs)
     if applied.sequence_sharder is not None:
         # Context parallel: the document ids of the whole sequence (document masking), then this
         # rank's tokens and labels, and their global RoPE positions.

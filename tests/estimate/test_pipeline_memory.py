@@ -26,8 +26,9 @@ def estimate(ngpu: int, *overrides: str, config: str = DEBUG, full_depth: bool =
     return estimate_with_closed_form(load_config(config, list(overrides)), ngpu, gpu_memory_gib=80, full_depth=full_depth)
 
 
-def stage_static_bytes(ngpu: int, pp_rank: int, overrides: list[str], config: str = DEBUG) -> int:
-    """Parameters (this rank's shard, from the plan's own table) + buffers of the rank's stages, built on meta."""
+def stage_static_bytes(ngpu: int, pp_rank: int, overrides: list[str], config: str = DEBUG, copies: bool = True) -> int:
+    """Parameters (this rank's shard, from the plan's own table) + buffers of the rank's stages, built on meta
+    (`copies`: with the units a stage holds a copy of)."""
     run = resolve_run(load_config(config, overrides), ngpu)
     split = run.plan.pipeline
     with torch.device("meta"):
@@ -35,7 +36,7 @@ def stage_static_bytes(ngpu: int, pp_rank: int, overrides: list[str], config: st
     mesh_shape = {k: v for k, v in run.dims.degrees().items() if k != "pp"}
     total = 0
     for s in split.local_stages(pp_rank):
-        part = stage_module(model, split.stages[s], run.plan.layout.blocks)
+        part = stage_module(model, split.units_of(s) if copies else split.stages[s], run.plan.layout.blocks)
         total += sum(allocated_bytes(r["bytes"]) for r in run.plan.describe(part, mesh_shape))
         total += sum(allocated_bytes(b.numel() * b.element_size()) for b in part.buffers())
     return total
@@ -65,6 +66,14 @@ def test_one_rank_class_per_pipeline_rank_holding_its_stages_parameters(ngpu, ov
         else:
             assert rank.analytic is None
     assert report.to_dict()["ranks"][0]["peak_bytes"] == report.ranks[0].peak.total
+
+
+def test_the_mtp_modules_stage_is_priced_with_its_copy_of_the_embedding():
+    overrides = ["--parallelism.pp", "2", "--model.name", "deepseek_v3", "--model.mtp_depth", "1"]
+    first, last = estimate(2, *overrides).ranks
+    # Both ranks are off the static table by the same few router statistics; the last holds 4096 x 256 fp32 more.
+    offset = first.peak.parameters - stage_static_bytes(2, 0, overrides)
+    assert last.peak.parameters - stage_static_bytes(2, 1, overrides, copies=False) == offset + 4096 * 256 * 4
 
 
 def test_fsdp_shards_each_stage_over_data_parallel():

@@ -54,6 +54,7 @@ def run_steps(
     assert trainer.run.dims.world_size == world
     job = trainer.job
     losses, norms, grads, grad_local_shapes = [], [], {}, {}
+    mtp, mtp_losses = job.extension("mtp"), []  # multi-token prediction's loss per module, per step
     duplicates = job.pipeline.norm_duplicates() if job.pipeline is not None else set()
     for step in range(steps):
         loss = forward_backward(job, trainer.loader.next_step())
@@ -66,6 +67,8 @@ def run_steps(
         norms.append(clip_gradients(job).item())
         optimizer_step(job)
         losses.append(trainer.global_losses([loss])[0].item())
+        if mtp is not None:  # collective: every rank
+            mtp_losses.append(mtp.metrics())
     # Which token exchange each MoE layer ran (expert parallel picks one per layout).
     dispatchers = sorted({type(m.dispatcher).__name__ for part in job.model_parts for m in part.modules()
                           if hasattr(m, "dispatcher")})
@@ -81,7 +84,7 @@ def run_steps(
     stepped = sorted(names[id(p)] for o in job.torch_optimizers for g in o.param_groups for p in g["params"]
                      if id(p) in names)
     return {
-        "losses": losses, "norms": norms, "grads": grads if reports else None, "local_shapes": local_shapes,
+        "losses": losses, "norms": norms, "mtp_losses": mtp_losses, "grads": grads if reports else None, "local_shapes": local_shapes,
         "dtensor_params": dtensors, "optimizer_params": stepped,
         "grad_local_shapes": grad_local_shapes, "stage_ids": list(job.applied.stage_ids),
         "dispatchers": dispatchers,

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from kenotron.config import load_config
 from kenotron.planner import estimate_with_closed_form
+from kenotron.planner.analytic_latent import latent_attention_activations
+from kenotron.planner.step_shape import StepShape, block_kind
+from kenotron.train.resolve import resolve_run
 
 TOLERANCE = 0.05
 """Stated in docs/estimation.md: the analytic peak is within 5% of the FakeTensor peak (measured:
@@ -108,3 +112,31 @@ def test_analytic_peak_of_moe_layouts_matches_the_fake_tensor_estimate(config, n
     assert rank.analytic.optimizer_state == rank.peak.optimizer_state
     # Exact but for a few KiB: the routers' step statistics while the optimizer phase replaces them.
     assert abs(rank.analytic.parameters - rank.peak.parameters) <= 4096
+
+
+# deepseek_v3 (MLA, a dense first block, then MoE blocks) with its MTP module: 16B widths with 2 blocks.
+DEEPSEEK_CASES = {
+    "debug-one-gpu": ("deepseek_v3_debug", 1, ["--training.local_batch_size", "2", "--activation_checkpoint.mode", "none"]),
+    "16B-ep4": ("deepseek_v3_16b", 4, ["--model.n_layers", "2", "--training.seq_len", "2048", "--training.local_batch_size",
+                                       "2", "--parallelism.ep", "4", "--activation_checkpoint.mode", "none",
+                                       "--compile.enable", "false"]),
+}
+
+
+@pytest.mark.parametrize("case", list(DEEPSEEK_CASES))
+def test_analytic_peak_of_deepseek_v3_with_mtp_matches_the_fake_tensor_estimate(case):
+    config, ngpu, overrides = DEEPSEEK_CASES[case]
+    cfg = load_config(config, overrides)
+    rank = estimate_with_closed_form(cfg, ngpu, gpu_memory_gib=80).ranks[0]
+    assert rank.analytic.total == pytest.approx(rank.peak.total, rel=TOLERANCE)
+    assert rank.analytic.optimizer_state == rank.peak.optimizer_state
+    if cfg.training.param_dtype != "bfloat16":
+        return
+    # MLA's kept bytes per block in bf16 (analytic_latent.py) against the fake tensors' attention modules.
+    run = resolve_run(cfg, ngpu)
+    with torch.device("meta"):
+        model = run.spec.build(run.model_args)
+    s = StepShape.of(run, block_kind(model, run.plan.layout.blocks))
+    traced = sum(m.instances * m.bytes_per_instance for m in rank.activations
+                 if m.module == "layers.*.attention" or m.module.startswith("layers.*.attention."))
+    assert latent_attention_activations(s.latent, s, "none") == pytest.approx(traced / s.layers, rel=0.01)

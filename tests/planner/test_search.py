@@ -128,10 +128,10 @@ def test_the_search_prints_no_progress_when_stderr_is_a_log(capsys):
     assert capsys.readouterr().err == ""
 
 
-def test_deepseek_v3_with_mtp_is_searched_without_pipelines_and_confirmed():
-    # MTP needs the token ids and the embedding beside its blocks: no pipeline layout is offered.
+def test_deepseek_v3_with_mtp_is_searched_with_pipelines_and_context_parallel_and_confirmed():
+    # MTP runs on the last pipeline stage and under context parallel: those layouts are offered too.
     cfg = load_config("deepseek_v3_debug", ["--training.global_batch_size", "8", "--training.seq_len", "256"])
     result = search_layouts(cfg, 4, 4.0, top=1000, confirm=1)
     assert {c.degrees["ep"] for c in result.ranked} >= {1, 2, 4}
-    assert all(c.degrees["pp"] == 1 and c.degrees["cp"] == 1 for c in result.ranked)
+    assert {c.degrees["pp"] for c in result.ranked} >= {1, 2} and {c.degrees["cp"] for c in result.ranked} >= {1, 2}
     assert result.ranked[0].confirmed_peak is not None  # the fake-tensor build of the MTP model ran

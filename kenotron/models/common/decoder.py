@@ -51,14 +51,17 @@ class DecoderBlock(nn.Module):
 
     def __init__(
         self, layer_id: int, attention_norm: nn.Module, attention: nn.Module, ffn_norm: nn.Module,
-        feed_forward: nn.Module,
+        feed_forward: nn.Module, *, ffn_name: str = "feed_forward",
     ) -> None:
+        """`ffn_name`: the feed-forward's attribute (and parameter names): DeepSeek-V3's dense blocks
+        call theirs `mlp`, keeping `feed_forward` for the MoE layers every MoE plan matches."""
         super().__init__()
         self.layer_id = layer_id
         self.attention_norm = attention_norm
         self.attention = attention
         self.ffn_norm = ffn_norm
-        self.feed_forward = feed_forward
+        self.ffn_name = ffn_name
+        setattr(self, ffn_name, feed_forward)
         # Output projections shrink with depth so the residual stream's variance stays bounded.
         self.out_std = 0.02 / math.sqrt(2 * (layer_id + 1))
 
@@ -74,14 +77,19 @@ class DecoderBlock(nn.Module):
             h = x + self.attention(self.attention_norm(x), cos, sin)
         else:
             h = x + self.attention(self.attention_norm(x), cos, sin, attn_mask=attn_mask, kv_cache=kv_cache)
-        return h + self.feed_forward(self.ffn_norm(h))
+        return h + self.ffn(self.ffn_norm(h))
+
+    @property
+    def ffn(self) -> nn.Module:
+        """The feed-forward, whatever its name."""
+        return getattr(self, self.ffn_name)
 
     def param_init_specs(self) -> dict[str, InitSpec]:
         return {
             **prefixed("attention_norm", self.attention_norm.param_init_specs()),
             **prefixed("ffn_norm", self.ffn_norm.param_init_specs()),
             **prefixed("attention", self.attention.param_init_specs(0.02, self.out_std)),
-            **prefixed("feed_forward", self.feed_forward.param_init_specs(0.02, self.out_std)),
+            **prefixed(self.ffn_name, self.ffn.param_init_specs(0.02, self.out_std)),
         }
 
 

@@ -6,17 +6,17 @@ optional multi-token-prediction modules after the main blocks (mtp.py).
 from __future__ import annotations
 
 import torch
-from torch import nn
 from torch.nn.attention.flex_attention import BlockMask
 
 from kenotron.models.common.decoder import CausalLM
+from kenotron.models.common.future_tokens import future_tokens
 from kenotron.models.common.kv_cache import KVCache
 from kenotron.models.common.latent_attention import LatentCache
 from kenotron.models.common.norms import RMSNorm
 from kenotron.models.common.router import attach_loss
 from kenotron.models.deepseek_v3.args import DeepSeekV3Args
 from kenotron.models.deepseek_v3.block import DeepSeekV3Block
-from kenotron.models.deepseek_v3.mtp import MTPBlock, MTPLoss
+from kenotron.models.deepseek_v3.mtp import MTPBlock, MTPLoss, mtp_stage_copies
 
 
 def _block(layer_id: int, args: DeepSeekV3Args) -> DeepSeekV3Block:
@@ -33,6 +33,15 @@ class DeepSeekV3(CausalLM):
             self.layers[str(args.n_layers + k)] = _block(args.n_layers + k, args)
         self.mtp = MTPLoss(args.mtp_depth) if args.mtp_depth else None
 
+    @property
+    def pipeline_tail_blocks(self) -> int:
+        """Under pipeline parallel the MTP modules run on the last stage, beside the output head (pipeline.py)."""
+        return self.args.mtp_depth
+
+    def pipeline_copies(self, units: list[str]) -> list[str]:
+        """What a pipeline stage holding `units` needs besides them (pipeline.py; mtp.py's mtp_stage_copies)."""
+        return mtp_stage_copies(self.args, units)
+
     def forward(
         self,
         tokens: torch.Tensor,
@@ -42,34 +51,28 @@ class DeepSeekV3(CausalLM):
         token_mask: torch.Tensor | None = None,
         block_mask: BlockMask | None = None,
         logits: bool = True,
+        future: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """As CausalLM.forward; in training (grad enabled) the MTP modules this model (or pipeline
-        stage) holds add their loss to backward through the output."""
+        stage) holds add their loss to backward through the output. `future`: mtp.py's
+        future_tokens of this call's positions, made from `tokens` when None."""
         cos, sin, attn_mask = self._prepare(tokens, positions, kv_cache, token_mask, block_mask)
-        h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
+        ids = not tokens.is_floating_point()  # a later stage gets hidden states (and may hold a copy of the embedding)
+        h = self.tok_embeddings(tokens) if ids and self.tok_embeddings is not None else tokens
         mtp_blocks = []  # blocks n_layers.. (a plan may have wrapped them: told by their index)
         for name, layer in self.layers.items():
             if int(name) >= self.args.n_layers:
                 mtp_blocks.append(layer)
             else:
                 h = self._attention_layer(layer, int(name), h, cos, sin, attn_mask, kv_cache, block_mask)
-        if mtp_blocks and self.training and torch.is_grad_enabled() and kv_cache is None:
+        # Meta inputs: torch 2.11's pipeline stages infer shapes on them (no loss to compute).
+        if mtp_blocks and self.training and torch.is_grad_enabled() and kv_cache is None and not h.is_meta:
+            if future is None:
+                future = future_tokens(tokens, self.args.mtp_depth)  # the whole sequence's ids, or refused there
             # Attached to the hidden states, a plain tensor (the logits may be a DTensor under loss parallel).
-            h = attach_loss(h, self._mtp_term(mtp_blocks, tokens, h, cos, sin, block_mask))
+            h = attach_loss(h, self.mtp.loss(mtp_blocks, self.tok_embeddings, self.output, future, h, cos, sin,
+                                             block_mask))
         return self._finish(h, kv_cache, tokens.shape[1], logits)
-
-    def _mtp_term(self, blocks: list[nn.Module], tokens: torch.Tensor, h: torch.Tensor, cos: torch.Tensor,
-                  sin: torch.Tensor, block_mask: BlockMask | None) -> torch.Tensor:
-        """The MTP modules' weighted losses (mtp.py), from the main blocks' last hidden states `h`."""
-        if self.tok_embeddings is None or self.output is None or tokens.is_floating_point():
-            raise RuntimeError("the MTP modules need the token ids, the embedding and the output head on their "
-                               "pipeline stage; they run on a model or stage holding all three")
-        attention = {"block_mask": block_mask} if block_mask is not None else {}
-        total = h.new_zeros((), dtype=torch.float32)
-        for k, block in enumerate(blocks, start=1):
-            h, normed = block(self.tok_embeddings(torch.roll(tokens, -k, dims=1)), h, cos, sin, **attention)
-            total = total + self.mtp.term(k, self.output(normed), tokens)
-        return total
 
     def init_buffers(self, device: torch.device | str | None = None) -> None:
         """CausalLM's, and the MTP statistics zeroed."""

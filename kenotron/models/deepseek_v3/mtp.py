@@ -10,12 +10,17 @@ of the model's `layers` (HF's `model.layers.{n_layers + k - 1}`), so every plan 
 `layers.*` (FSDP units, activation checkpointing, compile, tensor and expert parallel) covers
 it, and its keys convert as HF's MTP layers.
 
-The targets come from the input window itself: module k's input at position t is token t + k
-and its target token t + k + 1 (rolled along the sequence), so the last k + 1 positions of a
-window have no target and are left out. The loss joins backward through `attach_loss` on the
-model's output (as the routers' balancing terms do), weighted by `loss_scale` which the trainer
-sets each step (train/mtp.py: model.mtp_loss_weight / depth over the global batch's label
-tokens); the summed losses and target counts per module are kept for the metrics.
+The inputs and targets come from the window itself: `future_tokens(tokens, depth)`
+(models/common/future_tokens.py) holds, at
+position t, tokens t + 1 .. t + depth + 1 (IGNORE_INDEX past the window's end); module k reads
+column k - 1 (token t + k) and predicts column k, so the last k + 1 positions of a window have no
+target. The model builds them from its token ids; where it gets no ids (a pipeline's last stage)
+or a shard of the sequence (context parallel), the trainer builds them from the whole sequence
+and cuts them as the tokens are cut (train/mtp.py). The loss joins backward through
+`attach_loss` on the model's output (as the routers' balancing terms do), weighted by
+`loss_scale` which the trainer sets each step (train/mtp.py: model.mtp_loss_weight / depth over
+the global batch's label tokens); the summed losses and target counts per module are kept for
+the metrics.
 """
 
 from __future__ import annotations
@@ -25,14 +30,15 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention.flex_attention import BlockMask
 
+from kenotron.degrees import ParallelConfigError
 from kenotron.dtensor import local_tensor
+from kenotron.models.common.future_tokens import IGNORE_INDEX
 from kenotron.models.common.init import InitSpec, prefixed, trunc_normal
 from kenotron.models.common.norms import RMSNorm
 from kenotron.models.deepseek_v3.args import DeepSeekV3Args
 from kenotron.models.deepseek_v3.block import DeepSeekV3Block
-
-IGNORE_INDEX = -100
 
 
 class MTPBlock(DeepSeekV3Block):
@@ -68,6 +74,20 @@ class MTPBlock(DeepSeekV3Block):
         }
 
 
+def mtp_stage_copies(args: DeepSeekV3Args, units: list[str]) -> list[str]:
+    """The units a pipeline stage holding `units` needs a copy of (parallel/pipeline.py): the MTP
+    modules' stage the embedding, which they read. They must share the output head's stage."""
+    mtp = [u for u in units if u.startswith("layers.") and int(u.split(".")[1]) >= args.n_layers]
+    if not mtp:
+        return []
+    if "output" not in units:
+        raise ParallelConfigError(
+            f"the pipeline split puts MTP module {mtp[0]} on a stage without the output head; the "
+            f"model.mtp_depth={args.mtp_depth} MTP modules (the last blocks) run on the last stage: give it at "
+            f"least {args.mtp_depth + 1} blocks in parallelism.pp_layers_per_stage / pp_stage_modules")
+    return [] if "tok_embeddings" in units else ["tok_embeddings"]
+
+
 class MTPLoss(nn.Module):
     """The modules' statistics and loss weight (no parameters): `loss_scale` per target token's
     cross-entropy, and per module the step's summed losses and target counts (not saved)."""
@@ -75,6 +95,8 @@ class MTPLoss(nn.Module):
     def __init__(self, depth: int) -> None:
         super().__init__()
         self.loss_scale = 0.0
+        self.counting = True
+        """Whether term() adds to the statistics (off while torch's pipeline stages infer shapes)."""
         self.register_buffer("loss_sum", torch.zeros(depth), persistent=False)
         self.register_buffer("targets", torch.zeros(depth), persistent=False)
 
@@ -89,18 +111,27 @@ class MTPLoss(nn.Module):
         self.loss_sum.zero_()
         self.targets.zero_()
 
-    def term(self, k: int, logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-        """Module k's (1-based) weighted loss over `logits` (batch, seq, vocab) of positions t
-        predicting token t + k + 1 of `tokens` (batch, seq); adds to the statistics."""
-        seqlen = tokens.shape[1]
-        targets = torch.roll(tokens, -(k + 1), dims=1)
-        valid = torch.arange(seqlen, device=tokens.device) < seqlen - k - 1
-        targets = targets.masked_fill(~valid, IGNORE_INDEX)
+    def loss(self, blocks: list[nn.Module], embedding: nn.Module, output: nn.Module, future: torch.Tensor,
+             h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, block_mask: BlockMask | None) -> torch.Tensor:
+        """The weighted losses of the MTP modules `blocks` (in order) from the main blocks' last
+        hidden states `h` and `future` (future_tokens), with the model's embedding and output head."""
+        attention = {"block_mask": block_mask} if block_mask is not None else {}
+        total = h.new_zeros((), dtype=torch.float32)
+        for k, block in enumerate(blocks, start=1):
+            shifted = future[..., k - 1].clamp(min=0)  # past the window: any token (its position has no target)
+            h, normed = block(embedding(shifted), h, cos, sin, **attention)
+            total = total + self.term(k, output(normed), future[..., k])
+        return total
+
+    def term(self, k: int, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Module k's (1-based) weighted loss over `logits` (batch, seq, vocab) and its `targets`
+        (batch, seq; IGNORE_INDEX where none); adds to the statistics."""
         # Under tensor parallel's loss parallel the logits are vocabulary shards and the loss a
         # replicated DTensor: its local value is the whole loss.
         loss = local_tensor(F.cross_entropy(logits.flatten(0, -2).float(), targets.flatten(), reduction="sum",
                                             ignore_index=IGNORE_INDEX))
-        with torch.no_grad():
-            self.loss_sum[k - 1] += loss.detach()
-            self.targets[k - 1] += valid.sum() * tokens.shape[0]
+        if self.counting:
+            with torch.no_grad():
+                self.loss_sum[k - 1] += loss.detach()
+                self.targets[k - 1] += (targets != IGNORE_INDEX).sum()
         return loss * self.loss_scale

@@ -1,17 +1,18 @@
 """deepseek_v3's own pieces: the bad shapes refused naming the key, the sequence-wise balance loss
 against its formula, MTP in training only (eval logits unchanged, every MTP parameter trained),
-and the MTP layouts refused before any process starts."""
+the MTP modules' place in a pipeline split (the last stage, with a copy of the embedding) and a
+split or a schedule that cannot run them refused before any process starts."""
 
 from __future__ import annotations
-
-import dataclasses
 
 import pytest
 import torch
 
 from kenotron.config import ConfigError
 from kenotron.models import get_model_spec
+from kenotron.models.common.future_tokens import IGNORE_INDEX, future_tokens
 from kenotron.models.common.router import TopKRouter
+from kenotron.parallel.pipeline import build_pipeline_split
 from kenotron.train.mtp_checks import check_multi_token_prediction
 
 SPEC = get_model_spec("deepseek_v3")
@@ -28,13 +29,41 @@ def test_bad_routing_groups_are_refused_naming_the_key(fields, message):
         SPEC.model_args("debug", {"moe": moe})
 
 
-def test_mtp_under_pipeline_or_context_parallel_is_refused():
+def _meta_model(**fields):
+    with torch.device("meta"):
+        return SPEC.build(SPEC.model_args("debug", **fields))
+
+
+def test_pipeline_split_puts_the_mtp_modules_on_the_last_stage_with_a_copy_of_the_embedding():
+    model = _meta_model(mtp_depth=2)  # blocks 0-3 main, 4-5 MTP
+    split = build_pipeline_split(model, pp=2, schedule="ZBVZeroBubble", local_batch_size=4)
+    assert split.stages[-1] == ["layers.3", "layers.4", "layers.5", "norm", "output", "mtp"]  # a main block, the tail
+    assert split.copies == {3: ["tok_embeddings"]} and split.units_of(3)[-1] == "tok_embeddings"
+    assert split.tied_parameters == [["tok_embeddings.weight"]] and split.holders(["tok_embeddings.weight"]) == [0, 3]
+    tied = build_pipeline_split(_meta_model(mtp_depth=1, tie_embeddings=True), pp=2, schedule="1F1B",
+                                local_batch_size=4)
+    assert tied.copies == {1: ["tok_embeddings"]} and tied.tied_parameters == [["tok_embeddings.weight", "output.weight"]]
+
+
+def test_pipeline_split_without_the_mtp_modules_beside_the_output_head_is_refused_naming_the_fix():
+    with pytest.raises(ConfigError, match="MTP module layers.4 on a stage without the output head.*at least 3 blocks"):
+        build_pipeline_split(_meta_model(mtp_depth=2), pp=2, schedule="1F1B", local_batch_size=4,
+                             layers_per_stage=[5, 1])
+
+
+def test_mtp_under_a_zero_bubble_schedule_is_refused_naming_the_schedules_that_work():
     args = SPEC.model_args("debug", mtp_depth=1)
-    with pytest.raises(ConfigError, match="model.mtp_depth=1 with parallelism.pp=2"):
-        check_multi_token_prediction(args, pp=2, cp=1)
-    with pytest.raises(ConfigError, match="model.mtp_depth=1 with parallelism.cp=2"):
-        check_multi_token_prediction(args, pp=1, cp=2)
-    check_multi_token_prediction(dataclasses.replace(args, mtp_depth=0), pp=2, cp=2)
+    with pytest.raises(ConfigError, match="pp_schedule='ZBVZeroBubble'.*GPipe, 1F1B, Interleaved1F1B, LoopedBFS"):
+        check_multi_token_prediction(args, pp=2, schedule="ZBVZeroBubble")
+    check_multi_token_prediction(args, pp=2, schedule="Interleaved1F1B")
+    check_multi_token_prediction(SPEC.model_args("debug"), pp=2, schedule="ZBVZeroBubble")
+
+
+def test_future_tokens_hold_the_next_tokens_and_ignore_past_the_window():
+    tokens = torch.tensor([[10, 11, 12, 13]])
+    assert future_tokens(tokens, 2).tolist() == [[[11, 12, 13], [12, 13, -100], [13, -100, -100],
+                                                  [-100, -100, -100]]]
+    assert IGNORE_INDEX == -100
 
 
 def test_sequence_wise_balance_loss_equals_its_formula():
