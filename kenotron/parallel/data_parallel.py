@@ -169,6 +169,10 @@ def head_modules(model: nn.Module, layout: ModelLayout) -> list[nn.Module]:
     modules = [getattr(model, name, None) if name else None for name in names]
     if any(m is None for m in modules) or getattr(model, "mtp", None) is not None:
         return []
+    # Declared ties count too: tensor parallel gives the embedding and the output a DTensor each,
+    # and the model ties them again after (its _apply on to_empty), once FSDP has wrapped them.
+    if getattr(getattr(model, "args", None), "tie_embeddings", False):
+        return []
     own = {id(p) for m in modules for p in m.parameters()}
     others = {id(p) for name, p in model.named_parameters(remove_duplicate=False)
               if not name.startswith(tuple(f"{n}." for n in names))}
