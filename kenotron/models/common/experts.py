@@ -216,8 +216,12 @@ class GroupedExperts(nn.Module):
         for e, (xs, ss) in enumerate(zip(torch.split(x[:ends[-1]], sizes), torch.split(scale[:ends[-1]], sizes))):
             h = F.linear(xs, w13[e])
             outs.append(F.linear(self.swiglu(h, ss), w2[e]))
-        if x.shape[0] > ends[-1]:  # rows in no group, in the products' dtype (autocast's)
-            outs.append(outs[0].new_zeros((x.shape[0] - ends[-1], outs[0].shape[1])))
+        # Rows in no group (none but under the even split), zero in the products' dtype (autocast's).
+        # Appended also when there are none: under compile `ends` are unbacked, and a branch on
+        # them would be a data-dependent guard.
+        rest = x.shape[0] - ends[-1]
+        torch._check(rest >= 0)
+        outs.append(outs[0].new_zeros((rest, outs[0].shape[1])))
         return torch.cat(outs)
 
     def param_init_specs(self, init_std: float, out_std: float) -> dict[str, InitSpec]:
