@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import sys
 from pathlib import Path
 
@@ -31,6 +30,7 @@ import torch
 from kenotron.parallel.context.documents import masked_work
 from kenotron.parallel.context.layout import SequenceLayout
 from kenotron.tools.bench import run_case
+from kenotron.tools.cp_bench import add_run_arguments, cp_case_overrides
 
 # The loader is a sibling script (data.loader loads it by path), not a package module.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -49,13 +49,10 @@ HEADER = (
 
 
 def _overrides(shape: str, seq_len: int, cp: int, masked: bool, args: argparse.Namespace) -> list[str]:
-    return SHAPES[shape] + [
+    return cp_case_overrides(SHAPES[shape], cp, seq_len, args, [
         "--data.loader", LOADER, "--data.path", str(args.mean_doc),
         "--data.document_masking", "true" if masked else "false",
-        "--parallelism.cp", str(cp), "--parallelism.dp_shard", "-1",
-        "--training.seq_len", str(seq_len), "--training.local_batch_size", "1", "--training.global_batch_size", "-1",
-        "--activation_checkpoint.mode", args.ac, "--compile.enable", "true" if args.compile else "false",
-    ] + shlex.split(args.extra)
+    ])
 
 
 def kept_share(seq_len: int, mean_doc: float) -> float:
@@ -77,13 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cp", nargs="+", type=int, default=[2, 4])
     parser.add_argument("--ngpu", type=int, default=0, help="ranks of every run (default: the largest --cp)")
     parser.add_argument("--mean-doc", type=float, default=4096, help="mean document length in tokens")
-    parser.add_argument("--ac", default="full", help="activation_checkpoint.mode of every run")
-    parser.add_argument("--no-compile", dest="compile", action="store_false")
-    parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--timeout", type=float, default=900, help="seconds per run")
-    parser.add_argument("--extra", default="", help="overrides appended to every run")
-    parser.add_argument("--json", help="write every run to this file")
+    add_run_arguments(parser)
     args = parser.parse_args(argv)
     ngpu = args.ngpu or max(args.cp)
     for cp in args.cp:

@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import sys
 from pathlib import Path
 
 from kenotron.tools.bench import run_case
+from kenotron.tools.cp_bench import add_run_arguments, cp_case_overrides
 
 SHAPES: dict[str, list[str]] = {
     "1B": ["--config", "llama3_1b"],
@@ -37,11 +37,7 @@ HEADER = (
 
 def case_overrides(shape: str, ngpu: int, seq_len: int, scheme: str, args: argparse.Namespace) -> list[str]:
     """The trainer overrides of one case: cp over every rank, one sequence per step."""
-    return SHAPES[shape] + [
-        "--parallelism.cp", str(ngpu), "--parallelism.dp_shard", "-1", "--parallelism.cp_scheme", scheme,
-        "--training.seq_len", str(seq_len), "--training.local_batch_size", "1", "--training.global_batch_size", "-1",
-        "--activation_checkpoint.mode", args.ac, "--compile.enable", "true" if args.compile else "false",
-    ] + shlex.split(args.extra)
+    return cp_case_overrides(SHAPES[shape], ngpu, seq_len, args, ["--parallelism.cp_scheme", scheme])
 
 
 def _cell(row: dict, key: str, fmt: str) -> str:
@@ -65,13 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shapes", nargs="+", default=["1B"], choices=sorted(SHAPES))
     parser.add_argument("--ngpu", nargs="+", type=int, default=[2, 4], help="ranks of each run; cp = ngpu")
     parser.add_argument("--lengths", nargs="+", type=int, default=[32768, 65536, 131072])
-    parser.add_argument("--ac", default="full", help="activation_checkpoint.mode of every run")
-    parser.add_argument("--no-compile", dest="compile", action="store_false")
-    parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--timeout", type=float, default=900, help="seconds per run")
-    parser.add_argument("--extra", default="", help="overrides appended to every run")
-    parser.add_argument("--json", help="write every run to this file")
+    add_run_arguments(parser)
     args = parser.parse_args(argv)
     for seq_len in args.lengths:
         bad = [n for n in args.ngpu if seq_len % (2 * n)]

@@ -22,11 +22,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import sys
 from pathlib import Path
 
 from kenotron.tools.bench import run_case
+from kenotron.tools.cp_bench import add_run_arguments, cp_case_overrides
 
 SHAPES: dict[str, list[str]] = {
     "1B": ["--config", "llama3_1b"],
@@ -47,13 +47,10 @@ def _is_oom(row: dict) -> bool:
 
 
 def _overrides(shape: str, cp: int, seq_len: int, args: argparse.Namespace) -> list[str]:
-    return SHAPES[shape] + [
-        "--parallelism.cp", str(cp), "--parallelism.dp_shard", "-1",
+    return cp_case_overrides(SHAPES[shape], cp, seq_len, args, [
         "--tuning.cp_load_balance", "true" if args.load_balance else "false",
         "--tuning.cp_rotate_method", args.rotate, "--parallelism.cp_scheme", args.scheme,
-        "--training.seq_len", str(seq_len), "--training.local_batch_size", "1", "--training.global_batch_size", "-1",
-        "--activation_checkpoint.mode", args.ac, "--compile.enable", "true" if args.compile else "false",
-    ] + shlex.split(args.extra)
+    ])
 
 
 def sweep_one(shape: str, cp: int, args: argparse.Namespace, log: list[dict]) -> dict:
@@ -124,13 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rotate", choices=["allgather", "alltoall"], default="allgather")
     parser.add_argument("--scheme", choices=["ring", "ulysses"], default="ring", help="parallelism.cp_scheme")
     parser.add_argument("--no-load-balance", dest="load_balance", action="store_false")
-    parser.add_argument("--ac", default="full", help="activation_checkpoint.mode of every run")
-    parser.add_argument("--no-compile", dest="compile", action="store_false")
-    parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--timeout", type=float, default=900, help="seconds per run")
-    parser.add_argument("--extra", default="", help="overrides appended to every run")
-    parser.add_argument("--json", help="write every run and the summaries to this file")
+    add_run_arguments(parser, json_help="write every run and the summaries to this file")
     args = parser.parse_args(argv)
     for cp in args.cp:
         if args.ngpu % cp != 0:
