@@ -26,9 +26,8 @@ def _run(layer: MoE, x: torch.Tensor, grad: torch.Tensor, kernel: str) -> tuple[
     return out.float(), grads
 
 
-def test_grouped_mm_equals_the_per_expert_loop_in_bf16():
-    if torch.cuda.get_device_capability()[0] < 9:
-        pytest.skip("torch._grouped_mm's bf16 kernel needs compute capability 9+")
+def _bf16_layer_and_batch() -> tuple[MoE, torch.Tensor, torch.Tensor]:
+    """A seeded bf16 MoE layer (64 experts, top-8) on the GPU, 4096 tokens and an output gradient."""
     torch.manual_seed(0)
     layer = MoE(512, MoEArgs(n_experts=64, top_k=8, ffn_dim=256)).cuda()
     with torch.no_grad():
@@ -37,6 +36,13 @@ def test_grouped_mm_equals_the_per_expert_loop_in_bf16():
     layer = layer.bfloat16()
     x = torch.randn(4096, 512, device="cuda", dtype=torch.bfloat16)
     grad = torch.randn(4096, 512, device="cuda", dtype=torch.bfloat16)
+    return layer, x, grad
+
+
+def test_grouped_mm_equals_the_per_expert_loop_in_bf16():
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("torch._grouped_mm's bf16 kernel needs compute capability 9+")
+    layer, x, grad = _bf16_layer_and_batch()
     out_g, grads_g = _run(layer, x, grad, "grouped_mm")
     out_l, grads_l = _run(layer, x, grad, "for_loop")
     scale = out_l.abs().max()
@@ -52,14 +58,7 @@ def test_float8_experts_follow_the_bf16_grouped_gemm():
         pytest.skip("the float8 grouped GEMM needs compute capability 9+")
     from kenotron.parallel.float8 import convert_experts_to_float8
 
-    torch.manual_seed(0)
-    layer = MoE(512, MoEArgs(n_experts=64, top_k=8, ffn_dim=256)).cuda()
-    with torch.no_grad():
-        for p in layer.parameters():
-            p.normal_(0, 0.05)
-    layer = layer.bfloat16()
-    x = torch.randn(4096, 512, device="cuda", dtype=torch.bfloat16)
-    grad = torch.randn(4096, 512, device="cuda", dtype=torch.bfloat16)
+    layer, x, grad = _bf16_layer_and_batch()
     out_b, grads_b = _run(layer, x, grad, "grouped_mm")
     convert_experts_to_float8(layer)
     out_f, grads_f = _run(layer, x, grad, "grouped_mm")
