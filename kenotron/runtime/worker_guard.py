@@ -10,7 +10,7 @@
   hangs (a peer gone in the middle of a collective) still ends.
 - **The launcher's death.** torchrun starts every worker in a session of its own, so a launcher
   killed with SIGKILL would leave its workers training on. On Linux the kernel sends the worker
-  SIGTERM when its parent dies (`PR_SET_PDEATHSIG`); elsewhere a thread watches the parent id.
+  SIGTERM when its parent dies (`PR_SET_PDEATHSIG`), and a thread watches the parent id as well.
 - **The last word.** `report_failure` prints the one-line error and also writes it where
   torchrun's error file is (`TORCHELASTIC_ERROR_FILE`), with the time to the microsecond, so the
   launcher can name the rank that failed first even when that rank's output is not shown.
@@ -52,20 +52,20 @@ def exit_code_of(stop: KeyboardInterrupt) -> int:
     return stop.exit_code if isinstance(stop, StopRequested) else 128 + signal.SIGINT
 
 
-def _die_with_parent(parent: int) -> bool:
-    """Ask the kernel for SIGTERM when the parent dies (Linux); False where that is not available."""
+def _die_with_parent(parent: int) -> None:
+    """Ask the kernel for SIGTERM when the parent dies (Linux; elsewhere, or where prctl fails, the
+    parent watcher alone does it)."""
     if not sys.platform.startswith("linux"):
-        return False
+        return
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
-            return False
+            return
     except (OSError, AttributeError):
-        return False
+        return
     # The parent may have died before the request was made: then no signal will ever come.
     if os.getppid() != parent:
         os.kill(os.getpid(), signal.SIGTERM)
-    return True
 
 
 @dataclass
