@@ -2,7 +2,7 @@
 
 Keeping every unit's gathered weights from forward to backward ("never") spares the backward's
 re-gather of each resharded unit and FSDP's copy-out of it: one all-gather of the whole model per
-micro-step (+4.2% on the MoE FSDP 2 row, +1.2% on 1B FSDP 4; docs/performance.md, runs 36 and 72).
+micro-step (its gain on GPUs: docs/performance.md, "MoE FSDP").
 It costs the gathered compute copies of every block at the loss and through backward. So
 "default" becomes "never" when the closed-form peak with "never" (planner/analytic.py) fits the
 GPU with the estimator's headroom (estimate/report.py's RESERVED_FRACTION, as its verdict "fits"),

@@ -254,8 +254,8 @@ def step_time(run: ResolvedRun, model: AnalyticModel, hw: Hardware | None = None
             copies = group_gathers * (2 * gathered + copy_in) + gathered + reduced
             compute += run.grad_accum_steps * copies * stage / hw.memory_bytes_per_s
         # The first block's gradients are complete only after its own backward, the last but the
-        # embedding's: its reduction runs after the last matmul too (run 70's MoE FSDP 2 trace:
-        # layer 0's and the root's reduce-scatters, 8 ms exposed).
+        # embedding's: its reduction runs after the last matmul too (docs/performance.md: the
+        # MoE FSDP 2 trace shows layer 0's and the root's reduce-scatters exposed).
         experts_reduced = d.ep < shard  # under ep = dp_shard x cp each rank holds its experts whole
         first_block = ((params.block_gathered - params.block_experts) * reduce_scale
                        + (params.block_experts * expert_scale if experts_reduced else 0)) * (4 // c)

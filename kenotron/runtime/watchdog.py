@@ -18,8 +18,8 @@ from the lowest-numbered healthy rank only, with the time left before the timeou
 All ranks stalled alike (a long compilation, a save) name nobody and stay quiet.
 
 The collective timeout is the backend's to enforce, and gloo does. NCCL may not: with a peer
-stopped (SIGSTOP) on 2 x H100 its watchdog had not ended the job 60 s after a 12 s timeout,
-waiting for kernels that never finish. So a rank whose progress has stalled for the timeout plus
+stopped (SIGSTOP) its watchdog can wait on kernels that never finish (docs/performance.md, the
+hung-rank test on NCCL). So a rank whose progress has stalled for the timeout plus
 a grace (`end_grace_s`), with a suspect named, ends the job itself: the same one line as a
 collective timeout, then `end_job` (by default: record it for the launcher and exit).
 
