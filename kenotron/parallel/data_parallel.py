@@ -189,6 +189,21 @@ def expert_fsdp_mesh(meshes: Meshes) -> DeviceMesh | None:
     return meshes.root[("dp_replicate", "efsdp")] if "dp_replicate" in names else meshes.root["efsdp"]
 
 
+def experts_are_fsdp_units(meshes: Meshes, layout: ModelLayout, settings: ParallelSettings) -> bool:
+    """Whether the data-parallel step makes each routed-expert module an FSDP unit of its own
+    (`_shard_experts`): under expert parallelism, or where the experts reduce in another dtype
+    than the rest over a sharded mesh. A compiled block must then let Dynamo break its graph
+    around the experts' FSDP hooks (torch 2.11 refuses them inside a full graph)."""
+    if not layout.experts or settings.dp_mode == "zero1":
+        return False
+    dense = fsdp_mesh(meshes)
+    if dense is None:  # replicated (DDP) or no data parallel: nothing is sharded
+        return False
+    if expert_fsdp_mesh(meshes) is not None:
+        return True
+    return dense.size() > 1 and len(set(settings.reduce_dtypes())) > 1
+
+
 def _shard_experts(model: nn.Module, meshes: Meshes, layout: ModelLayout, settings: ParallelSettings,
                    mp: MixedPrecisionPolicy, pipelined: bool, dense_mesh: DeviceMesh) -> list[nn.Module]:
     """Each routed-expert module becomes its own FSDP unit (resharded after forward as the blocks
@@ -196,13 +211,9 @@ def _shard_experts(model: nn.Module, meshes: Meshes, layout: ModelLayout, settin
     reduce in another dtype than the rest (`mp`, fsdp_reduce_dtype auto), over the blocks' mesh.
     Averaging over the ep-left mesh, 1/ep the size of the dense parameters', is right because
     compute scales the experts' gradients by 1/ep (parallel/expert.py). Returns the modules wrapped."""
-    if not layout.experts:
+    if not experts_are_fsdp_units(meshes, layout, settings):
         return []
-    mesh = expert_fsdp_mesh(meshes)
-    if mesh is None:
-        if len(set(settings.reduce_dtypes())) == 1 or dense_mesh.size() == 1:
-            return []
-        mesh = dense_mesh
+    mesh = expert_fsdp_mesh(meshes) or dense_mesh
     policy = settings.reshard_after_forward
     reshard = policy == "always" or (policy == "default" and mesh.size() > 1 and not pipelined)
     wrapped = [experts for _, experts in matching_modules(model, layout.experts)]

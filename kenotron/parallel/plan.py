@@ -39,7 +39,7 @@ from torch import nn
 from kenotron.parallel.activation_checkpoint import apply_activation_checkpointing
 from kenotron.parallel.activation_offload import ActivationOffloader, apply_activation_offloading
 from kenotron.parallel.context.apply import SequenceSharder, apply_context_parallel, cp_attention_kind
-from kenotron.parallel.data_parallel import DataParallelState, apply_data_parallel
+from kenotron.parallel.data_parallel import DataParallelState, apply_data_parallel, experts_are_fsdp_units
 from kenotron.parallel.describe import describe_parameters, format_description
 from kenotron.parallel.dims import Meshes
 from kenotron.parallel.expert import apply_expert_parallel
@@ -203,10 +203,12 @@ class Plan:
             # it yet: a graph break rather than an error if not.
             ring = cp_mesh is not None and (st.cp_scheme == "ulysses" or cp_attention_kind(
                 st.cp_attention, cp_mesh.device_type) in ("ring", "flex"))
-            # Neither can the all-to-all of expert parallelism (its splits are read on the host).
+            # Neither can the all-to-all of expert parallelism (its splits are read on the host),
+            # nor the FSDP hooks of experts that are units of their own inside a block.
             all_to_all = bool(lay.moe_modules) and meshes.get("ep") is not None
+            expert_units = experts_are_fsdp_units(meshes, lay, st)
             for _, block in blocks:
-                block.compile(fullgraph=not (ring or all_to_all))
+                block.compile(fullgraph=not (ring or all_to_all or expert_units))
         data_parallel = apply_data_parallel(model, meshes, lay, st, self.pipeline)
         # After compile (its hooks run outside the graphs) and after FSDP: FSDP's pre-forward
         # all-gather still runs first (it prepends its hook), and the offloader's backward hook
