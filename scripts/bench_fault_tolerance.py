@@ -8,8 +8,9 @@ Phases (`--only overhead` runs 1 and 2, `--only kill` runs 3):
 1. baseline: plain data parallel over both GPUs (`parallelism.dp_replicate 2`: DDP), global batch
    2 x training.local_batch_size;
 2. fault tolerance without failures: a lighthouse (served by group 0's launcher) and two replica
-   groups of one GPU each, the same global batch; overhead = 1 - (the groups' summed tok/s) /
-   (the baseline's tok/s), medians over the records after the first `--skip` (compilation);
+   groups of one GPU each, the same global batch; overhead = 1 - (the groups' mean tok/s, each
+   group's one GPU) / (the baseline's tok/s per GPU), medians over the records after the first
+   `--skip` (compilation);
 3. a kill: the same two groups for longer; once group 1 has logged step `--kill-at`, its rank is
    killed with SIGKILL (its launcher's torchrun restarts it); the time from the kill to the
    restarted rank's "took the live state of a peer" line, and to its first step after it.
@@ -131,9 +132,11 @@ def main() -> None:
         runs = groups("ft", args.steps)
         if [r.wait() for r in runs] != [0, 0]:
             raise SystemExit(f"the fault-tolerant run failed: {out}/ft_*.log")
+        # Both per GPU: the baseline's record divides its tokens by its 2 ranks; each group's
+        # record is its own GPU's.
         baseline = tok_per_s(out / "ddp", args.skip)
-        with_ft = sum(tok_per_s(out / "ft" / f"replica_{i}", args.skip) for i in range(2))
-        figures.update(baseline_ddp_tok_s=round(baseline), fault_tolerant_tok_s=round(with_ft),
+        with_ft = statistics.mean(tok_per_s(out / "ft" / f"replica_{i}", args.skip) for i in range(2))
+        figures.update(baseline_ddp_tok_s_per_gpu=round(baseline), fault_tolerant_tok_s_per_gpu=round(with_ft),
                        overhead_pct=round(100 * (1 - with_ft / baseline), 2))
     if args.only in ("all", "kill"):
         figures.update(kill_and_rejoin(args, groups))

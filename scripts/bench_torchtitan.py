@@ -96,13 +96,19 @@ def _stub_missing_imports() -> None:
             sys.modules[name] = _StandIn(name)
 
 
-def _init_distributed():
-    """Under torchrun: NCCL on this rank's GPU; (world size, rank)."""
+NEEDS_PROCESS_GROUP = ("deepseek_v3",)
+"""Families whose torchtitan step calls collectives even on one GPU."""
+
+
+def _init_distributed(model_name: str):
+    """Under torchrun: NCCL on this rank's GPU; (world size, rank). deepseek_v3 needs a process
+    group on one GPU too (its load-balancing optimizer hook all-reduces the expert counts): its
+    worker always runs under torchrun."""
     import torch
     import torch.distributed as dist
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world == 1:
+    if world == 1 and model_name not in NEEDS_PROCESS_GROUP:
         return 1, 0
     local = int(os.environ["LOCAL_RANK"])
     torch.cuda.set_device(local)
@@ -146,7 +152,7 @@ def run_case(compiled: bool, model_name: str, flavor: str, n_layers: int, batch:
     from torchtitan.distributed import utils as dist_utils
     from torchtitan.protocols.model_converter import build_model_converters
 
-    world, rank = _init_distributed()
+    world, rank = _init_distributed(model_name)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     job = JobConfig()
     job.model.name, job.model.flavor = model_name, flavor
@@ -272,7 +278,7 @@ def main() -> int:
                       "--n-layers", str(args.n_layers), "--batch", str(args.batch), "--seq", str(args.seq),
                       "--warmup", str(args.warmup), "--steps", str(args.steps), "--dp-replicate",
                       str(args.dp_replicate), "--ep", str(args.ep), "--ac", args.ac]
-            if args.ngpu > 1:
+            if args.ngpu > 1 or args.model in NEEDS_PROCESS_GROUP:
                 cmd = ["torchrun", "--standalone", "--nproc-per-node", str(args.ngpu), *worker]
             else:
                 cmd = [sys.executable, *worker]

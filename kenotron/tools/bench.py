@@ -27,6 +27,7 @@ import argparse
 import atexit
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -206,6 +207,17 @@ def run_case(
     return {"name": name, **result, "wall_s": wall, "args": overrides}
 
 
+_EXCEPTION = re.compile(r"^(?:\[(?:default)?rank\d+\]:\s*)?(?:\w+\.)*(\w*Error|\w*Exception|Unsupported):")
+"""A line that starts with an exception's name (a rank's output carries torchrun's `[rankN]:`);
+Dynamo's graph-break refusal is `torch._dynamo.exc.Unsupported`."""
+
+
+def _is_cause(line: str) -> bool:
+    match = _EXCEPTION.match(line.strip())
+    # torchrun's own summary names the failed child, not why it failed.
+    return match is not None and match.group(1) != "ChildFailedError"
+
+
 def failure_tail(lines: list[str]) -> list[str]:
     """The last lines of a failed case's output, its cause last (the table shows the last line).
 
@@ -213,7 +225,7 @@ def failure_tail(lines: list[str]) -> list[str]:
     TORCHDYNAMO_VERBOSE; the cause (an out-of-memory error, a compiler's exception) is printed
     before them: its first such line goes last."""
     tail = lines[-15:]
-    cause = next((ln for ln in lines if "out of memory" in ln.lower() or "Error:" in ln), None)
+    cause = next((ln for ln in lines if "out of memory" in ln.lower() or _is_cause(ln)), None)
     if cause is not None and (not tail or tail[-1] != cause):
         tail.append(cause.strip()[:300])
     return tail

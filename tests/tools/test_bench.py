@@ -53,6 +53,20 @@ def test_a_compile_failure_shows_the_compilers_error_not_dynamos_hint_last():
     assert failure_tail(["ValueError: bad"]) == ["ValueError: bad"]
 
 
+def test_a_rank_failure_shows_the_ranks_exception_not_torchruns_summary_last():
+    from kenotron.tools.bench import failure_tail
+
+    # The shape of the 2026-11-27 GPU failure: a graph-break refusal on each rank, then torchrun.
+    lines = ["[rank0]: Traceback (most recent call last):",
+             "[rank0]: torch._dynamo.exc.Unsupported: Attempted to call function marked as skipped",
+             "[rank1]: torch._dynamo.exc.Unsupported: Attempted to call function marked as skipped",
+             "Traceback (most recent call last):",
+             "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",
+             "  error_file: <N/A>"]
+    assert failure_tail(lines)[-1] == (
+        "[rank0]: torch._dynamo.exc.Unsupported: Attempted to call function marked as skipped")
+
+
 def test_profile_summary_groups_kernels_by_kind_and_reports_idle_time():
     from kenotron.tools.kernel_profile import summarize_kernels
 
