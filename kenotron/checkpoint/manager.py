@@ -12,7 +12,8 @@
 
 Every rank calls every method (saves and loads are collective). Rank 0 alone decides what to
 load (and downloads it from the remote store when needed), writes completion markers, deletes
-old checkpoints and uploads; the folder must be one filesystem that every rank sees.
+old checkpoints and uploads; the folder must be one filesystem that every rank sees. What one
+folder's restore reads and checks: restore.py.
 """
 
 from __future__ import annotations
@@ -30,24 +31,14 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 
 from kenotron.checkpoint import integrity
-from kenotron.checkpoint.checks import (
-    check_same_family,
-    check_same_settings,
-    check_state_fits,
-    flatten_state_dict,
-    setting_differences,
-)
 from kenotron.checkpoint.diagnose import describe_save_failure, is_checkpoint_exception
 from kenotron.checkpoint.errors import (
     CheckpointError,
-    CheckpointFormatError,
     CheckpointSaveError,
     NonFiniteCheckpointError,
 )
-from kenotron.checkpoint.finite import first_nonfinite, nonfinite_load_error
+from kenotron.checkpoint.finite import first_nonfinite
 from kenotron.checkpoint.folders import (
-    LEGACY_FORMAT_TAGS,
-    check_checkpoint,
     list_step_folders,
     remove_step_folder,
     step_folder_name,
@@ -61,6 +52,7 @@ from kenotron.checkpoint.preflight import (
     optimizer_states_per_param,
 )
 from kenotron.checkpoint.remote import BackgroundUploader, S3Store
+from kenotron.checkpoint.restore import restore_parts, verify_files
 from kenotron.checkpoint.resume import LoadChoice, abandon_later, choose
 from kenotron.checkpoint.saver import (
     NO_GROUP_FOR_WRITER_PROCESS,
@@ -74,7 +66,6 @@ from kenotron.checkpoint.state import (
     OptimizerState,
     TrainState,
 )
-from kenotron.checkpoint.trust import load_state
 from kenotron.config.sections import Checkpoint as CheckpointConfig
 from kenotron.config.validate import check_checkpoint_config
 
@@ -389,82 +380,19 @@ class CheckpointManager:
             return None
         return S3Store(self.config.remote_folder, self.config.remote_endpoint_url)
 
-    def _whole_model_keys(self, state: dict[str, Any]) -> set[str] | None:
-        """The "model." keys held by all ranks together: under pipeline parallel each rank holds
-        only its stages' parameters, and the checkpoint has the others' too."""
-        if "model" not in state or not self.distributed:
-            return None
-        mine = sorted(k for k in flatten_state_dict({"model": state["model"]}) if k.startswith("model."))
-        gathered: list[Any] = [None] * self.world_size
-        dist.all_gather_object(gathered, mine, group=self.process_group)
-        return {k for keys in gathered for k in keys}
-
     def load_from(self, path: str | Path, *, exclude: Sequence[str] = ()) -> int:
         """Restore the parts not in `exclude` from the checkpoint folder `path`; returns its step.
 
         A model-only checkpoint restores only the model. Raises CheckpointFormatError for an
         incomplete, truncated or foreign folder, CheckpointMismatchError naming the first entry
-        that does not fit (shape, missing or extra parameter).
+        that does not fit (shape, missing or extra parameter). The restore itself: restore.py.
         """
         path = Path(path)
-        self._on_rank0_for_all(self._verify_files, str(path))  # checksums: read once, by rank 0
-        marker, metadata = check_checkpoint(path, verify_checksums=False)
-        saved_parts = set(marker.get("parts", []))
-        names = [n for n in self.parts if n not in set(exclude)]
-        if marker.get("model_only"):
-            skipped = [n for n in names if n != "model"]
-            if skipped:
-                logger.info("%s holds model weights only: %s start fresh", path, ", ".join(skipped))
-            names = [n for n in names if n == "model"]
-        absent = [n for n in names if n not in saved_parts]
-        if absent:
-            raise CheckpointFormatError(
-                f"{path} holds no {absent[0]!r} part (it has {', '.join(sorted(saved_parts))}); add {absent[0]!r} "
-                f"to checkpoint.exclude_from_loading to start that part fresh"
-            )
-        check_same_family(marker.get("model"), self.model_info, path)
-        differences = setting_differences(marker.get("model"), self.model_info) if "model" in names else []
-        legacy = [n for n in names if n in ("lr_scheduler", "dataloader", "train_state")]
-        if marker.get("format") in LEGACY_FORMAT_TAGS and legacy:
-            raise CheckpointFormatError(
-                f"{path} was written by an earlier kenotron (format {marker['format']}), which stored {', '.join(legacy)} "
-                f"as Python pickles; unpickling runs whatever code the file holds, so kenotron does not read them. "
-                f"Its model and optimizer load safely: add {','.join(legacy)} to checkpoint.exclude_from_loading"
-            )
-        state = {name: self._load_template(name, metadata) for name in names}
-        check_state_fits(state, metadata, path, _describe_model(marker.get("model")), self._whole_model_keys(state),
-                         differences)
-        check_same_settings(differences, path)  # what the shapes cannot tell: RoPE, norm eps, window, ...
-        load_state(state, path, process_group=self.process_group)
-        for name in names:
-            self.parts[name].load_state_dict(state[name])
-        if "model" in names and "optimizer" not in names:
-            # The masters must follow the loaded weights. Not when the optimizer part is loaded
-            # too: dcp.load wrote its saved masters into the live state tensors, which a copy
-            # from the (bf16) parameters would overwrite.
-            for masters_from_params in self._masters_follow_model:
-                masters_from_params()
-        step = int(marker["step"])
-        bad = first_nonfinite(self.model_parts, self.optimizers, self.process_group)
-        if bad is not None:  # a bit flipped on disk without checksums: stop here, not at the next save
-            raise nonfinite_load_error(path, step, bad, self.folder)
-        logger.info("loaded %s (%s) from %s", step_folder_name(step), ", ".join(names), path)
-        return step
-
-    def _verify_files(self, path: str) -> None:
-        marker = check_checkpoint(path, verify_checksums=False)[0]
-        integrity.verify_checksums(path, marker)
-
-    def _load_template(self, name: str, metadata: Any) -> Any:
-        """What DCP loads part `name` into: its state dict, or for parts whose sizes depend on
-        the saved values (JSON), tensors of the saved sizes."""
-        part = self.parts[name]
-        if not hasattr(part, "load_template"):
-            return part.state_dict()
-        prefix = name + "."
-        saved = {key[len(prefix):]: getattr(info, "size", None)
-                 for key, info in metadata.state_dict_metadata.items() if key.startswith(prefix)}
-        return part.load_template({k: v for k, v in saved.items() if v is not None})
+        self._on_rank0_for_all(verify_files, str(path))  # checksums: read once, by rank 0
+        return restore_parts(path, self.parts, exclude=exclude, model_info=self.model_info,
+                             model_parts=self.model_parts, optimizers=self.optimizers,
+                             masters_follow_model=self._masters_follow_model, run_folder=self.folder,
+                             process_group=self.process_group)
 
     def _on_rank0_for_all(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run `fn` on rank 0 and give every rank its result (or raise its error everywhere)."""
@@ -484,11 +412,3 @@ class CheckpointManager:
         if kind == "error":
             raise value
         return value
-
-
-
-def _describe_model(info: Any) -> str:
-    """`name=llama3, flavor=debug` from a marker's model info (the dimensions are left out)."""
-    if not isinstance(info, dict):
-        return str(info or "")
-    return ", ".join(f"{k}={v}" for k, v in info.items() if not isinstance(v, (dict, list)) and v != "")

@@ -1,5 +1,6 @@
 """Job configuration: dataclasses per section, TOML loading, CLI overrides, validation."""
 
+from kenotron.config.data_sections import Data, DataSource, DataStage, Tokenizer, Validation
 from kenotron.config.help import config_help
 from kenotron.config.loader import (
     ConfigError,
@@ -17,9 +18,6 @@ from kenotron.config.sections import (
     ActivationCheckpoint,
     Checkpoint,
     Compile,
-    Data,
-    DataSource,
-    DataStage,
     Float8,
     Job,
     JobConfig,
@@ -29,10 +27,8 @@ from kenotron.config.sections import (
     MoE,
     Optimizer,
     Parallelism,
-    Tokenizer,
     Training,
     Tuning,
-    Validation,
 )
 from kenotron.config.validate import validate_config
 

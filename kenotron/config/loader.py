@@ -340,7 +340,7 @@ def config_reference_markdown() -> str:
     out = [
         "# Configuration reference",
         "",
-        "Generated from the dataclasses in `kenotron/config/sections.py` by",
+        "Generated from the section dataclasses in `kenotron/config/` (sections.py gathers them) by",
         "`python scripts/gen_config_reference.py`; a test fails when this file is stale.",
         "Set a value in a TOML file (`[section]` then `key = value`) or on the command line",
         "(`--section.key value`); the command line wins. A number must lie in the range beside its",

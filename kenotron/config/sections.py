@@ -6,6 +6,9 @@ what the value means and which values are valid.
 
 These names are the public interface of kenotron: configs (the presets in `kenotron/presets/`), command-line
 overrides (`--training.steps 20`) and later features all rely on them.
+
+The data sections ([tokenizer], [data], [validation]) live in config/data_sections.py and [tuning]
+in config/tuning.py, under the same rules; JobConfig gathers them all.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from kenotron.config.data_sections import Data, Tokenizer, Validation
 from kenotron.config.ranges import RANGE_KEY, above, at_least, between, ranged
 from kenotron.config.tuning import Tuning
 
@@ -44,89 +48,6 @@ class Model:
     """Attention kernel: auto (the fastest exact one for the run), an SDPA kernel (cudnn, flash, efficient, math), flex (FlexAttention, for data.document_masking) or flash_attn (the installed FlashAttention; CUDA, bf16)."""
 
 
-
-@dataclass
-class Tokenizer:
-    path: str = ""
-    """A Hugging Face tokenizer folder (tokenizer.json + tokenizer_config.json) or tokenizer.json, a tiktoken BPE file (Llama 3 `tokenizer.model` format), or empty for kenotron's built-in 4k vocabulary."""
-
-
-@dataclass
-class DataSource:
-    """One dataset of a blend (an entry of data.sources)."""
-
-    name: str = ""
-    """Label in metrics and stage weights; empty: the last part of path (or the dataset name)."""
-
-    dataset: str = "tokenized"
-    """Same choices as data.dataset."""
-
-    path: str = ""
-    """Same meaning as data.path."""
-
-    weight: float = ranged(1.0, at_least(0))
-    """Share of the samples (weights are normalized over the sources)."""
-
-    text_field: str = "text"
-    """Column that holds the text (raw-text datasets)."""
-
-    split: str = "train"
-    """Split to read (hub datasets)."""
-
-
-@dataclass
-class DataStage:
-    """A data stage (an entry of data.stages): from start_step on, its own mixture and sequence length."""
-
-    start_step: int = ranged(0, at_least(0))
-    """Optimizer steps completed before the stage begins; the first stage starts at 0."""
-
-    weights: dict[str, float] = field(default_factory=dict, metadata={RANGE_KEY: at_least(0)})
-    """Weight of each data.sources entry by name (missing names weigh 0); empty keeps the sources' weights."""
-
-    seq_len: int = ranged(0, at_least(1, (0, "training.seq_len")))
-    """Sequence length of the stage, at most training.seq_len; 0 = training.seq_len."""
-
-
-@dataclass
-class Data:
-    dataset: str = "builtin"
-    """`builtin` (Python's documentation), `tokenized` (datatrove-format token files at data.path), `json`, `jsonl`, `parquet`, `text` or `auto` (local files at data.path), `synthetic` (random ids), or a hub dataset name."""
-
-    path: str = ""
-    """Local file or folder for tokenized and the local formats; for a hub dataset, its config name (may be empty)."""
-
-    text_field: str = "text"
-    """Column of each record that holds the document text."""
-
-    split: str = "train"
-    """Dataset split to read."""
-
-    add_bos: bool = True
-    """Start every document with the tokenizer's BOS token (EOS always ends it); raw-text sources only."""
-
-    document_masking: bool = False
-    """Attend only within each token's own document of a packed window (block-causal, through FlexAttention); off, attention crosses document borders."""
-
-    sources: list[DataSource] = field(default_factory=list)
-    """Several datasets blended by weight (TOML `[[data.sources]]` tables with name, dataset, path, weight, text_field, split); replaces data.dataset and data.path."""
-
-    stages: list[DataStage] = field(default_factory=list)
-    """Data stages (TOML `[[data.stages]]` tables with start_step, weights by source name, seq_len); empty: one stage with the sources' weights."""
-
-    shuffle: bool = True
-    """Read the windows of tokenized datasets in a seeded order that changes every epoch (raw text is read in order)."""
-
-    seed: int = ranged(0, at_least(0))
-    """Seed of the shuffle order."""
-
-    loader: str = ""
-    """A custom data loader: `module:function` or `file.py:function` building it; runs that code (see examples/custom-dataloader); empty uses kenotron's."""
-
-    weights_from: str = ""
-    """A JSON file of domain weights by source name (a DoReMi proxy run's doremi_weights.json) that replaces the data.sources weights."""
-
-
 @dataclass
 class Training:
     steps: int = ranged(200, at_least(1))
@@ -156,12 +77,6 @@ class Training:
 
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Where to train; auto picks CUDA when available."""
-
-
-
-
-
-
 
 
 @dataclass
@@ -201,7 +116,6 @@ class Optimizer:
 
     muon_exclude: list[str] = field(default_factory=list)
     """Parameter-name patterns (fnmatch) that AdamW steps even where Muon would."""
-
 
 
 @dataclass
@@ -251,7 +165,6 @@ class Parallelism:
     """Explicit modules of each stage in forward order, one entry per stage (e.g. `tok_embeddings layers.0 layers.1, layers.2 layers.3 norm output`); overrides pp_layers_per_stage."""
 
 
-
     cp: int = ranged(1, at_least(1))
     """Context-parallel degree: each sequence is split over this many ranks; training.seq_len must be a multiple of 2·cp·tp."""
     cp_scheme: Literal["ring", "ulysses"] = "ring"
@@ -260,15 +173,11 @@ class Parallelism:
     """Expert-parallel degree (MoE models): each MoE layer's experts are split over this many of the dp_shard × cp ranks, tokens reach them by all-to-all, and expert weights are FSDP-sharded over the rest."""
 
 
-
-
-
     dp_mode: Literal["fsdp", "zero1"] = "fsdp"
     """fsdp: shard parameters, gradients and optimizer state (HSDP with dp_replicate, DDP when dp_shard is 1); zero1: replicate parameters and gradients, shard only the optimizer state."""
 
     fsdp_reshard_after_forward: Literal["default", "always", "never"] = "default"
     """Free gathered parameters after each block's forward: default (all but the last block; none under pipeline parallel), always, or never (faster, more memory)."""
-
 
 
     fsdp_reduce_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
@@ -365,7 +274,6 @@ class Float8:
     """Also run the MoE layers' routed experts in float8 (torchao's rowwise grouped GEMM; needs float8.enable and the grouped_mm expert kernel: CUDA, SM90+, bf16)."""
 
 
-
 @dataclass
 class Metrics:
     log_freq: int = ranged(10, at_least(1))
@@ -398,27 +306,6 @@ class ActivationCheckpoint:
 
     offload_blocks: int = ranged(0, at_least(0))
     """Keep what the first this many blocks (of each pipeline stage) save for backward in pinned host memory instead of on the GPU, copied out and back beside the compute; those blocks are not checkpointed. 0 = off."""
-
-
-@dataclass
-class Validation:
-    every: int = ranged(0, at_least(1, (0, "off")))
-    """Evaluate the validation loss every this many steps (and after the last step); 0 = off."""
-
-    dataset: str = "tokenized"
-    """Same choices as data.dataset."""
-
-    path: str = ""
-    """Same meaning as data.path."""
-
-    text_field: str = "text"
-    """Column that holds the text (raw-text datasets)."""
-
-    split: str = "validation"
-    """Split to read (hub datasets)."""
-
-    batches: int = ranged(10, at_least(1))
-    """Global batches per evaluation: the first ones of the dataset, the same every time."""
 
 
 @dataclass

@@ -17,6 +17,7 @@ of the planner.
 - cp_ring_memory.py  context parallel's ring attention as torch runs it on a GPU
 - moe_memory.py      MoE layers with even routing
 - pipeline_memory.py, pipeline_order.py, pipeline_replay.py   pipeline ranks, in their schedule's order
+- pipeline_rank_step.py   one pipeline rank's tracked step and the places its memory is read at
 - report.py          the report, as text and JSON
 """
 

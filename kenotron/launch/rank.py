@@ -10,15 +10,15 @@ import logging
 import sys
 
 from kenotron.fault_tolerance.attach import fault_tolerance_extensions
-from kenotron.planner.reshard_choice import settle_for_device
 from kenotron.runtime.rank_process import exit_process, run_rank
 from kenotron.train.trainer import run_training
 
+train_launched_rank = functools.partial(run_training, checked_by_launcher=True, job_extensions=fault_tolerance_extensions)
+"""What each rank runs once the config is loaded: the Trainer, told the launcher checked the run."""
+
 
 def main(argv: list[str] | None = None) -> int:
-    train = functools.partial(run_training, checked_by_launcher=True, job_extensions=fault_tolerance_extensions,
-                              settle_run=settle_for_device)
-    return run_rank(list(sys.argv[1:] if argv is None else argv), train, prog="kenotron train")
+    return run_rank(list(sys.argv[1:] if argv is None else argv), train_launched_rank, prog="kenotron train")
 
 
 if __name__ == "__mp_main__":

@@ -9,9 +9,11 @@ GPU with the estimator's headroom (estimate/report.py's RESERVED_FRACTION, as it
 and else stays the per-unit policy of kenotron/parallel/data_parallel.py (every unit resharded
 but the last).
 
-The trainer (through the rank program's and the benchmark's `Trainer(settle_run=...)`: train/
-may not import the planner), `kenotron estimate` and the planner's search all call
-`settle_reshard_after_forward`, so the three agree on the choice for the same GPU memory.
+The trainer (every `Trainer(cfg)`, however it is started: the launcher's ranks, `python -m
+kenotron.train`, the benchmark, a notebook), `kenotron estimate` and the planner's search all call
+`settle_reshard_after_forward`, so the three agree on the choice for the same GPU memory. The
+Trainer imports this module when it is built (train/ sits below the planner: the one import
+against the rooms' directions, tests/architecture_rules.py's UPWARD_ON_PURPOSE).
 """
 
 from __future__ import annotations
@@ -48,10 +50,11 @@ def with_reshard(run: ResolvedRun, policy: str) -> ResolvedRun:
     return dataclasses.replace(run, plan=dataclasses.replace(run.plan, settings=settings))
 
 
-def choose_reshard_after_forward(run: ResolvedRun, gpu_memory_gib: float,
+def choose_reshard_after_forward(run: ResolvedRun, gpu_memory_gib: float | None,
                                  model: AnalyticModel | None = None) -> ReshardChoice:
-    """The policy `run` applies on GPUs of `gpu_memory_gib` (`model`: the planner's cached closed
-    form for this family and size, else one is built)."""
+    """The policy `run` applies on GPUs of `gpu_memory_gib` (None: a run without a GPU, which keeps
+    the per-unit policy; `model`: the planner's cached closed form for this family and size, else
+    one is built)."""
     policy = run.plan.settings.reshard_after_forward
     if policy != "default":
         return ReshardChoice(policy, "parallelism.fsdp_reshard_after_forward in the config")
@@ -59,6 +62,9 @@ def choose_reshard_after_forward(run: ResolvedRun, gpu_memory_gib: float,
         return ReshardChoice(policy, "no FSDP sharding: nothing is resharded")
     if run.dims.pp > 1:
         return ReshardChoice(policy, "pipeline parallel: each stage keeps its blocks gathered for the schedule's step")
+    if gpu_memory_gib is None:
+        return ReshardChoice(policy, "every unit but the last resharded: no GPU, and host memory is not what a "
+                                     "GPU plan is sized for")
     budget = gpu_memory_gib * (1 - RESERVED_FRACTION) * GIB
     peak = (model or AnalyticModel(run)).peak(with_reshard(run, "never")).total
     compared = (f"the peak with every unit kept gathered, {peak / GIB:.1f} GiB, "
@@ -69,7 +75,7 @@ def choose_reshard_after_forward(run: ResolvedRun, gpu_memory_gib: float,
     return ReshardChoice(policy, f"every unit but the last resharded: {compared}", peak)
 
 
-def settle_reshard_after_forward(run: ResolvedRun, gpu_memory_gib: float,
+def settle_reshard_after_forward(run: ResolvedRun, gpu_memory_gib: float | None,
                                  model: AnalyticModel | None = None) -> ReshardChoice:
     """Choose the policy (choose_reshard_after_forward) and write it into `run`'s plan settings,
     which the data-parallel step applies and the estimator simulates."""
@@ -78,9 +84,8 @@ def settle_reshard_after_forward(run: ResolvedRun, gpu_memory_gib: float,
     return choice
 
 
-def settle_for_device(run: ResolvedRun, device: torch.device) -> ReshardChoice | None:
-    """The trainer's call (Trainer's `settle_run`): settle for the memory of the rank's own GPU.
-    A CPU run keeps the per-unit policy: host memory is not what a GPU plan is sized for."""
-    if device.type != "cuda":
-        return None
-    return settle_reshard_after_forward(run, torch.cuda.get_device_properties(device).total_memory / GIB)
+def settle_for_device(run: ResolvedRun, device: torch.device) -> ReshardChoice:
+    """The Trainer's call: settle for the memory of the rank's own GPU. A CPU run keeps the per-unit
+    policy: host memory is not what a GPU plan is sized for."""
+    memory = torch.cuda.get_device_properties(device).total_memory / GIB if device.type == "cuda" else None
+    return settle_reshard_after_forward(run, memory)

@@ -25,7 +25,6 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 from kenotron.config import load_config, split_config_arg
 from kenotron.parallel.model_layout import matching_modules
-from kenotron.planner.reshard_choice import settle_for_device
 from kenotron.runtime.distributed import WorldInfo
 from kenotron.tools.bench import SYNTHETIC
 from kenotron.tools.block_trace import BlockTimer, format_trace, stream_pools
@@ -155,7 +154,7 @@ def run_worker(out_path: str, warmup: int, steps: int, overrides: list[str], pro
     setup_logging(world.rank)
     path, rest = split_config_arg(overrides)
     cfg = load_config(path, SYNTHETIC + rest + ["--training.steps", str(warmup + steps)])
-    trainer = Trainer(cfg, settle_run=settle_for_device)  # as the rank program of `kenotron train`
+    trainer = Trainer(cfg)  # as the rank program of `kenotron train`
     device = trainer.device
     tokens = trainer.run.global_batch_size * cfg.training.seq_len
     times, loss_tensors = time_steps(trainer, warmup, steps, timing)

@@ -1,13 +1,14 @@
 """The training loop: the recipe, then the loop.
 
     Trainer(cfg): check the run (folder, wandb, float8: check_before_start, unless the launcher
-                  did), resolve (every check and choice, before any process group)
+                  did), resolve (every check and choice, before any process group; FSDP's
+                  reshard-after-forward by memory: planner/reshard_choice.py)
                   -> process group -> build the job (train/job.py)
                   -> loader, metrics, checkpoint manager (maybe resume)
     trainer.train(): batches -> train_step (train/step.py) -> log -> validate (eval_loss) -> save
 
 A notebook follows the same recipe by hand with the same functions: resolve_run, build_meshes,
-build_job, train_step.
+build_job, train_step (and settle_reshard_after_forward, where its plan should reshard as a Trainer's).
 """
 
 from __future__ import annotations
@@ -69,11 +70,9 @@ class Trainer:
 
     def __init__(self, cfg: JobConfig, edit_plan: Callable[[Plan], None] | None = None, *,
                  checked_by_launcher: bool = False,
-                 job_extensions: Callable[[TrainingJob], Sequence[JobExtension]] | None = None,
-                 settle_run: Callable[[ResolvedRun, torch.device], object] | None = None) -> None:
-        """`edit_plan` changes the resolved plan before the job is built, as a notebook would.
-        `settle_run` makes the choices that need the planner's memory model (train/ may not import
-        it: planner/reshard_choice.py's settle_for_device) after `edit_plan`; rank 0 logs what it returns.
+                 job_extensions: Callable[[TrainingJob], Sequence[JobExtension]] | None = None) -> None:
+        """`edit_plan` changes the resolved plan before the job is built, as a notebook would; the
+        choices that need the planner's memory model are made after it (`self.reshard`).
         `checked_by_launcher`: the launcher ran check_before_start before starting this process.
         `job_extensions` makes features built outside train/ (fault tolerance) for the built job;
         they go first, so that their step_optimizer decides before any other's."""
@@ -92,7 +91,12 @@ class Trainer:
         self.run: ResolvedRun = resolve_run(cfg, self.world.world_size, Target.of(self.device))
         if edit_plan is not None:
             edit_plan(self.run.plan)
-        settled = settle_run(self.run, self.device) if settle_run is not None else None
+        # fsdp_reshard_after_forward "default" settled by the planner's closed-form memory model for this
+        # rank's GPU, as `kenotron train`, the estimate and the search settle it. Imported here: the planner
+        # imports train/'s modules, so it loads once train/ has (tests/architecture_rules.py, UPWARD_ON_PURPOSE).
+        from kenotron.planner.reshard_choice import settle_for_device
+
+        self.reshard = settle_for_device(self.run, self.device)
         # One live job per run folder (runtime/run_lock.py), before any process group: a busy folder fails at once.
         self._locks = lock_run_folders(cfg.job.dump_folder, Path(cfg.job.dump_folder) / cfg.checkpoint.folder
                                        if cfg.checkpoint.enable else None) if self.is_rank0 else []
@@ -110,8 +114,7 @@ class Trainer:
         if self.is_rank0:
             logger.info("attention: %s (model.attention_backend=%s)", self.run.choices.attention_backend,
                         cfg.model.attention_backend)
-            if settled is not None:
-                logger.info("%s", settled)
+            logger.info("%s", self.reshard)
         # -- build: meshes, model, plan.apply, init, optimizers and schedules --
         self.job: TrainingJob = build_job(self.run, self.device, build_meshes(self.run, self.device.type))
         if job_extensions is not None:
@@ -329,15 +332,14 @@ def setup_logging(rank: int) -> None:
 
 
 def run_training(cfg: JobConfig, *, checked_by_launcher: bool = False,
-                 job_extensions: Callable[[TrainingJob], Sequence[JobExtension]] | None = None,
-                 settle_run: Callable[[ResolvedRun, torch.device], object] | None = None) -> list[dict[str, Any]]:
+                 job_extensions: Callable[[TrainingJob], Sequence[JobExtension]] | None = None) -> list[dict[str, Any]]:
     """Build and train; returns the metric records (rank 0's view). `checked_by_launcher`,
-    `job_extensions`, `settle_run`: as Trainer's."""
+    `job_extensions`: as Trainer's."""
     rank = WorldInfo.from_env().rank
     setup_logging(rank)
     if not faulthandler.is_enabled():
         faulthandler.enable(all_threads=True)  # a rank killed by a signal (SIGABRT, SIGSEGV) prints its stacks
-    trainer = Trainer(cfg, checked_by_launcher=checked_by_launcher, job_extensions=job_extensions, settle_run=settle_run)
+    trainer = Trainer(cfg, checked_by_launcher=checked_by_launcher, job_extensions=job_extensions)
     try:
         return trainer.train()
     except NonFiniteLossError:

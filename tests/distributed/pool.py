@@ -7,7 +7,9 @@ on a small CPU machine (importing torch costs seconds per process), so one pool 
 started on first use and kept for the whole pytest session; a call then costs milliseconds.
 
 How the pool is built, and why (forkserver, rendezvous, per-call reset, failures, output):
-see "How the worker pools work" in docs/testing.md.
+see "How the worker pools work" in docs/testing.md. The ranks' side is worker.py; what they print
+is read by rank_output.py; a failed call's error is rank_errors.py's (RankError and RankTimeout,
+importable from here as before).
 
 Pools are shut down by :func:`shutdown_pools`, which ``tests/conftest.py`` calls at session end and
 an ``atexit`` hook calls as a fallback.
@@ -35,6 +37,8 @@ from typing import Any
 
 import torch.distributed as dist
 
+from tests.distributed.rank_errors import FAILURE_GRACE, RankError, RankTimeout, rank_failure
+from tests.distributed.rank_output import RankOutput
 from tests.distributed.worker import _THREAD_ENV, PG_TIMEOUT, _kill_group, _worker_main
 
 __all__ = [
@@ -53,10 +57,6 @@ DEFAULT_TIMEOUT = 120.0
 """Seconds a call may run on the ranks before it fails (``timeout=`` overrides it)."""
 START_TIMEOUT = 180.0
 """Seconds a pool may take to start (the first start also imports torch in the fork server)."""
-FAILURE_GRACE = 1.0
-"""Seconds the other ranks get to finish (or fail) after one rank failed, before the kill."""
-OUTPUT_TAIL = 4000
-"""Characters of a failing rank's stderr quoted in the error."""
 
 # Imported once by the fork server; every worker gets them for free.
 _PRELOAD = [
@@ -71,23 +71,6 @@ _PRELOAD = [
     "numpy",
     "pytest",
 ]
-
-
-class RankError(RuntimeError):
-    """One or more ranks failed (raised, died, or hung) during a call.
-
-    ``failures`` maps each failing rank to a text block (its traceback, or the stack it hung in).
-    When a rank raised a picklable exception, the first such exception is chained as
-    ``__cause__``.
-    """
-
-    def __init__(self, message: str, failures: dict[int, str]):
-        super().__init__(message)
-        self.failures = failures
-
-
-class RankTimeout(RankError):
-    """A call did not finish on every rank within its timeout (and no rank raised)."""
 
 
 # --------------------------------------------------------------------------------------------------
@@ -165,8 +148,7 @@ class WorkerPool:
         self._procs: list[Any] = []
         self._conns: list[Any] = []
         self._log_dir = tempfile.mkdtemp(prefix=f"kenotron-pool{world_size}-")
-        self._logs: list[tuple[Any, Any]] = []
-        self._offsets: list[tuple[int, int]] = [(0, 0)] * world_size
+        self._output = RankOutput(self._log_dir, world_size)
         self._store = dist.TCPStore(
             "127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False, timeout=PG_TIMEOUT
         )
@@ -214,7 +196,7 @@ class WorkerPool:
             )
         self._ready = True
         self.ready_after = time.monotonic() - self.started_at
-        self._forward_output()
+        self._output.forward()
 
     def close(self) -> None:
         """Stop the workers (SIGKILL: they may be stuck in a collective) and free everything."""
@@ -230,10 +212,7 @@ class WorkerPool:
             if proc.exitcode is None:  # pragma: no cover - should not happen after SIGKILL
                 proc.kill()
                 proc.join(timeout=5)
-        for out, err in self._logs:
-            out.close()
-            err.close()
-        self._logs = []
+        self._output.close()
         shutil.rmtree(self._log_dir, ignore_errors=True)
         self._store = None
         with _lock:
@@ -255,7 +234,7 @@ class WorkerPool:
         self._wait_ready()
         self._call_id += 1
         self.calls += 1
-        self._mark_output()
+        self._output.mark()
         try:
             for conn in self._conns:
                 conn.send_bytes(payload)
@@ -266,7 +245,7 @@ class WorkerPool:
         if failures or pending:
             what = f"{ref[0]}.{ref[1]} on {self.world_size} ranks"
             self._fail(what, failures, pending, timeout=not failures)
-        self._forward_output()
+        self._output.forward()
         return [replies[r] for r in range(self.world_size)]
 
     def _collect(self, call_id, timeout):
@@ -333,81 +312,10 @@ class WorkerPool:
                 with suppress(ProcessLookupError):
                     os.kill(self._procs[r].pid, signal.SIGUSR1)
             time.sleep(0.3)
-        texts: dict[int, str] = {}
-        tails = self._forward_output()
-        blocks = []
-        for r in sorted(failures):
-            tb, _ = failures[r]
-            texts[r] = tb
-            block = f"--- rank {r} ---\n{tb.rstrip()}"
-            err_tail = tails[r][1][-OUTPUT_TAIL:]
-            if err_tail.strip():
-                block += f"\n--- rank {r} stderr (tail) ---\n{err_tail.rstrip()}"
-            blocks.append(block)
-        for r in sorted(pending):
-            err_tail = tails[r][1][-OUTPUT_TAIL:]
-            texts[r] = err_tail
-            state = "still running" if failures else "did not finish"
-            blocks.append(
-                f"--- rank {r}: {state}; stderr tail with its stack ---\n{err_tail.rstrip()}"
-            )
+        tails = self._output.forward()
         self.close()
-        if timeout:
-            head = f"{what}: ranks {sorted(pending)} did not finish"
-            cls = RankTimeout
-        else:
-            head = f"{what}: rank(s) {sorted(failures)} failed"
-            if pending:
-                head += f"; ranks {sorted(pending)} were still running {FAILURE_GRACE:g} s later"
-            cls = RankError
-        message = head + " (the pool was shut down and restarts on next use)\n" + "\n".join(blocks)
-        error = cls(message, texts)
-        cause = next((failures[r][1] for r in sorted(failures) if failures[r][1] is not None), None)
+        error, cause = rank_failure(what, failures, pending, tails, timeout=timeout)
         raise error from cause
-
-    # -- output --------------------------------------------------------------------------------
-
-    def _open_logs(self) -> None:
-        if not self._logs:
-            for r in range(self.world_size):
-                base = os.path.join(self._log_dir, f"rank{r}")
-                # Kept open across calls (read from the last offset each time); closed in close().
-                self._logs.append((open(base + ".out", "rb"), open(base + ".err", "rb")))  # noqa: SIM115
-
-    def _mark_output(self) -> None:
-        self._open_logs()
-        self._offsets = [
-            (os.fstat(out.fileno()).st_size, os.fstat(err.fileno()).st_size)
-            for out, err in self._logs
-        ]
-
-    def _read_output(self) -> list[tuple[str, str]]:
-        """New output of each rank since the last mark, as (stdout, stderr)."""
-        try:
-            self._open_logs()
-        except OSError:
-            return [("", "")] * self.world_size
-        texts = []
-        for (out, err), (o_off, e_off) in zip(self._logs, self._offsets):
-            pair = []
-            for f, off in ((out, o_off), (err, e_off)):
-                f.seek(off)
-                pair.append(f.read().decode("utf-8", errors="replace"))
-            texts.append(tuple(pair))
-        self._mark_output()
-        return texts
-
-    def _forward_output(self) -> list[tuple[str, str]]:
-        outputs = self._read_output()
-        for rank, (out, err) in enumerate(outputs):
-            for text, stream in ((out, sys.stdout), (err, sys.stderr)):
-                if text:
-                    prefix = f"[rank {rank}] "
-                    stream.write("".join(prefix + line for line in text.splitlines(True)))
-                    if not text.endswith("\n"):
-                        stream.write("\n")
-                    stream.flush()
-        return outputs
 
 
 def get_pool(world_size: int) -> WorkerPool:
