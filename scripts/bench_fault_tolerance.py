@@ -71,6 +71,16 @@ def tok_per_s(folder: Path, skip: int) -> float:
     return statistics.median(rates)
 
 
+def quorum_figures(folder: Path, skip: int) -> dict[str, float]:
+    """What the groups' records say of their quorums (the timed records only): the fewest groups
+    a step was averaged over (2 unless a group fell out) and the median seconds a quorum took."""
+    records = [json.loads(line) for i in range(2)
+               for line in (folder / f"replica_{i}" / "metrics.jsonl").read_text().splitlines()]
+    timed = [r for r in records if "loss" in r][skip:]
+    return {"ft_replicas_min": min(r["ft_replicas"] for r in timed),
+            "ft_quorum_s_median": round(statistics.median(r["ft_quorum_s"] for r in timed), 4)}
+
+
 def wait_for(path: Path, pattern: str, timeout: float) -> float:
     """time.time() once `pattern` (a regex) appears in the file `path`."""
     deadline = time.time() + timeout
@@ -137,7 +147,7 @@ def main() -> None:
         baseline = tok_per_s(out / "ddp", args.skip)
         with_ft = statistics.mean(tok_per_s(out / "ft" / f"replica_{i}", args.skip) for i in range(2))
         figures.update(baseline_ddp_tok_s_per_gpu=round(baseline), fault_tolerant_tok_s_per_gpu=round(with_ft),
-                       overhead_pct=round(100 * (1 - with_ft / baseline), 2))
+                       overhead_pct=round(100 * (1 - with_ft / baseline), 2), **quorum_figures(out / "ft", args.skip))
     if args.only in ("all", "kill"):
         figures.update(kill_and_rejoin(args, groups))
     print(json.dumps(figures))
