@@ -30,7 +30,7 @@ import torch
 from kenotron.parallel.context.documents import masked_work
 from kenotron.parallel.context.layout import SequenceLayout
 from kenotron.tools.bench import run_case
-from kenotron.tools.cp_bench import add_run_arguments, cp_case_overrides
+from kenotron.tools.cp_bench import add_run_arguments, cp_case_overrides, table_cell
 
 # The loader is a sibling script (data.loader loads it by path), not a package module.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -61,10 +61,6 @@ def kept_share(seq_len: int, mean_doc: float) -> float:
     window = packed_window(seq_len + 1, mean_doc, vocab_size=2, eos_id=1, seed=0)[:-1]
     ids = (torch.cumsum(window == 1, 0) - (window == 1).long())[None]
     return masked_work(ids, SequenceLayout(seq_len, 1, load_balance=False)).kept_fraction
-
-
-def _cell(row: dict, key: str, fmt: str) -> str:
-    return format(row[key], fmt) if "error" not in row else "failed: " + row["error"].strip().splitlines()[-1][:50]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -98,9 +94,9 @@ def main(argv: list[str] | None = None) -> int:
                 causal, docs = rows[False], rows[True]
                 ratio = (f"{docs['tokens_per_sec'] / causal['tokens_per_sec']:.3f}"
                          if "error" not in causal and "error" not in docs else "")
-                memory = " / ".join(_cell(r, "memory_allocated_gib", ".1f") for r in (causal, docs))
-                print(f"| {shape} | {seq_len:,} | {cp} x {ngpu // cp} | {_cell(causal, 'tokens_per_sec', ',.0f')} "
-                      f"| {_cell(docs, 'tokens_per_sec', ',.0f')} | {ratio} | {share:.3f} | {memory} |", flush=True)
+                memory = " / ".join(table_cell(r, "memory_allocated_gib", ".1f") for r in (causal, docs))
+                print(f"| {shape} | {seq_len:,} | {cp} x {ngpu // cp} | {table_cell(causal, 'tokens_per_sec', ',.0f')} "
+                      f"| {table_cell(docs, 'tokens_per_sec', ',.0f')} | {ratio} | {share:.3f} | {memory} |", flush=True)
                 if args.json:
                     Path(args.json).write_text(json.dumps(log, indent=2, default=str))
     return 0 if all("error" not in r for r in log) else 1

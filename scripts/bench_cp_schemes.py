@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 from kenotron.tools.bench import run_case
-from kenotron.tools.cp_bench import add_run_arguments, cp_case_overrides
+from kenotron.tools.cp_bench import add_run_arguments, cp_case_overrides, table_cell
 
 SHAPES: dict[str, list[str]] = {
     "1B": ["--config", "llama3_1b"],
@@ -40,20 +40,13 @@ def case_overrides(shape: str, ngpu: int, seq_len: int, scheme: str, args: argpa
     return cp_case_overrides(SHAPES[shape], ngpu, seq_len, args, ["--parallelism.cp_scheme", scheme])
 
 
-def _cell(row: dict, key: str, fmt: str) -> str:
-    if "error" in row:
-        lines = row["error"].strip().splitlines() or ["failed"]
-        return "OOM" if "out of memory" in row["error"].lower() else f"failed: {lines[-1][:60]}"
-    return format(row[key], fmt)
-
-
 def format_row(shape: str, ngpu: int, seq_len: int, rows: dict[str, dict]) -> str:
     ring, ulysses = rows["ring"], rows["ulysses"]
     ratio = ("" if "error" in ring or "error" in ulysses
              else f"{ulysses['tokens_per_sec'] / ring['tokens_per_sec']:.3f}")
-    return (f"| {shape} | {ngpu} | {seq_len:,} | {_cell(ring, 'tokens_per_sec', ',.0f')} "
-            f"| {_cell(ulysses, 'tokens_per_sec', ',.0f')} | {ratio} | {_cell(ring, 'memory_allocated_gib', '.1f')} "
-            f"| {_cell(ulysses, 'memory_allocated_gib', '.1f')} |")
+    return (f"| {shape} | {ngpu} | {seq_len:,} | {table_cell(ring, 'tokens_per_sec', ',.0f')} "
+            f"| {table_cell(ulysses, 'tokens_per_sec', ',.0f')} | {ratio} | {table_cell(ring, 'memory_allocated_gib', '.1f')} "
+            f"| {table_cell(ulysses, 'memory_allocated_gib', '.1f')} |")
 
 
 def main(argv: list[str] | None = None) -> int:

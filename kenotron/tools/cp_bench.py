@@ -28,3 +28,11 @@ def cp_case_overrides(shape: list[str], cp: int, seq_len: int, args: argparse.Na
         "--training.seq_len", str(seq_len), "--training.local_batch_size", "1", "--training.global_batch_size", "-1",
         "--activation_checkpoint.mode", args.ac, "--compile.enable", "true" if args.compile else "false",
     ] + shlex.split(args.extra)
+
+
+def table_cell(row: dict, key: str, fmt: str) -> str:
+    """One run's figure for a table cell, or why it has none: OOM, or the failure's last line."""
+    if "error" in row:
+        lines = row["error"].strip().splitlines() or ["failed"]
+        return "OOM" if "out of memory" in row["error"].lower() else f"failed: {lines[-1][:60]}"
+    return format(row[key], fmt)
