@@ -65,14 +65,18 @@ class DeepSeekV3(CausalLM):
                 mtp_blocks.append(layer)
             else:
                 h = self._attention_layer(layer, int(name), h, cos, sin, attn_mask, kv_cache, block_mask)
+        term = None
         # Meta inputs: torch 2.11's pipeline stages infer shapes on them (no loss to compute).
         if mtp_blocks and self.training and torch.is_grad_enabled() and kv_cache is None and not h.is_meta:
             if future is None:
                 future = future_tokens(tokens, self.args.mtp_depth)  # the whole sequence's ids, or refused there
-            # Attached to the hidden states, a plain tensor (the logits may be a DTensor under loss parallel).
-            h = attach_loss(h, self.mtp.loss(mtp_blocks, self.tok_embeddings, self.output, future, h, cos, sin,
-                                             block_mask))
-        return self._finish(h, kv_cache, tokens.shape[1], logits)
+            term = self.mtp.loss(mtp_blocks, self.tok_embeddings, self.output, future, h, cos, sin, block_mask)
+        out = self._finish(h, kv_cache, tokens.shape[1], logits)
+        # Joins backward at the output (logits, or the normed states the fused loss reads), after the
+        # final norm and head: a zero-bubble schedule's weight pass of the head then walks from the
+        # main logits to its weight only, not back through the norm into the MTP modules' graph
+        # (which another weight pass frees first; docs/parallelism.md, multi-token prediction).
+        return out if term is None else attach_loss(out, term)
 
     def init_buffers(self, device: torch.device | str | None = None) -> None:
         """CausalLM's, and the MTP statistics zeroed."""

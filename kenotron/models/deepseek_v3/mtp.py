@@ -88,6 +88,28 @@ def mtp_stage_copies(args: DeepSeekV3Args, units: list[str]) -> list[str]:
     return [] if "tok_embeddings" in units else ["tok_embeddings"]
 
 
+class _JoinEmbeddings(torch.autograd.Function):
+    """(h, *embedded) as they are, through one autograd node: the embedding reaches the graph
+    that depends on h at this node only.
+
+    Why: a zero-bubble schedule's weight pass (torch.distributed.pipelining's
+    stage_backward_weight) runs backward from the first nodes where a weight meets the graph of
+    the stage's input, one parameter group at a time, each freeing what it walks. Looked up
+    module by module, the embedding would meet that graph at every module's input (its cat); the
+    walk from module k's to the embedding weight then runs back through module k - 1 (whose
+    input h_{k-1} also reads the embedding), freeing that module's graph before its own weights'
+    passes (torch 2.13: "Trying to backward through the graph a second time"). Joined here, the
+    walk starts at this node and reaches the embedding without entering any module."""
+
+    @staticmethod
+    def forward(ctx, h: torch.Tensor, *embedded: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (h.view_as(h), *(e.view_as(e) for e in embedded))
+
+    @staticmethod
+    def backward(ctx, *grads: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return grads
+
+
 class MTPLoss(nn.Module):
     """The modules' statistics and loss weight (no parameters): `loss_scale` per target token's
     cross-entropy, and per module the step's summed losses and target counts (not saved)."""
@@ -117,9 +139,11 @@ class MTPLoss(nn.Module):
         hidden states `h` and `future` (future_tokens), with the model's embedding and output head."""
         attention = {"block_mask": block_mask} if block_mask is not None else {}
         total = h.new_zeros((), dtype=torch.float32)
+        # Past the window: any token (its position has no target).
+        embedded = [embedding(future[..., k - 1].clamp(min=0)) for k in range(1, len(blocks) + 1)]
+        h, *embedded = _JoinEmbeddings.apply(h, *embedded)
         for k, block in enumerate(blocks, start=1):
-            shifted = future[..., k - 1].clamp(min=0)  # past the window: any token (its position has no target)
-            h, normed = block(embedding(shifted), h, cos, sin, **attention)
+            h, normed = block(embedded[k - 1], h, cos, sin, **attention)
             total = total + self.term(k, output(normed), future[..., k])
         return total
 
