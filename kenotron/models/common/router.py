@@ -86,13 +86,12 @@ def _in_recomputation() -> bool:
 class _AttachLoss(torch.autograd.Function):
     @staticmethod
     def forward(ctx, out: torch.Tensor, term: torch.Tensor) -> torch.Tensor:
-        ctx.term_shape, ctx.term_device = term.shape, term.device
+        ctx.term_shape = term.shape
         return out.view_as(out)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        # A plain tensor even where `out` is a DTensor (the logits under loss parallel).
-        return grad, torch.ones(ctx.term_shape, dtype=torch.float32, device=ctx.term_device)
+        return grad, grad.new_ones(ctx.term_shape, dtype=torch.float32)
 
 
 def attach_loss(out: torch.Tensor, term: torch.Tensor) -> torch.Tensor:

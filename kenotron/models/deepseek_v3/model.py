@@ -13,10 +13,9 @@ from kenotron.models.common.future_tokens import future_tokens
 from kenotron.models.common.kv_cache import KVCache
 from kenotron.models.common.latent_attention import LatentCache
 from kenotron.models.common.norms import RMSNorm
-from kenotron.models.common.router import attach_loss
 from kenotron.models.deepseek_v3.args import DeepSeekV3Args
 from kenotron.models.deepseek_v3.block import DeepSeekV3Block
-from kenotron.models.deepseek_v3.mtp import MTPBlock, MTPLoss, mtp_stage_copies
+from kenotron.models.deepseek_v3.mtp import MTPBlock, MTPLoss, attach_to_output, mtp_stage_copies
 
 
 def _block(layer_id: int, args: DeepSeekV3Args) -> DeepSeekV3Block:
@@ -72,11 +71,7 @@ class DeepSeekV3(CausalLM):
                 future = future_tokens(tokens, self.args.mtp_depth)  # the whole sequence's ids, or refused there
             term = self.mtp.loss(mtp_blocks, self.tok_embeddings, self.output, future, h, cos, sin, block_mask)
         out = self._finish(h, kv_cache, tokens.shape[1], logits)
-        # Joins backward at the output (logits, or the normed states the fused loss reads), after the
-        # final norm and head: a zero-bubble schedule's weight pass of the head then walks from the
-        # main logits to its weight only, not back through the norm into the MTP modules' graph
-        # (which another weight pass frees first; docs/parallelism.md, multi-token prediction).
-        return out if term is None else attach_loss(out, term)
+        return out if term is None else attach_to_output(out, term)  # after the head (mtp.py says why)
 
     def init_buffers(self, device: torch.device | str | None = None) -> None:
         """CausalLM's, and the MTP statistics zeroed."""
