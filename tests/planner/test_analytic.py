@@ -90,6 +90,21 @@ def test_analytic_pipeline_ranks_match_the_fake_tensor_estimate(ngpu, overrides)
         assert rank.analytic.optimizer_state == rank.peak.optimizer_state
 
 
+def test_analytic_pipeline_ranks_of_deepseek_v3_with_mtp_on_the_last_stage_match_the_fake_tensor_estimate():
+    # 16B's widths, 4 blocks and the MTP module in 2 stages (1F1B): the last holds the module, its fused
+    # head loss and a copy of the embedding.
+    cfg = load_config("deepseek_v3_16b", ["--model.n_layers", "4", "--parallelism.pp", "2", "--training.seq_len", "2048",
+                                          "--training.local_batch_size", "2", "--activation_checkpoint.mode", "none",
+                                          "--compile.enable", "false"])
+    report = estimate_with_closed_form(cfg, 2, gpu_memory_gib=80)
+    assert len(report.ranks) == 2
+    for rank in report.ranks:
+        assert rank.analytic is not None, rank.ranks
+        assert rank.analytic.total == pytest.approx(rank.peak.total, rel=PP_TOLERANCE), rank.ranks
+        assert rank.analytic.optimizer_state == rank.peak.optimizer_state
+        assert abs(rank.analytic.parameters - rank.peak.parameters) <= 4096  # the routers' step statistics
+
+
 # Qwen3-30B-A3B's width with 2 MoE blocks (128 experts, top 8), shorter sequences.
 MOE_SHAPE = ["--model.n_layers", "2", "--training.seq_len", "2048", "--compile.enable", "false"]
 
