@@ -135,6 +135,10 @@ DEEPSEEK_CASES = {
     "16B-ep4": ("deepseek_v3_16b", 4, ["--model.n_layers", "2", "--training.seq_len", "2048", "--training.local_batch_size",
                                        "2", "--parallelism.ep", "4", "--activation_checkpoint.mode", "none",
                                        "--compile.enable", "false"]),
+    # The MoE blocks' compute copies (an MoE block's, not the dense first one's) carry this one (-5.6% without).
+    "16B-ep8-selective": ("deepseek_v3_16b", 8, ["--model.n_layers", "2", "--training.seq_len", "2048",
+                                                 "--training.local_batch_size", "2", "--parallelism.ep", "8",
+                                                 "--activation_checkpoint.mode", "selective-op", "--compile.enable", "false"]),
 }
 
 
@@ -145,7 +149,10 @@ def test_analytic_peak_of_deepseek_v3_with_mtp_matches_the_fake_tensor_estimate(
     rank = estimate_with_closed_form(cfg, ngpu, gpu_memory_gib=80).ranks[0]
     assert rank.analytic.total == pytest.approx(rank.peak.total, rel=TOLERANCE)
     assert rank.analytic.optimizer_state == rank.peak.optimizer_state
-    if cfg.training.param_dtype != "bfloat16":
+    if case == "16B-ep4":  # at the loss: the last block (the MTP module) gathered, the other MoE block's experts
+        gap = rank.peak.unsharded_parameters - rank.analytic.unsharded_parameters
+        assert 0 <= gap <= 2 * 2048 * 2048 * 2 + 3 * 2048 * 2  # the MTP module's eh_proj and norms, beyond an MoE block
+    if cfg.training.param_dtype != "bfloat16" or cfg.activation_checkpoint.mode != "none":
         return
     # MLA's kept bytes per block in bf16 (analytic_latent.py) against the fake tensors' attention modules.
     run = resolve_run(cfg, ngpu)
