@@ -160,6 +160,11 @@ class MTPLoss(nn.Module):
                 setattr(self, name, buffer.float())
         return out
 
+    @property
+    def head_calls(self) -> int:
+        """Calls of the output head per forward, one per module (the planner prices them: step_compute.py)."""
+        return len(self.loss_sum)
+
     def reset(self) -> None:
         self.loss_sum.zero_()
         self.targets.zero_()
