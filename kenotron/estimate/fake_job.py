@@ -123,7 +123,7 @@ def build_fake_job(run: ResolvedRun, fake_mode: Any, pipeline: Any = None) -> Tr
     hooks = BuildHooks(meta_model=meta_model, applied=applied)
     meshes = build_meshes(run, FAKE_DEVICE.type)
     job = build_job(run, FAKE_DEVICE, meshes, tensor_mode=fake_mode, init_values=False, hooks=hooks, pipeline=pipeline)
-    if job.fused_loss and run.choices.loss_kernel == "compiled":
+    if job.loss_chunk_fn is not None and run.choices.loss_kernel == "compiled":  # the fused loss's (or the MTP heads')
         # Compiling would trace on fake tensors; PyTorch's ops allocate what the compiled step does
         # (the gradient in a buffer of its own beside the logits).
         job.loss_chunk_fn = chunk_fn_for("torch")

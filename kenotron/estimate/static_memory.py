@@ -81,6 +81,11 @@ class ParameterBytes:
     head_gathered: int = 0
     """Of root_gathered, the final norm's and output layer's when FSDP makes them their own unit
     (kenotron.parallel.data_parallel.head_modules; 0 where they stay in the root)."""
+    moe_block_gathered: int = 0
+    """block_gathered of the first block with routed experts, where dense blocks lead (deepseek_v3's
+    n_dense_layers, its MTP modules); 0 where the first block is representative."""
+    moe_block_experts: int = 0
+    """block_experts of that block (0 likewise)."""
 
 
 def parameter_bytes(run: ResolvedRun, model: nn.Module) -> ParameterBytes:
@@ -89,12 +94,18 @@ def parameter_bytes(run: ResolvedRun, model: nn.Module) -> ParameterBytes:
     # One block gathered: TP-local and, under expert parallelism, only this rank's experts.
     tp_only = run.plan.describe(model, {"tp": run.dims.tp, "ep": run.dims.ep})
     c_p = 2 if run.cfg.training.param_dtype == "bfloat16" else FP32
-    first_block = matching_modules(model, run.plan.layout.blocks)[0][0] + "."
-    block = sum(math.prod(r["local_shape"]) * c_p for r in tp_only if r["name"].startswith(first_block))
-    root = sum(math.prod(r["local_shape"]) * c_p for r in tp_only if run.plan.layout.block_of(r["name"]) is None)
     experts = run.plan.layout.experts
-    block_experts = sum(math.prod(r["local_shape"]) * c_p for r in tp_only if r["name"].startswith(first_block)
-                        and experts and fqn_matches(experts, r["name"].rpartition(".")[0]))
+
+    def gathered(prefix: str, only_experts: bool = False) -> int:
+        return sum(math.prod(r["local_shape"]) * c_p for r in tp_only if r["name"].startswith(prefix)
+                   and (not only_experts or (experts and fqn_matches(experts, r["name"].rpartition(".")[0]))))
+
+    block_names = [name + "." for name, _ in matching_modules(model, run.plan.layout.blocks)]
+    first_block = block_names[0]
+    block, block_experts = gathered(first_block), gathered(first_block, only_experts=True)
+    root = sum(math.prod(r["local_shape"]) * c_p for r in tp_only if run.plan.layout.block_of(r["name"]) is None)
+    # Dense blocks first (deepseek_v3): the first block with experts, for the MoE blocks.
+    first_moe = next((b for b in block_names if gathered(b, only_experts=True)), first_block) if not block_experts else first_block
     head = [name for name, m in model.named_children() if any(m is h for h in head_modules(model, run.plan.layout))]
     split_head = (data_parallel_kind(run) in ("fsdp", "hsdp") and run.dims.dp_shard * run.dims.cp > 1
                   and run.dims.pp == 1 and head)
@@ -105,6 +116,8 @@ def parameter_bytes(run: ResolvedRun, model: nn.Module) -> ParameterBytes:
         block_gathered=block, root_gathered=root, count=len(sharded),
         buffers=sum(allocated_bytes(b.numel() * b.element_size()) for b in model.buffers()) + _balance_state(model),
         block_experts=block_experts,
+        moe_block_gathered=gathered(first_moe) if first_moe != first_block else 0,
+        moe_block_experts=gathered(first_moe, only_experts=True) if first_moe != first_block else 0,
         local_bf16=sum(allocated_bytes(r["bytes"] // 2) for r in sharded),
     )
 

@@ -17,7 +17,9 @@ kenotron/estimate/static_memory.py):
 Gathered compute copies U (FSDP mixed precision): the root unit (embedding, final norm,
   output) stays gathered from forward to backward; one block is gathered while it runs (the
   last one stays gathered, `default` policy), two during backward (prefetch); `never` keeps
-  all L; DDP / ZeRO-1 / one-GPU FSDP keep all L.
+  all L; DDP / ZeRO-1 / one-GPU FSDP keep all L. Leading dense blocks (deepseek_v3) are the
+  first block's size, the gathered ones and the rest (MTP modules too) an MoE block's; experts
+  sharded over one rank (ep = dp_shard x cp) keep every MoE block's compute copies.
 Activations kept per block (no AC), bytes:
   2·T_r·d·c_r (block input and mid-block residual, saved by the norms)
   + 2·T·d·c (the norms' outputs, or their sequence-parallel all-gathers, saved by the matmuls;
@@ -165,14 +167,19 @@ def gathered_bytes(run: ResolvedRun, params: ParameterBytes, layers: int, moment
     kind = data_parallel_kind(run)
     if kind == "none" and not one_gpu_fsdp(run):
         return 0
+    # Dense blocks first (deepseek_v3): those are the first block's size, the others (and the MTP
+    # modules) an MoE block's; the blocks kept gathered are the last ones, MoE blocks.
+    dense = getattr(run.model_args, "n_dense_layers", 0) if params.moe_block_gathered else 0
+    moe_block = params.moe_block_gathered or params.block_gathered
+    moe_experts = params.moe_block_experts or params.block_experts
     keep_all = kind in ("ddp", "zero1") or one_gpu_fsdp(run) or run.plan.settings.reshard_after_forward == "never"
     if keep_all:
-        return params.root_gathered + layers * params.block_gathered
+        return params.root_gathered + dense * params.block_gathered + (layers - dense) * moe_block
     blocks = 2 if moment == "backward" else (0 if run.plan.settings.reshard_after_forward == "always" else 1)
     # Experts FSDP-sharded over one rank (ep = dp_shard x cp) keep their compute copies throughout.
     lone_experts = run.dims.ep > 1 and run.dims.efsdp * run.dims.dp_replicate == 1
-    return params.root_gathered + blocks * params.block_gathered + (
-        (layers - blocks) * params.block_experts if lone_experts else 0)
+    return params.root_gathered + blocks * moe_block + (
+        (layers - dense - blocks) * moe_experts if lone_experts else 0)
 
 
 def uncheckpointed_fraction(run: ResolvedRun) -> float:

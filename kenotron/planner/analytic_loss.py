@@ -6,6 +6,7 @@ from __future__ import annotations
 from kenotron.estimate.static_memory import FP32
 from kenotron.estimate.tracker import allocated_bytes
 from kenotron.planner.step_shape import StepShape
+from kenotron.train.mtp import fused_heads
 from kenotron.train.resolve import ResolvedRun
 
 
@@ -48,13 +49,19 @@ def loss_bytes(run: ResolvedRun, s: StepShape, fused: bool) -> tuple[int, int]:
 
 def mtp_loss_bytes(run: ResolvedRun, s: StepShape) -> tuple[int, int]:
     """(kept for backward, temporaries at their backward) of deepseek_v3's multi-token-prediction
-    heads (models/deepseek_v3/mtp.py), beyond their blocks (counted as blocks): per module the
-    fp32 logits' log-softmax of the plain cross-entropy, T·V·4/t, and its input maps (the two
-    norms' inputs, the concatenation eh_proj keeps, the head norm's input and output): 6·T·d·c.
-    The heads' backward holds the log-softmax's gradient and its fp32 copy: 2·T·V·4/t."""
+    heads (models/deepseek_v3/mtp.py), beyond their blocks (counted as blocks), per module: the
+    input maps (the two norms' inputs, the concatenation eh_proj keeps, the head norm's input),
+    5·T·d·c, and the head's loss. The fused chunked one (train/mtp.py's fused_heads) keeps what
+    the main head's fused loss keeps, its gradients of the hidden states and of the output weight,
+    each module its own, and has its temporaries. The plain one keeps the head norm's output (the
+    output layer's input, T·d·c) and the fp32 logits' log-softmax, T·V·4/t; its backward holds the
+    log-softmax's gradient and its fp32 copy: 2·T·V·4/t."""
     depth = getattr(run.model_args, "mtp_depth", 0)
     if not depth:
         return 0, 0
+    maps = 5 * allocated_bytes(s.tokens * s.dim * s.compute)
+    if fused_heads(run):
+        kept, temp = loss_bytes(run, s, fused=True)
+        return depth * (maps + kept), temp
     fp32 = allocated_bytes(s.tokens * (s.vocab // s.tp) * FP32)
-    maps = 6 * allocated_bytes(s.tokens * s.dim * s.compute)
-    return depth * (fp32 + maps), 2 * fp32
+    return depth * (maps + allocated_bytes(s.tokens * s.dim * s.compute) + fp32), 2 * fp32

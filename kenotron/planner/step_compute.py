@@ -12,7 +12,8 @@ and the vocabulary; cp the tokens; r_* the reruns of activation checkpointing, R
              + T · B_U · κ · E · r_elem / B_mem   (B_U the blocks in U, E the bytes a block keeps
              for backward without AC per token (analytic.py): the elementwise kernels between the
              products move κ times that)
-  loss     = T · V/tp · β / B_mem where U holds the output layer: memory-bound, β bytes per logit
+  loss     = T · V/tp · β / B_mem where U holds the output layer (and once more per MTP head, whose
+             output-layer products count in its unit's N_u): memory-bound, β bytes per logit
              (fused chunked loss 8: its Triton chunk kernel and scaling passes, read off their
              measured time, docs/estimation.md; plain loss 48: the fp32 copy of the logits,
              log-softmax, its backward and the cast back, each pass reading and writing them)
@@ -44,6 +45,7 @@ from kenotron.planner.analytic import kinds_activations
 from kenotron.planner.hardware import Hardware
 from kenotron.planner.step_shape import StepShape
 from kenotron.train.flops import active_matmul_params
+from kenotron.train.mtp import fused_heads
 from kenotron.train.resolve import ResolvedRun
 
 FUSED_LOSS_BYTES = 8
@@ -71,18 +73,25 @@ class Unit:
     """attention (an attention block), mamba (a Mamba-2 block) or edge (embedding, norm, output)."""
     output: bool = False
     """Holds the output projection (the loss runs after it)."""
+    head_calls: int = 0
+    """Further calls of the output projection, each with its loss, that this unit makes (deepseek_v3's
+    MTP modules' heads: its `mtp` unit); counted in matmul_params too."""
 
 
 def model_units(model: nn.Module, blocks: str) -> list[Unit]:
     """The units of a (meta) model in forward order."""
     before, block_names, after = pipeline_units(model, blocks)
-    output = after[-1] if after else block_names[-1]
+    # The last edge unit with parameters (deepseek_v3's `mtp`, after the output layer, has none).
+    with_params = [name for name in after if any(True for _ in model.get_submodule(name).parameters())]
+    output = with_params[-1] if with_params else block_names[-1]
+    head_params = active_matmul_params(model.get_submodule(output))
     out = []
     for name in before + block_names + after:
         module = model.get_submodule(name)
         kind = "edge" if name not in block_names else "mamba" if isinstance(module, MambaBlock) else "attention"
-        out.append(Unit(name, active_matmul_params(module), sum(p.numel() for p in module.parameters()), kind,
-                        name == output))
+        heads = getattr(module, "head_calls", 0)
+        out.append(Unit(name, active_matmul_params(module) + heads * head_params,
+                        sum(p.numel() for p in module.parameters()), kind, name == output, heads))
     return out
 
 
@@ -137,9 +146,13 @@ def kernel_seconds(run: ResolvedRun, units: list[Unit], r: Rates, tokens: int, h
                     + (r.scan if u.kind == "mamba" else 0.0) + (r.elementwise if u.kind != "edge" else 0.0)
                     for u in units)
     seconds = tokens * per_token
+    logits = tokens * run.model_args.vocab_size / run.dims.tp
     if any(u.output for u in units):
         per_logit = FUSED_LOSS_BYTES if run.choices.fused_loss else PLAIN_LOSS_BYTES
-        seconds += tokens * run.model_args.vocab_size / run.dims.tp * per_logit / hw.memory_bytes_per_s
+        seconds += logits * per_logit / hw.memory_bytes_per_s
+    heads = sum(u.head_calls for u in units)
+    if heads:  # the MTP heads' losses (train/mtp.py's fused_heads)
+        seconds += heads * logits * (FUSED_LOSS_BYTES if fused_heads(run) else PLAIN_LOSS_BYTES) / hw.memory_bytes_per_s
     return seconds
 
 

@@ -10,6 +10,11 @@ balancing terms do); this extension sets its weight before the passes, λ / D ov
 batch's label tokens times the data-parallel averaging size (what the cross-entropy gets), and
 reports `mtp_loss/<k>` (module k's mean loss over its targets, all ranks) at logging steps.
 
+The heads take the main head's fused chunked loss (train/fused_loss.py, with its chunk size, matmul
+dtype and chunk kernel) unless tuning.loss is "plain" or tensor parallel shards the vocabulary
+(`fused_heads`); also under pipeline parallel, where the main head's loss is the schedule's plain
+one but the heads' runs inside the last stage's forward.
+
 The modules' inputs and targets are the tokens ahead of each position
 (models/common/future_tokens.py): this extension makes them from each micro-batch's whole
 sequences, so that context parallel cuts them as it cuts the tokens (the tokens ahead of a shard's last position live
@@ -28,7 +33,14 @@ import torch.distributed as dist
 from kenotron.data import MicroBatch
 from kenotron.models.common.future_tokens import future_tokens
 from kenotron.train.extension import JobExtension
+from kenotron.train.fused_loss import chunk_fn_for, linear_cross_entropy_sum
+from kenotron.train.resolve import ResolvedRun
 from kenotron.train.training_job import TrainingJob
+
+
+def fused_heads(run: ResolvedRun) -> bool:
+    """Whether the MTP heads take the fused chunked loss (the module docstring)."""
+    return run.cfg.tuning.loss != "plain" and run.dims.tp == 1
 
 
 class MultiTokenPrediction(JobExtension):
@@ -42,6 +54,18 @@ class MultiTokenPrediction(JobExtension):
         self.losses = [part.mtp for part in job.model_parts if getattr(part, "mtp", None) is not None]
         self.last: torch.Tensor | None = None
         """(2, depth): the last step's summed losses and target counts of this rank."""
+        if fused_heads(job.run):
+            if not job.fused_loss:  # pipeline parallel: the main head's loss is plain, the job has no chunk step
+                job.loss_chunk_fn = chunk_fn_for(job.run.choices.loss_kernel)
+            for loss in self.losses:
+                loss.head_loss = self.head_loss
+
+    def head_loss(self, normed: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """An MTP head's summed cross-entropy by the fused chunked loss (the job's chunk step, read
+        at each call: the estimator swaps a compiled one for PyTorch's ops)."""
+        job = self.job
+        return linear_cross_entropy_sum(normed, weight, targets, chunk_tokens=job.run.choices.loss_chunk_tokens,
+                                        compute_dtype=job.compute_dtype, chunk_fn=job.loss_chunk_fn)
 
     def data_layout(self, layout: dict[str, Any]) -> dict[str, Any]:
         """The ranks of the MTP modules' stage also read the token ids."""

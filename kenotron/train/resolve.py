@@ -30,7 +30,6 @@ from kenotron.parallel.pipeline import PipelineSplit, build_pipeline_split
 from kenotron.parallel.plan import Plan, layout_for
 from kenotron.runtime.preflight import resolve_degrees, resolve_model
 from kenotron.train.doremi_checks import check_doremi
-from kenotron.train.mtp_checks import check_multi_token_prediction
 from kenotron.train.muon_groups import muon_names
 
 
@@ -118,7 +117,6 @@ def resolve_layout(cfg: JobConfig, world_size: int, spec: ModelSpec, args: Any, 
     plan.settings.cp_attention = cp_attention_kind(plan.settings.cp_attention, target.device_type,
                                                    cfg.data.document_masking)
     plan.settings.check(plan.layout.count_blocks(meta_model), dims.degrees())
-    check_multi_token_prediction(args, dims.pp, cfg.parallelism.pp_schedule)
     if dims.pp > 1:
         plan.pipeline = build_pipeline_split_from_config(meta_model, cfg, dims.pp, spec.blocks)
     choices = resolve_choices(cfg, dims, target, meta_model, kernels)

@@ -76,6 +76,16 @@ def test_the_mtp_modules_stage_is_priced_with_its_copy_of_the_embedding():
     assert last.peak.parameters - stage_static_bytes(2, 1, overrides, copies=False) == offset + 4096 * 256 * 4
 
 
+def test_under_a_v_schedule_rank_0_is_priced_with_the_mtp_stage_and_its_copy_of_the_embedding():
+    # ZBVZeroBubble: rank 0 runs stage 0 (the embedding) and stage 3 (the MTP module, the head, the copy).
+    overrides = ["--parallelism.pp", "2", "--parallelism.pp_schedule", "ZBVZeroBubble", "--model.name", "deepseek_v3",
+                 "--model.mtp_depth", "1", "--training.local_batch_size", "2", "--training.seq_len", "64"]
+    first, second = estimate(2, *overrides).ranks
+    assert "stages 0 and 3" in first.ranks
+    offset = second.peak.parameters - stage_static_bytes(2, 1, overrides)  # the router statistics, as above
+    assert first.peak.parameters - stage_static_bytes(2, 0, overrides, copies=False) == offset + 4096 * 256 * 4
+
+
 def test_fsdp_shards_each_stage_over_data_parallel():
     alone = estimate(2, "--parallelism.pp", "2")
     sharded = estimate(4, "--parallelism.pp", "2", "--parallelism.dp_shard", "2")

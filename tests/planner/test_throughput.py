@@ -1,5 +1,6 @@
 """The step-time model: the data-parallel term follows the gradient reduction's dtype; pipeline and
-context-parallel terms follow what each rank sends."""
+context-parallel terms follow what each rank sends; deepseek_v3's MTP heads are priced as output
+projections with their losses."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import pytest
 
 from kenotron.config import load_config
 from kenotron.planner import AnalyticModel, Hardware, step_time
+from kenotron.planner.step_compute import kernel_seconds, rates
+from kenotron.planner.throughput import recompute
 from kenotron.train.resolve import resolve_run
 
 DEBUG = "debug"
@@ -82,3 +85,15 @@ def test_ulysses_sends_q_k_v_and_the_output_twice_and_its_traffic_shrinks_with_c
                for cp in (2, 4)}
     # The ring passes (cp-1) blocks of keys and values around; the all-to-all sends a shrinking shard.
     assert ring[4] > ring[2] and ulysses[4] < ulysses[2]
+
+
+def test_each_mtp_head_is_priced_as_one_more_output_projection_and_its_loss():
+    run = resolve_run(load_config("deepseek_v3_debug", ["--model.mtp_depth", "2"]), 1)
+    model = AnalyticModel(run)
+    units = model.units(run)
+    output, mtp = (next(u for u in units if u.name == name) for name in ("output", "mtp"))
+    assert output.output and not mtp.output and mtp.head_calls == 2 and mtp.matmul_params == 2 * output.matmul_params
+    hw = Hardware()
+    r = rates(run, units, model.kind, recompute(run), hw)
+    # One GPU: the main head's loss and the MTP heads' are both the fused chunked one.
+    assert kernel_seconds(run, [output, mtp], r, 1024, hw) == pytest.approx(3 * kernel_seconds(run, [output], r, 1024, hw))

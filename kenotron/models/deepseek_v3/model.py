@@ -13,10 +13,9 @@ from kenotron.models.common.future_tokens import future_tokens
 from kenotron.models.common.kv_cache import KVCache
 from kenotron.models.common.latent_attention import LatentCache
 from kenotron.models.common.norms import RMSNorm
-from kenotron.models.common.router import attach_loss
 from kenotron.models.deepseek_v3.args import DeepSeekV3Args
 from kenotron.models.deepseek_v3.block import DeepSeekV3Block
-from kenotron.models.deepseek_v3.mtp import MTPBlock, MTPLoss, mtp_stage_copies
+from kenotron.models.deepseek_v3.mtp import MTPBlock, MTPLoss, attach_to_output, mtp_stage_copies
 
 
 def _block(layer_id: int, args: DeepSeekV3Args) -> DeepSeekV3Block:
@@ -65,14 +64,14 @@ class DeepSeekV3(CausalLM):
                 mtp_blocks.append(layer)
             else:
                 h = self._attention_layer(layer, int(name), h, cos, sin, attn_mask, kv_cache, block_mask)
+        term = None
         # Meta inputs: torch 2.11's pipeline stages infer shapes on them (no loss to compute).
         if mtp_blocks and self.training and torch.is_grad_enabled() and kv_cache is None and not h.is_meta:
             if future is None:
                 future = future_tokens(tokens, self.args.mtp_depth)  # the whole sequence's ids, or refused there
-            # Attached to the hidden states, a plain tensor (the logits may be a DTensor under loss parallel).
-            h = attach_loss(h, self.mtp.loss(mtp_blocks, self.tok_embeddings, self.output, future, h, cos, sin,
-                                             block_mask))
-        return self._finish(h, kv_cache, tokens.shape[1], logits)
+            term = self.mtp.loss(mtp_blocks, self.tok_embeddings, self.output, future, h, cos, sin, block_mask)
+        out = self._finish(h, kv_cache, tokens.shape[1], logits)
+        return out if term is None else attach_to_output(out, term)  # after the head (mtp.py says why)
 
     def init_buffers(self, device: torch.device | str | None = None) -> None:
         """CausalLM's, and the MTP statistics zeroed."""
