@@ -221,6 +221,18 @@ def check_ulysses_heads(dims: ParallelDims, heads: int, kv_heads: int) -> None:
 ZERO_BUBBLE_SCHEDULES = ("InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
 """Pipeline schedules that split each backward into an input and a weight pass."""
 
+def check_split_backward(schedule: str, ac_mode: str) -> None:
+    """torch's selective activation checkpointing allows one backward per checkpointed region; a
+    zero-bubble schedule's weight pass is a second one ("Trying to backward an extra time")."""
+    if ac_mode == "selective-op" and schedule in ZERO_BUBBLE_SCHEDULES:
+        raise ParallelConfigError(
+            f"parallelism.pp_schedule={schedule!r} runs each backward as an input and a weight pass, which "
+            f"activation_checkpoint.mode='selective-op' cannot (torch's selective checkpoint allows one backward per "
+            f"block); use activation_checkpoint.mode 'full' or 'none', or a schedule among GPipe, 1F1B, "
+            f"Interleaved1F1B, LoopedBFS"
+        )
+
+
 def check_compile(schedule: str, compile_blocks: bool) -> None:
     """Zero-bubble schedules split each backward into an input part and a weight part, which
     torch.compile'd blocks do not support (torch refuses them for ZBVZeroBubble and DualPipeV)."""

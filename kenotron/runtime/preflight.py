@@ -17,7 +17,7 @@ import dataclasses
 from typing import Any
 
 from kenotron.config import ConfigError, JobConfig, MoE, validate_config
-from kenotron.degrees import ParallelDims, check_compile, expert_parallel_degrees
+from kenotron.degrees import ParallelDims, check_compile, check_split_backward, expert_parallel_degrees
 from kenotron.kernel_choice.config_checks import settle_kernels
 from kenotron.kernel_choice.target import Target, nvidia_smi_cuda_major, torch_built_with_cuda, visible_cuda_gpus
 from kenotron.models import MODEL_SPECS, ModelSpec, get_model_spec
@@ -109,6 +109,7 @@ def resolve_degrees(cfg: JobConfig, world_size: int, spec: ModelSpec, args: Any,
         raise ConfigError(f"model.name={spec.name!r} has no tensor-parallel plan yet; use parallelism.tp=1")
     if dims.pp > 1:
         check_compile(p.pp_schedule, cfg.compile.enable)
+        check_split_backward(p.pp_schedule, cfg.activation_checkpoint.mode)
     return dims, global_batch, accum
 
 
