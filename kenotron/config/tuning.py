@@ -28,7 +28,7 @@ class Tuning:
     """Mamba-2's mixer in training: triton (kenotron's op: convolution, SSD scan and gated norm in Triton kernels; CUDA) or torch (PyTorch ops, the chunked scan); auto: triton on CUDA when the model's sizes allow."""
 
     loss: Literal["auto", "plain", "fused"] = "auto"
-    """plain: logits then cross-entropy; fused: both in token chunks without full logits; auto: fused unless tensor or pipeline parallel applies."""
+    """plain: logits then cross-entropy; fused: both in token chunks without full logits; auto: fused unless tensor or pipeline parallel applies (multi-token prediction heads: fused unless tensor parallel)."""
 
     loss_chunk_tokens: int = ranged(16384, at_least(1))
     """Tokens per chunk of the fused loss."""
