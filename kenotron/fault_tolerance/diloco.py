@@ -40,6 +40,9 @@ class DiLoCoReplicas(FaultTolerantReplicas):
                               "the optimizer's steps, which FSDP's early all-gather splits in two; set "
                               "tuning.fsdp_early_all_gather=false")
         super().__init__(job)
+        # Every sync keeps the process group's first timeout, max(timeout_s, start_timeout_s):
+        # a sync moves the whole model, over the slow links DiLoCo is for (the per-step rule of
+        # collective_timeout.py is the synchronous mode's).
         self.diloco: Any = None
 
     def attach_run_state(self, parts: dict[str, Any]) -> None:

@@ -31,6 +31,7 @@ import torch.distributed as dist
 
 from kenotron.dtensor import local_tensor
 from kenotron.fault_tolerance.checks import lighthouse_address
+from kenotron.fault_tolerance.collective_timeout import CollectiveTimeouts
 from kenotron.fault_tolerance.state_transfer import load_local_state, local_state
 from kenotron.fault_tolerance.torchft_import import import_torchft
 from kenotron.train.extension import JobExtension
@@ -71,11 +72,15 @@ class FaultTolerantReplicas(JobExtension):
         self.group_rank = dist.get_rank() if distributed else 0
         self.group_size = dist.get_world_size() if distributed else 1
         self._store, host, port = _group_store(self.group_rank, self.group_size)
-        timeout = timedelta(seconds=ft.timeout_s)
-        pg = (torchft.ProcessGroupNCCL(timeout=timeout) if job.device.type == "cuda"
-              else torchft.ProcessGroupGloo(timeout=timeout))
+        # The process group starts with the warm-up timeout (the first step compiles); each step
+        # then sets its own (collective_timeout.py). The manager's own timeout (commit, recovery,
+        # a backstop on the all-reduce's future) stays the warm-up one.
+        self.timeouts = CollectiveTimeouts(steady_s=ft.timeout_s, warmup_s=max(ft.timeout_s, ft.start_timeout_s))
+        timeout = timedelta(seconds=self.timeouts.warmup_s)
+        self.pg = (torchft.ProcessGroupNCCL(timeout=timeout) if job.device.type == "cuda"
+                   else torchft.ProcessGroupGloo(timeout=timeout))
         self.manager = torchft.Manager(
-            pg=pg, load_state_dict=None, state_dict=None, min_replica_size=ft.min_replicas,
+            pg=self.pg, load_state_dict=None, state_dict=None, min_replica_size=ft.min_replicas,
             use_async_quorum=False, timeout=timeout, quorum_timeout=timedelta(seconds=ft.quorum_timeout_s),
             connect_timeout=timeout, rank=self.group_rank, world_size=self.group_size,
             store_addr=host, store_port=port, lighthouse_addr=lighthouse_address(job.run.cfg),
@@ -88,6 +93,7 @@ class FaultTolerantReplicas(JobExtension):
         self.failed_commits = 0
         self.recoveries = 0
         self._last_quorum_s = 0.0
+        self._timeout_s = self.timeouts.warmup_s
 
     # -- the data: each group reads its own slice of a global batch over all groups ------------
 
@@ -143,10 +149,15 @@ class FaultTolerantReplicas(JobExtension):
         """Average the gradients over the groups in the quorum, in place (a failure marks the step).
         Every tensor's all-reduce is issued before the first wait, so they overlap on the wire,
         and none needs a copy (no flattened buckets: no second copy of the gradients in memory)."""
+        self._timeout_s = self.timeouts.for_step(self.manager.num_participants())
+        self.pg.set_timeout(timedelta(seconds=self._timeout_s))
+        start = time.perf_counter()
         works = [self.manager.allreduce(local_tensor(p.grad)) for part in self.job.model_parts
                  for p in part.parameters() if p.grad is not None]
         for work in works:
             work.wait()
+        if self.manager.errored() is None:
+            self.timeouts.completed(time.perf_counter() - start)
 
     def step_optimizer(self, optimizer: Any) -> bool:
         """True (this step's optimizers do not step) unless every group in the step committed."""
@@ -171,7 +182,7 @@ class FaultTolerantReplicas(JobExtension):
 
     def metrics(self) -> dict[str, Any]:
         return {"ft_replicas": self.manager.num_participants(), "ft_failed_commits": self.failed_commits,
-                "ft_recoveries": self.recoveries, "ft_quorum_s": self._last_quorum_s}
+                "ft_recoveries": self.recoveries, "ft_quorum_s": self._last_quorum_s, "ft_timeout_s": self._timeout_s}
 
     def finish(self) -> None:
         self.manager.shutdown(wait=False)
