@@ -22,8 +22,8 @@ m micro-steps of b sequences, t = tp, p = cp, q = pp, T = b·s/p the rank's toke
   cp       = m · L/q · (2·(p-1)·2·c + 2·p·4) · b·s/p·K·h / t / B_cp   (not overlapped; torch's ring
              per block and micro-step: the k/v all-gather in forward and again in backward, (p-1)
              blocks of b·s/p tokens, and the fp32 k/v gradients passed on at each of its p steps;
-             the same volume with the alltoall rotation. The attention kernels' lower efficiency
-             on split blocks is not modelled: docs/parallelism.md, Context parallel)
+             the same volume with the alltoall rotation. The ring's attention on split blocks
+             runs at e_attn, which its rows pin; not split, under Ulysses, it runs faster: below)
   cp (ulysses) = m · L/q · 2·(p-1)/p · b·s/p·h·c·(2·H/t + 2·K') / B_cp   (parallelism.cp_scheme=
              'ulysses': all-to-alls of q, k, v and the output in forward, their gradients in
              backward, not overlapped; K' = K/t kv heads, or p when they are repeated). Its
