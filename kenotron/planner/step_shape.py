@@ -7,9 +7,8 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from kenotron.estimate.cp_ring_memory import attention_output_copy
+from kenotron.estimate.cp_ring_memory import attention_output_copy, ulysses_checkpoint_bytes
 from kenotron.estimate.static_memory import FP32
-from kenotron.estimate.tracker import allocated_bytes
 from kenotron.models.common.mamba import MambaBlock
 from kenotron.models.common.norms import LayerNorm
 from kenotron.parallel.model_layout import matching_modules
@@ -45,7 +44,7 @@ class StepShape:
     """Context parallel: the output projection keeps a copy of the attention output (cp_ring_memory.py)."""
     ulysses_kept: int = 0
     """Bytes per block that a compiled, fully checkpointed block keeps under Ulysses beyond its
-    input (`ulysses_checkpoint_bytes`); 0 otherwise."""
+    input (cp_ring_memory.py's `ulysses_checkpoint_bytes`); 0 otherwise."""
     fused_gate: bool = False
     """SwiGLU's gate is the fused Triton kernel (eager CUDA runs): silu(a) is not kept."""
     moe: MoEShape | None = None
@@ -82,26 +81,6 @@ class StepShape:
             moe=moe, mamba=MambaDims.of(a, tp) if block_kind["mamba_blocks"] else None, latent=LatentDims.of(a),
             dense_blocks=getattr(a, "n_dense_layers", 0) if moe is not None else 0, **block_kind,
         )
-
-
-def ulysses_checkpoint_bytes(run: ResolvedRun, tokens: int, c: int) -> int:
-    """What a compiled block under full AC keeps per block with Ulysses (cp > 1), beyond its
-    input: T·(H + 2K')·h·c / t + T·H·h·c / t, the sizes of the two all-to-alls' outputs (q, k, v
-    scattered over the heads; the attention output gathered back; K' the kv heads sent, each
-    repeated where the rank's kv heads do not divide cp). Measured on 2 x H100 (1B, cp 2,
-    compiled, full AC): +2.5 GiB at 32k and +5.0 GiB at 64k over the ring, which is these bytes
-    over 16 blocks (docs/parallelism.md, "Ring or all-to-all"); what keeps them was not traced.
-    Eager blocks, selective-op and no AC were not measured under Ulysses: 0 there."""
-    settings, a, d = run.plan.settings, run.model_args, run.dims
-    if d.cp == 1 or settings.cp_scheme != "ulysses" or not settings.compile or settings.ac_mode != "full":
-        return 0
-    heads = a.n_heads // d.tp
-    kv = (getattr(a, "n_kv_heads", None) or a.n_heads) // d.tp  # MLA: keys and values per query head
-    kv_sent = kv if kv % d.cp == 0 else d.cp
-    qk = a.qk_dim if hasattr(a, "qk_dim") else a.head_dim  # MLA: values are v_dim wide
-    v = getattr(a, "v_dim", qk)
-    scattered = tokens * ((heads + kv_sent) * qk + kv_sent * v) * c
-    return allocated_bytes(scattered) + allocated_bytes(tokens * heads * v * c)
 
 
 def block_kind(model: nn.Module, blocks: str) -> dict:
