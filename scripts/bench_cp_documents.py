@@ -52,6 +52,7 @@ def _overrides(shape: str, seq_len: int, cp: int, masked: bool, args: argparse.N
     return cp_case_overrides(SHAPES[shape], cp, seq_len, args, [
         "--data.loader", LOADER, "--data.path", str(args.mean_doc),
         "--data.document_masking", "true" if masked else "false",
+        "--parallelism.cp_scheme", "ring",  # the ring both ways: "auto" takes Ulysses for the plain run on GPUs
     ])
 
 

@@ -48,6 +48,7 @@ LAZY_ON_PURPOSE: dict[tuple[str, str], str] = {
     ("kenotron.tools.bench", "torch"): "a GPU preset's device check only",
     ("kenotron.tools.bench", "kenotron.data.sample_data"): "data cases only (kenotron.data imports torch)",
     ("kenotron.train.trainer", "kenotron.planner.reshard_choice"): "against the rooms: UPWARD_ON_PURPOSE",
+    ("kenotron.train.trainer", "kenotron.planner.cp_scheme_choice"): "against the rooms: UPWARD_ON_PURPOSE",
 }
 
 # Imports against the rooms' directions kept on purpose, as (module, imported module): reason. Each
@@ -58,4 +59,5 @@ UPWARD_ON_PURPOSE: dict[tuple[str, str], str] = {
     # The loop sits above the planner, which never imports it (FORBIDDEN_MODULES): every Trainer,
     # however it is built, settles fsdp_reshard_after_forward by the same closed-form memory model.
     ("kenotron.train.trainer", "kenotron.planner.reshard_choice"): "Trainer(cfg) settles reshard by memory",
+    ("kenotron.train.trainer", "kenotron.planner.cp_scheme_choice"): "Trainer(cfg) settles cp_scheme 'auto'",
 }

@@ -35,6 +35,10 @@ the gathered keys/values without a mask (`use_flex_memory`), which on fake CPU t
 what flex returns and keeps on CUDA: the output and a float32 log-sum-exp, with the gathered
 keys/values (cp x the local ones) saved for backward in every layer. The block masks (a few
 bytes per 128 x 128 tile) are left out.
+
+Compiled, fully checkpointed Ulysses blocks kept more on GPUs than the eager simulation keeps
+(`ulysses_checkpoint_bytes`, measured on 2 x H100): the closed form counts it, and the report's
+context note gives its size.
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ import torch.nn.functional as F
 from torch.distributed.tensor import DTensor, Shard
 
 from kenotron.dtensor import local_tensor
+from kenotron.estimate.tracker import allocated_bytes
 from kenotron.parallel.context.flex_gather import FlexContextAttention
 from kenotron.parallel.context.torch_ring import torch_cp_api
 from kenotron.parallel.dims import Meshes
@@ -166,6 +171,26 @@ def attention_output_copy(run: ResolvedRun) -> bool:
     return kind in ("ring", "ulysses") or (kind == "torch" and run.plan.settings.cp_load_balance)
 
 
+def ulysses_checkpoint_bytes(run: ResolvedRun, tokens: int, c: int) -> int:
+    """What a compiled block under full AC keeps per block with Ulysses (cp > 1), beyond its
+    input: T·(H + 2K')·h·c / t + T·H·h·c / t, the sizes of the two all-to-alls' outputs (q, k, v
+    scattered over the heads; the attention output gathered back; K' the kv heads sent, each
+    repeated where the rank's kv heads do not divide cp). Measured on 2 x H100 (1B, cp 2,
+    compiled, full AC): +2.5 GiB at 32k and +5.0 GiB at 64k over the ring, which is these bytes
+    over 16 blocks (docs/parallelism.md, "Ring or all-to-all"); what keeps them was not traced.
+    Eager blocks, selective-op and no AC were not measured under Ulysses: 0 there."""
+    settings, a, d = run.plan.settings, run.model_args, run.dims
+    if d.cp == 1 or settings.cp_scheme != "ulysses" or not settings.compile or settings.ac_mode != "full":
+        return 0
+    heads = a.n_heads // d.tp
+    kv = (getattr(a, "n_kv_heads", None) or a.n_heads) // d.tp  # MLA: keys and values per query head
+    kv_sent = kv if kv % d.cp == 0 else d.cp
+    qk = a.qk_dim if hasattr(a, "qk_dim") else a.head_dim  # MLA: values are v_dim wide
+    v = getattr(a, "v_dim", qk)
+    scattered = tokens * ((heads + kv_sent) * qk + kv_sent * v) * c
+    return allocated_bytes(scattered) + allocated_bytes(tokens * heads * v * c)
+
+
 def context_notes(run: ResolvedRun) -> list[str]:
     """What the report should say about a context-parallel estimate."""
     kind = cp_attention_kind(run)
@@ -183,4 +208,11 @@ def context_notes(run: ResolvedRun) -> list[str]:
     note = f"context parallel: {attention}, {layout}, {run.cfg.training.seq_len // run.dims.cp} tokens per rank"
     if kind == "torch" and run.plan.settings.cp_load_balance:
         note += "; the last cp rank keeps one attention output per block less than rank 0 (simulated)"
+    kept = ulysses_checkpoint_bytes(run, run.cfg.training.local_batch_size * run.cfg.training.seq_len // run.dims.cp,
+                                    2 if run.cfg.training.param_dtype == "bfloat16" else 4)
+    if kept:
+        blocks = run.model_args.n_layers // run.dims.pp
+        note += (f"; compiled, fully checkpointed Ulysses blocks also keep what matches their all-to-alls' outputs on "
+                 f"GPUs, {kept * blocks / 2**30:.2f} GiB over {blocks} blocks, not simulated here (the closed form "
+                 f"counts it; docs/estimation.md)")
     return [note]

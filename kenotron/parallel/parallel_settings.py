@@ -75,7 +75,8 @@ class ParallelSettings:
     cp_attention: str = field(default="auto", metadata=_key("tuning.cp_attention"))
     """Context-parallel attention: torch (its ring over fused SDPA; CUDA), ring (kenotron's), auto (by device)."""
     cp_scheme: str = field(default="ring", metadata=_key("parallelism.cp_scheme"))
-    """Context parallel by a ring of keys/values (cp_attention says whose) or by all-to-all of heads ("ulysses")."""
+    """Context parallel by a ring of keys/values (cp_attention says whose) or by all-to-all of heads ("ulysses");
+    "auto" until planner/cp_scheme_choice.py settles it (unsettled, it runs the ring)."""
 
     @classmethod
     def from_config(cls, cfg: JobConfig) -> ParallelSettings:
@@ -106,7 +107,7 @@ class ParallelSettings:
         for name, valid in (
             ("dp_mode", DP_MODES), ("reshard_after_forward", RESHARD_POLICIES), ("ac_mode", AC_MODES),
             ("param_dtype", DTYPES), ("reduce_dtype", REDUCE_DTYPES), ("cp_rotate_method", ROTATE_METHODS),
-            ("cp_attention", CP_ATTENTION_CHOICES), ("cp_scheme", CP_SCHEMES), ("float8", ("", "tensorwise", "rowwise")),
+            ("cp_attention", CP_ATTENTION_CHOICES), ("cp_scheme", ("auto", *CP_SCHEMES)), ("float8", ("", "tensorwise", "rowwise")),
         ):
             if getattr(self, name) not in valid:
                 raise self._bad(name, f"is not one of {', '.join(map(repr, valid))}")

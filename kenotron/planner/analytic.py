@@ -32,7 +32,8 @@ Activations kept per block (no AC), bytes:
   + T·H·h·c / t under context parallel where the attention output comes back contiguous in
     (batch, heads, seq, dim) (torch's load-balanced ring on rank 0, kenotron's ring): the
     output projection then keeps its own (batch, seq, heads·dim) copy
-  full AC: T_r·d·c_r (the block input);  selective-op: the block input, matmul, attention and
+  full AC: T_r·d·c_r (the block input; compiled under Ulysses also T·(2H+2K')·h·c/t, the sizes
+    of its all-to-alls' outputs, measured: step_shape.ulysses_checkpoint_bytes);  selective-op: the block input, matmul, attention and
   collective outputs: T_r·d·c_r + T·(H+2K)·h·c/t + T·H·h·c/t + 2·T·d·c + 2·T·F·c/t (+ SP
   all-gathers 2·T·d·c and reduce-scatters 2·T_r·d·c);  every-n-layers: 1 full + (n-1) none.
 Multi-token prediction: its modules count as blocks; its heads' plain losses add their kept
@@ -86,7 +87,7 @@ def block_activations(s: StepShape, mode: str, sp: bool, save_matmul_every: int 
     T, Tr, t, c = s.tokens, s.residual_tokens, s.tp, s.compute
     block_input = allocated_bytes(Tr * s.dim * s.residual)
     if mode == "full":
-        return block_input
+        return block_input + s.ulysses_kept
     q_width, kv_width = s.heads * s.head_dim // t, s.kv_heads * s.head_dim // t
     lse = allocated_bytes(s.batch * s.heads // t * s.seq * FP32)
     if s.moe is not None:

@@ -16,6 +16,7 @@ from pathlib import Path
 from kenotron.config import ConfigError, load_config, split_config_arg
 from kenotron.estimate.memory import default_gpu_memory_gib, estimate_run
 from kenotron.planner.closed_form_column import add_closed_form
+from kenotron.planner.cp_scheme_choice import settle_cp_scheme
 from kenotron.planner.hardware import Hardware
 from kenotron.planner.prediction import predict
 from kenotron.planner.reshard_choice import settle_reshard_after_forward
@@ -88,9 +89,13 @@ def main(argv: list[str] | None = None, prog: str = "python estimation.py") -> i
             payload = result.to_dict()
         else:
             run = resolve_run(cfg, args.ngpu, check_data=False)
-            reshard = settle_reshard_after_forward(run, budget)  # as the trainer settles it on such a GPU
+            # As the trainer settles them on such a GPU: the CP scheme first, whose memory the reshard prices.
+            scheme = settle_cp_scheme(run, budget)
+            reshard = settle_reshard_after_forward(run, budget)
             report = add_closed_form(estimate_run(run, budget, args.full_depth), run)
             print(report.format(top_modules=args.top_modules))
+            if run.dims.cp > 1:
+                print(scheme)
             print(reshard)
             print(predict(run, hw, args.document_tokens))
             payload = report.to_dict()

@@ -84,8 +84,13 @@ def settle_reshard_after_forward(run: ResolvedRun, gpu_memory_gib: float | None,
     return choice
 
 
+def device_memory_gib(device: torch.device) -> float | None:
+    """The memory of the rank's own GPU in GiB; None on CPU (host memory is not what a GPU plan is
+    sized for)."""
+    return torch.cuda.get_device_properties(device).total_memory / GIB if device.type == "cuda" else None
+
+
 def settle_for_device(run: ResolvedRun, device: torch.device) -> ReshardChoice:
     """The Trainer's call: settle for the memory of the rank's own GPU. A CPU run keeps the per-unit
     policy: host memory is not what a GPU plan is sized for."""
-    memory = torch.cuda.get_device_properties(device).total_memory / GIB if device.type == "cuda" else None
-    return settle_reshard_after_forward(run, memory)
+    return settle_reshard_after_forward(run, device_memory_gib(device))

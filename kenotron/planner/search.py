@@ -3,7 +3,8 @@
 1. Enumerate: tp (a divisor of the world that divides the heads, kv heads, FFN width and
    vocabulary, within one node), cp (context parallel: a divisor of what tp and pp leave, with
    seq_len a multiple of 2·cp·tp and no sliding window shorter than seq_len; both schemes,
-   the ring and Ulysses' all-to-all where the heads split over cp), the split of the
+   the ring and Ulysses' all-to-all where the heads split over cp, each row marked measured
+   or modelled: cp_scheme_choice.MEASURED_CP), the split of the
    rest into dp_replicate x dp_shard, the data-parallel mode (FSDP/HSDP/DDP, and ZeRO-1 over
    dp x cp), for MoE models the expert-parallel degree (every ep that dp_shard x cp and the expert
    count allow, under FSDP), activation checkpointing (none, selective-op, full) and the local
@@ -34,6 +35,7 @@ from kenotron.estimate.memory import estimate_run
 from kenotron.estimate.report import RESERVED_FRACTION, describe_model, gib
 from kenotron.kernel_choice.target import Target
 from kenotron.planner.analytic_model import AnalyticModel
+from kenotron.planner.cp_scheme_choice import cp_row_kind
 from kenotron.planner.hardware import Hardware
 from kenotron.planner.reshard_choice import settle_reshard_after_forward
 from kenotron.planner.throughput import StepTime, step_time
@@ -67,6 +69,9 @@ class Candidate:
     """The throughput model's step time."""
     cp_scheme: str = "ring"
     """parallelism.cp_scheme (under cp > 1): ring or ulysses."""
+    cp_row: str = ""
+    """"measured" where GPUs measured this scheme at this cp, "modelled" where only the throughput
+    model prices it, "" without cp (cp_scheme_choice.cp_row_kind)."""
     confirmed_peak: int | None = None
     """Per-rank peak bytes from the FakeTensor estimate (for the confirmed ones)."""
 
@@ -80,7 +85,7 @@ class Candidate:
         out = [f"--parallelism.{k} {self.degrees[k]}" for k in order
                if self.degrees.get(k, 1) > 1 or k not in ("pp", "cp", "ep")]
         out.append(f"--parallelism.dp_mode {self.dp_mode}")
-        if self.cp_scheme != "ring":
+        if self.degrees["cp"] > 1:  # named: the config's "auto" settles by its own rule
             out.append(f"--parallelism.cp_scheme {self.cp_scheme}")
         if self.degrees["pp"] > 1:
             out.append(f"--parallelism.pp_schedule {PP_SCHEDULE}")  # pp_microbatches 0: one sequence each
@@ -123,7 +128,7 @@ class SearchResult:
             "global_batch": self.global_batch, "considered": self.considered, "notes": self.notes,
             "elapsed_s": round(self.elapsed_s, 2),
             "candidates": [
-                {"layout": c.degrees, "dp_mode": c.dp_mode, "cp_scheme": c.cp_scheme, "ac_mode": c.ac_mode, "local_batch": c.local_batch,
+                {"layout": c.degrees, "dp_mode": c.dp_mode, "cp_scheme": c.cp_scheme, "cp_row": c.cp_row, "ac_mode": c.ac_mode, "local_batch": c.local_batch,
                  "micro_steps": c.micro_steps, "analytic_peak_gib": round(gib(c.analytic_peak), 3),
                  "confirmed_peak_gib": None if c.confirmed_peak is None else round(gib(c.confirmed_peak), 3),
                  "tokens_per_s_per_gpu": round(c.step.tokens_per_s_per_gpu), "step_s": round(c.step.seconds, 4),
@@ -227,7 +232,7 @@ def enumerate_candidates(
             settle_reshard_after_forward(run, gpu_memory_gib, model)
             out.append(Candidate(
                 {**dims.degrees(), "ep": ep}, dp_mode, ac, local, run.grad_accum_steps, model.peak(run).total,
-                step_time(run, model, hw), scheme,
+                step_time(run, model, hw), scheme, cp_row_kind(scheme, dims.cp, cfg.data.document_masking),
             ))
     finally:
         bar.close()
@@ -251,9 +256,10 @@ def search_layouts(
                      key=lambda c: (-c.step.tokens_per_s_per_gpu, c.analytic_peak))
     notes = [(f"pipeline parallel: searched with {PP_SCHEDULE}, one sequence per microbatch (pp_microbatches = local "
               f"batch) and the trainer's balanced split; other schedules are not searched (estimate them directly)")]
-    if any(c.cp_scheme == "ulysses" for c in fitting[:top]):
-        notes.append("cp-ulysses rows: the all-to-all's traffic is priced from its volumes and not yet checked against "
-                     "a measured row, as the ring's is (docs/estimation.md)")
+    if any(c.cp_row == "modelled" for c in fitting[:top]):
+        notes.append("CP column 'modelled': no GPU measured that scheme at that cp degree (GPUs measured the ring at "
+                     "cp 2 and 4, Ulysses at cp 2, the ring with document masking at cp 2: docs/parallelism.md); "
+                     "the model fitted to those prices it")
     if cfg.tuning.loss == "fused":
         notes.append("pipeline parallel is not searched: tuning.loss='fused' does not combine with it")
     if not candidates:
@@ -291,12 +297,12 @@ def format_search(result: SearchResult) -> str:
              f"{result.global_batch}: {len(result.ranked)} shown of {result.considered} layouts priced "
              f"({result.elapsed_s:.1f} s)")
     header = (f"  {'#':>2} {'layout':22s} {'AC':13s} {'batch':>5s} {'accum':>5s} {'analytic GiB':>12s} "
-              f"{'fake GiB':>9s} {'tok/s/GPU':>10s}")
+              f"{'fake GiB':>9s} {'tok/s/GPU':>10s}  CP")
     lines = [title, header]
     for i, c in enumerate(result.ranked, 1):
         fake = f"{gib(c.confirmed_peak):9.2f}" if c.confirmed_peak is not None else f"{'-':>9s}"
         lines.append(f"  {i:>2} {c.label():22s} {c.ac_mode:13s} {c.local_batch:>5d} {c.micro_steps:>5d} "
-                     f"{gib(c.analytic_peak):12.2f} {fake} {c.step.tokens_per_s_per_gpu:10.0f}")
+                     f"{gib(c.analytic_peak):12.2f} {fake} {c.step.tokens_per_s_per_gpu:10.0f}  {c.cp_row}".rstrip())
     if result.ranked:
         lines.append(f"best: {' '.join(result.ranked[0].overrides())}")
     else:
@@ -311,5 +317,7 @@ SEARCH_LEGEND = [
     "  none); AC = activation_checkpoint.mode; batch = training.local_batch_size",
     "  (sequences per rank per micro-step); accum = micro-steps per optimizer step; analytic GiB = per-rank peak of the",
     "  analytic model (what ranks the layouts); fake GiB = the peak of the fake-tensor dry run, for the best",
-    "  --confirm layouts only (- = not run); tok/s/GPU = modelled throughput. `best:` is the first row as overrides.",
+    "  --confirm layouts only (- = not run); tok/s/GPU = modelled throughput; CP = measured where GPUs measured",
+    "  that CP scheme at that cp degree (the model is fitted to it), modelled where not. `best:` is the first row",
+    "  as overrides.",
 ]

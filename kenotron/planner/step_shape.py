@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from kenotron.estimate.cp_ring_memory import attention_output_copy
+from kenotron.estimate.cp_ring_memory import attention_output_copy, ulysses_checkpoint_bytes
 from kenotron.estimate.static_memory import FP32
 from kenotron.models.common.mamba import MambaBlock
 from kenotron.models.common.norms import LayerNorm
@@ -42,6 +42,9 @@ class StepShape:
     fp32_norm: bool
     cp_output_copy: bool = False
     """Context parallel: the output projection keeps a copy of the attention output (cp_ring_memory.py)."""
+    ulysses_kept: int = 0
+    """Bytes per block that a compiled, fully checkpointed block keeps under Ulysses beyond its
+    input (cp_ring_memory.py's `ulysses_checkpoint_bytes`); 0 otherwise."""
     fused_gate: bool = False
     """SwiGLU's gate is the fused Triton kernel (eager CUDA runs): silu(a) is not kept."""
     moe: MoEShape | None = None
@@ -73,6 +76,7 @@ class StepShape:
             head_dim=a.qk_dim if hasattr(a, "qk_dim") else a.head_dim, vocab=a.vocab_size,
             layers=a.n_layers + getattr(a, "mtp_depth", 0), compute=compute,
             residual=FP32 if autocast else compute, autocast=autocast, cp_output_copy=attention_output_copy(run),
+            ulysses_kept=ulysses_checkpoint_bytes(run, tokens, compute),
             fused_gate=(block_kind["gated_mlp"] or moe is not None) and run.choices.eager_kernels == "triton",
             moe=moe, mamba=MambaDims.of(a, tp) if block_kind["mamba_blocks"] else None, latent=LatentDims.of(a),
             dense_blocks=getattr(a, "n_dense_layers", 0) if moe is not None else 0, **block_kind,

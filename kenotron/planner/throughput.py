@@ -22,12 +22,14 @@ m micro-steps of b sequences, t = tp, p = cp, q = pp, T = b·s/p the rank's toke
   cp       = m · L/q · (2·(p-1)·2·c + 2·p·4) · b·s/p·K·h / t / B_cp   (not overlapped; torch's ring
              per block and micro-step: the k/v all-gather in forward and again in backward, (p-1)
              blocks of b·s/p tokens, and the fp32 k/v gradients passed on at each of its p steps;
-             the same volume with the alltoall rotation. The attention kernels' lower efficiency
-             on split blocks is not modelled: docs/parallelism.md, Context parallel)
+             the same volume with the alltoall rotation. The ring's attention on split blocks
+             runs at e_attn, which its rows pin; not split, under Ulysses, it runs faster: below)
   cp (ulysses) = m · L/q · 2·(p-1)/p · b·s/p·h·c·(2·H/t + 2·K') / B_cp   (parallelism.cp_scheme=
              'ulysses': all-to-alls of q, k, v and the output in forward, their gradients in
-             backward, not overlapped; K' = K/t kv heads, or p when they are repeated; the attention
-             kernel is the unsharded one. Not yet fitted to a measured row: a prediction)
+             backward, not overlapped; K' = K/t kv heads, or p when they are repeated). Its
+             attention kernel runs unsplit over the whole sequence: plain causal attention is
+             priced at e_attn · g (g = `Hardware.ulysses_attention_gain`, fitted to the 1B pair at
+             cp 2 on 2 x H100, where Ulysses ran 1.09x the ring; the ring's rows pin e_attn)
   p2p      = m · (v·µ + q − 1) · 2 · b_µ·s/p·d·c_r / B_pp   (pipeline parallel: each slot of the
              critical path waits for one activation sent forward and one gradient sent back,
              b_µ·s/p·d·c_r bytes each (c_r: 4 under autocast's fp32 residual stream), taken as
@@ -171,6 +173,13 @@ def cp_block_seconds(run: ResolvedRun, micro_tokens: int, c: int, hw: Hardware) 
     return per_block / _bandwidth(d.cp, d.tp, hw)
 
 
+def unsplit_attention_gain(run: ResolvedRun, hw: Hardware) -> float:
+    """Attention's speed-up under Ulysses over the ring-fitted e_attn (module docstring): plain
+    causal only (the pair measured); a document-masked run's flex kernel gets none."""
+    unsplit = run.dims.cp > 1 and run.plan.settings.cp_scheme == "ulysses" and not run.cfg.data.document_masking
+    return hw.ulysses_attention_gain if unsplit else 1.0
+
+
 def recompute(run: ResolvedRun) -> Recompute:
     """What activation checkpointing reruns: full AC each block's forward (a third of its forward
     and backward work); selective-op the elementwise kernels' forward, and with save_matmul_every
@@ -202,7 +211,7 @@ def step_time(run: ResolvedRun, model: AnalyticModel, hw: Hardware | None = None
     r = rates(run, units, model.kind, recompute(run), hw)
     if not 0 < attention_share <= 1:
         raise ValueError(f"attention_share={attention_share} is not a share of the causal work; use a value in (0, 1]")
-    r = dataclasses.replace(r, attention=r.attention * attention_share)
+    r = dataclasses.replace(r, attention=r.attention * attention_share / unsplit_attention_gain(run, hw))
     local = params.local / 4  # this rank's parameters (params.local counts fp32 bytes)
     if run.plan.pipeline is not None and d.pp > 1:
         compute, bubble, optimizer = pipeline_compute(run, units, r, local / model.parameter_count, hw)

@@ -1,8 +1,9 @@
 """The training loop: the recipe, then the loop.
 
     Trainer(cfg): check the run (folder, wandb, float8: check_before_start, unless the launcher
-                  did), resolve (every check and choice, before any process group; FSDP's
-                  reshard-after-forward by memory: planner/reshard_choice.py)
+                  did), resolve (every check and choice, before any process group; the CP
+                  scheme by rule: planner/cp_scheme_choice.py; FSDP's reshard-after-forward
+                  by memory: planner/reshard_choice.py)
                   -> process group -> build the job (train/job.py)
                   -> loader, metrics, checkpoint manager (maybe resume)
     trainer.train(): batches -> train_step (train/step.py) -> log -> validate (eval_loss) -> save
@@ -91,11 +92,14 @@ class Trainer:
         self.run: ResolvedRun = resolve_run(cfg, self.world.world_size, Target.of(self.device))
         if edit_plan is not None:
             edit_plan(self.run.plan)
-        # fsdp_reshard_after_forward "default" settled by the planner's closed-form memory model for this
-        # rank's GPU, as `kenotron train`, the estimate and the search settle it. Imported here: the planner
-        # imports train/'s modules, so it loads once train/ has (tests/architecture_rules.py, UPWARD_ON_PURPOSE).
-        from kenotron.planner.reshard_choice import settle_for_device
+        # parallelism.cp_scheme "auto", then fsdp_reshard_after_forward "default" (priced with the chosen
+        # scheme), settled by the planner's rules for this rank's GPU, as `kenotron train`, the estimate and
+        # the search settle them. Imported here: the planner imports train/'s modules, so it loads once
+        # train/ has (tests/architecture_rules.py, UPWARD_ON_PURPOSE).
+        from kenotron.planner.cp_scheme_choice import settle_cp_scheme
+        from kenotron.planner.reshard_choice import device_memory_gib, settle_for_device
 
+        self.cp_scheme = settle_cp_scheme(self.run, device_memory_gib(self.device))
         self.reshard = settle_for_device(self.run, self.device)
         # One live job per run folder (runtime/run_lock.py), before any process group: a busy folder fails at once.
         self._locks = lock_run_folders(cfg.job.dump_folder, Path(cfg.job.dump_folder) / cfg.checkpoint.folder
@@ -114,6 +118,8 @@ class Trainer:
         if self.is_rank0:
             logger.info("attention: %s (model.attention_backend=%s)", self.run.choices.attention_backend,
                         cfg.model.attention_backend)
+            if self.run.dims.cp > 1:
+                logger.info("%s", self.cp_scheme)
             logger.info("%s", self.reshard)
         # -- build: meshes, model, plan.apply, init, optimizers and schedules --
         self.job: TrainingJob = build_job(self.run, self.device, build_meshes(self.run, self.device.type))

@@ -128,3 +128,19 @@ def test_the_ulysses_estimate_runs_its_all_to_all_on_the_fake_group_and_matches_
     # The closed form prices the attention output's copy as for kenotron's ring (attention_output_copy).
     assert rank.peak.activations == pytest.approx(rank.analytic.activations, rel=0.02)
     assert torch.distributed.is_initialized() is False  # the fake process group only
+
+
+@pytest.mark.parametrize("scheme,ac,compiled,note", [
+    ("ulysses", "full", "true", "2.50 GiB over 16 blocks, not simulated here"),
+    ("ulysses", "full", "false", None), ("ulysses", "selective-op", "true", None), ("ring", "full", "true", None),
+], ids=["ulysses-compiled-full-ac", "ulysses-eager", "ulysses-selective-op", "ring"])
+def test_the_estimate_names_what_compiled_ulysses_blocks_keep_beyond_the_eager_simulation(scheme, ac, compiled, note):
+    from kenotron.estimate.cp_ring_memory import context_notes
+
+    # The 1B at cp 2, 32k tokens, as measured on 2 x H100: +2.5 GiB over the ring (docs/parallelism.md).
+    run = resolve_run(load_config("llama3_1b", [
+        "--parallelism.cp", "2", "--parallelism.cp_scheme", scheme, "--training.seq_len", "32768",
+        "--training.local_batch_size", "1", "--activation_checkpoint.mode", ac, "--compile.enable", compiled]), 2,
+        check_data=False)
+    [text] = context_notes(run)
+    assert (note in text) if note else "not simulated here" not in text, text

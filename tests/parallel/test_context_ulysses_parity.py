@@ -53,7 +53,7 @@ def _attention_fns(overrides: list[str], folder: str) -> list[str]:
 
 
 def test_cp_scheme_ulysses_puts_the_all_to_all_in_every_attention(tmp_path):
-    # Without this the parity above could be the ring's (the default) under another name.
+    # Without this the parity above could be the ring's (auto's choice on CPU) under another name.
     got = run_on_ranks(2, _attention_fns, ULYSSES + ["--parallelism.cp", "2"], str(tmp_path))
     assert got == [["UlyssesAttention"], ["UlyssesAttention"]]
 
@@ -84,5 +84,5 @@ def test_bad_ulysses_configs_are_refused_before_any_process_group(world, args, m
 
 
 def test_unknown_cp_scheme_is_refused_with_the_choices():
-    with pytest.raises(Exception, match=r"parallelism.cp_scheme='zigzag' is not one of 'ring', 'ulysses'"):
+    with pytest.raises(Exception, match=r"parallelism.cp_scheme='zigzag' is not one of 'auto', 'ring', 'ulysses'"):
         load_config(None, ["--parallelism.cp_scheme", "zigzag"])

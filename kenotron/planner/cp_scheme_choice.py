@@ -1,0 +1,114 @@
+"""`parallelism.cp_scheme = "auto"`: the ring or the all-to-all (Ulysses), settled by one rule.
+
+The rule: **Ulysses where it can run and was measured to win, else the ring** -- that is, on a
+GPU, without document masking, with the ring's attention not named (tuning.cp_attention auto),
+with the heads splitting over cp (kenotron/degrees.py's `ulysses_head_problem`: the rank's query
+heads divide by cp, its kv heads divide by cp or divide it) and with the closed-form peak under
+Ulysses (planner/analytic.py) fitting the GPU with the estimator's headroom (as reshard_choice.py
+decides `never`).
+
+Why (docs/parallelism.md, "Ring or all-to-all"): on 2 x H100 (1B, cp 2, compiled, full AC)
+Ulysses ran 1.09x the ring's tokens/s at 32k and 64k tokens, for 2.5 and 5.0 GiB more per GPU;
+Ulysses with a document mask was not measured on GPUs, where the ring's FlexAttention against
+the gathered keys/values ran 1.5-2.2x plain causal, so a masked run keeps the ring. On CPU the
+ring stays: kenotron's exact ring is what the CPU parity tests run, and host memory is not what
+a GPU plan is sized for. Left unsettled (a plan built by hand), "auto" runs the ring.
+
+The trainer (every `Trainer(cfg)`, before any process group), `kenotron estimate` and the
+planner's search settle it here, before the reshard policy (whose memory comparison then
+prices the chosen scheme). The search prices both schemes at every cp and marks which of its
+rows a GPU measured (`MEASURED_CP`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from kenotron.degrees import ulysses_head_problem
+from kenotron.estimate.report import GIB, RESERVED_FRACTION
+from kenotron.planner.analytic_model import AnalyticModel
+from kenotron.train.resolve import ResolvedRun
+
+MEASURED_CP: frozenset[tuple[str, int, bool]] = frozenset({
+    ("ring", 2, False), ("ring", 4, False),  # 4 x H200 cp sweep (1B and 8B width; docs/parallelism.md)
+    ("ulysses", 2, False),  # 2 x H100, scripts/bench_cp_schemes.py (1B, 32k and 64k)
+    ("ring", 2, True),  # 2 x H100, scripts/bench_cp_documents.py (1B, 4096-token mean documents)
+})
+"""(scheme, cp, document masking) that GPU runs measured; the search marks its rows of them."""
+
+
+def cp_row_kind(scheme: str, cp: int, document_masking: bool) -> str:
+    """"measured" where a GPU measured this scheme at this cp (MEASURED_CP), "modelled" where
+    only the throughput model prices it, "" without context parallel."""
+    if cp == 1:
+        return ""
+    return "measured" if (scheme, cp, document_masking) in MEASURED_CP else "modelled"
+
+
+@dataclass(frozen=True)
+class CpSchemeChoice:
+    """What `parallelism.cp_scheme` resolved to for a run, and why."""
+
+    scheme: str
+    """The scheme the plan applies: "ring" or "ulysses"."""
+    why: str
+    """The reason in words: the config's own value, the condition that keeps the ring, or the
+    memory comparison."""
+    peak_ulysses: int | None = None
+    """The closed-form peak bytes per rank under Ulysses (None where it was not priced)."""
+
+    def __str__(self) -> str:
+        return f"context-parallel scheme: {self.scheme} ({self.why})"
+
+
+def with_cp_scheme(run: ResolvedRun, scheme: str) -> ResolvedRun:
+    """A copy of `run` whose plan runs context parallel by `scheme` (the run itself is left as is)."""
+    settings = dataclasses.replace(run.plan.settings, cp_scheme=scheme)
+    return dataclasses.replace(run, plan=dataclasses.replace(run.plan, settings=settings))
+
+
+def _ring_reason(run: ResolvedRun, gpu_memory_gib: float | None) -> str:
+    """Why `run` keeps the ring before any memory is priced ("" when nothing does)."""
+    cfg, d, a = run.cfg, run.dims, run.model_args
+    if gpu_memory_gib is None or cfg.training.device == "cpu":
+        return "no GPU: kenotron's exact ring, as the CPU parity tests run it"
+    if cfg.data.document_masking:
+        return ("data.document_masking: Ulysses with a document mask is not measured on GPUs; the ring's "
+                "FlexAttention against the gathered keys/values is")
+    if cfg.tuning.cp_attention != "auto":
+        return f"tuning.cp_attention={cfg.tuning.cp_attention!r} names the ring's attention"
+    kv_heads = getattr(a, "n_kv_heads", None) or a.n_heads  # MLA: keys and values per query head
+    problem = ulysses_head_problem(a.n_heads // d.tp, kv_heads // d.tp, d.cp)
+    return f"Ulysses cannot split the heads: {problem}" if problem else ""
+
+
+def choose_cp_scheme(run: ResolvedRun, gpu_memory_gib: float | None,
+                     model: AnalyticModel | None = None) -> CpSchemeChoice:
+    """The scheme `run` applies on GPUs of `gpu_memory_gib` (None: a run without a GPU; `model`:
+    the planner's cached closed form for this family and size, else one is built)."""
+    scheme = run.plan.settings.cp_scheme
+    if scheme != "auto":
+        return CpSchemeChoice(scheme, "parallelism.cp_scheme in the config")
+    if run.dims.cp == 1:
+        return CpSchemeChoice("ring", "auto: cp=1, no context parallel")
+    reason = _ring_reason(run, gpu_memory_gib)
+    if reason:
+        return CpSchemeChoice("ring", f"auto: {reason}")
+    assert gpu_memory_gib is not None  # _ring_reason keeps the ring without a GPU
+    budget = gpu_memory_gib * (1 - RESERVED_FRACTION) * GIB
+    peak = (model or AnalyticModel(run)).peak(with_cp_scheme(run, "ulysses")).total
+    compared = (f"the peak with Ulysses, {peak / GIB:.1f} GiB, {'fits' if peak <= budget else 'exceeds'} "
+                f"{100 * (1 - RESERVED_FRACTION):.0f}% of {gpu_memory_gib:g} GiB")
+    if peak <= budget:
+        return CpSchemeChoice("ulysses", f"auto: measured 1.09x the ring's tokens/s at cp 2; {compared}", peak)
+    return CpSchemeChoice("ring", f"auto: {compared}", peak)
+
+
+def settle_cp_scheme(run: ResolvedRun, gpu_memory_gib: float | None,
+                     model: AnalyticModel | None = None) -> CpSchemeChoice:
+    """Choose the scheme (choose_cp_scheme) and write it into `run`'s plan settings, which the
+    plan applies, the estimator simulates and the throughput model prices."""
+    choice = choose_cp_scheme(run, gpu_memory_gib, model)
+    run.plan.settings.cp_scheme = choice.scheme
+    return choice
