@@ -199,8 +199,8 @@ class Plan:
         if st.compile:
             # Dynamo cannot trace kenotron's ring attention (point-to-point sends) nor the flex
             # one's all-gather and mask building: blocks that hold them compile around them.
-            # Ulysses' functional all-to-alls are traceable, but no compiled GPU run has checked
-            # it yet: a graph break rather than an error if not.
+            # Ulysses' functional all-to-alls are traceable; its compiled GPU rows (2026-11-27,
+            # docs/performance.md) ran with the graph allowed to break, and a full graph is untried.
             ring = cp_mesh is not None and (st.cp_scheme == "ulysses" or cp_attention_kind(
                 st.cp_attention, cp_mesh.device_type) in ("ring", "flex"))
             # Neither can the all-to-all of expert parallelism (its splits are read on the host),
