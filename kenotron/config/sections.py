@@ -344,7 +344,7 @@ class FaultTolerance:
     """Times the launcher restarts a group whose rank died (torchrun's --max-restarts); the restarted group rejoins at the next step."""
 
     timeout_s: float = ranged(10.0, above(0))
-    """Seconds a warm step's cross-group all-reduce may wait (at least 5x the slowest seen) before the group gives the step up: what a dead peer costs the others on NCCL. A step in which a group may be compiling (its first, or a rejoined group's) and commits and recoveries get max(this, start_timeout_s)."""
+    """Seconds a warm step's cross-group all-reduce may wait (at least 5x the slowest seen) before giving the step up; steps where a group may be compiling, commits and recoveries get max(this, start_timeout_s)."""
 
     quorum_timeout_s: float = ranged(60.0, above(0))
     """Seconds a group waits for the lighthouse's quorum at the start of a step."""
