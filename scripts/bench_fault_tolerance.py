@@ -35,6 +35,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
+GPUS = (os.environ.get("CUDA_VISIBLE_DEVICES") or "0,1").split(",")[:2]
+"""The two GPUs of the runs: the first two the caller made visible (0 and 1 by default), so that
+the bench can share a host with other work."""
+
 STARTED: list[subprocess.Popen] = []
 """Every launcher this script started: stopped with their ranks when it ends, however it ends."""
 
@@ -126,17 +130,17 @@ def main() -> None:
         ft = ["--nproc", "1", *common, "--training.steps", str(steps), "--fault_tolerance.enable", "true",
               "--fault_tolerance.replica_groups", "2", "--job.dump_folder", str(out / name)]
         first = train([*ft, "--fault_tolerance.replica_id", "0", "--fault_tolerance.lighthouse", "start",
-                       "--fault_tolerance.lighthouse_port", str(args.port)], "0", out / f"{name}_0.log")
+                       "--fault_tolerance.lighthouse_port", str(args.port)], GPUS[0], out / f"{name}_0.log")
         wait_for(out / f"{name}_0.log", r"lighthouse at \S+:", 300)
         address = re.search(r"lighthouse at (\S+):", (out / f"{name}_0.log").read_text()).group(1)
         second = train([*ft, "--fault_tolerance.replica_id", "1", "--fault_tolerance.lighthouse", address],
-                       "1", out / f"{name}_1.log")
+                       GPUS[1], out / f"{name}_1.log")
         return [first, second]
 
     figures: dict[str, object] = {}
     if args.only in ("all", "overhead"):
         ddp = train(["--nproc", "2", *common, "--training.steps", str(args.steps), "--parallelism.dp_replicate",
-                     "2", "--job.dump_folder", str(out / "ddp")], "0,1", out / "ddp.log")
+                     "2", "--job.dump_folder", str(out / "ddp")], ",".join(GPUS), out / "ddp.log")
         if ddp.wait() != 0:
             raise SystemExit(f"the baseline failed: {out / 'ddp.log'}")
         runs = groups("ft", args.steps)
