@@ -259,6 +259,18 @@ def fork_server(preload: tuple[str, ...], extra_env: dict[str, str] | None = Non
     return server
 
 
+TRAINER_PRELOAD = ("torch", "torch.distributed.checkpoint", "kenotron.train.trainer")
+"""What a training process imports, for `start_python`'s default server."""
+
+
+def start_python(argv: list[str], log: Path, env: dict[str, str] | None = None,
+                 preload: tuple[str, ...] = TRAINER_PRELOAD) -> ForkedProcess:
+    """`python *argv` in a fresh process of its own session, started by the server of `preload`
+    in a fraction of a second; its stdout and stderr go to `log`; `env` is added to the
+    environment. For the tests that kill a training process or read what it printed."""
+    return fork_server(preload).start(argv, log, log, env=env, new_session=True)
+
+
 def shutdown_servers() -> None:
     """Stop every server (session end; a later call starts new ones)."""
     while _servers:
