@@ -23,7 +23,7 @@ def test_compiled_blocks_with_tp_and_sequence_parallel_match_eager_one_rank(mode
     overrides = MODELS[model] + ["--parallelism.tp", "2", "--training.local_batch_size", "8", "--compile.enable", "true"]
     results = run_on_ranks(2, run_steps, overrides, str(tmp_path), 2, timeout=600)
     # Inductor fuses and reorders fp32 arithmetic: close, not bitwise. The sigmoid router's gradient
-    # (through the balancing term's statistics) moves most: 2.1e-5 measured.
+    # (through the balancing term's statistics) moves most: 4.6e-6 measured (2.1e-5 with 8 experts).
     assert_parity(reference, results, loss_tol=1e-5, grad_tol=5e-5 if model == "deepseek_v3" else 1e-5)
 
 
