@@ -1,5 +1,10 @@
 """Helpers of the fault-tolerance tests: a lighthouse in the test's process and replica groups as
-real processes (the launcher's rank program, one process per rank, as torchrun would start them)."""
+real processes (the launcher's rank program, one process per rank, as torchrun would start them).
+
+Every process is forked by one server that imported torch, torchft and the trainer once
+(tests/fork_server.py): a fresh process each, killed with SIGKILL as a lost node's would be, but
+started in a fraction of a second instead of seconds of imports, which the ten restarts of
+test_replica_groups.py's kill test paid one after another."""
 
 from __future__ import annotations
 
@@ -9,20 +14,42 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 from kenotron.fault_tolerance.lighthouse import LighthouseSettings, start_lighthouse
+from tests.fork_server import ForkedProcess, fork_server
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = ["--model.n_layers", "1", "--model.dim", "64", "--model.n_heads", "2", "--model.n_kv_heads", "2",
         "--training.seq_len", "16", "--training.local_batch_size", "2", "--metrics.log_freq", "1",
         "--metrics.tensorboard", "false", "--lr_scheduler.warmup_steps", "2", "--training.device", "cpu"]
 FT = ["--fault_tolerance.enable", "true", "--fault_tolerance.timeout_s", "20", "--fault_tolerance.quorum_timeout_s", "60"]
+RANK_PRELOAD = ("torch", "torchft", "torch.distributed.checkpoint", "kenotron.fault_tolerance.attach",
+                "kenotron.planner.reshard_choice", "kenotron.runtime.rank_process", "kenotron.train.trainer")
+"""What the rank program and `python -m kenotron.train` import, imported once by their fork server
+(with RUST_LOG=warn, which torchft reads at its import: its Rust log says a few lines a step)."""
 FAST_LIGHTHOUSE = LighthouseSettings(min_replicas=1, join_timeout_ms=2000, quorum_tick_ms=20, heartbeat_timeout_ms=800)
 """A dead group is noticed within a second (the default waits five)."""
+
+
+def start_process(argv: list[str], log: Path, env: dict[str, str] | None = None) -> ForkedProcess:
+    """`python *argv` in a fresh process (a session of its own) forked by the ranks' server, its
+    output (stdout and stderr) into `log`, with `env` added to the environment."""
+    return fork_server(RANK_PRELOAD, {"RUST_LOG": "warn"}).start(argv, log, log, env=env, new_session=True)
+
+
+def run_alone(args: list[str], folder: Path) -> ForkedProcess:
+    """One process without fault tolerance, `python -m kenotron.train *args`, into `folder`; its
+    output goes to `folder`.txt (`output_of`)."""
+    return start_process(["-m", "kenotron.train", *Group.tiny_args(), *args, "--job.dump_folder", str(folder)],
+                         folder.with_suffix(".txt"))
+
+
+def output_of(folder: Path) -> str:
+    """What `run_alone` into `folder` printed."""
+    return folder.with_suffix(".txt").read_text(errors="replace")
 
 
 def free_port() -> int:
@@ -47,7 +74,7 @@ class Group:
     def __init__(self, replica_id: int, groups: int, ranks: int, folder: Path, address: str, extra: list[str]) -> None:
         self.replica_id, self.groups, self.ranks = replica_id, groups, ranks
         self.folder, self.address, self.extra = folder, address, extra
-        self.procs: list[subprocess.Popen] = []
+        self.procs: list[ForkedProcess] = []
         self.lives = 0
 
     def start(self) -> Group:
@@ -56,25 +83,22 @@ class Group:
         log = self.folder / f"replica_{self.replica_id}.life{self.lives}"
         self.procs = []
         for rank in range(self.ranks):
-            env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "MASTER_ADDR": "127.0.0.1",
-                   "MASTER_PORT": str(port), "RANK": str(rank), "LOCAL_RANK": str(rank),
-                   "WORLD_SIZE": str(self.ranks), "LOCAL_WORLD_SIZE": str(self.ranks),
-                   "RUST_LOG": "warn"}  # torchft's own log: a few lines per step at its default
-            cmd = [sys.executable, "-m", "kenotron.launch.rank", *TINY, *FT,
+            env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank), "LOCAL_RANK": str(rank),
+                   "WORLD_SIZE": str(self.ranks), "LOCAL_WORLD_SIZE": str(self.ranks)}
+            cmd = ["-m", "kenotron.launch.rank", *TINY, *FT,
                    "--job.dump_folder", str(self.folder / f"replica_{self.replica_id}"),
                    "--fault_tolerance.replica_id", str(self.replica_id),
                    "--fault_tolerance.replica_groups", str(self.groups),
                    "--fault_tolerance.lighthouse", self.address, *self.extra]
-            out = open(f"{log}.rank{rank}.txt", "w")  # noqa: SIM115  (kept open by the process)
-            self.procs.append(subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                               start_new_session=True))
+            self.procs.append(start_process(cmd, Path(f"{log}.rank{rank}.txt"), env))
         return self
 
     def kill(self) -> None:
         """SIGKILL every rank of the group, as a lost node would end it."""
         for proc in self.procs:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(proc.pid, signal.SIGKILL)
+            if proc.poll() is None:  # not one that ended already: its pid may be another's by now
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc.pid, signal.SIGKILL)
         for proc in self.procs:
             proc.wait(timeout=30)
 

@@ -1,8 +1,9 @@
 """A data loader for the fault-tolerance tests: seeded random token windows, the global batch of
 step s fixed whatever the dp layout (rank r of D takes the r-th slice). `build_gated` waits
 GATED_S per step while the file that data.path names exists: a test keeps the groups stepping
-slowly while it kills and restarts some (a restart takes seconds to tens of seconds on a busy
-machine), then removes the file and the run ends at full speed."""
+slowly while it kills and restarts some (a few seconds per kill and restart on a busy machine:
+the steps it takes are the run's steps that go by gated), then removes the file and the run ends
+at full speed."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import torch
 
 from kenotron.data import LoaderContext, MicroBatch
 
-GATED_S = 0.25
+GATED_S = 0.5
 """Seconds per step of `build_gated`'s loader while its gate file exists (it runs ahead in
 kenotron's prefetch thread, so this paces the steps)."""
 

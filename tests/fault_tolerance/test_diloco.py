@@ -6,16 +6,12 @@ with exactly the mean of two one-process runs on their data slices. Four process
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
 from kenotron.fault_tolerance.torchft_import import unavailable_reason
-from tests.fault_tolerance.groups import REPO, Group, lighthouse
-from tests.fault_tolerance.test_replica_groups import _final_state, _same, started  # noqa: F401  (fixture)
+from tests.fault_tolerance.groups import Group, lighthouse, output_of, run_alone
+from tests.fault_tolerance.test_replica_groups import _final_state, _kill, _same, started  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.skipif(unavailable_reason() is not None, reason=str(unavailable_reason()))
 
@@ -24,14 +20,8 @@ pytestmark = pytest.mark.skipif(unavailable_reason() is not None, reason=str(una
 def test_diloco_groups_end_a_sync_with_the_mean_of_their_own_weights(tmp_path, started):  # noqa: F811
     steps = 3
     common = ["--training.steps", str(steps), "--checkpoint.enable", "true", "--checkpoint.interval", str(steps)]
-    alone = []
-    for index in range(2):
-        alone.append(subprocess.Popen(
-            [sys.executable, "-m", "kenotron.train", *Group.tiny_args(), *common,
-             "--data.loader", f"tests.fault_tolerance.paced_loader:build_slice_{index}",
-             "--job.dump_folder", str(tmp_path / f"alone_{index}")],
-            cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)},
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    alone = [run_alone([*common, "--data.loader", f"tests.fault_tolerance.paced_loader:build_slice_{index}"],
+                       tmp_path / f"alone_{index}") for index in range(2)]
     try:
         with lighthouse() as address:
             diloco = ["--data.loader", "tests.fault_tolerance.paced_loader:build", "--fault_tolerance.sync_every", "3",
@@ -39,13 +29,11 @@ def test_diloco_groups_end_a_sync_with_the_mean_of_their_own_weights(tmp_path, s
             started.extend(Group(i, 2, 1, tmp_path, address, diloco).start() for i in range(2))
             for group in started:
                 assert group.wait(300) == [0], group.output()
-        outs = [p.communicate(timeout=300)[0] for p in alone]
+        codes = [p.wait(300) for p in alone]
     finally:
         for p in alone:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    assert [p.returncode for p in alone] == [0, 0], outs
+            _kill(p)
+    assert codes == [0, 0], [output_of(tmp_path / f"alone_{i}") for i in range(2)]
     groups = [_final_state(tmp_path / f"replica_{i}", steps, tmp_path / f"g{i}.pt")["model"] for i in range(2)]
     own = [_final_state(tmp_path / f"alone_{i}", steps, tmp_path / f"a{i}.pt")["model"] for i in range(2)]
     assert _same(groups[0], groups[1]) == []

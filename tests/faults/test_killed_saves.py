@@ -9,31 +9,26 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from kenotron.checkpoint import list_step_folders
 from kenotron.checkpoint.folders import STAMP_NAME
 from tests.checkpoint.tiny import make_run, run_layout
+from tests.fork_server import start_python
 
-REPO = Path(__file__).resolve().parents[2]
 
-
-@pytest.mark.slow  # a training process starts from scratch (~5 s each)
+@pytest.mark.slow  # a training process saves twice, its writer process starts from scratch
 @pytest.mark.parametrize("mode", ["disabled", "async", "async_with_pinned_mem"])
 def test_killing_the_job_during_a_save_keeps_the_previous_checkpoint(tmp_path, mode):
     folder, flag = tmp_path / "ckpt", tmp_path / "stalled.pid"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "STALL_FLAG": str(flag)}
-    run = subprocess.Popen([sys.executable, "-m", "tests.faults.stalled_save", mode, str(folder)], cwd=REPO, env=env,
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    log = tmp_path / "run.txt"
+    run = start_python(["-m", "tests.faults.stalled_save", mode, str(folder)], log, {"STALL_FLAG": str(flag)})
     try:
         deadline = time.monotonic() + 120
         while not (flag.is_file() and flag.read_text()):
-            assert run.poll() is None, f"the run ended before the stall:\n{run.stdout.read()}"
+            assert run.poll() is None, f"the run ended before the stall:\n{log.read_text()}"
             assert time.monotonic() < deadline, "the save never reached the stall"
             time.sleep(0.1)
         for pid in {run.pid, int(flag.read_text())}:  # the training process and, if another, the writer
@@ -41,8 +36,8 @@ def test_killing_the_job_during_a_save_keeps_the_previous_checkpoint(tmp_path, m
         run.wait(timeout=60)
     finally:
         if run.poll() is None:
-            run.kill()
-            run.wait()
+            os.kill(run.pid, signal.SIGKILL)
+            run.wait(60)
         if flag.is_file() and flag.read_text():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(int(flag.read_text()), signal.SIGKILL)

@@ -30,8 +30,11 @@ def test_an_object_key_that_leaves_the_download_folder_is_refused_and_nothing_is
     assert not list(tmp_path.rglob("escaped.txt"))
 
 
-def test_credentials_in_the_endpoint_url_never_reach_messages_or_the_saved_config(s3, tmp_path):  # noqa: F811
+def test_credentials_in_the_endpoint_url_never_reach_messages_or_the_saved_config(s3, tmp_path, monkeypatch):  # noqa: F811
     endpoint = "http://someone:s3cr3t@127.0.0.1:9"  # nothing listens on port 9
+    # One attempt: botocore's retries of the refused connection (seconds of backoff) end in the
+    # same error, whose message is what is checked.
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
     store = S3Store(f"s3://{BUCKET}/x", endpoint)
     (tmp_path / "step-000001").mkdir()
     (tmp_path / "step-000001" / MARKER_NAME).write_text("{}")

@@ -5,15 +5,11 @@ norms within 1e-6, first-step gradients of every stage within 1e-5. PP 2 x CP 2 
 pipeline schedule (and with torch's ring, the CUDA path, in a V schedule) and ZeRO-1 2 x CP 2
 on 4 ranks; DP 2 x TP 2 x CP 2 x PP 2 on 16 ranks, 2 steps (the pool holds them: about 25 s on
 2 cores). Then bad input, refused before any process group; a checkpoint saved under PP 2 x
-CP 2 resumed under FSDP 2; and `NPROC=8 ./run_train.sh` under PP 2 x CP 2 x TP 2 logging the
+CP 2 resumed under FSDP 2; and the trainer on 8 ranks under PP 2 x CP 2 x TP 2 logging the
 1-rank run's losses.
 """
 
 from __future__ import annotations
-
-import os
-import subprocess
-from pathlib import Path
 
 import pytest
 
@@ -165,24 +161,21 @@ def test_checkpoint_saved_under_pp2_cp2_resumes_under_fsdp2(tmp_path):
         assert abs(run[step] - one[step]) <= 1e-5, (step, run[step], one[step])
 
 
-# -- the launcher end to end: torchrun, 8 processes, metrics.jsonl ----------------------------------
-
-ROOT = Path(__file__).resolve().parents[2]
+# -- the trainer on 8 ranks: metrics.jsonl --------------------------------------------------------
 
 
-def test_run_train_sh_on_eight_ranks_under_pp2_cp2_tp2_logs_the_one_rank_losses(tmp_path):
-    """`NPROC=8 ./run_train.sh` with PP 2 x CP 2 x TP 2 (sequence parallel, loss parallel, the
-    ring inside both stages), AdamW: metrics.jsonl has the 1-rank run's losses and token counts."""
-    from tests.train.short_run import read_records, short_run_args, train_short_run
+def test_trainer_on_eight_ranks_under_pp2_cp2_tp2_logs_the_one_rank_losses_and_token_counts(tmp_path):
+    """The trainer (run_training, AdamW) on 8 ranks of the pool with PP 2 x CP 2 x TP 2 (sequence
+    parallel, loss parallel, the ring inside both stages): metrics.jsonl has the 1-rank run's
+    losses, gradient norms and token counts. (`./run_train.sh` starting several ranks through
+    torchrun is tests/launch/test_two_nodes.py's; 8 fresh processes here cost ~30 s of imports.)"""
+    from tests.train.short_run import read_records, train_short_run
 
     args = ["--training.local_batch_size", "8"]
     train_short_run(2, args, str(tmp_path / "one"))
     layout = ["--parallelism.pp", "2", "--parallelism.cp", "2", "--parallelism.tp", "2",
               "--parallelism.pp_microbatches", "2"]
-    command = ["./run_train.sh", *short_run_args(2), *args, *layout, "--job.dump_folder", str(tmp_path / "eight")]
-    done = subprocess.run(command, check=False, cwd=ROOT, env={**os.environ, "NPROC": "8"}, capture_output=True,
-                          text=True, timeout=600)
-    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    run_on_ranks(8, train_short_run, 2, [*args, *layout], str(tmp_path / "eight"))
     one, eight = read_records(tmp_path / "one"), read_records(tmp_path / "eight")
     assert [r["step"] for r in eight] == [r["step"] for r in one] == [1, 2, 4, 6]
     for a, b in zip(one, eight):

@@ -8,10 +8,9 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
+
+from tests.fork_server import TRAINER_PRELOAD, fork_server
 
 ROOT = Path(__file__).parents[2]
 TINY = ["--widths", "64", "--lrs", "1e-3,1e-1", "--steps", "3", "--tail", "2", "--", "--training.seq_len", "16",
@@ -19,12 +18,11 @@ TINY = ["--widths", "64", "--lrs", "1e-3,1e-1", "--steps", "3", "--tail", "2", "
 
 
 def sweep(*args: str) -> str:
-    env = {**os.environ, "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "mup_lr_sweep.py"), *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300, check=False)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc.stdout
+    """The script run as `python scripts/mup_lr_sweep.py *args` in a fresh process (forked by a
+    server that imported the trainer once: tests/fork_server.py); returns what it printed."""
+    code, out, err = fork_server(TRAINER_PRELOAD).run([str(ROOT / "scripts" / "mup_lr_sweep.py"), *args], 300)
+    assert code == 0, err[-3000:]
+    return out
 
 
 def tables(output: str) -> list[str]:

@@ -2,8 +2,7 @@
 layout (EP x TP among them) equal the 1-rank run's, and every layer's expert loads reach
 metrics.jsonl and TensorBoard; checkpoints resume resharded from ep 2 to one rank; a checkpoint
 with another expert count is refused before training. The layouts run on the pool's ranks;
-`./run_train.sh` on several processes is launched end to end by
-tests/parallel/test_context_pipeline.py (8 ranks) and tests/launch/."""
+`./run_train.sh` on several processes is launched end to end by tests/launch/test_two_nodes.py."""
 
 from __future__ import annotations
 
