@@ -22,12 +22,11 @@ rows a GPU measured (`MEASURED_CP`).
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 from kenotron.degrees import ulysses_head_problem
-from kenotron.estimate.report import GIB, RESERVED_FRACTION
 from kenotron.planner.analytic_model import AnalyticModel
+from kenotron.planner.reshard_choice import compare_with_gpu, with_settings
 from kenotron.train.resolve import ResolvedRun
 
 MEASURED_CP: frozenset[tuple[str, int, bool]] = frozenset({
@@ -62,12 +61,6 @@ class CpSchemeChoice:
         return f"context-parallel scheme: {self.scheme} ({self.why})"
 
 
-def with_cp_scheme(run: ResolvedRun, scheme: str) -> ResolvedRun:
-    """A copy of `run` whose plan runs context parallel by `scheme` (the run itself is left as is)."""
-    settings = dataclasses.replace(run.plan.settings, cp_scheme=scheme)
-    return dataclasses.replace(run, plan=dataclasses.replace(run.plan, settings=settings))
-
-
 def _ring_reason(run: ResolvedRun, gpu_memory_gib: float | None) -> str:
     """Why `run` keeps the ring before any memory is priced ("" when nothing does)."""
     cfg, d, a = run.cfg, run.dims, run.model_args
@@ -96,11 +89,10 @@ def choose_cp_scheme(run: ResolvedRun, gpu_memory_gib: float | None,
     if reason:
         return CpSchemeChoice("ring", f"auto: {reason}")
     assert gpu_memory_gib is not None  # _ring_reason keeps the ring without a GPU
-    budget = gpu_memory_gib * (1 - RESERVED_FRACTION) * GIB
-    peak = (model or AnalyticModel(run)).peak(with_cp_scheme(run, "ulysses")).total
-    compared = (f"the peak with Ulysses, {peak / GIB:.1f} GiB, {'fits' if peak <= budget else 'exceeds'} "
-                f"{100 * (1 - RESERVED_FRACTION):.0f}% of {gpu_memory_gib:g} GiB")
-    if peak <= budget:
+    peak = (model or AnalyticModel(run)).peak(with_settings(run, cp_scheme="ulysses")).total
+    fits, against_gpu = compare_with_gpu(peak, gpu_memory_gib)
+    compared = f"the peak with Ulysses, {against_gpu}"
+    if fits:
         return CpSchemeChoice("ulysses", f"auto: measured 1.09x the ring's tokens/s at cp 2; {compared}", peak)
     return CpSchemeChoice("ring", f"auto: {compared}", peak)
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kenotron.estimate.report import GIB, RESERVED_FRACTION
+from kenotron.estimate.report import GIB, RESERVED_FRACTION, verdict
 from kenotron.estimate.static_memory import data_parallel_kind
 from kenotron.planner.analytic_model import AnalyticModel
 from kenotron.train.resolve import ResolvedRun
@@ -44,10 +44,18 @@ class ReshardChoice:
         return f"FSDP reshard after forward: {self.policy} ({self.why})"
 
 
-def with_reshard(run: ResolvedRun, policy: str) -> ResolvedRun:
-    """A copy of `run` whose plan reshards after forward by `policy` (the run itself is left as is)."""
-    settings = dataclasses.replace(run.plan.settings, reshard_after_forward=policy)
+def with_settings(run: ResolvedRun, **changes: object) -> ResolvedRun:
+    """A copy of `run` whose plan settings take `changes` (the run itself is left as is)."""
+    settings = dataclasses.replace(run.plan.settings, **changes)
     return dataclasses.replace(run, plan=dataclasses.replace(run.plan, settings=settings))
+
+
+def compare_with_gpu(peak: int, gpu_memory_gib: float) -> tuple[bool, str]:
+    """Whether the closed-form `peak` fits the GPU as the estimator's verdict "fits" decides
+    (RESERVED_FRACTION kept), and the comparison in words."""
+    fits = verdict(peak, gpu_memory_gib) == "fits"
+    return fits, (f"{peak / GIB:.1f} GiB, {'fits' if fits else 'exceeds'} {100 * (1 - RESERVED_FRACTION):.0f}% of "
+                  f"{gpu_memory_gib:g} GiB")
 
 
 def choose_reshard_after_forward(run: ResolvedRun, gpu_memory_gib: float | None,
@@ -65,12 +73,10 @@ def choose_reshard_after_forward(run: ResolvedRun, gpu_memory_gib: float | None,
     if gpu_memory_gib is None:
         return ReshardChoice(policy, "every unit but the last resharded: no GPU, and host memory is not what a "
                                      "GPU plan is sized for")
-    budget = gpu_memory_gib * (1 - RESERVED_FRACTION) * GIB
-    peak = (model or AnalyticModel(run)).peak(with_reshard(run, "never")).total
-    compared = (f"the peak with every unit kept gathered, {peak / GIB:.1f} GiB, "
-                f"{'fits' if peak <= budget else 'exceeds'} {100 * (1 - RESERVED_FRACTION):.0f}% of "
-                f"{gpu_memory_gib:g} GiB")
-    if peak <= budget:
+    peak = (model or AnalyticModel(run)).peak(with_settings(run, reshard_after_forward="never")).total
+    fits, against_gpu = compare_with_gpu(peak, gpu_memory_gib)
+    compared = f"the peak with every unit kept gathered, {against_gpu}"
+    if fits:
         return ReshardChoice("never", f"default: {compared}", peak)
     return ReshardChoice(policy, f"every unit but the last resharded: {compared}", peak)
 

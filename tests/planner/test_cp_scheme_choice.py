@@ -11,7 +11,8 @@ from kenotron.config import ConfigError, load_config
 from kenotron.estimate.report import GIB, RESERVED_FRACTION
 from kenotron.planner.analytic_model import AnalyticModel
 from kenotron.planner.cli import main as estimate_main
-from kenotron.planner.cp_scheme_choice import choose_cp_scheme, settle_cp_scheme, with_cp_scheme
+from kenotron.planner.cp_scheme_choice import choose_cp_scheme, settle_cp_scheme
+from kenotron.planner.reshard_choice import with_settings
 from kenotron.train.resolve import resolve_run
 
 
@@ -50,7 +51,7 @@ def test_auto_runs_ulysses_on_a_gpu_where_the_heads_split_and_its_peak_fits():
 def test_auto_keeps_the_ring_where_only_the_ring_fits_the_gpu():
     run = _run("llama3_1b", 2, _bench(65536, "auto"))
     model = AnalyticModel(run)
-    ring, ulysses = (model.peak(with_cp_scheme(run, s)).total for s in ("ring", "ulysses"))
+    ring, ulysses = (model.peak(with_settings(run, cp_scheme=s)).total for s in ("ring", "ulysses"))
     gpu_gib = (ring + ulysses) / 2 / (1 - RESERVED_FRACTION) / GIB  # usable memory between the two peaks
     choice = settle_cp_scheme(run, gpu_gib, model)
     assert choice.scheme == run.plan.settings.cp_scheme == "ring" and "exceeds" in choice.why, choice

@@ -10,7 +10,7 @@ from kenotron.config import load_config
 from kenotron.estimate.memory import estimate_run
 from kenotron.estimate.report import GIB, RESERVED_FRACTION
 from kenotron.planner.analytic_model import AnalyticModel
-from kenotron.planner.reshard_choice import choose_reshard_after_forward, settle_reshard_after_forward, with_reshard
+from kenotron.planner.reshard_choice import choose_reshard_after_forward, settle_reshard_after_forward, with_settings
 from kenotron.train.resolve import resolve_run
 from tests.planner.test_analytic import SHAPE, TOLERANCE
 
@@ -27,14 +27,14 @@ def test_a_small_model_keeps_every_unit_gathered_and_the_estimator_agrees_on_its
     assert report.settings["reshard after forward"] == "never"
     assert choice.peak_never == pytest.approx(report.peak_bytes, rel=TOLERANCE)
     # "never" keeps more gathered than the per-unit policy: the choice was not free.
-    default_peak = AnalyticModel(run).peak(with_reshard(run, "default")).total
+    default_peak = AnalyticModel(run).peak(with_settings(run, reshard_after_forward="default")).total
     assert choice.peak_never > default_peak
 
 
 def test_a_gpu_too_small_for_never_keeps_the_per_unit_policy_and_its_estimate_fits():
     run = _run("debug", 4, SHAPE)
     model = AnalyticModel(run)
-    never = model.peak(with_reshard(run, "never")).total
+    never = model.peak(with_settings(run, reshard_after_forward="never")).total
     default = model.peak(run).total
     # A GPU whose usable memory lies between the two peaks.
     gpu_gib = (never + default) / 2 / (1 - RESERVED_FRACTION) / GIB
