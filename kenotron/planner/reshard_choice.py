@@ -94,9 +94,3 @@ def device_memory_gib(device: torch.device) -> float | None:
     """The memory of the rank's own GPU in GiB; None on CPU (host memory is not what a GPU plan is
     sized for)."""
     return torch.cuda.get_device_properties(device).total_memory / GIB if device.type == "cuda" else None
-
-
-def settle_for_device(run: ResolvedRun, device: torch.device) -> ReshardChoice:
-    """The Trainer's call: settle for the memory of the rank's own GPU. A CPU run keeps the per-unit
-    policy: host memory is not what a GPU plan is sized for."""
-    return settle_reshard_after_forward(run, device_memory_gib(device))

@@ -97,10 +97,11 @@ class Trainer:
         # the search settle them. Imported here: the planner imports train/'s modules, so it loads once
         # train/ has (tests/architecture_rules.py, UPWARD_ON_PURPOSE).
         from kenotron.planner.cp_scheme_choice import settle_cp_scheme
-        from kenotron.planner.reshard_choice import device_memory_gib, settle_for_device
+        from kenotron.planner.reshard_choice import device_memory_gib, settle_reshard_after_forward
 
-        self.cp_scheme = settle_cp_scheme(self.run, device_memory_gib(self.device))
-        self.reshard = settle_for_device(self.run, self.device)
+        gpu_memory_gib = device_memory_gib(self.device)
+        self.cp_scheme = settle_cp_scheme(self.run, gpu_memory_gib)
+        self.reshard = settle_reshard_after_forward(self.run, gpu_memory_gib)
         # One live job per run folder (runtime/run_lock.py), before any process group: a busy folder fails at once.
         self._locks = lock_run_folders(cfg.job.dump_folder, Path(cfg.job.dump_folder) / cfg.checkpoint.folder
                                        if cfg.checkpoint.enable else None) if self.is_rank0 else []
