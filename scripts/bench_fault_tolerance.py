@@ -69,18 +69,20 @@ def stop_all() -> None:
             proc.wait()
 
 
-def tok_per_s(folder: Path, skip: int) -> float:
+def timed_records(folder: Path, skip: int) -> list[dict]:
+    """One run's step records after the first `skip` (compilation)."""
     records = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
-    rates = [r["tokens_per_sec"] for r in records if "loss" in r][skip:]
-    return statistics.median(rates)
+    return [r for r in records if "loss" in r][skip:]
+
+
+def tok_per_s(folder: Path, skip: int) -> float:
+    return statistics.median(r["tokens_per_sec"] for r in timed_records(folder, skip))
 
 
 def quorum_figures(folder: Path, skip: int) -> dict[str, float]:
-    """What the groups' records say of their quorums (the timed records only): the fewest groups
-    a step was averaged over (2 unless a group fell out) and the median seconds a quorum took."""
-    records = [json.loads(line) for i in range(2)
-               for line in (folder / f"replica_{i}" / "metrics.jsonl").read_text().splitlines()]
-    timed = [r for r in records if "loss" in r][skip:]
+    """What the groups' records say of their quorums (each group's timed records): the fewest
+    groups a step was averaged over (2 unless a group fell out) and the median seconds a quorum took."""
+    timed = [r for i in range(2) for r in timed_records(folder / f"replica_{i}", skip)]
     return {"ft_replicas_min": min(r["ft_replicas"] for r in timed),
             "ft_quorum_s_median": round(statistics.median(r["ft_quorum_s"] for r in timed), 4)}
 
