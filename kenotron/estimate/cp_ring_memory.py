@@ -175,10 +175,9 @@ def ulysses_checkpoint_bytes(run: ResolvedRun, tokens: int, c: int) -> int:
     """What a compiled block under full AC keeps per block with Ulysses (cp > 1), beyond its
     input: T·(H + 2K')·h·c / t + T·H·h·c / t, the sizes of the two all-to-alls' outputs (q, k, v
     scattered over the heads; the attention output gathered back; K' the kv heads sent, each
-    repeated where the rank's kv heads do not divide cp). Measured on 2 x H100 (1B, cp 2,
-    compiled, full AC): +2.5 GiB at 32k and +5.0 GiB at 64k over the ring, which is these bytes
-    over 16 blocks (docs/parallelism.md, "Ring or all-to-all"); what keeps them was not traced.
-    Eager blocks, selective-op and no AC were not measured under Ulysses: 0 there."""
+    repeated where the rank's kv heads do not divide cp): what the GPU rows kept over the ring's
+    peak, these bytes per block (docs/parallelism.md, "Ring or all-to-all"); what keeps them was
+    not traced. Eager blocks, selective-op and no AC have no GPU row under Ulysses: 0 there."""
     settings, a, d = run.plan.settings, run.model_args, run.dims
     if d.cp == 1 or settings.cp_scheme != "ulysses" or not settings.compile or settings.ac_mode != "full":
         return 0

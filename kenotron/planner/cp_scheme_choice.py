@@ -7,10 +7,10 @@ heads divide by cp, its kv heads divide by cp or divide it) and with the closed-
 Ulysses (planner/analytic.py) fitting the GPU with the estimator's headroom (as reshard_choice.py
 decides `never`).
 
-Why (docs/parallelism.md, "Ring or all-to-all"): on 2 x H100 (1B, cp 2, compiled, full AC)
-Ulysses ran 1.09x the ring's tokens/s at 32k and 64k tokens, for 2.5 and 5.0 GiB more per GPU;
-Ulysses with a document mask was not measured on GPUs, where the ring's FlexAttention against
-the gathered keys/values ran 1.5-2.2x plain causal, so a masked run keeps the ring. On CPU the
+Why (the GPU rows: docs/parallelism.md, "Ring or all-to-all"): at cp 2 Ulysses ran faster than
+the ring for more memory per GPU; Ulysses with a document mask has no GPU row, where the ring's
+FlexAttention against the gathered keys/values has (faster than plain causal), so a masked run
+keeps the ring. On CPU the
 ring stays: kenotron's exact ring is what the CPU parity tests run, and host memory is not what
 a GPU plan is sized for. Left unsettled (a plan built by hand), "auto" runs the ring.
 

@@ -21,7 +21,7 @@ class Hardware:
     """How much faster attention runs under Ulysses (parallelism.cp_scheme='ulysses', plain causal)
     than e_attn prices it: the kernel runs unsplit over the whole sequence, where the ring's
     (whose rows pin e_attn) runs per chunk pair and merges partial outputs. Fitted to the 1B pair
-    at cp 2 on 2 x H100 (docs/parallelism.md, "Ring or all-to-all"; each length alone fits 1.18 and 1.14)."""
+    at cp 2 on 2 x H100 (the rows and their fit: docs/parallelism.md, "Ring or all-to-all")."""
     scan_efficiency: float = 0.0764
     """Share of the peak Mamba-2's scan reaches, with the memory-bound work around it (fitted)."""
     elementwise_passes: float = 7.49
