@@ -140,7 +140,7 @@ def _model_and_parallelize(model_name: str, flavor: str):
 
 def run_case(compiled: bool, model_name: str, flavor: str, n_layers: int, batch: int, seq: int, warmup: int,
              steps: int, force_balance: bool, dp_replicate: int = 1, ep: int = 1, ac: str = "none",
-             float8_experts: bool = False) -> dict:
+             float8_experts: bool = False, cp: int = 1) -> dict:
     import torch
 
     _stub_missing_imports()
@@ -160,13 +160,14 @@ def run_case(compiled: bool, model_name: str, flavor: str, n_layers: int, batch:
     job.training.steps = warmup + steps
     job.training.max_norm = 1.0
     job.compile.enable = compiled
-    job.activation_checkpoint.mode = "selective" if ac == "selective" else "none"
+    job.activation_checkpoint.mode = ac
     job.activation_checkpoint.selective_ac_option = "op"
     job.debug.moe_force_load_balance = force_balance
-    dp_shard = world // dp_replicate
+    dp_shard = world // (dp_replicate * cp)
     job.parallelism.data_parallel_replicate_degree = dp_replicate
     job.parallelism.data_parallel_shard_degree = dp_shard
     job.parallelism.expert_parallel_degree = ep
+    job.parallelism.context_parallel_degree = cp  # head-tail balancing and allgather rotation: its defaults
     if float8_experts:  # torchtitan's float8 grouped GEMMs of the routed experts (module docstring)
         job.model.converters = ["quantize.grouped_mm.float8"]
         job.quantize.grouped_mm.float8.fqns = ["experts"]
@@ -174,7 +175,7 @@ def run_case(compiled: bool, model_name: str, flavor: str, n_layers: int, batch:
     if n_layers:
         args.n_layers = n_layers
     args.update_from_config(job)
-    dims = ParallelDims(dp_replicate=dp_replicate, dp_shard=dp_shard, cp=1, tp=1, pp=1, ep=ep, etp=1,
+    dims = ParallelDims(dp_replicate=dp_replicate, dp_shard=dp_shard, cp=cp, tp=1, pp=1, ep=ep, etp=1,
                         world_size=world)
     if world > 1:
         dims.build_mesh()
@@ -199,9 +200,15 @@ def run_case(compiled: bool, model_name: str, flavor: str, n_layers: int, batch:
     def step() -> torch.Tensor:
         tokens = torch.randint(0, args.vocab_size, (batch, seq + 1), generator=gen)
         inputs, labels = tokens[:, :-1].to(device), tokens[:, 1:].to(device)
+        extra: dict = {}
+        if cp > 1:  # as torchtitan's Trainer: each rank keeps its head-tail share of tokens, labels, positions
+            from torchtitan.distributed.context_parallel import prepare_context_parallel_input
+
+            inputs, labels, extra = prepare_context_parallel_input(inputs, labels, {}, dims.get_mesh("cp"), device,
+                                                                   job.parallelism.context_parallel_load_balancer)
         optimizers.zero_grad()
         with amp:
-            pred = model(inputs)
+            pred = model(inputs, **extra)
             loss = loss_fn(pred, labels) / labels.numel()
         del pred
         loss.backward()
@@ -231,13 +238,13 @@ def run_case(compiled: bool, model_name: str, flavor: str, n_layers: int, batch:
             losses.append(step())
             times.append(time.perf_counter() - t0)
     step_time = statistics.median(times)
-    tps = batch * seq / step_time
+    tps = batch * seq / step_time / cp  # each sequence counted once: cp GPUs share it
     return {
         "tokens_per_sec": tps, "tflops": tps * flops_per_token / 1e12, "mfu": 100 * tps * flops_per_token / 989e12,
         "memory_allocated_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0,
         "memory_reserved_gib": torch.cuda.max_memory_reserved() / 2**30 if cuda else 0.0,
         "loss_last": losses[-1].item(), "params": n_params, "flops_per_token": flops_per_token,
-        "torch": torch.__version__, "ngpu": world,
+        "torch": torch.__version__, "ngpu": world, "cp": cp,
     }
 
 
@@ -253,7 +260,8 @@ def main() -> int:
     parser.add_argument("--ngpu", type=int, default=1, help="GPUs (torchrun); FSDP over them unless --dp-replicate")
     parser.add_argument("--dp-replicate", type=int, default=1, help="replicas (DDP when it equals --ngpu)")
     parser.add_argument("--ep", type=int, default=1, help="expert-parallel degree (MoE)")
-    parser.add_argument("--ac", choices=["none", "selective"], default="none", help="activation checkpointing")
+    parser.add_argument("--ac", choices=["none", "selective", "full"], default="none", help="activation checkpointing")
+    parser.add_argument("--cp", type=int, default=1, help="context-parallel degree (plain causal SDPA, its only mode)")
     parser.add_argument("--case", action="append", default=[],
                         choices=["compiled", "eager", "compiled-balanced", "compiled-float8-experts"])
     parser.add_argument("--worker", help=argparse.SUPPRESS)
@@ -263,11 +271,11 @@ def main() -> int:
         name = args.case[0]
         row = run_case(name.startswith("compiled"), args.model, args.flavor, args.n_layers, args.batch, args.seq,
                        args.warmup, args.steps, name.endswith("balanced"), args.dp_replicate, args.ep, args.ac,
-                       name.endswith("float8-experts"))
+                       name.endswith("float8-experts"), args.cp)
         if int(os.environ.get("RANK", "0")) == 0:
             Path(args.worker).write_text(json.dumps(row))
         return 0
-    layout = f" x{args.ngpu} (dp_replicate {args.dp_replicate}, ep {args.ep})" if args.ngpu > 1 else ""
+    layout = f" x{args.ngpu} (dp_replicate {args.dp_replicate}, ep {args.ep}, cp {args.cp})" if args.ngpu > 1 else ""
     print(f"| torchtitan 0.2.2 {args.model} {args.flavor}{layout} case | tokens/s/device | TFLOP/s/device | MFU | "
           "peak GiB alloc / reserved | last loss |\n|---|---|---|---|---|---|", flush=True)
     rows = []
@@ -277,7 +285,7 @@ def main() -> int:
             worker = [__file__, "--worker", str(out), "--case", name, "--model", args.model, "--flavor", args.flavor,
                       "--n-layers", str(args.n_layers), "--batch", str(args.batch), "--seq", str(args.seq),
                       "--warmup", str(args.warmup), "--steps", str(args.steps), "--dp-replicate",
-                      str(args.dp_replicate), "--ep", str(args.ep), "--ac", args.ac]
+                      str(args.dp_replicate), "--ep", str(args.ep), "--ac", args.ac, "--cp", str(args.cp)]
             if args.ngpu > 1 or args.model in NEEDS_PROCESS_GROUP:
                 cmd = ["torchrun", "--standalone", "--nproc-per-node", str(args.ngpu), *worker]
             else:

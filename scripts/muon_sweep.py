@@ -42,6 +42,7 @@ def parser() -> argparse.ArgumentParser:
                    help="train nothing: report (and plot) the curves of earlier --json files, merged (e.g. one run "
                         "with --muon '' and one with --adamw '', in parallel)")
     p.add_argument("--plot", type=Path, help="PNG of the best runs' validation loss against steps (matplotlib)")
+    p.add_argument("--title", default="debug Llama on the built-in corpus, CPU", help="the plot's title")
     p.add_argument("overrides", nargs="*", help="more --section.key value pairs for every run (after --)")
     return p
 
@@ -101,7 +102,7 @@ def report(curves: dict[str, dict[str, list]]) -> dict[str, str]:
     return best
 
 
-def plot(curves: dict[str, dict[str, list]], best: dict[str, str], path: Path) -> None:
+def plot(curves: dict[str, dict[str, list]], best: dict[str, str], path: Path, title: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -113,7 +114,7 @@ def plot(curves: dict[str, dict[str, list]], best: dict[str, str], path: Path) -
         ax.plot(steps, losses, marker="o", label=f"{opt}, lr {lr}")
     ax.set_xlabel("step")
     ax.set_ylabel("validation loss (held-out documents)")
-    ax.set_title("debug Llama on the built-in corpus, CPU")
+    ax.set_title(title)
     ax.grid(True, alpha=0.3)
     ax.legend()
     fig.tight_layout()
@@ -135,13 +136,14 @@ def main(argv: list[str] | None = None) -> int:
             for opt, grid in (("adamw", args.adamw), ("muon", args.muon)):
                 if not grid:
                     continue
-                curves[opt] = {lr: run(opt, float(lr), args.steps, args.every, data, Path(tmp), args.overrides)
-                               for lr in grid.split(",")}
-                if args.json:  # after each optimizer: a long sweep keeps what it has
-                    args.json.write_text(json.dumps(curves, indent=1))
+                curves[opt] = {}
+                for lr in grid.split(","):
+                    curves[opt][lr] = run(opt, float(lr), args.steps, args.every, data, Path(tmp), args.overrides)
+                    if args.json:  # after each run: a sweep cut short by a time limit keeps what it has
+                        args.json.write_text(json.dumps(curves, indent=1))
     best = report(curves)
     if args.plot:
-        plot(curves, best, args.plot)
+        plot(curves, best, args.plot, args.title)
     return 0
 
 
