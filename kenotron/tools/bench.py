@@ -198,13 +198,30 @@ def run_case(
         else:
             cmd = [sys.executable, *worker, *overrides]
         t0 = time.perf_counter()
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+        returncode, output = _run_bounded(cmd, timeout)
         wall = time.perf_counter() - t0
-        if proc.returncode != 0 or not os.path.exists(out):
-            tail = failure_tail((proc.stdout + proc.stderr).strip().splitlines())
+        if returncode != 0 or not os.path.exists(out):
+            tail = failure_tail(output.strip().splitlines())
+            if returncode is None:
+                tail.append(f"timed out after {timeout:.0f} s (the case's --timeout)")
             return {"name": name, "error": "\n".join(tail), "wall_s": wall, "args": overrides}
         result = json.loads(Path(out).read_text())
     return {"name": name, **result, "wall_s": wall, "args": overrides}
+
+
+def _run_bounded(cmd: list[str], timeout: float | None) -> tuple[int | None, str]:
+    """(exit code, stdout + stderr) of a case; None past `timeout`, its whole process group killed.
+
+    A timed-out case is a failed row, not the end of the table; torchrun's ranks are in the
+    killed group too, so none is left holding a GPU for the next case."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+        return proc.returncode, stdout + stderr
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+        stdout, stderr = proc.communicate()
+        return None, stdout + stderr
 
 
 _EXCEPTION = re.compile(r"^(?:\[(?:default)?rank\d+\]:\s*)?(?:\w+\.)*(\w*Error|\w*Exception|Unsupported):")

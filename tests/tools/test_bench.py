@@ -118,3 +118,10 @@ def test_a_gpu_preset_is_refused_at_once_on_a_cpu(capsys):
 
     assert main(["--preset", "h200-1gpu"]) == 2
     assert "--preset h200-1gpu measures GPU shapes and no CUDA device is visible here" in capsys.readouterr().err
+
+
+def test_a_case_past_its_timeout_is_a_failed_row_and_the_table_goes_on():
+    # A case killed by its --timeout used to raise TimeoutExpired and end the whole benchmark.
+    row = run_case("slow", TINY, ngpu=1, warmup=1, steps=1, timeout=1)
+    assert row["error"].splitlines()[-1] == "timed out after 1 s (the case's --timeout)"
+    assert "failed:" in format_row(row)
