@@ -38,6 +38,26 @@ class Meshes:
     dims: ParallelDims
     root: DeviceMesh | None
     views: dict[str, DeviceMesh] = field(default_factory=dict)
+    cp_splits: dict[int, tuple[DeviceMesh, DeviceMesh]] = field(default_factory=dict, repr=False)
+    """split_cp's meshes by all-to-all degree: each split creates process groups, so once per job."""
+
+    def split_cp(self, ulysses: int) -> tuple[DeviceMesh, DeviceMesh]:
+        """(ring, all-to-all) sub-meshes of the cp dimension for an all-to-all of `ulysses` ranks
+        inside a ring of cp / ulysses (parallelism.cp_scheme='ulysses' with heads that split over
+        part of cp: parallel/context/ulysses.py). cp rank j * ulysses + v is ring rank j and
+        all-to-all rank v: the all-to-all on the nearer ranks, since nothing hides its traffic
+        while the ring's transfers run under its compute. cp itself stays one dimension, so
+        dp_shard_cp, dp_cp and the loss reductions span the whole cp group as before.
+
+        Collective (every rank of the job creates the groups): call it at the same point on
+        every rank. `_unflatten` is private in torch 2.11 and 2.13 alike, as `_flatten` is."""
+        cp_mesh = self.get("cp")
+        if cp_mesh is None or ulysses < 1 or cp_mesh.size() % ulysses:
+            raise ValueError(f"an all-to-all of {ulysses} ranks does not divide the cp mesh {cp_mesh}")
+        if ulysses not in self.cp_splits:
+            split = cp_mesh._unflatten(0, (cp_mesh.size() // ulysses, ulysses), ("cp_ring", "cp_ulysses"))
+            self.cp_splits[ulysses] = (split["cp_ring"], split["cp_ulysses"])
+        return self.cp_splits[ulysses]
 
     def get(self, name: str) -> DeviceMesh | None:
         if self.root is None:

@@ -1,0 +1,157 @@
+"""The all-to-all inside a ring: parallelism.cp_scheme='ulysses' with heads that split over only
+part of cp (parallel/context/ulysses.py, "With a ring"), on CPU/gloo.
+
+First the attention alone: cp 4 = all-to-all 2 x ring 2, each rank's slices of q/k/v in the
+plain cp layout (SequenceLayout(seq, 4)), against attention on the whole sequence in one
+process (fp32, outputs and q/k/v gradients within 1e-5), causal and with documents crossing
+chunk and rank borders, head-tail and contiguous, kv heads split and repeated. Then the
+trainer's own path against one rank (tests/parallel/parity.py): a model whose 2 heads divide 2
+but not 4, plain causal and document-masked, its parameters FSDP-sharded over the cp ranks.
+Then which cp degrees resolve to what, and the refusal when no all-to-all degree > 1 exists.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kenotron.config import load_config
+from kenotron.degrees import ParallelDims, ulysses_degree
+from kenotron.models.common.flex_attention import dense_mask, document_block_mask
+from kenotron.parallel.context.apply import context_parallel_attention
+from kenotron.parallel.context.documents import SequenceDocuments
+from kenotron.parallel.context.layout import SequenceLayout
+from kenotron.parallel.parallel_settings import ParallelSettings
+from tests.distributed.pool import run_on_ranks
+from tests.parallel.parity import assert_parity, run_steps
+
+SEQ, HEAD_DIM, CP, ULYSSES = 32, 8, 4, 2
+# Borders inside chunks (4 tokens a chunk of 8) and across the ranks' shards.
+DOCUMENTS = torch.tensor([[0] * 11 + [1] * 21, [0] * 3 + [1] * 17 + [2] * 12])
+
+# name: (heads, kv_heads, load_balance, documents)
+CASES = {
+    "balanced": (2, 2, True, False),
+    "contiguous": (6, 2, False, False),
+    "kv_heads_repeated": (2, 1, True, False),  # one kv head, repeated over the all-to-all pair
+    "documents": (2, 2, True, True),
+}
+
+
+def _qkv(heads: int, kv_heads: int, seed: int) -> tuple[torch.Tensor, ...]:
+    gen = torch.Generator().manual_seed(seed)
+    shapes = [(2, heads), (2, kv_heads), (2, kv_heads), (2, heads)]
+    return tuple(torch.randn(*s, SEQ, HEAD_DIM, generator=gen) for s in shapes)
+
+
+def _reference(q, k, v, grad_out, documents: torch.Tensor | None) -> list[torch.Tensor]:
+    q, k, v = (t.clone().requires_grad_() for t in (q, k, v))
+    gqa = k.shape[1] != q.shape[1]
+    if documents is None:
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+    else:
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=dense_mask(document_block_mask(documents)),
+                                             enable_gqa=gqa)
+    out.backward(grad_out)
+    return [out.detach(), q.grad, k.grad, v.grad]
+
+
+def _all_cases() -> dict:
+    """Every case on this rank, through the plan's own module and the job's split of the cp mesh."""
+    from kenotron.parallel.dims import build_device_meshes
+
+    meshes = build_device_meshes(ParallelDims.from_degrees(CP, cp=CP), "cpu")
+    cp_rank = meshes.coordinate("cp")
+    out = {"cp_rank": cp_rank}
+    for case, (heads, kv_heads, load_balance, with_documents) in CASES.items():
+        settings = ParallelSettings(cp_scheme="ulysses", cp_ulysses_degree=ULYSSES, cp_attention="ring",
+                                    cp_load_balance=load_balance)
+        module = context_parallel_attention(meshes.get("cp"), settings, meshes.split_cp(ULYSSES))
+        q, k, v, grad_out = _qkv(heads, kv_heads, seed=len(case))
+        layout = SequenceLayout(SEQ, CP, load_balance)
+        local = [layout.shard(t, cp_rank, dim=2).requires_grad_() for t in (q, k, v)]
+        documents = SequenceDocuments(DOCUMENTS) if with_documents else None
+        result = module(*local, documents)
+        result.backward(layout.shard(grad_out, cp_rank, dim=2))
+        out[case] = [result.detach(), *(t.grad for t in local)]
+    out["inner"] = type(module.inner).__name__
+    out["split_once"] = meshes.split_cp(ULYSSES) is meshes.split_cp(ULYSSES)
+    return out
+
+
+@pytest.fixture(scope="module")
+def attention_results() -> list[dict]:
+    return sorted(run_on_ranks(CP, _all_cases), key=lambda r: r["cp_rank"])
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_all_to_all_inside_a_ring_matches_whole_sequence_attention(case, attention_results):
+    heads, kv_heads, load_balance, with_documents = CASES[case]
+    want = _reference(*_qkv(heads, kv_heads, seed=len(case)), DOCUMENTS if with_documents else None)
+    layout = SequenceLayout(SEQ, CP, load_balance)
+    for i, name in enumerate(("out", "dq", "dk", "dv")):
+        got = layout.unshard([r[case][i] for r in attention_results], dim=2)
+        torch.testing.assert_close(got, want[i], atol=1e-5, rtol=0, msg=lambda m, n=name: f"{n}: {m}")
+
+
+def test_the_split_runs_kenotrons_ring_inside_and_is_built_once(attention_results):
+    assert {r["inner"] for r in attention_results} == {"RingAttention"}
+    assert all(r["split_once"] for r in attention_results)
+
+
+def test_the_all_to_all_takes_the_largest_divisor_of_cp_the_heads_split_over():
+    assert ulysses_degree(2, 2, 4) == 2 and ulysses_degree(6, 2, 4) == 2
+    assert ulysses_degree(8, 4, 4) == 4  # all of cp: the all-to-all alone, as before
+    assert ulysses_degree(4, 1, 8) == 4  # one kv head: repeated over the group
+    assert ulysses_degree(3, 3, 4) == 1  # nothing to scatter: refused at resolve
+
+
+# The trainer: 2 heads (head_dim 128) divide the all-to-all pair but not cp 4.
+HEADS = ["--model.n_heads", "2", "--model.n_kv_heads", "1"]
+CP4 = HEADS + ["--parallelism.cp_scheme", "ulysses", "--parallelism.cp", "4", "--training.local_batch_size", "8"]
+WORDS = ["the", "a", "model", "token", "window", "rank", "chunk", "border", "mask", "ring", "head", "tail"]
+
+
+@pytest.fixture(scope="module")
+def short_documents(tmp_path_factory) -> list[str]:
+    path = tmp_path_factory.mktemp("docs") / "short.jsonl"
+    rng = random.Random(0)
+    with path.open("w") as f:
+        for _ in range(400):
+            f.write(json.dumps({"text": " ".join(rng.choices(WORDS, k=rng.randint(1, 12)))}) + "\n")
+    return ["--data.dataset", "jsonl", "--data.path", str(path), "--data.document_masking", "true"]
+
+
+@pytest.mark.parametrize("documents", [False, True], ids=["causal", "documents"])
+def test_trainer_with_all_to_all_inside_a_ring_matches_one_rank(documents, short_documents, tmp_path):
+    data = short_documents if documents else []
+    reference = run_steps(HEADS + data, str(tmp_path / "ref"), 2)
+    results = run_on_ranks(CP, run_steps, CP4 + data, str(tmp_path / "cp"), 2)
+    assert_parity(reference, results, loss_tol=1e-6, grad_tol=1e-5)
+    # FSDP shards the parameters over the whole cp group (dp_shard_cp), split or not.
+    assert all(r["dtensor_params"] for r in results)
+    assert results[0]["local_shapes"]["layers.0.attention.wq.weight"][0] < 256
+
+
+@pytest.mark.parametrize(
+    "world, args, message",
+    [
+        (4, ["--parallelism.cp", "4", "--model.n_heads", "3", "--model.n_kv_heads", "3", "--model.dim", "96"],
+         r"3 query heads per tensor-parallel rank do not divide by cp=4, and they split over no divisor > 1 of cp=4; "
+         r"use a cp that one of \[3\] divides .* or use parallelism.cp_scheme='ring'"),
+    ],
+    ids=["no_common_divisor"],
+)
+def test_heads_sharing_no_divisor_with_cp_are_refused_before_any_process_group(world, args, message):
+    import torch.distributed as dist
+
+    from kenotron.train.resolve import resolve_run
+
+    with pytest.raises(Exception, match=message):
+        resolve_run(load_config(None, ["--parallelism.cp_scheme", "ulysses", "--training.seq_len", "64"] + args),
+                    world_size=world)
+    assert not dist.is_initialized()
