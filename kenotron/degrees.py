@@ -223,7 +223,7 @@ def check_ulysses_heads(dims: ParallelDims, heads: int, kv_heads: int) -> None:
     if ulysses_degree(per_rank, kv_per_rank, dims.cp) == 1:
         problem = ulysses_head_problem(per_rank, kv_per_rank, dims.cp)
         usable = [u for u in ulysses_cp_degrees(heads, kv_heads, dims.tp) if u > 1]
-        fix = (f"use a cp that one of {usable} divides (the all-to-all spans the largest, a ring the rest)"
+        fix = (f"use a cp divisible by one of {usable} (the all-to-all spans the largest such divisor, a ring the rest)"
                if usable else "no all-to-all degree > 1 exists for these heads")
         raise ParallelConfigError(
             f"parallelism.cp_scheme='ulysses' scatters attention heads over the cp ranks, but with tp={dims.tp} "

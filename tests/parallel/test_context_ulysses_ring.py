@@ -7,7 +7,7 @@ process (fp32, outputs and q/k/v gradients within 1e-5), causal and with documen
 chunk and rank borders, head-tail and contiguous, kv heads split and repeated. Then the
 trainer's own path against one rank (tests/parallel/parity.py): a model whose 2 heads divide 2
 but not 4, plain causal and document-masked, its parameters FSDP-sharded over the cp ranks.
-Then which cp degrees resolve to what, and the refusal when no all-to-all degree > 1 exists.
+Then which all-to-all degree the heads give (the refusal of none > 1: test_context_ulysses_parity.py).
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kenotron.config import load_config
 from kenotron.degrees import ParallelDims, ulysses_degree
 from kenotron.models.common.flex_attention import dense_mask, document_block_mask
 from kenotron.parallel.context.apply import context_parallel_attention
@@ -137,21 +136,19 @@ def test_trainer_with_all_to_all_inside_a_ring_matches_one_rank(documents, short
     assert results[0]["local_shapes"]["layers.0.attention.wq.weight"][0] < 256
 
 
-@pytest.mark.parametrize(
-    "world, args, message",
-    [
-        (4, ["--parallelism.cp", "4", "--model.n_heads", "3", "--model.n_kv_heads", "3", "--model.dim", "96"],
-         r"3 query heads per tensor-parallel rank do not divide by cp=4, and they split over no divisor > 1 of cp=4; "
-         r"use a cp that one of \[3\] divides .* or use parallelism.cp_scheme='ring'"),
-    ],
-    ids=["no_common_divisor"],
-)
-def test_heads_sharing_no_divisor_with_cp_are_refused_before_any_process_group(world, args, message):
-    import torch.distributed as dist
+def _attention_fns(overrides: list[str], folder: str) -> list[str]:
+    from kenotron.config import load_config
+    from kenotron.train.trainer import Trainer
 
-    from kenotron.train.resolve import resolve_run
+    trainer = Trainer(load_config(None, ["--model.n_layers", "2", "--training.seq_len", "32",
+                                         "--job.dump_folder", folder] + overrides))
+    names = sorted({f"{type(m.attention_fn).__name__}({m.attention_fn.extra_repr()})"
+                    for part in trainer.job.model_parts for m in part.modules() if hasattr(m, "attention_fn")})
+    trainer.close()
+    return names
 
-    with pytest.raises(Exception, match=message):
-        resolve_run(load_config(None, ["--parallelism.cp_scheme", "ulysses", "--training.seq_len", "64"] + args),
-                    world_size=world)
-    assert not dist.is_initialized()
+
+def test_trainer_puts_the_ring_inside_the_all_to_all_where_heads_split_over_part_of_cp(tmp_path):
+    # Without this the parity above could be a plain ring's under another name.
+    got = run_on_ranks(CP, _attention_fns, CP4, str(tmp_path))
+    assert got == [["UlyssesAttention(all-to-all=2, load_balance=True, ring=RingAttention)"]] * CP
