@@ -72,8 +72,11 @@ def test_cp_scheme_ulysses_puts_the_all_to_all_in_every_attention(tmp_path):
              "--model.dim", "384"],
          r"3 key/value heads per tensor-parallel rank neither divide by cp=2 nor divide it"),
         (2, ["--parallelism.cp", "2", "--model.name", "mamba2"], r"parallelism.cp=2 is not supported by model.name='mamba2'"),
+        # Heads over part of cp: the ring inside runs, so its settings are checked.
+        (4, ["--parallelism.cp", "4", "--model.n_heads", "2", "--model.n_kv_heads", "2", "--training.device", "cpu",
+             "--tuning.cp_attention", "torch"], r"tuning.cp_attention='torch' needs CUDA"),
     ],
-    ids=["heads", "heads_after_tp", "kv_heads", "mamba"],
+    ids=["heads", "heads_after_tp", "kv_heads", "mamba", "ring_inside_settings"],
 )
 def test_bad_ulysses_configs_are_refused_before_any_process_group(world, args, message):
     import torch.distributed as dist
