@@ -4,7 +4,8 @@ part of cp (parallel/context/ulysses.py, "With a ring"), on CPU/gloo.
 First the attention alone: cp 4 = all-to-all 2 x ring 2, each rank's slices of q/k/v in the
 plain cp layout (SequenceLayout(seq, 4)), against attention on the whole sequence in one
 process (fp32, outputs and q/k/v gradients within 1e-5), causal and with documents crossing
-chunk and rank borders, head-tail and contiguous, kv heads split and repeated. Then the
+chunk and rank borders, head-tail and contiguous, kv heads split and repeated, with each of
+the three rings inside (kenotron's; flex's and torch's, the CUDA ones, run on CPU). Then the
 trainer's own path against one rank (tests/parallel/parity.py): a model whose 2 heads divide 2
 but not 4, plain causal and document-masked, its parameters FSDP-sharded over the cp ranks.
 Then which all-to-all degree the heads give (the refusal of none > 1: test_context_ulysses_parity.py).
@@ -12,8 +13,10 @@ Then which all-to-all degree the heads give (the refusal of none > 1: test_conte
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -32,12 +35,16 @@ SEQ, HEAD_DIM, CP, ULYSSES = 32, 8, 4, 2
 # Borders inside chunks (4 tokens a chunk of 8) and across the ranks' shards.
 DOCUMENTS = torch.tensor([[0] * 11 + [1] * 21, [0] * 3 + [1] * 17 + [2] * 12])
 
-# name: (heads, kv_heads, load_balance, documents)
+# name: (heads, kv_heads, load_balance, documents, the ring inside: tuning.cp_attention)
 CASES = {
-    "balanced": (2, 2, True, False),
-    "contiguous": (6, 2, False, False),
-    "kv_heads_repeated": (2, 1, True, False),  # one kv head, repeated over the all-to-all pair
-    "documents": (2, 2, True, True),
+    "balanced": (2, 2, True, False, "ring"),
+    "contiguous": (6, 2, False, False, "ring"),
+    "kv_heads_repeated": (2, 1, True, False, "ring"),  # one kv head, repeated over the all-to-all pair
+    "documents": (2, 2, True, True, "ring"),
+    # The CUDA rings, on CPU: flex against the gathered keys/values (document masking's), and
+    # torch's ring routed to the CPU flash kernel as tests/parallel/test_context_torch_ring.py does.
+    "flex_documents": (2, 2, True, True, "flex"),
+    "torch_ring": (2, 2, True, False, "torch"),
 }
 
 
@@ -59,6 +66,31 @@ def _reference(q, k, v, grad_out, documents: torch.Tensor | None) -> list[torch.
     return [out.detach(), q.grad, k.grad, v.grad]
 
 
+@contextlib.contextmanager
+def _torch_ring_on_cpu(enabled: bool) -> Iterator[None]:
+    """Route the CPU flash op into torch's ring while `enabled`; leave torch's process-wide CP
+    state as it was (the worker runs other tests next)."""
+    if not enabled:
+        yield
+        return
+    from torch.distributed.tensor import DTensor
+
+    from kenotron.parallel.context.torch_ring import configure_torch_context_parallel, torch_cp_api
+    from tests.parallel.test_context_torch_ring import CPU_FLASH, CPU_FLASH_BACKWARD, _cpu_backward, _cpu_forward
+
+    dispatcher = DTensor._op_dispatcher
+    handlers = dispatcher._custom_op_handlers
+    try:
+        dispatcher._custom_op_handlers = {**handlers, CPU_FLASH: _cpu_forward, CPU_FLASH_BACKWARD: _cpu_backward}
+        yield
+    finally:
+        dispatcher._custom_op_handlers = handlers
+        api = torch_cp_api()
+        api._disable_context_parallel_dispatcher()
+        configure_torch_context_parallel(True, "allgather")
+        api._disable_context_parallel_dispatcher()
+
+
 def _all_cases() -> dict:
     """Every case on this rank, through the plan's own module and the job's split of the cp mesh."""
     from kenotron.parallel.dims import build_device_meshes
@@ -66,18 +98,21 @@ def _all_cases() -> dict:
     meshes = build_device_meshes(ParallelDims.from_degrees(CP, cp=CP), "cpu")
     cp_rank = meshes.coordinate("cp")
     out = {"cp_rank": cp_rank}
-    for case, (heads, kv_heads, load_balance, with_documents) in CASES.items():
-        settings = ParallelSettings(cp_scheme="ulysses", cp_ulysses_degree=ULYSSES, cp_attention="ring",
+    inner = set()
+    for case, (heads, kv_heads, load_balance, with_documents, ring) in CASES.items():
+        settings = ParallelSettings(cp_scheme="ulysses", cp_ulysses_degree=ULYSSES, cp_attention=ring,
                                     cp_load_balance=load_balance)
-        module = context_parallel_attention(meshes.get("cp"), settings, meshes.split_cp(ULYSSES))
-        q, k, v, grad_out = _qkv(heads, kv_heads, seed=len(case))
-        layout = SequenceLayout(SEQ, CP, load_balance)
-        local = [layout.shard(t, cp_rank, dim=2).requires_grad_() for t in (q, k, v)]
-        documents = SequenceDocuments(DOCUMENTS) if with_documents else None
-        result = module(*local, documents)
-        result.backward(layout.shard(grad_out, cp_rank, dim=2))
+        with _torch_ring_on_cpu(ring == "torch"):
+            module = context_parallel_attention(meshes.get("cp"), settings, meshes.split_cp(ULYSSES))
+            q, k, v, grad_out = _qkv(heads, kv_heads, seed=len(case))
+            layout = SequenceLayout(SEQ, CP, load_balance)
+            local = [layout.shard(t, cp_rank, dim=2).requires_grad_() for t in (q, k, v)]
+            documents = SequenceDocuments(DOCUMENTS) if with_documents else None
+            result = module(*local, documents)
+            result.backward(layout.shard(grad_out, cp_rank, dim=2))
         out[case] = [result.detach(), *(t.grad for t in local)]
-    out["inner"] = type(module.inner).__name__
+        inner.add(type(module.inner).__name__)
+    out["inner"] = sorted(inner)
     out["split_once"] = meshes.split_cp(ULYSSES) is meshes.split_cp(ULYSSES)
     return out
 
@@ -89,7 +124,7 @@ def attention_results() -> list[dict]:
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_all_to_all_inside_a_ring_matches_whole_sequence_attention(case, attention_results):
-    heads, kv_heads, load_balance, with_documents = CASES[case]
+    heads, kv_heads, load_balance, with_documents, _ = CASES[case]
     want = _reference(*_qkv(heads, kv_heads, seed=len(case)), DOCUMENTS if with_documents else None)
     layout = SequenceLayout(SEQ, CP, load_balance)
     for i, name in enumerate(("out", "dq", "dk", "dv")):
@@ -97,8 +132,8 @@ def test_all_to_all_inside_a_ring_matches_whole_sequence_attention(case, attenti
         torch.testing.assert_close(got, want[i], atol=1e-5, rtol=0, msg=lambda m, n=name: f"{n}: {m}")
 
 
-def test_the_split_runs_kenotrons_ring_inside_and_is_built_once(attention_results):
-    assert {r["inner"] for r in attention_results} == {"RingAttention"}
+def test_the_split_runs_the_named_ring_inside_and_is_built_once(attention_results):
+    assert all(r["inner"] == ["FlexContextAttention", "RingAttention", "TorchRingAttention"] for r in attention_results)
     assert all(r["split_once"] for r in attention_results)
 
 
