@@ -1,6 +1,7 @@
 """The job's DeviceMesh: one named N-D mesh over the degrees of kenotron/degrees.py (which
-checks them first, and says which dimensions and flattened views exist), and the views the
-plans look up by name."""
+checks them first, and says which dimensions and flattened views exist), the views the
+plans look up by name, and cp's split into a ring and an all-to-all (`Meshes.split_cp`) for
+parallelism.cp_scheme='ulysses' where the heads split over part of cp."""
 
 from __future__ import annotations
 
@@ -53,7 +54,8 @@ class Meshes:
         every rank. `_unflatten` is private in torch 2.11 and 2.13 alike, as `_flatten` is."""
         cp_mesh = self.get("cp")
         if cp_mesh is None or ulysses < 1 or cp_mesh.size() % ulysses:
-            raise ValueError(f"an all-to-all of {ulysses} ranks does not divide the cp mesh {cp_mesh}")
+            raise ValueError(f"an all-to-all of {ulysses} ranks cannot split the cp mesh {cp_mesh}; use a divisor "
+                             f"of its size (parallelism.cp > 1)")
         if ulysses not in self.cp_splits:
             split = cp_mesh._unflatten(0, (cp_mesh.size() // ulysses, ulysses), ("cp_ring", "cp_ulysses"))
             self.cp_splits[ulysses] = (split["cp_ring"], split["cp_ulysses"])
