@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from kenotron.degrees import EP_MESH_DIM_ORDER, MESH_DIM_ORDER, ParallelDims
@@ -56,6 +57,9 @@ class Meshes:
         if cp_mesh is None or ulysses < 1 or cp_mesh.size() % ulysses:
             raise ValueError(f"an all-to-all of {ulysses} ranks cannot split the cp mesh {cp_mesh}; use a divisor "
                              f"of its size (parallelism.cp > 1)")
+        if not hasattr(cp_mesh, "_unflatten"):  # present from torch 2.10 (pytorch#161224) through 2.13
+            raise RuntimeError(f"torch {torch.__version__} has no DeviceMesh._unflatten to split cp into a ring and an "
+                               f"all-to-all; use torch >= 2.11, parallelism.cp_scheme='ring', or a cp the heads divide")
         if ulysses not in self.cp_splits:
             split = cp_mesh._unflatten(0, (cp_mesh.size() // ulysses, ulysses), ("cp_ring", "cp_ulysses"))
             self.cp_splits[ulysses] = (split["cp_ring"], split["cp_ulysses"])
