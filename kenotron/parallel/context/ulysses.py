@@ -198,6 +198,8 @@ def ulysses_attention(
             f"ulysses attention needs q (b, h, s, d) and k, v (b, h_kv, s, d) whose heads split over cp={cp}; "
             f"got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}{': ' + problem if problem else ''}"
         )
+    if cp == 1 and inner is not None:  # nothing to exchange: the ring alone
+        return inner(q, k, v)
     if cp == 1:
         return flex_attend(q, k, v, block_mask) if block_mask is not None else causal_attention(q, k, v)
     repeats = kv_repeats(kv_heads, cp)
