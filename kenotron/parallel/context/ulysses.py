@@ -196,7 +196,8 @@ def ulysses_attention(
     if problem or k.shape[:3] != v.shape[:3] or q.shape[2] != k.shape[2]:
         raise ValueError(
             f"ulysses attention needs q (b, h, s, d) and k, v (b, h_kv, s, d) whose heads split over cp={cp}; "
-            f"got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}{': ' + problem if problem else ''}"
+            f"got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}{': ' + problem if problem else ''}; "
+            f"a plan built by hand sets plan.settings.cp_ulysses_degree (degrees.ulysses_degree) for a ring over the rest"
         )
     if cp == 1 and inner is not None:  # nothing to exchange: the ring alone
         return inner(q, k, v)
