@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch
@@ -67,11 +67,12 @@ def _reference(q, k, v, grad_out, documents: torch.Tensor | None) -> list[torch.
 
 
 @contextlib.contextmanager
-def _torch_ring_on_cpu(enabled: bool) -> Iterator[None]:
-    """Route the CPU flash op into torch's ring while `enabled`; leave torch's process-wide CP
-    state as it was (the worker runs other tests next)."""
+def _torch_ring_on_cpu(enabled: bool) -> Iterator[Callable[[], None]]:
+    """Yield `route`, which sends the CPU flash op into torch's ring: call it after building the
+    TorchRingAttention (enabling torch's dispatcher resets the op handlers, test_context_torch_ring.py
+    does the same). On exit torch's process-wide CP state is as it was: the worker runs other tests."""
     if not enabled:
-        yield
+        yield lambda: None
         return
     from torch.distributed.tensor import DTensor
 
@@ -80,9 +81,14 @@ def _torch_ring_on_cpu(enabled: bool) -> Iterator[None]:
 
     dispatcher = DTensor._op_dispatcher
     handlers = dispatcher._custom_op_handlers
+
+    def route() -> None:
+        dispatcher._custom_op_handlers = {
+            **dispatcher._custom_op_handlers, CPU_FLASH: _cpu_forward, CPU_FLASH_BACKWARD: _cpu_backward,
+        }
+
     try:
-        dispatcher._custom_op_handlers = {**handlers, CPU_FLASH: _cpu_forward, CPU_FLASH_BACKWARD: _cpu_backward}
-        yield
+        yield route
     finally:
         dispatcher._custom_op_handlers = handlers
         api = torch_cp_api()
@@ -102,8 +108,9 @@ def _all_cases() -> dict:
     for case, (heads, kv_heads, load_balance, with_documents, ring) in CASES.items():
         settings = ParallelSettings(cp_scheme="ulysses", cp_ulysses_degree=ULYSSES, cp_attention=ring,
                                     cp_load_balance=load_balance)
-        with _torch_ring_on_cpu(ring == "torch"):
+        with _torch_ring_on_cpu(ring == "torch") as route:
             module = context_parallel_attention(meshes.get("cp"), settings, meshes.split_cp(ULYSSES))
+            route()
             q, k, v, grad_out = _qkv(heads, kv_heads, seed=len(case))
             layout = SequenceLayout(SEQ, CP, load_balance)
             local = [layout.shard(t, cp_rank, dim=2).requires_grad_() for t in (q, k, v)]
