@@ -200,21 +200,35 @@ def ulysses_head_problem(heads: int, kv_heads: int, cp: int) -> str:
 
 
 def ulysses_cp_degrees(heads: int, kv_heads: int, tp: int) -> list[int]:
-    """The cp degrees the all-to-all allows at this tp: those `ulysses_head_problem` accepts."""
+    """The cp degrees the all-to-all spans whole at this tp: those `ulysses_head_problem` accepts."""
     per_rank, kv_per_rank = heads // tp, kv_heads // tp
     return [cp for cp in _divisors(per_rank) if not ulysses_head_problem(per_rank, kv_per_rank, cp)]
 
 
+def ulysses_degree(heads: int, kv_heads: int, cp: int) -> int:
+    """The all-to-all's degree under parallelism.cp_scheme='ulysses' for `heads` query and
+    `kv_heads` key/value heads per tensor-parallel rank: the largest divisor u of cp over which
+    they split (`ulysses_head_problem`); a ring spans the other cp / u (parallel/context/ulysses.py).
+    u = cp: the all-to-all alone; u = 1: the heads share nothing with cp (refused)."""
+    return max(u for u in _divisors(cp) if not ulysses_head_problem(heads, kv_heads, u))
+
+
 def check_ulysses_heads(dims: ParallelDims, heads: int, kv_heads: int) -> None:
-    """parallelism.cp_scheme='ulysses' against the model's heads (after tensor parallel)."""
+    """parallelism.cp_scheme='ulysses' against the model's heads (after tensor parallel): the
+    all-to-all needs a degree > 1 that divides cp (`ulysses_degree`)."""
     if dims.cp == 1:
         return
     # check_model ran first: tp divides both head counts.
-    problem = ulysses_head_problem(heads // dims.tp, kv_heads // dims.tp, dims.cp)
-    if problem:
+    per_rank, kv_per_rank = heads // dims.tp, kv_heads // dims.tp
+    if ulysses_degree(per_rank, kv_per_rank, dims.cp) == 1:
+        problem = ulysses_head_problem(per_rank, kv_per_rank, dims.cp)
+        usable = [u for u in ulysses_cp_degrees(heads, kv_heads, dims.tp) if u > 1]
+        fix = (f"use a cp divisible by one of {usable} (the all-to-all spans the largest such divisor, a ring the rest)"
+               if usable else "no all-to-all degree > 1 exists for these heads")
         raise ParallelConfigError(
             f"parallelism.cp_scheme='ulysses' scatters attention heads over the cp ranks, but with tp={dims.tp} "
-            f"{problem}; use cp in {ulysses_cp_degrees(heads, kv_heads, dims.tp)} or parallelism.cp_scheme='ring'"
+            f"{problem}, and they split over no divisor > 1 of cp={dims.cp}; {fix}, or use "
+            f"parallelism.cp_scheme='ring'"
         )
 
 

@@ -74,6 +74,16 @@ def cp_attention_kind(run: ResolvedRun) -> str | None:
     return run.plan.settings.cp_attention
 
 
+def ring_kind(run: ResolvedRun) -> str | None:
+    """The ring attention the job runs ("torch", "flex" or "ring"): cp_attention under the ring
+    scheme, and under Ulysses where the heads split over part of cp only (the ring inside the
+    all-to-all, parallel/context/ulysses.py); None where no ring runs."""
+    d, st = run.dims, run.plan.settings
+    if d.cp == 1 or (st.cp_scheme == "ulysses" and (st.cp_ulysses_degree or d.cp) == d.cp):
+        return None
+    return st.cp_attention
+
+
 def _sharded(tensors: Any, mesh: Any) -> tuple[DTensor, ...]:
     # torch's own handler wraps its local results with the output spec of sharding propagation:
     # sharded along the sequence (dim 2) on the cp mesh, as here.
@@ -131,7 +141,7 @@ def torch_cp_state() -> Iterator[None]:
 def use_torch_ring(run: ResolvedRun, meshes: Meshes) -> None:
     """Where the job runs torch's ring (the plan built its `TorchRingAttention` on the fake CPU
     mesh), route the fake tensors' SDPA op into torch's ring. Call inside `torch_cp_state`."""
-    if cp_attention_kind(run) != "torch":
+    if ring_kind(run) != "torch":
         return
     dispatcher = DTensor._op_dispatcher
     dispatcher._custom_op_handlers = {
@@ -146,7 +156,7 @@ def _unmasked_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.T
 def use_flex_memory(run: ResolvedRun, model: torch.nn.Module) -> None:
     """Where the job runs FlexAttention under cp, give every FlexContextAttention of `model` the
     fused kernel's allocations in place of flex's (module docstring)."""
-    if cp_attention_kind(run) != "flex":
+    if ring_kind(run) != "flex":
         return
     for module in model.modules():
         if isinstance(module, FlexContextAttention):
@@ -183,7 +193,8 @@ def ulysses_checkpoint_bytes(run: ResolvedRun, tokens: int, c: int) -> int:
         return 0
     heads = a.n_heads // d.tp
     kv = (getattr(a, "n_kv_heads", None) or a.n_heads) // d.tp  # MLA: keys and values per query head
-    kv_sent = kv if kv % d.cp == 0 else d.cp
+    ulysses = settings.cp_ulysses_degree or d.cp  # the all-to-all's ranks (a ring may span the rest of cp)
+    kv_sent = kv if kv % ulysses == 0 else ulysses
     qk = a.qk_dim if hasattr(a, "qk_dim") else a.head_dim  # MLA: values are v_dim wide
     v = getattr(a, "v_dim", qk)
     scattered = tokens * ((heads + kv_sent) * qk + kv_sent * v) * c
@@ -201,6 +212,12 @@ def context_notes(run: ResolvedRun) -> list[str]:
         "flex": "FlexAttention against the all-gathered keys/values (kept for backward: cp x the local ones per layer)",
         "ulysses": "all-to-all of heads (ulysses) around the attention kernel",
     }.get(kind, f"kenotron's ring attention, {rotation} rotation")
+    inner = ring_kind(run) if kind == "ulysses" else None
+    if inner is not None:  # heads that split over part of cp: the ring inside the all-to-all
+        ulysses = run.plan.settings.cp_ulysses_degree
+        ring = {"torch": "torch's ring", "flex": "FlexAttention's gathered ring"}.get(inner, "kenotron's ring")
+        attention = (f"all-to-all of heads (ulysses) over {ulysses} ranks around {ring} over the other "
+                     f"{run.dims.cp // ulysses}")
     if run.cfg.data.document_masking:
         attention += ", document-masked (the mask's skipped work is not counted in memory; the throughput model prices it)"
     layout = "load balanced" if run.plan.settings.cp_load_balance else "contiguous"

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from kenotron.config import ConfigError, JobConfig
-from kenotron.degrees import ParallelDims, check_ulysses_heads
+from kenotron.degrees import ParallelDims, check_ulysses_heads, ulysses_degree
 from kenotron.kernel_choice.target import Target
 from kenotron.kernel_choice.tuning import (
     resolve_adamw_implementation,
@@ -156,8 +156,10 @@ def check_context_parallel(cfg: JobConfig, dims: ParallelDims, spec: ModelSpec, 
         )
     if cfg.parallelism.cp_scheme == "ulysses":
         heads = args.n_heads
-        check_ulysses_heads(dims, heads, getattr(args, "n_kv_heads", None) or heads)  # MLA: k/v per query head
-        return  # the ring's own settings below do not apply
+        kv_heads = getattr(args, "n_kv_heads", None) or heads  # MLA: k/v per query head
+        check_ulysses_heads(dims, heads, kv_heads)
+        if ulysses_degree(heads // dims.tp, kv_heads // dims.tp, dims.cp) == dims.cp:
+            return  # the all-to-all alone: the ring's own settings below do not apply
     on_cuda = target.device_type == "cuda"
     if u.cp_attention == "torch" and not on_cuda:
         raise ConfigError("tuning.cp_attention='torch' needs CUDA (torch has no context-parallel CPU kernel); "

@@ -1,11 +1,13 @@
 """The job's DeviceMesh: one named N-D mesh over the degrees of kenotron/degrees.py (which
-checks them first, and says which dimensions and flattened views exist), and the views the
-plans look up by name."""
+checks them first, and says which dimensions and flattened views exist), the views the
+plans look up by name, and cp's split into a ring and an all-to-all (`Meshes.split_cp`) for
+parallelism.cp_scheme='ulysses' where the heads split over part of cp."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from kenotron.degrees import EP_MESH_DIM_ORDER, MESH_DIM_ORDER, ParallelDims
@@ -38,6 +40,30 @@ class Meshes:
     dims: ParallelDims
     root: DeviceMesh | None
     views: dict[str, DeviceMesh] = field(default_factory=dict)
+    cp_splits: dict[int, tuple[DeviceMesh, DeviceMesh]] = field(default_factory=dict, repr=False)
+    """split_cp's meshes by all-to-all degree: each split creates process groups, so once per job."""
+
+    def split_cp(self, ulysses: int) -> tuple[DeviceMesh, DeviceMesh]:
+        """(ring, all-to-all) sub-meshes of the cp dimension for an all-to-all of `ulysses` ranks
+        inside a ring of cp / ulysses (parallelism.cp_scheme='ulysses' with heads that split over
+        part of cp: parallel/context/ulysses.py). cp rank j * ulysses + v is ring rank j and
+        all-to-all rank v: the all-to-all on the nearer ranks, since nothing hides its traffic
+        while the ring's transfers run under its compute. cp itself stays one dimension, so
+        dp_shard_cp, dp_cp and the loss reductions span the whole cp group as before.
+
+        Collective (every rank of the job creates the groups): call it at the same point on
+        every rank. `_unflatten` is private in torch 2.11 and 2.13 alike, as `_flatten` is."""
+        cp_mesh = self.get("cp")
+        if cp_mesh is None or ulysses < 1 or cp_mesh.size() % ulysses:
+            raise ValueError(f"an all-to-all of {ulysses} ranks cannot split the cp mesh {cp_mesh}; use a divisor "
+                             f"of its size (parallelism.cp > 1)")
+        if not hasattr(cp_mesh, "_unflatten"):  # present from torch 2.10 (pytorch#161224) through 2.13
+            raise RuntimeError(f"torch {torch.__version__} has no DeviceMesh._unflatten to split cp into a ring and an "
+                               f"all-to-all; use torch >= 2.11, parallelism.cp_scheme='ring', or a cp the heads divide")
+        if ulysses not in self.cp_splits:
+            split = cp_mesh._unflatten(0, (cp_mesh.size() // ulysses, ulysses), ("cp_ring", "cp_ulysses"))
+            self.cp_splits[ulysses] = (split["cp_ring"], split["cp_ulysses"])
+        return self.cp_splits[ulysses]
 
     def get(self, name: str) -> DeviceMesh | None:
         if self.root is None:

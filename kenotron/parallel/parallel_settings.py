@@ -77,6 +77,9 @@ class ParallelSettings:
     cp_scheme: str = field(default="ring", metadata=_key("parallelism.cp_scheme"))
     """Context parallel by a ring of keys/values (cp_attention says whose) or by all-to-all of heads ("ulysses");
     "auto" until planner/cp_scheme_choice.py settles it (unsettled, it runs the ring)."""
+    cp_ulysses_degree: int = field(default=0, metadata=_key("parallelism.cp_scheme"))
+    """Under cp_scheme "ulysses": the ranks of each all-to-all, a ring over the other cp / it (derived, no
+    config key: resolve_run sets the largest divisor of cp the heads per tp rank split over); 0: all of cp."""
 
     @classmethod
     def from_config(cls, cfg: JobConfig) -> ParallelSettings:
@@ -118,6 +121,10 @@ class ParallelSettings:
         if not 0 <= self.offload_blocks <= n_blocks:
             raise self._bad("offload_blocks", f"must lie in [0, {n_blocks}] (the model's blocks)")
         degrees = degrees or {}
+        cp = degrees.get("cp", 1)
+        if self.cp_ulysses_degree < 0 or (self.cp_ulysses_degree and cp % self.cp_ulysses_degree):
+            raise PlanError(f"plan.settings.cp_ulysses_degree={self.cp_ulysses_degree} must divide cp={cp} (0: all of "
+                            f"cp); set it to a divisor of cp that the heads per tp rank split over")
         # ZeRO-1 shares optimizer state over the ranks that hold the same parameters: data and
         # context parallel (cp ranks hold the same parameters, each with part of every sequence).
         shared = degrees.get("dp_replicate", 1) * degrees.get("dp_shard", 1) * degrees.get("cp", 1)
@@ -151,7 +158,10 @@ class ParallelSettings:
             f"  activation checkpointing: {ac}"
             + (f"   offload: first {self.offload_blocks} blocks" if self.offload_blocks else "")
             + f"   compile: {self.compile}   float8: {self.float8 or 'off'}",
-            (f"  context parallel (when cp > 1): all-to-all of heads (ulysses), load_balance {self.cp_load_balance}"
+            ("  context parallel (when cp > 1): all-to-all of heads (ulysses"
+             + (f" over {self.cp_ulysses_degree} ranks; a ring spans cp / {self.cp_ulysses_degree} where that is > 1"
+                if self.cp_ulysses_degree else "")
+             + f"), load_balance {self.cp_load_balance}"
              if self.cp_scheme == "ulysses" else
              f"  context parallel (when cp > 1): attention {self.cp_attention}, load_balance "
              f"{self.cp_load_balance}, rotate {self.cp_rotate_method}"),

@@ -189,7 +189,7 @@ class Plan:
                         module.register_forward_hook(lambda _m, _i, out: out.clone())
         apply_expert_parallel(model, meshes, lay, st)
         cp_mesh = meshes.get("cp")
-        sharder = apply_context_parallel(model, cp_mesh, lay, st) if cp_mesh is not None else None
+        sharder = apply_context_parallel(model, meshes, lay, st) if cp_mesh is not None else None
         blocks = matching_modules(model, lay.blocks)
         offloaded = min(st.offload_blocks, len(blocks))
         # Offloaded blocks keep nothing on the device, so recomputing them would save nothing.

@@ -29,7 +29,11 @@ m micro-steps of b sequences, t = tp, p = cp, q = pp, T = b·s/p the rank's toke
              backward, not overlapped; K' = K/t kv heads, or p when they are repeated). Its
              attention kernel runs unsplit over the whole sequence: plain causal attention is
              priced at e_attn · g (g = `Hardware.ulysses_attention_gain`, fitted to the 1B pair at
-             cp 2 on 2 x H100, where Ulysses ran 1.09x the ring; the ring's rows pin e_attn)
+             cp 2 on 2 x H100, where Ulysses ran 1.09x the ring; the ring's rows pin e_attn).
+             Heads that split over part of cp only (u = plan.settings.cp_ulysses_degree < p):
+             the all-to-all term with u for p, plus the ring's at r = p/u on the group's
+             b·s/r tokens and K'/u kv heads (B_cp of a group u·t ranks apart); the attention
+             runs split (the ring's), at e_attn. Unmeasured on GPUs.
   p2p      = m · (v·µ + q − 1) · 2 · b_µ·s/p·d·c_r / B_pp   (pipeline parallel: each slot of the
              critical path waits for one activation sent forward and one gradient sent back,
              b_µ·s/p·d·c_r bytes each (c_r: 4 under autocast's fp32 residual stream), taken as
@@ -165,9 +169,15 @@ def cp_block_seconds(run: ResolvedRun, micro_tokens: int, c: int, hw: Hardware) 
     kv_heads = getattr(a, "n_kv_heads", None) or a.n_heads  # MLA: keys and values per query head
     if run.plan.settings.cp_scheme == "ulysses":
         heads, kv = a.n_heads // d.tp, kv_heads // d.tp
-        kv_sent = kv if kv % d.cp == 0 else d.cp  # each kv head repeated over cp/kv ranks
+        u = run.plan.settings.cp_ulysses_degree or d.cp  # the all-to-all's ranks; a ring spans cp / u
+        kv_sent = kv if kv % u == 0 else u  # each kv head repeated over u/kv ranks
         shard = micro_tokens // d.cp * a.head_dim * c * (2 * heads + 2 * kv_sent)  # q, k, v, out of one rank
-        return 2 * (d.cp - 1) / d.cp * shard / _bandwidth(d.cp, d.tp, hw)
+        seconds = 2 * (u - 1) / u * shard / _bandwidth(u, d.tp, hw)
+        r = d.cp // u
+        if r > 1:  # the ring inside: one rank's keys (or values) after the all-to-all, kv_sent / u heads
+            kv_block = micro_tokens // r * (kv_sent // u) * a.head_dim
+            seconds += ((r - 1) * 2 * kv_block * c * 2 + r * 2 * kv_block * 4) / _bandwidth(r, d.tp * u, hw)
+        return seconds
     kv_block = micro_tokens // d.cp * kv_heads * a.head_dim // d.tp  # one rank's keys (or values)
     per_block = (d.cp - 1) * 2 * kv_block * c * 2 + d.cp * 2 * kv_block * 4
     return per_block / _bandwidth(d.cp, d.tp, hw)
@@ -176,7 +186,9 @@ def cp_block_seconds(run: ResolvedRun, micro_tokens: int, c: int, hw: Hardware) 
 def unsplit_attention_gain(run: ResolvedRun, hw: Hardware) -> float:
     """Attention's speed-up under Ulysses over the ring-fitted e_attn (module docstring): plain
     causal only (the pair measured); a document-masked run's flex kernel gets none."""
-    unsplit = run.dims.cp > 1 and run.plan.settings.cp_scheme == "ulysses" and not run.cfg.data.document_masking
+    st = run.plan.settings
+    whole = (st.cp_ulysses_degree or run.dims.cp) == run.dims.cp  # a ring inside splits the attention
+    unsplit = run.dims.cp > 1 and st.cp_scheme == "ulysses" and whole and not run.cfg.data.document_masking
     return hw.ulysses_attention_gain if unsplit else 1.0
 
 

@@ -144,3 +144,27 @@ def test_the_estimate_names_what_compiled_ulysses_blocks_keep_beyond_the_eager_s
         check_data=False)
     [text] = context_notes(run)
     assert (note in text) if note else "not simulated here" not in text, text
+
+
+def test_ulysses_with_heads_over_part_of_cp_is_estimated_with_the_ring_inside():
+    from kenotron.planner.throughput import cp_block_seconds, unsplit_attention_gain
+
+    # 2 heads at cp 4: the all-to-all over 2 ranks, torch's ring (the CUDA job's) over the other 2.
+    heads = ["--model.n_heads", "2", "--model.n_kv_heads", "1", "--parallelism.cp", "4"]
+    report = estimate(4, "--training.seq_len", "256", "--parallelism.cp_scheme", "ulysses", *heads)
+    assert any("ulysses) over 2 ranks around torch's ring over the other 2" in n for n in report.notes), report.notes
+    assert torch.distributed.is_initialized() is False
+    hw = Hardware()
+    composed = resolve_run(load_config(DEBUG, ["--parallelism.cp_scheme", "ulysses", *heads]), 4)
+    whole = resolve_run(load_config(DEBUG, ["--parallelism.cp_scheme", "ulysses", "--parallelism.cp", "4"]), 4)
+    assert composed.plan.settings.cp_ulysses_degree == 2 and whole.plan.settings.cp_ulysses_degree == 4
+    # The attention runs split (the ring's), so without Ulysses' unsplit-kernel gain.
+    assert unsplit_attention_gain(composed, hw) == 1.0 < unsplit_attention_gain(whole, hw)
+    # The traffic: Ulysses at cp 2 on the pair's tokens (half the micro-step's), then the ring at
+    # cp 2 on the whole micro-step with the one kv head each rank holds after the all-to-all.
+    pair = ["--model.n_heads", "2", "--model.n_kv_heads", "1", "--parallelism.cp", "2"]
+    ulysses2 = resolve_run(load_config(DEBUG, ["--parallelism.cp_scheme", "ulysses", *pair]), 2)
+    ring2 = resolve_run(load_config(DEBUG, ["--parallelism.cp_scheme", "ring", *pair]), 2)
+    tokens = 4096
+    assert cp_block_seconds(composed, tokens, 2, hw) == pytest.approx(
+        cp_block_seconds(ulysses2, tokens // 2, 2, hw) + cp_block_seconds(ring2, tokens, 2, hw), rel=1e-12)

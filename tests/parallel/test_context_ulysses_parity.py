@@ -61,17 +61,22 @@ def test_cp_scheme_ulysses_puts_the_all_to_all_in_every_attention(tmp_path):
 @pytest.mark.parametrize(
     "world, args, message",
     [
-        (4, ["--parallelism.cp", "4", "--model.n_heads", "2", "--model.n_kv_heads", "2"],
-         (r"cp_scheme='ulysses' scatters attention heads .* with tp=1 2 query heads per tensor-parallel rank do not "
-          r"divide by cp=4; use cp in \[1, 2\] or parallelism.cp_scheme='ring'")),
-        (8, ["--parallelism.cp", "4", "--parallelism.tp", "2", "--model.n_heads", "4", "--model.n_kv_heads", "4"],
-         r"with tp=2 2 query heads per tensor-parallel rank do not divide by cp=4; use cp in \[1, 2\]"),
+        (4, ["--parallelism.cp", "4", "--model.n_heads", "3", "--model.n_kv_heads", "3", "--model.dim", "96"],
+         (r"cp_scheme='ulysses' scatters attention heads .* with tp=1 3 query heads per tensor-parallel rank do not "
+          r"divide by cp=4, and they split over no divisor > 1 of cp=4; use a cp divisible by one of \[3\] \(the "
+          r"all-to-all spans the largest such divisor, a ring the rest\), or use parallelism.cp_scheme='ring'")),
+        (8, ["--parallelism.cp", "4", "--parallelism.tp", "2", "--model.n_heads", "6", "--model.n_kv_heads", "6",
+             "--model.dim", "192"],
+         r"with tp=2 3 query heads per tensor-parallel rank do not divide by cp=4, and they split over no divisor"),
         (4, ["--parallelism.cp", "2", "--parallelism.tp", "2", "--model.n_heads", "12", "--model.n_kv_heads", "6",
              "--model.dim", "384"],
          r"3 key/value heads per tensor-parallel rank neither divide by cp=2 nor divide it"),
         (2, ["--parallelism.cp", "2", "--model.name", "mamba2"], r"parallelism.cp=2 is not supported by model.name='mamba2'"),
+        # Heads over part of cp: the ring inside runs, so its settings are checked.
+        (4, ["--parallelism.cp", "4", "--model.n_heads", "2", "--model.n_kv_heads", "2", "--training.device", "cpu",
+             "--tuning.cp_attention", "torch"], r"tuning.cp_attention='torch' needs CUDA"),
     ],
-    ids=["heads", "heads_after_tp", "kv_heads", "mamba"],
+    ids=["heads", "heads_after_tp", "kv_heads", "mamba", "ring_inside_settings"],
 )
 def test_bad_ulysses_configs_are_refused_before_any_process_group(world, args, message):
     import torch.distributed as dist

@@ -9,7 +9,8 @@
   and how much work the mask skips;
 - flex_gather.py: FlexAttention against the gathered keys/values (CUDA, document masking);
 - ulysses.py: the all-to-all scheme (parallelism.cp_scheme='ulysses'): heads scattered over the
-  cp ranks around the ordinary attention kernel on the whole sequence;
+  cp ranks around the ordinary attention kernel on the whole sequence, or, where the heads split
+  over part of cp only, over that part around one of the rings above over the rest;
 - apply.py: the plan's CP step (swap each attention's attention_fn) and the batch slicer.
 """
 

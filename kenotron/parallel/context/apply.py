@@ -11,7 +11,9 @@ over the whole sequence sharded across the cp ranks:
   gathered keys/values under each rank's block mask (flex_gather.py);
 - elsewhere, or with `"ring"`: kenotron's ring attention (ring.py), which also runs on CUDA;
 - with `plan.settings.cp_scheme = "ulysses"`, on any device: the all-to-all of heads around the
-  ordinary attention kernel (ulysses.py), whatever `cp_attention` says.
+  ordinary attention kernel (ulysses.py), whatever `cp_attention` says; where the heads split
+  over only part of cp (`plan.settings.cp_ulysses_degree` < cp), the all-to-all over that part
+  around the ring of the lines above over the rest (Meshes.split_cp gives both sub-meshes).
 
 With document masking the trainer hands the model the document ids of the whole sequence
 (documents.py's SequenceDocuments) in place of a block mask; the model's attention passes them
@@ -34,6 +36,7 @@ from kenotron.parallel.context.layout import ContextShard, SequenceLayout, shard
 from kenotron.parallel.context.ring import RingAttention
 from kenotron.parallel.context.torch_ring import TorchRingAttention
 from kenotron.parallel.context.ulysses import UlyssesAttention
+from kenotron.parallel.dims import Meshes
 from kenotron.parallel.model_layout import ModelLayout, PlanError, matching_modules
 from kenotron.parallel.parallel_settings import ParallelSettings
 
@@ -69,11 +72,10 @@ def cp_attention_kind(choice: str, device_type: str, document_masking: bool = Fa
     return choice
 
 
-def context_parallel_attention(cp_mesh: DeviceMesh, settings: ParallelSettings) -> nn.Module:
-    """A new CP attention module for one attention layer, as the plan's settings choose it."""
+def ring_attention_module(cp_mesh: DeviceMesh, settings: ParallelSettings) -> nn.Module:
+    """A new ring attention module over `cp_mesh` (the whole cp, or the ring under an all-to-all),
+    of the kind the settings' cp_attention names."""
     st = settings
-    if st.cp_scheme == "ulysses":
-        return UlyssesAttention(cp_mesh.get_group(), st.cp_load_balance)
     kind = cp_attention_kind(st.cp_attention, cp_mesh.device_type)
     if kind == "torch":
         return TorchRingAttention(cp_mesh, st.cp_load_balance, st.cp_rotate_method)
@@ -82,20 +84,57 @@ def context_parallel_attention(cp_mesh: DeviceMesh, settings: ParallelSettings) 
     return RingAttention(cp_mesh.get_group(), st.cp_load_balance, st.cp_rotate_method)
 
 
-def apply_context_parallel(model: nn.Module, cp_mesh: DeviceMesh, layout: ModelLayout,
+def context_parallel_attention(cp_mesh: DeviceMesh, settings: ParallelSettings,
+                               split: tuple[DeviceMesh, DeviceMesh] | None = None) -> nn.Module:
+    """A new CP attention module for one attention layer, as the plan's settings choose it.
+    `split`: Meshes.split_cp's (ring, all-to-all) sub-meshes when the all-to-all spans part of cp."""
+    st = settings
+    if st.cp_scheme != "ulysses":
+        return ring_attention_module(cp_mesh, st)
+    if split is None:
+        return UlyssesAttention(cp_mesh.get_group(), st.cp_load_balance)
+    ring_mesh, all_to_all_mesh = split
+    return UlyssesAttention(all_to_all_mesh.get_group(), st.cp_load_balance, ring_attention_module(ring_mesh, st))
+
+
+def _cp_split(meshes: Meshes, settings: ParallelSettings) -> tuple[DeviceMesh, DeviceMesh] | None:
+    """The (ring, all-to-all) sub-meshes when Ulysses spans part of cp; None when it spans all
+    of it (today's all-to-all alone) or the scheme is the ring."""
+    cp = meshes.size("cp")
+    degree = settings.cp_ulysses_degree or cp
+    if settings.cp_scheme != "ulysses" or degree == cp:
+        return None
+    if degree == 1:
+        raise PlanError("plan.settings.cp_ulysses_degree=1 leaves the all-to-all nothing to scatter; use "
+                        "parallelism.cp_scheme='ring' (resolve_run refuses heads that split over no divisor of cp)")
+    ring_mesh, all_to_all_mesh = meshes.split_cp(degree)
+    cp_rank = meshes.coordinate("cp")
+    # The token layout (SequenceLayout over the whole cp) assumes cp rank = ring rank x degree + all-to-all rank.
+    if (ring_mesh.get_local_rank(), all_to_all_mesh.get_local_rank()) != divmod(cp_rank, degree):
+        raise RuntimeError(f"cp rank {cp_rank} is ring rank {ring_mesh.get_local_rank()} and all-to-all rank "
+                           f"{all_to_all_mesh.get_local_rank()} of the split cp mesh, not {divmod(cp_rank, degree)}")
+    return ring_mesh, all_to_all_mesh
+
+
+def apply_context_parallel(model: nn.Module, meshes: Meshes, layout: ModelLayout,
                            settings: ParallelSettings) -> SequenceSharder:
-    """A plan's CP step: replace `attention_fn` of every attention module; return how to slice the batches."""
+    """A plan's CP step on the job's meshes (cp > 1): replace `attention_fn` of every attention
+    module; return how to slice the batches."""
     if layout.attention_modules is None:
         raise PlanError("plan.layout.attention_modules is None: this model has no attention for context parallel to "
                         "split; use parallelism.cp=1")
     modules = matching_modules(model, layout.attention_modules)
     if not modules:
         raise PlanError(f"plan.layout.attention_modules={layout.attention_modules!r} matches no module of the model")
+    cp_mesh = meshes.get("cp")
+    if cp_mesh is None:
+        raise PlanError("context parallel needs a cp mesh dimension; use parallelism.cp > 1")
+    split = _cp_split(meshes, settings)
     for name, module in modules:
         if not hasattr(module, "attention_fn"):
             raise PlanError(
                 f"{name} ({type(module).__name__}) has no attention_fn to replace under context parallel; "
                 f"point plan.layout.attention_modules at the attention modules"
             )
-        module.attention_fn = context_parallel_attention(cp_mesh, settings)
+        module.attention_fn = context_parallel_attention(cp_mesh, settings, split)
     return SequenceSharder(cp_mesh.size(), cp_mesh.get_local_rank(), settings.cp_load_balance)

@@ -11,8 +11,9 @@ Why a second scheme beside the ring (ring.py): the attention kernel is the fused
 unsharded run (no chunk-pair loop, no log-sum-exp merge, no per-pair kernel launches), and
 the traffic per layer is fixed: q, k, v there and the output back, each `1/cp` of a shard
 leaving every rank, which shrinks with cp where the ring's key/value traffic grows. The price:
-the degree is capped by the head count (heads/tp must divide by cp), and nothing overlaps the
-all-to-alls with compute (docs/parallelism.md compares the two).
+the degree is capped by the head count (heads/tp must divide by it; beyond it a ring takes
+over, below), and nothing overlaps the all-to-alls with compute (docs/parallelism.md compares
+the two).
 
 Token order. The sequence arrives in the layout's order (layout.py: under head-tail load
 balancing rank r holds chunks r and 2*cp-1-r), so after the all-to-all the tokens sit in rank
@@ -24,6 +25,20 @@ That makes document masking the ordinary one: given the micro-batch's document i
 whole sequence (`UlyssesAttention.takes_documents`), the module builds the one-rank run's
 block-causal mask once per micro-batch and runs flex_attention under it.
 
+With a ring (heads that split over only part of cp). parallelism.cp_scheme='ulysses' runs the
+all-to-all over the largest divisor u of cp the heads split over (degrees.py's
+`ulysses_degree`) and a ring over the other r = cp/u: cp rank j*u + v is rank v of ring rank
+j's all-to-all group (Meshes.split_cp: the all-to-all inner, on the nearer ranks, since
+nothing overlaps it; the ring's transfers hide under its compute). Nothing in the token layout
+changes: under SequenceLayout(seq, cp) the u ranks of group j hold, between them, the pieces
+of the ring's local sequence T_j (chunks j and 2r-1-j of 2r) that SequenceLayout(len(T_j), u)
+gives them (rank v: pieces v and 2u-1-v of T_j are chunks j*u+v and 2cp-1-(j*u+v) of 2cp).
+So this module's all-to-all over the group hands each rank T_j whole, in order, for heads/u
+heads: exactly the input of the ring at degree r, which runs unchanged as `inner` (ring.py,
+torch_ring.py or flex_gather.py over the ring sub-group, with the document ids of the whole
+sequence under document masking), and the second all-to-all returns each rank its tokens.
+Trainer, positions, labels and document ids are those of the plain cp layout.
+
 Grouped kv heads. When the rank's kv heads divide by cp they are split like the query heads.
 When cp is a multiple of them (e.g. 8 kv heads, tp 2, cp 8: 4 per tp rank) each kv head is
 repeated cp/kv times first, so every rank gets the one its query heads use, as DeepSpeed does;
@@ -34,6 +49,7 @@ before any process group: kenotron/degrees.py's `check_ulysses_heads`).
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -162,6 +178,7 @@ def ulysses_attention(
     *,
     load_balance: bool = True,
     block_mask: BlockMask | None = None,
+    inner: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Causal attention of this rank's tokens over the whole sequence sharded on the cp group.
 
@@ -169,6 +186,9 @@ def ulysses_attention(
     tokens in the layout `SequenceLayout(local_len * cp, cp, load_balance)` describes.
     `block_mask`: a FlexAttention mask of the *whole* sequence in sequence order (document
     masking); None: plain causal SDPA. Returns (batch, heads, local_len, dim).
+    `inner`: the ring attention over the ring sub-group when `group` is one all-to-all group of
+    a larger cp (module docstring): it gets the group's sequence, which is its ring rank's
+    local sequence, and replaces the kernel (the block mask then travels with it, not here).
     """
     cp = dist.get_world_size(group)
     heads, kv_heads = q.shape[1], k.shape[1]
@@ -176,8 +196,11 @@ def ulysses_attention(
     if problem or k.shape[:3] != v.shape[:3] or q.shape[2] != k.shape[2]:
         raise ValueError(
             f"ulysses attention needs q (b, h, s, d) and k, v (b, h_kv, s, d) whose heads split over cp={cp}; "
-            f"got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}{': ' + problem if problem else ''}"
+            f"got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}{': ' + problem if problem else ''}; "
+            f"a plan built by hand sets plan.settings.cp_ulysses_degree (degrees.ulysses_degree) for a ring over the rest"
         )
+    if cp == 1 and inner is not None:  # nothing to exchange: the ring alone
+        return inner(q, k, v)
     if cp == 1:
         return flex_attend(q, k, v, block_mask) if block_mask is not None else causal_attention(q, k, v)
     repeats = kv_repeats(kv_heads, cp)
@@ -185,7 +208,9 @@ def ulysses_attention(
         k, v = k.repeat_interleave(repeats, dim=1), v.repeat_interleave(repeats, dim=1)
     places = chunk_places(SequenceLayout(q.shape[2] * cp, cp, load_balance))
     q_all, k_all, v_all = _scatter_heads([q, k, v], cp, group, places)
-    if block_mask is not None:
+    if inner is not None:
+        out = inner(q_all, k_all, v_all)
+    elif block_mask is not None:
         out = flex_attend(q_all, k_all, v_all, block_mask)
     else:
         out = causal_attention(q_all, k_all, v_all)
@@ -209,21 +234,32 @@ def whole_sequence_mask(documents: Any) -> BlockMask:
 
 
 class UlyssesAttention(nn.Module):
-    """Drop-in `attention_fn` of an attention module under all-to-all context parallel (no parameters)."""
+    """Drop-in `attention_fn` of an attention module under all-to-all context parallel (no parameters).
+
+    `group`: the all-to-all's ranks (the whole cp group, or one all-to-all group of it when a
+    ring spans the rest); `inner`: that ring's attention module over the ring sub-group (None:
+    the whole sequence's kernel on this rank)."""
 
     takes_documents = True
     """The attention layers hand it the micro-batch's document ids under document masking
-    (models/common/attention.py's `takes_documents`): it builds the whole sequence's mask."""
+    (models/common/attention.py's `takes_documents`): it builds the whole sequence's mask, or
+    hands the ids to the ring, which masks each chunk pair by them."""
 
-    def __init__(self, group: dist.ProcessGroup, load_balance: bool = True) -> None:
+    def __init__(self, group: dist.ProcessGroup, load_balance: bool = True, inner: nn.Module | None = None) -> None:
         super().__init__()
         self.group = group
         self.load_balance = load_balance
+        self.inner = inner
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, documents: Any = None) -> torch.Tensor:
         """`documents`: None (causal), a whole-sequence BlockMask, or document ids (`whole_sequence_mask`)."""
+        if self.inner is not None:
+            ring = self.inner
+            inner = ring if documents is None else functools.partial(ring, documents=documents)
+            return ulysses_attention(q, k, v, self.group, load_balance=self.load_balance, inner=inner)
         mask = None if documents is None else whole_sequence_mask(documents)
         return ulysses_attention(q, k, v, self.group, load_balance=self.load_balance, block_mask=mask)
 
     def extra_repr(self) -> str:
-        return f"cp={dist.get_world_size(self.group)}, load_balance={self.load_balance}"
+        ring = f", ring={type(self.inner).__name__}" if self.inner is not None else ""
+        return f"all-to-all={dist.get_world_size(self.group)}, load_balance={self.load_balance}{ring}"
