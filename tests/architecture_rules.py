@@ -1,4 +1,5 @@
-"""The import rules' data that tests/test_architecture.py checks the tree against: which
+"""The import rules' data that tests/test_architecture.py and tests/test_lazy_imports.py check
+the tree against: which
 third-party packages are optional, which function-level imports are kept on purpose, and which
 import goes against the rooms' directions on purpose."""
 
