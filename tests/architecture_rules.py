@@ -1,7 +1,6 @@
 """The import rules' data that tests/test_architecture.py and tests/test_lazy_imports.py check
-the tree against: which
-third-party packages are optional, which function-level imports are kept on purpose, and which
-import goes against the rooms' directions on purpose."""
+the tree against: which third-party packages are optional, which function-level imports are kept
+on purpose, and which import goes against the rooms' directions on purpose."""
 
 from __future__ import annotations
 
