@@ -66,7 +66,7 @@ class FaultTolerantReplicas(JobExtension):
 
     def __init__(self, job: TrainingJob, timeline: RejoinTimeline | None = None) -> None:
         torchft = import_torchft()
-        from kenotron.fault_tolerance.timed_transport import TimedHTTPTransport
+        from kenotron.fault_tolerance.timed_transport import live_state_transport
 
         self.job = job
         ft = job.run.cfg.fault_tolerance
@@ -89,7 +89,8 @@ class FaultTolerantReplicas(JobExtension):
             connect_timeout=timeout, rank=self.group_rank, world_size=self.group_size,
             store_addr=host, store_port=port, lighthouse_addr=lighthouse_address(job.run.cfg),
             replica_id=f"kenotron_replica_{ft.replica_id}",
-            checkpoint_transport=TimedHTTPTransport(timeout, self.timeline),
+            checkpoint_transport=live_state_transport(ft.live_state_transport, self.pg, timeout, job.device,
+                                                      self.timeline),
             init_sync=False,  # every group initializes the same weights from training.seed
         )
         self.parts: dict[str, Any] = {}
