@@ -33,9 +33,10 @@ class LighthouseSettings:
     heartbeat_timeout_ms: int = 2_000
     """A group silent this long is dead: the next quorum goes on without it. Each manager beats
     every 100 ms from a thread of its own (torchft's default interval), so 2 s is 20 beats
-    missed; a survivor whose all-reduce failed at once (gloo, a closed connection) waits this
-    long for its next quorum (torchft's default, 5 s: measured 4.1 s of waiting on CPU, 1.x s with
-    2 s; on NCCL the all-reduce's own timeout, fault_tolerance.timeout_s, comes first)."""
+    missed. A survivor whose all-reduce failed at once (gloo: a closed connection) waits for its
+    next quorum until the dead group's beats are this old: on CPU (the bench through the
+    launcher) its quorum came 5.0 s after the kill with torchft's default of 5 s, 2.0 s with 2 s.
+    On NCCL the all-reduce's own timeout (fault_tolerance.timeout_s, 10 s) comes first."""
 
 
 def start_lighthouse(port: int = 0, settings: LighthouseSettings | None = None) -> Any:
