@@ -7,6 +7,9 @@ start and when a step fails or the groups in the quorum change, never on a plain
 
     fault tolerance timeline | group 1 | quorum_asked at 1764241234.567 | step 0
 
+The synchronous mode logs every phase; under DiLoCo (fault_tolerance.sync_every > 1) torchft's
+hooks run the quorums after the first, so a group logs its start up to its first quorum only.
+
 No torch at import: the bench reads the logs without it.
 """
 
@@ -41,6 +44,7 @@ SURVIVOR_PHASES: dict[str, str] = {
     "quorum_after_failure": "the next quorum after a failed step returned (the groups in it, seconds)",
     "live_state_sent": "this group staged its live state for a recovering peer (bytes, seconds)",
     "peer_joined": "a quorum with more groups than the previous step's returned",
+    "peer_left": "a quorum with fewer groups than the previous step's returned, no step having failed",
 }
 """What a surviving group logs when a peer dies and comes back."""
 

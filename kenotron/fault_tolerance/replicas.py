@@ -202,7 +202,8 @@ class FaultTolerantReplicas(JobExtension):
 
     def _mark_quorum(self, before: int) -> None:
         """The timeline's quorum marks: the first of this process, the one after a failed step, and
-        one where more groups take part than before (a peer rejoined). Nothing on a plain step."""
+        one where more or fewer groups take part than before (a peer rejoined, or died between two
+        steps). Nothing on a plain step."""
         now = self.manager.num_participants()
         detail = (f"{now} group(s), this one replica rank {self.manager.participating_rank()}, "
                   f"{self._last_quorum_s:.3f} s")
@@ -214,6 +215,8 @@ class FaultTolerantReplicas(JobExtension):
             self.timeline.mark("quorum_after_failure", detail)
         elif now > before:
             self.timeline.mark("peer_joined", detail)
+        elif now < before:  # a peer died between two steps: no step of this group failed
+            self.timeline.mark("peer_left", detail)
 
     def metrics(self) -> dict[str, Any]:
         return {"ft_replicas": self.manager.num_participants(), "ft_failed_commits": self.failed_commits,

@@ -21,8 +21,8 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten
 from torchft.checkpointing.http_transport import HTTPTransport
-from torchft.checkpointing.pg_transport import PGTransport
 
+from kenotron.errors import ConfigError
 from kenotron.fault_tolerance.rejoin_timeline import RejoinTimeline
 
 TRANSPORTS = ("http", "process_group")
@@ -61,17 +61,28 @@ class TimedHTTPTransport(_Timed, HTTPTransport):
         self.timeline = timeline
 
 
-class TimedPGTransport(_Timed, PGTransport):
-    """torchft's PGTransport over the groups' process group, marking the timeline."""
+def timed_pg_transport(pg: Any, timeout: timedelta, device: torch.device, timeline: RejoinTimeline) -> Any:
+    """torchft's PGTransport over the groups' process group, marking the timeline. Imported here,
+    only when chosen: the module imports torch's private DTensor names, which a torch other than
+    torchft's may not have (refused in one line)."""
+    try:
+        from torchft.checkpointing.pg_transport import PGTransport
+    except ImportError as exc:
+        raise ConfigError(f"fault_tolerance.live_state_transport=\"process_group\" needs torchft's PGTransport, "
+                          f"which does not load with torch {torch.__version__} ({exc}); set "
+                          "fault_tolerance.live_state_transport=\"http\"") from None
 
-    def __init__(self, pg: Any, timeout: timedelta, device: torch.device, timeline: RejoinTimeline) -> None:
-        super().__init__(pg, timeout, device)
-        self.timeline = timeline
+    class TimedPGTransport(_Timed, PGTransport):
+        def __init__(self) -> None:
+            super().__init__(pg, timeout, device)
+            self.timeline = timeline
+
+    return TimedPGTransport()
 
 
 def live_state_transport(kind: str, pg: Any, timeout: timedelta, device: torch.device,
                          timeline: RejoinTimeline) -> Any:
     """The transport fault_tolerance.live_state_transport names (module docstring)."""
     if kind == "process_group":
-        return TimedPGTransport(pg, timeout, device, timeline)
+        return timed_pg_transport(pg, timeout, device, timeline)
     return TimedHTTPTransport(timeout, timeline)
