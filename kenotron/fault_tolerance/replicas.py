@@ -227,7 +227,6 @@ class FaultTolerantReplicas(JobExtension):
         self._store = None
 
 
-
 def _one_line(error: BaseException | None) -> str:
     """An error as one line: its type and its message's first line."""
     if error is None:
