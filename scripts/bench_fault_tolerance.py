@@ -13,7 +13,12 @@ Phases (`--only overhead` runs 1 and 2, `--only kill` runs 3):
    `--skip` (compilation);
 3. a kill: the same two groups for longer; once group 1 has logged step `--kill-at`, its rank is
    killed with SIGKILL (its launcher's torchrun restarts it); the time from the kill to the
-   restarted rank's "took the live state of a peer" line, and to its first step after it.
+   restarted rank's "took the live state of a peer" line, and to its first step after it; and
+   `rejoin_breakdown`: the seconds of each phase of the rejoin, read from the timeline lines both
+   groups log (kenotron/fault_tolerance/rejoin_timeline.py): the restarted rank's process start
+   (torchrun's restart), imports, model built, torchft's manager, its first quorum asked and
+   granted, the live state received (bytes, seconds) and loaded, its first step; the survivor's
+   failed step (the error, how long its all-reduce waited), its next quorum, the state it sent.
 
 Prints one JSON line with the figures; every run's output stays under --out.
 """
@@ -33,7 +38,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # this clone's kenotron, for the timeline's reader (no torch at import)
 
+from kenotron.fault_tolerance.rejoin_timeline import parse_marks, rejoin_breakdown
 
 GPUS = (os.environ.get("CUDA_VISIBLE_DEVICES") or "0,1").split(",")[:2]
 """The two GPUs of the runs: the first two the caller made visible (0 and 1 by default), so that
@@ -182,8 +189,11 @@ def kill_and_rejoin(args: argparse.Namespace, groups) -> dict[str, object]:
     rejoined_s = after_kill("took the live state of a peer")
     first_step_s = after_kill(r"\] step +\d+/")
     codes = [r.wait() for r in runs]
+    restarted = parse_marks(log.read_text(errors="replace")[text_before:])
+    survivor = parse_marks((out / "kill_0.log").read_text(errors="replace"))
     return {"killed_rank_pids": ranks, "kill_to_live_state_s": round(rejoined_s, 1),
-            "kill_to_first_step_s": round(first_step_s, 1), "exit_codes_after_kill": codes}
+            "kill_to_first_step_s": round(first_step_s, 1), "exit_codes_after_kill": codes,
+            "rejoin_breakdown": rejoin_breakdown(restarted, survivor, killed_at)}
 
 
 if __name__ == "__main__":

@@ -4,6 +4,10 @@
 - torchft_import.py: torchft, imported once, refused in one line when its version cannot run here;
 - lighthouse.py: the lighthouse the launcher (or a test) starts, and each group's environment;
 - state_transfer.py: the run's state as plain tensors for a recovering peer, and back;
+- timed_transport.py: torchft's transports of that state (HTTP, or the groups' process group),
+  marking the rejoin timeline;
+- rejoin_timeline.py: each phase of a group's start and of a survivor's failure in the log, and
+  the reader that turns them into seconds per phase (scripts/bench_fault_tolerance.py);
 - replicas.py: the JobExtension that makes a job one replica group (quorum, cross-group
   all-reduce, commit, recovery);
 - diloco.py: the semi-synchronous variant (DiLoCo: an outer step every fault_tolerance.sync_every steps);

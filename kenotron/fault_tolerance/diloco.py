@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from kenotron.errors import ConfigError
+from kenotron.fault_tolerance.rejoin_timeline import RejoinTimeline
 from kenotron.fault_tolerance.replicas import FaultTolerantReplicas
 from kenotron.train.training_job import TrainingJob
 
@@ -30,7 +31,7 @@ from kenotron.train.training_job import TrainingJob
 class DiLoCoReplicas(FaultTolerantReplicas):
     """This job as one replica group of a DiLoCo run (module docstring)."""
 
-    def __init__(self, job: TrainingJob) -> None:
+    def __init__(self, job: TrainingJob, timeline: RejoinTimeline | None = None) -> None:
         if len(job.model_parts) != 1 or len(job.optimizers) != 1:
             raise ConfigError(f"fault_tolerance.sync_every={job.run.cfg.fault_tolerance.sync_every} (DiLoCo) takes one "
                               f"model part and one optimizer, this job has {len(job.model_parts)} (pipeline stages); "
@@ -39,7 +40,7 @@ class DiLoCoReplicas(FaultTolerantReplicas):
             raise ConfigError(f"fault_tolerance.sync_every={job.run.cfg.fault_tolerance.sync_every} (DiLoCo) counts "
                               "the optimizer's steps, which FSDP's early all-gather splits in two; set "
                               "tuning.fsdp_early_all_gather=false")
-        super().__init__(job)
+        super().__init__(job, timeline)
         # Every sync keeps the process group's first timeout, max(timeout_s, start_timeout_s):
         # a sync moves the whole model, over the slow links DiLoCo is for (the per-step rule of
         # collective_timeout.py is the synchronous mode's).

@@ -32,6 +32,7 @@ import torch.distributed as dist
 from kenotron.dtensor import local_tensor
 from kenotron.fault_tolerance.checks import lighthouse_address
 from kenotron.fault_tolerance.collective_timeout import CollectiveTimeouts
+from kenotron.fault_tolerance.rejoin_timeline import RejoinTimeline
 from kenotron.fault_tolerance.state_transfer import load_local_state, local_state
 from kenotron.fault_tolerance.torchft_import import import_torchft
 from kenotron.train.extension import JobExtension
@@ -63,11 +64,14 @@ class FaultTolerantReplicas(JobExtension):
 
     name = "fault_tolerance"
 
-    def __init__(self, job: TrainingJob) -> None:
+    def __init__(self, job: TrainingJob, timeline: RejoinTimeline | None = None) -> None:
         torchft = import_torchft()
+        from kenotron.fault_tolerance.timed_transport import live_state_transport
+
         self.job = job
         ft = job.run.cfg.fault_tolerance
         self.cfg = ft
+        self.timeline = timeline or RejoinTimeline(ft.replica_id)
         distributed = dist.is_available() and dist.is_initialized()
         self.group_rank = dist.get_rank() if distributed else 0
         self.group_size = dist.get_world_size() if distributed else 1
@@ -85,6 +89,8 @@ class FaultTolerantReplicas(JobExtension):
             connect_timeout=timeout, rank=self.group_rank, world_size=self.group_size,
             store_addr=host, store_port=port, lighthouse_addr=lighthouse_address(job.run.cfg),
             replica_id=f"kenotron_replica_{ft.replica_id}",
+            checkpoint_transport=live_state_transport(ft.live_state_transport, self.pg, timeout, job.device,
+                                                      self.timeline),
             init_sync=False,  # every group initializes the same weights from training.seed
         )
         self.parts: dict[str, Any] = {}
@@ -94,6 +100,9 @@ class FaultTolerantReplicas(JobExtension):
         self.recoveries = 0
         self._last_quorum_s = 0.0
         self._timeout_s = self.timeouts.warmup_s
+        self._allreduce_s = 0.0
+        self._failed_last_step = False
+        self.timeline.mark("manager_ready")
 
     # -- the data: each group reads its own slice of a global batch over all groups ------------
 
@@ -110,6 +119,8 @@ class FaultTolerantReplicas(JobExtension):
         # The manager counts commits from where this group resumed (its checkpoint, or 0).
         self.manager.load_state_dict({"step": self._commits_done(train_state.step), "batches_committed": 0})
         self.manager.register_state_dict_fn("kenotron", self._load_from_peer, lambda: local_state(self.parts))
+        self.timeline.mark("run_state_ready", f"step {train_state.step}")
+        self.timeline.mark("quorum_asked", f"step {train_state.step}")
         self._quorum()
         # A fresh run waits for every group: one started a few seconds late would otherwise only
         # join by recovery, after the others stepped without it.
@@ -133,14 +144,17 @@ class FaultTolerantReplicas(JobExtension):
                 ext.finish()
         load_local_state(self.parts, state)
         self.recoveries += 1
+        self.timeline.mark("live_state_loaded", f"step {self.parts['train_state'].step}")
         logger.info("fault tolerance: replica group %d took the live state of a peer at step %d",
                     self.cfg.replica_id, self.parts["train_state"].step)
 
     def _quorum(self) -> None:
         """This step's quorum; a group behind the others loads a peer's state in here."""
         start = time.perf_counter()
+        before = self.manager.num_participants() if "quorum_done" in self.timeline.seen else 0
         self.manager.start_quorum()
         self._last_quorum_s = time.perf_counter() - start
+        self._mark_quorum(before)
         self._snapshot = {name: self.parts[name].state_dict() for name in SNAPSHOT_PARTS if name in self.parts}
 
     # -- the step -------------------------------------------------------------------------------
@@ -156,8 +170,9 @@ class FaultTolerantReplicas(JobExtension):
                  for p in part.parameters() if p.grad is not None]
         for work in works:
             work.wait()
+        self._allreduce_s = time.perf_counter() - start
         if self.manager.errored() is None:
-            self.timeouts.completed(time.perf_counter() - start)
+            self.timeouts.completed(self._allreduce_s)
 
     def step_optimizer(self, optimizer: Any) -> bool:
         """True (this step's optimizers do not step) unless every group in the step committed."""
@@ -171,14 +186,37 @@ class FaultTolerantReplicas(JobExtension):
 
     def on_step(self, step: int) -> None:
         committed, self._committed = self._committed, None
+        self.timeline.first("first_step_done", f"step {step}")
+        self._failed_last_step = not committed
         if not committed:
             self.failed_commits += 1
+            error = self.manager.errored()
+            self.timeline.mark("step_failed", f"step {step}: all-reduce waited {self._allreduce_s:.3f} s of "
+                               f"{self._timeout_s:g} s; {_one_line(error.original_exception if error else None)}")
             for name, state in self._snapshot.items():
                 self.parts[name].load_state_dict(state)
             logger.warning("fault tolerance: step %d did not commit on replica group %d (a peer left during it); "
                            "it is retried", step, self.cfg.replica_id)
         if self.parts["train_state"].step < self.job.run.cfg.training.steps:
             self._quorum()
+
+    def _mark_quorum(self, before: int) -> None:
+        """The timeline's quorum marks: the first of this process, the one after a failed step, and
+        one where more or fewer groups take part than before (a peer rejoined, or died between two
+        steps). Nothing on a plain step."""
+        now = self.manager.num_participants()
+        detail = (f"{now} group(s), this one replica rank {self.manager.participating_rank()}, "
+                  f"{self._last_quorum_s:.3f} s")
+        if "quorum_done" not in self.timeline.seen:
+            if "quorum_granted" not in self.timeline.seen:  # no live state to fetch: granted as it returned
+                self.timeline.mark("quorum_granted", detail)
+            self.timeline.mark("quorum_done", detail)
+        elif self._failed_last_step:
+            self.timeline.mark("quorum_after_failure", detail)
+        elif now > before:
+            self.timeline.mark("peer_joined", detail)
+        elif now < before:  # a peer died between two steps: no step of this group failed
+            self.timeline.mark("peer_left", detail)
 
     def metrics(self) -> dict[str, Any]:
         return {"ft_replicas": self.manager.num_participants(), "ft_failed_commits": self.failed_commits,
@@ -188,3 +226,10 @@ class FaultTolerantReplicas(JobExtension):
         self.manager.shutdown(wait=False)
         self._store = None
 
+
+def _one_line(error: BaseException | None) -> str:
+    """An error as one line: its type and its message's first line."""
+    if error is None:
+        return "no error reported"
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}"[:300]

@@ -9,11 +9,11 @@ import functools
 import logging
 import sys
 
-from kenotron.fault_tolerance.attach import fault_tolerance_extensions
+from kenotron.fault_tolerance.attach import FaultToleranceExtensions
 from kenotron.runtime.rank_process import exit_process, run_rank
 from kenotron.train.trainer import run_training
 
-train_launched_rank = functools.partial(run_training, checked_by_launcher=True, job_extensions=fault_tolerance_extensions)
+train_launched_rank = functools.partial(run_training, checked_by_launcher=True, job_extensions=FaultToleranceExtensions())
 """What each rank runs once the config is loaded: the Trainer, told the launcher checked the run."""
 
 

@@ -1,0 +1,67 @@
+"""A group killed with SIGKILL and restarted at once rejoins over the process-group transport
+(fault_tolerance.live_state_transport = "process_group": the groups' gloo group on CPU), and its
+new process logs every phase of its start on the rejoin timeline, in order, which the bench's
+reader turns into seconds per phase (kenotron/fault_tolerance/rejoin_timeline.py)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+from kenotron.fault_tolerance.rejoin_timeline import START_PHASES, parse_marks, rejoin_breakdown
+from kenotron.fault_tolerance.torchft_import import unavailable_reason
+from tests.fault_tolerance.groups import Group, lighthouse
+
+pytestmark = pytest.mark.skipif(unavailable_reason() is not None, reason=str(unavailable_reason()))
+
+
+def _wait_until(condition, timeout: float, what: str, groups: list[Group]) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline or any(p.poll() not in (None, 0) for g in groups for p in g.procs):
+            raise AssertionError(f"no {what}:\n" + "\n".join(g.output()[-3000:] for g in groups))
+        time.sleep(0.05)
+
+
+def _final_state(folder: Path, step: int, out: Path) -> dict:
+    dcp_to_torch_save(folder / "checkpoints" / f"step-{step:06d}", out)
+    return torch.load(out, weights_only=False)
+
+
+def test_a_killed_group_rejoins_over_the_process_group_and_logs_its_start_phases_in_order(tmp_path):
+    steps = 30
+    gate = tmp_path / "slow"
+    gate.write_text("")
+    common = ["--data.loader", "tests.fault_tolerance.paced_loader:build_gated", "--data.path", str(gate),
+              "--training.steps", str(steps), "--checkpoint.enable", "true", "--checkpoint.interval", str(steps),
+              "--fault_tolerance.live_state_transport", "process_group"]
+    groups: list[Group] = []
+    try:
+        with lighthouse() as address:
+            groups = [Group(i, 2, 1, tmp_path, address, common).start() for i in range(2)]
+            _wait_until(lambda: groups[1].steps_done() >= 2, 120, "first steps", groups)
+            survivor_before = len(groups[0].output())
+            killed_at = time.time()
+            groups[1].kill()
+            groups[1].start()
+            _wait_until(lambda: "first_step_done" in groups[1].output(), 120, "rejoin", groups)
+            gate.unlink()
+            for group in groups:
+                assert group.wait(120) == [0], group.output()
+    finally:
+        for group in groups:
+            group.kill()
+    restarted = parse_marks(groups[1].output())
+    assert [m.phase for m in restarted] == list(START_PHASES)  # behind the survivor: it took its state
+    report = rejoin_breakdown(restarted, parse_marks(groups[0].output()[survivor_before:]), killed_at)
+    assert all(seconds >= 0 for seconds in report["phases_s"].values()), report
+    assert report["details"]["live_state_received"].split()[0] == report["details"]["survivor_live_state_sent"].split()[0]
+    states = [_final_state(g.folder / f"replica_{g.replica_id}", steps, tmp_path / f"{g.replica_id}.pt") for g in groups]
+    for part in ("model", "optimizer"):
+        for key, value in states[0][part].items():
+            other = states[1][part][key]
+            assert torch.equal(value, other) if isinstance(value, torch.Tensor) else value == other, (part, key)
