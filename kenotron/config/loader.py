@@ -78,7 +78,7 @@ def _convert_type(info: FieldInfo, value: Any, *, from_cli: bool) -> Any:
         table = _inline_toml(info, value) if from_cli and isinstance(value, str) else value
         if not isinstance(table, dict):
             raise ConfigError(f"{info.key} expects a table such as {{a = 1.0, b = 2.0}}, got {value!r}")
-        sub = FieldInfo(info.section, info.name, inner, None, "", range=info.range)
+        sub = FieldInfo(info.section, info.name, inner, None, None, range=info.range)
         return {str(k): _convert(replace(sub, name=f"{info.name}.{k}"), v, from_cli=False) for k, v in table.items()}
     if origin is tuple:  # args fields such as tuple[int, ...] (a hybrid's layers) or tuple[float, float]
         if not isinstance(value, list):
@@ -88,7 +88,7 @@ def _convert_type(info: FieldInfo, value: Any, *, from_cli: bool) -> Any:
             types_ = (types_[0],) * len(value)
         elif len(types_) != len(value):
             raise ConfigError(f"{info.key} expects a list of {len(types_)} values, got {value!r}")
-        return tuple(_convert(FieldInfo(info.section, info.name, t, None, ""), v, from_cli=False)
+        return tuple(_convert(FieldInfo(info.section, info.name, t, None, None), v, from_cli=False)
                      for t, v in zip(types_, value, strict=True))
     if origin is list:
         (inner,) = typing.get_args(typ)
@@ -99,7 +99,7 @@ def _convert_type(info: FieldInfo, value: Any, *, from_cli: bool) -> Any:
             items = value
         else:
             raise ConfigError(f"{info.key} expects a list of {inner.__name__}, got {value!r}")
-        sub = FieldInfo(info.section, info.name, inner, None, "", range=info.range)
+        sub = FieldInfo(info.section, info.name, inner, None, None, range=info.range)
         return [_convert(sub, v, from_cli=from_cli) for v in items]
     if typ is bool:
         if isinstance(value, bool):
@@ -136,7 +136,7 @@ def convert_value(key: str, typ: Any, value: Any) -> Any:
     """Check a TOML-typed `value` against `typ` (bool, int, float, str, a Literal or a list of
     them) as the config's own fields are checked; errors name `key` ("model.dim")."""
     section, _, name = key.partition(".")
-    return _convert(FieldInfo(section, name, typ, None, ""), value, from_cli=False)
+    return _convert(FieldInfo(section, name, typ, None, None), value, from_cli=False)
 
 
 def _cli_value(text: str) -> Any:
@@ -188,7 +188,7 @@ def _table(info: FieldInfo, cls: type, index: int, item: Any) -> Any:
     for key, value in item.items():
         if key not in names:
             raise ConfigError(f"unknown key '{key}' in {where}{_suggest(key, names)} (keys: {', '.join(names)})")
-        sub = FieldInfo(info.section, f"{info.name}[{index}].{key}", hints[key], None, "", range=field_range(cls, key))
+        sub = FieldInfo(info.section, f"{info.name}[{index}].{key}", hints[key], None, None, range=field_range(cls, key))
         values[key] = _convert(sub, value, from_cli=False)
     return cls(**values)
 

@@ -27,11 +27,18 @@ class FieldInfo:
     name: str
     type: Any
     default: Any
-    doc: str
+    owner: type | None
+    """The section's dataclass, whose source holds the field's docstring (None for a nested value)."""
     open: bool = False
     """The section's catch-all: it collects `section.<any other name>` (model.<field>: the family's args)."""
     range: Range | None = None
     """The numbers it accepts (config/ranges.py); None for a field that is not a number."""
+
+    @property
+    def doc(self) -> str:
+        """The field's docstring, read from its dataclass's source on first use: parsing every
+        section's source was nearly all of a config's load time, which every rank pays."""
+        return field_docs(self.owner).get(self.name, "") if self.owner is not None else ""
 
     @property
     def key(self) -> str:
@@ -95,10 +102,9 @@ def all_fields(root: type) -> dict[str, FieldInfo]:
     out: dict[str, FieldInfo] = {}
     for section, cls in section_classes(root).items():
         hints = typing.get_type_hints(cls, include_extras=False)
-        docs = field_docs(cls)
         defaults = cls()
         for f in dataclasses.fields(cls):
-            info = FieldInfo(section, f.name, hints[f.name], getattr(defaults, f.name), docs.get(f.name, ""),
+            info = FieldInfo(section, f.name, hints[f.name], getattr(defaults, f.name), cls,
                              open=bool(f.metadata.get("open")), range=f.metadata.get(RANGE_KEY))
             out[info.key] = info
     return out

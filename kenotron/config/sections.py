@@ -168,7 +168,7 @@ class Parallelism:
     cp: int = ranged(1, at_least(1))
     """Context-parallel degree: each sequence is split over this many ranks; training.seq_len must be a multiple of 2·cp·tp."""
     cp_scheme: Literal["auto", "ring", "ulysses"] = "auto"
-    """How attention spans the cp ranks: ring (keys/values pass around them), ulysses (all-to-all of heads over the largest divisor of cp that heads/tp split over, a ring over the rest) or auto: ulysses on GPUs where heads split over all of cp, without document masking, if it fits; else ring."""
+    """ring (keys/values pass around the cp ranks), ulysses (heads all-to-all over the largest divisor of cp they split over, a ring over the rest) or auto: ulysses on GPUs where heads split over cp, no document mask, if it fits; else ring."""
     ep: int = ranged(1, at_least(1))
     """Expert-parallel degree (MoE models): each MoE layer's experts are split over this many of the dp_shard × cp ranks, tokens reach them by all-to-all, and expert weights are FSDP-sharded over the rest."""
 
