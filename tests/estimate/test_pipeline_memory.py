@@ -61,10 +61,7 @@ def test_one_rank_class_per_pipeline_rank_holding_its_stages_parameters(ngpu, ov
         assert all(str(s) in rank.ranks for s in stages)
         assert rank.peak.parameters == stage_static_bytes(ngpu, pp_rank, overrides, config)
         assert rank.peak.total == sum(rank.peak.as_dict().values())
-        if run.plan.pipeline.schedule == "1F1B":  # the closed form prices 1F1B pipeline ranks only
-            assert rank.analytic is not None and rank.analytic.parameters == rank.peak.parameters
-        else:
-            assert rank.analytic is None
+        assert rank.analytic is not None and rank.analytic.parameters == rank.peak.parameters  # every schedule
     assert report.to_dict()["ranks"][0]["peak_bytes"] == report.ranks[0].peak.total
 
 
