@@ -27,8 +27,8 @@ everything (every block, every microbatch).
 One rank's tracked step and the positions its memory is read at: pipeline_rank_step.py; here,
 which fake runs estimate each pipeline rank, and the report.
 
-The planner's closed form prices 1F1B pipeline ranks (kenotron/planner/analytic_pipeline.py) and
-searches pp with 1F1B only.
+The planner's closed form prices the pipeline ranks of every schedule from the same orders
+(kenotron/planner/analytic_pipeline.py), and its search enumerates them.
 """
 
 from __future__ import annotations
