@@ -3,6 +3,7 @@ layout kept, so that the planner prices hundreds of layouts in a second."""
 
 from __future__ import annotations
 
+from kenotron.estimate.breakdown import Breakdown
 from kenotron.estimate.static_memory import (
     ParameterBytes,
     data_parallel_kind,
@@ -11,7 +12,6 @@ from kenotron.estimate.static_memory import (
     optimizer_state_bytes,
     parameter_bytes,
 )
-from kenotron.estimate.tracker import Breakdown
 from kenotron.parallel.pipeline import PipelineSplit
 from kenotron.planner.analytic import peak_breakdown
 from kenotron.planner.analytic_pipeline import pipeline_peaks, rank_orders

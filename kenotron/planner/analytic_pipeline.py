@@ -47,6 +47,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
+from kenotron.estimate.breakdown import Breakdown, allocated_bytes
 from kenotron.estimate.pipeline_order import Action, schedule_orders
 from kenotron.estimate.static_memory import (
     FP32,
@@ -55,7 +56,6 @@ from kenotron.estimate.static_memory import (
     optimizer_state_bytes,
     parameter_bytes,
 )
-from kenotron.estimate.tracker import Breakdown, allocated_bytes
 from kenotron.parallel.pipeline import PipelineSplit, stage_module
 from kenotron.planner.analytic import activations_per_block, backward_scratch, kinds_activations
 from kenotron.planner.analytic_loss import loss_bytes, mtp_loss_bytes

@@ -10,9 +10,9 @@ from __future__ import annotations
 import time
 
 from kenotron.config import JobConfig
+from kenotron.estimate.breakdown import Breakdown
 from kenotron.estimate.memory import estimate_run
 from kenotron.estimate.report import MemoryReport
-from kenotron.estimate.tracker import Breakdown
 from kenotron.planner.analytic_model import AnalyticModel
 from kenotron.train.resolve import ResolvedRun, resolve_run
 

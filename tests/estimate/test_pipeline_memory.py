@@ -10,8 +10,8 @@ import torch
 from kenotron.config import ConfigError, load_config
 from kenotron.degrees import ParallelConfigError
 from kenotron.estimate import estimate_memory
+from kenotron.estimate.breakdown import allocated_bytes
 from kenotron.estimate.pipeline_order import max_in_flight, rank_actions
-from kenotron.estimate.tracker import allocated_bytes
 from kenotron.parallel.pipeline import stage_module
 from kenotron.planner import estimate_with_closed_form
 from kenotron.train.resolve import resolve_run
