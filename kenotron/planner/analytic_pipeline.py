@@ -9,35 +9,42 @@ two arms of a V under ZBVZeroBubble and DualPipeV), and every term below is summ
 
 Static (exact, from plan.describe on the stage cut out of the meta model as plan.apply cuts it):
   P_s = the stage's local fp32 shards + buffers;  O_s = AdamW on them.
-Gradients G_s: FSDP under PP keeps the stage's gradients unsharded (fp32, TP-local) until the
-  schedule's reduction, so once the first backward ran the whole stage's are there; without data
-  parallel (or with DDP / ZeRO-1) G_s = P_s. With accumulation, data parallel adds the earlier
-  micro-steps' P_s (FSDP's sharded accumulation; DDP's / ZeRO-1's whole one).
-Compute copies U_s: under data parallel every block of the stage and its root, for the whole step.
-  Without data parallel the step runs under one autocast context, whose cache keeps one bf16
-  copy of every matmul weight of the stage (under any AC) for all microbatches.
+Gradients G_s: FSDP under PP keeps the stage's gradients unsharded (TP-local, in the reduce
+  dtype: fp32, the routed experts' bf16 under fsdp_reduce_dtype auto) until the schedule's
+  reduction; without data parallel (or with DDP / ZeRO-1) G_s = P_s. They appear at the stage's
+  first backward of the step (weight gradients are made anew each step). With accumulation, data
+  parallel adds the earlier micro-steps' P_s (FSDP's sharded accumulation; DDP's / ZeRO-1's whole).
+Compute copies U_s: under data parallel every block of the stage (a leading dense block at its
+  size, the others an MoE block's) and its root, for the whole step. Without data parallel the
+  step runs under one autocast context, whose cache keeps one bf16 copy of every matmul weight of
+  the stage (under any AC) for all microbatches; the routed experts' grouped GEMM saves its bf16
+  copy of their weights with each microbatch instead.
 In flight: the schedule's own order (pipeline_order.schedule_orders: 1F1B's warm-up of min(m, pp − s)
   forwards, the looped and V schedules' orders as torch computes them) says at each action how
-  many microbatches each local stage holds: A_s = k_s·A_block(T) (analytic.block_activations) and
-  the stage's output (torch's fwd_cache), the first stage also the embedding's output, from a
+  many microbatches each local stage holds: A_s = k_s·A_block(T) (analytic.block_activations,
+  the MoE layer at a microbatch's tokens) and the stage's output (torch's fwd_cache), the first
+  stage also the embedding's output, the last its loss's logits and log-softmax, from a
   microbatch's forward to its backward. The zero-bubble schedules split the backward: after the
   input pass (I) a microbatch keeps its saved tensors (torch's retain_graph) and the gradients of
-  its weights' outputs (W_s, the intermediates torch's param groups hold) until the weight pass
-  (W); the first stage runs its whole backward in the weight pass.
+  its weights' outputs (the intermediates torch's param groups hold) until the weight pass (W),
+  the loss's graph freed; the first stage runs its whole backward in the weight pass.
 Receive buffers (temporaries): a non-first stage one input buffer per microbatch (m·T·d·c_r), a
   non-last stage one output-gradient buffer per microbatch, allocated once.
-Peak = max of these moments, all after the first backward (gradients there), the in-flight bytes
-  read at the action where each happens:
-  backward (B, I or W of any local stage): P + O + G + U + in flight + buffers + the MLP's and
-             residual's gradients (2·T·F·c/t + 2·T·d·c), and the recomputed block under AC
-  loss (the last stage's forward): + the final norm's output, the plain loss's kept logits and
-             log-softmax and one more logits-sized tensor the simulation keeps at the loss's
-             backward (fp32 under autocast); temporaries the loss's (analytic_loss.loss_bytes)
-  embedding backward (the first stage's backward): that microbatch's activations gone, the
-             embedding's dense gradient V·d (fp32 without data parallel, else the compute dtype)
-  gradient reduction (FSDP/HSDP): the largest root's fp32 gradient copied for the reduce-scatter,
+Peak = max of these moments, the in-flight bytes and gradients read at the action where each happens:
+  backward (B, I or W of any local stage): P + O + G (of the stages whose backward ran) + U + in
+             flight + buffers + the MLP's and residual's gradients (2·T·F·c/t + 2·T·d·c), the
+             recomputed block under AC, and an MoE block's stacked expert weight gradient (its
+             saved bf16 copy gone by then)
+  loss backward (B or I of the last stage): + one more logits-sized tensor the simulation keeps
+             (fp32 under autocast); temporaries the loss's (analytic_loss.loss_bytes)
+  embedding backward (B or W of the first stage): that microbatch's activations gone, the stage's
+             gradients made, the embedding's dense gradient V·d (fp32 without data parallel, else
+             the compute dtype)
+  gradient reduction (FSDP/HSDP): the largest root's gradient copied for the reduce-scatter,
              its new shard beside the unsharded gradients, the blocks still gathered
-Agreement with the simulation: tests/planner/test_analytic_pipeline.py (docs/estimation.md).
+The zero-bubble schedules under full AC are priced low (their weight pass holds more than this
+counts; docs/estimation.md). Agreement with the simulation: tests/planner/test_analytic.py and
+test_analytic_pipeline.py (docs/estimation.md).
 """
 
 from __future__ import annotations

@@ -9,10 +9,11 @@ m micro-steps of b sequences, t = tp, p = cp, q = pp, T = b·s/p the rank's toke
              at e_scan, the elementwise kernels (κ times a block's saved activations), the loss
              and fp32 gradient accumulation at the memory bandwidth B_mem; activation
              checkpointing's reruns per kind of work: `recompute`)
-  pipeline = m · (µ · max C_r + (Σ C_r − max C_r) / v) in place of compute (pipeline parallel, µ
-             microbatches of T/µ tokens, v stages per rank, C_r the seconds per microbatch of pp
-             rank r over its stages): `compute` is the slowest rank's busy time, `pipeline_bubble`
-             the fill and drain through the other ranks (step_compute.py)
+  pipeline = m · the schedule step in place of compute (pipeline parallel, µ microbatches of T/µ
+             tokens): every rank's own order on a timeline (pipeline_timeline.py), each stage's
+             forward, backward and the zero-bubble input and weight passes lasting their share
+             of its seconds per microbatch; `compute` is the busiest rank's work, `pipeline_bubble`
+             the rest of the step
   optimizer = P · (32 + 6 under autocast) / B_mem on the rank with the most parameters P
              (AdamW and the gradient norm; ZeRO-1: its partition, then its broadcast of the updated
              parameters, exposed; pipeline: its stages')
