@@ -165,8 +165,8 @@ def test_only_layouts_the_closed_form_fits_reach_the_fake_tensor_estimator(monke
 
     monkeypatch.setattr(search, "estimate_run", recording)
     cfg = load_config("debug", ["--training.global_batch_size", "4", "--training.seq_len", "258"])
-    result = search_layouts(cfg, 8, budget, top=3, confirm=2, hw=search.Hardware(gpus_per_node=2))
+    result = search_layouts(cfg, 8, budget, top=3, confirm=1, hw=search.Hardware(gpus_per_node=2))
     model = search.AnalyticModel(confirmed[0])
-    assert len(confirmed) >= 2 and result.considered > len(result.ranked)
+    assert confirmed and result.considered > len(result.ranked)
     assert all(model.peak(run).total <= budget * 0.9 * 2**30 for run in confirmed)
 
