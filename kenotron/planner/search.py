@@ -351,12 +351,12 @@ def format_search(result: SearchResult) -> str:
     title = (f"{result.model} on {result.ngpu} GPU(s), {result.gpu_memory_gib:g} GiB each, global batch "
              f"{result.global_batch}: {len(result.ranked)} shown of {result.considered} layouts priced "
              f"({result.elapsed_s:.1f} s)")
-    header = (f"  {'#':>2} {'layout':22s} {'schedule':22s} {'AC':13s} {'batch':>5s} {'accum':>5s} "
+    header = (f"  {'#':>2} {'layout':22s} {'schedule':24s} {'AC':13s} {'batch':>5s} {'accum':>5s} "
               f"{'analytic GiB':>12s} {'fake GiB':>9s} {'tok/s/GPU':>10s}  CP")
     lines = [title, header]
     for i, c in enumerate(result.ranked, 1):
         fake = f"{gib(c.confirmed_peak):9.2f}" if c.confirmed_peak is not None else f"{'-':>9s}"
-        lines.append(f"  {i:>2} {c.label():22s} {c.schedule():22s} {c.ac_mode:13s} {c.local_batch:>5d} {c.micro_steps:>5d} "
+        lines.append(f"  {i:>2} {c.label():22s} {c.schedule():24s} {c.ac_mode:13s} {c.local_batch:>5d} {c.micro_steps:>5d} "
                      f"{gib(c.analytic_peak):12.2f} {fake} {c.step.tokens_per_s_per_gpu:10.0f}  {c.cp_row}".rstrip())
     if result.ranked:
         lines.append(f"best: {' '.join(result.ranked[0].overrides())}")
