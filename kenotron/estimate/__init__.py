@@ -10,7 +10,8 @@ of the planner.
 - memory.py          estimate_memory / estimate_run: one simulated rank per group of equal ranks
 - rank_classes.py    those groups of equal ranks
 - fake_job.py        the trainer's job and step on a fake process group and fake tensors
-- tracker.py         bytes by category, phase and position, from a TorchDispatchMode
+- tracker.py         each allocation and free of a step, from a TorchDispatchMode
+- breakdown.py       what it reports: bytes by category (Breakdown) at a position of the step
 - depth.py           deep models from two shallow copies (memory is linear in depth)
 - static_memory.py   parameters and optimizer state, exactly, from the plan's table (plan.describe)
 - cuda_kernels.py    stand-ins for CUDA kernels whose memory differs from the CPU path
@@ -21,9 +22,9 @@ of the planner.
 - report.py          the report, as text and JSON
 """
 
+from kenotron.estimate.breakdown import Breakdown
 from kenotron.estimate.memory import estimate_memory, estimate_run
 from kenotron.estimate.report import MemoryReport, RankEstimate
-from kenotron.estimate.tracker import Breakdown
 
 __all__ = [
     "Breakdown",

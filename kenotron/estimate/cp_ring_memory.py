@@ -53,7 +53,7 @@ import torch.nn.functional as F
 from torch.distributed.tensor import DTensor, Shard
 
 from kenotron.dtensor import local_tensor
-from kenotron.estimate.tracker import allocated_bytes
+from kenotron.estimate.breakdown import allocated_bytes
 from kenotron.parallel.context.flex_gather import FlexContextAttention
 from kenotron.parallel.context.torch_ring import torch_cp_api
 from kenotron.parallel.dims import Meshes

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from kenotron.estimate.tracker import CATEGORIES, Breakdown, Position, TrackedStep
+from kenotron.estimate.breakdown import CATEGORIES, Breakdown, Position, TrackedStep
 from kenotron.parallel.plan import Plan
 
 SHALLOW_UNITS = (4, 5)

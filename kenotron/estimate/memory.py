@@ -19,6 +19,7 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from kenotron.config import JobConfig
+from kenotron.estimate.breakdown import TrackedStep
 from kenotron.estimate.cp_ring_memory import context_notes, torch_cp_state
 from kenotron.estimate.cuda_kernels import cuda_kernel_memory
 from kenotron.estimate.depth import (
@@ -40,7 +41,7 @@ from kenotron.estimate.pipeline_memory import estimate_pipeline_run
 from kenotron.estimate.rank_classes import RankClass, rank_classes
 from kenotron.estimate.report import MemoryReport, RankEstimate, describe_model, describe_settings, phase_peaks
 from kenotron.estimate.static_memory import data_parallel_kind, meta_model, zero1_correction
-from kenotron.estimate.tracker import StepMemoryTracker, TrackedStep
+from kenotron.estimate.tracker import StepMemoryTracker
 from kenotron.parallel.model_layout import matching_modules
 from kenotron.train.resolve import ResolvedRun, resolve_run
 from kenotron.train.step import train_step

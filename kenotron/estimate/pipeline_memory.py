@@ -27,8 +27,8 @@ everything (every block, every microbatch).
 One rank's tracked step and the positions its memory is read at: pipeline_rank_step.py; here,
 which fake runs estimate each pipeline rank, and the report.
 
-The planner's closed form prices 1F1B pipeline ranks (kenotron/planner/analytic_pipeline.py) and
-searches pp with 1F1B only.
+The planner's closed form prices the pipeline ranks of every schedule from the same orders
+(kenotron/planner/analytic_pipeline.py), and its search enumerates them.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ import itertools
 import time
 from dataclasses import dataclass
 
+from kenotron.estimate.breakdown import Breakdown
 from kenotron.estimate.cp_ring_memory import context_notes
 from kenotron.estimate.depth import activations_by_module
 from kenotron.estimate.fake_job import ignored_features, simulated_micro_steps
@@ -55,7 +56,6 @@ from kenotron.estimate.pipeline_replay import Numbering, resized_split, stage_bl
 from kenotron.estimate.rank_classes import rank_classes
 from kenotron.estimate.report import MemoryReport, RankEstimate, describe_model, describe_settings, phase_peaks
 from kenotron.estimate.static_memory import data_parallel_kind, meta_model
-from kenotron.estimate.tracker import Breakdown
 from kenotron.parallel.pipeline import SINGLE_STAGE_SCHEDULES
 from kenotron.train.resolve import ResolvedRun
 

@@ -79,9 +79,10 @@ def _stand_in_stage(index: int, n_stages: int, pp: int, pp_rank: int) -> SimpleN
     )
 
 
-def multi_stage_actions(split: PipelineSplit, pp_rank: int) -> list[Action]:
-    """The rank's compute, FSDP and gradient-reduction actions from torch's own schedule class."""
-    stages = [_stand_in_stage(s, split.n_stages, split.pp, pp_rank) for s in split.local_stages(pp_rank)]
+def multi_stage_orders(split: PipelineSplit) -> list[list[Action]]:
+    """Every rank's compute, FSDP and gradient-reduction actions from torch's own schedule class
+    (its constructor computes the order of all ranks: built once, on rank 0's stand-in stages)."""
+    stages = [_stand_in_stage(s, split.n_stages, split.pp, 0) for s in split.local_stages(0)]
     try:
         schedule = get_schedule_class(split.schedule)(
             stages, split.microbatches, loss_fn=lambda output, target: output, scale_grads=False
@@ -92,15 +93,23 @@ def multi_stage_actions(split: PipelineSplit, pp_rank: int) -> list[Action]:
             f"({type(error).__name__}: {error}); the estimator needs torch's pipeline_order for multi-stage schedules"
         ) from error
     order = getattr(schedule, "pipeline_order_with_comms", None) or schedule.pipeline_order
-    actions: list[Action] = []
-    for action in order[pp_rank]:
-        if action is None:
-            continue
-        for sub in getattr(action, "sub_actions", None) or [action]:  # OVERLAP_F_B runs its parts in turn
-            kind = _TORCH_KINDS.get(sub.computation_type.name)
-            if kind is not None:  # sends and receives move no memory the estimate counts
-                actions.append(Action(kind, sub.stage_index, sub.microbatch_index if kind in COMPUTE_KINDS else None))
-    return actions
+    out = []
+    for pp_rank in range(split.pp):
+        actions: list[Action] = []
+        for action in order[pp_rank]:
+            if action is None:
+                continue
+            for sub in getattr(action, "sub_actions", None) or [action]:  # OVERLAP_F_B runs its parts in turn
+                kind = _TORCH_KINDS.get(sub.computation_type.name)
+                if kind is not None:  # sends and receives move no memory the estimate counts
+                    actions.append(Action(kind, sub.stage_index, sub.microbatch_index if kind in COMPUTE_KINDS else None))
+        out.append(actions)
+    return out
+
+
+def multi_stage_actions(split: PipelineSplit, pp_rank: int) -> list[Action]:
+    """The rank's compute, FSDP and gradient-reduction actions from torch's own schedule class."""
+    return multi_stage_orders(split)[pp_rank]
 
 
 def rank_actions(split: PipelineSplit, pp_rank: int, reduced: bool = False) -> list[Action]:
@@ -110,6 +119,14 @@ def rank_actions(split: PipelineSplit, pp_rank: int, reduced: bool = False) -> l
         (stage,) = split.local_stages(pp_rank)
         return single_stage_actions(split.schedule, stage, split.n_stages, split.microbatches, 2 if reduced else None)
     return multi_stage_actions(split, pp_rank)
+
+
+def schedule_orders(split: PipelineSplit) -> list[list[Action]]:
+    """Every pipeline rank's actions of one schedule step (rank_actions of each rank, the
+    multi-stage schedule's class built once)."""
+    if split.schedule in SINGLE_STAGE_SCHEDULES:
+        return [rank_actions(split, r) for r in range(split.pp)]
+    return multi_stage_orders(split)
 
 
 REDUCED_MICROBATCHES = 3

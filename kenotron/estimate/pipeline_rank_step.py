@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from kenotron.dtensor import local_tensor
+from kenotron.estimate.breakdown import Breakdown, TrackedStep, allocated_bytes
 from kenotron.estimate.cuda_kernels import cuda_kernel_memory
 from kenotron.estimate.depth import extrapolate_line
 from kenotron.estimate.fake_job import (
@@ -23,7 +24,6 @@ from kenotron.estimate.fake_job import (
 )
 from kenotron.estimate.pipeline_order import Action, counts_before, microbatch_roles, rank_actions
 from kenotron.estimate.pipeline_replay import Numbering, SimulatedPipeline, StagesTracker, run_actions
-from kenotron.estimate.tracker import Breakdown, TrackedStep, allocated_bytes
 from kenotron.train.resolve import ResolvedRun
 from kenotron.train.step import NO_OBSERVER, clip_gradients, optimizer_step, train_step
 from kenotron.train.training_job import TrainingJob

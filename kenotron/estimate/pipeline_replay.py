@@ -42,8 +42,9 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.pipelining.microbatch import merge_chunks
 from torch.distributed.pipelining.stage import _PipelineStageBase
 
+from kenotron.estimate.breakdown import Position
 from kenotron.estimate.pipeline_order import Action
-from kenotron.estimate.tracker import Position, StepMemoryTracker
+from kenotron.estimate.tracker import StepMemoryTracker
 from kenotron.parallel.model_layout import matching_modules
 from kenotron.parallel.pipeline import PipelineSplit, cross_stage_ties, pipeline_units, stage_copies
 from kenotron.parallel.pipeline_tied import TiedAcrossStages

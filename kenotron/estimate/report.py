@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from kenotron.estimate.breakdown import CATEGORIES, Breakdown
 from kenotron.estimate.depth import ModuleActivations
 from kenotron.estimate.static_memory import data_parallel_kind
-from kenotron.estimate.tracker import CATEGORIES, Breakdown
 from kenotron.train.resolve import ResolvedRun
 
 GIB = 2**30

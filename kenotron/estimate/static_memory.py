@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from kenotron.estimate.tracker import allocated_bytes
+from kenotron.estimate.breakdown import allocated_bytes
 from kenotron.models.common.router import TopKRouter
 from kenotron.parallel.data_parallel import head_modules
 from kenotron.parallel.model_layout import fqn_matches, matching_modules

@@ -22,18 +22,18 @@ Categories are decided after the step, when each storage's fate is known:
 
 Every allocation is also tagged with the *position* of the step it happened in (phase,
 micro-step, and which transformer block was running) so that peaks can be compared
-position by position between models of different depth (see depth.py).
+position by position between models of different depth (see depth.py). What it reports in
+(Breakdown, Position, TrackedStep, allocated_bytes) is breakdown.py's.
 """
 
 from __future__ import annotations
 
 import gc
-import math
 import os
 import sys
 import weakref
 from collections.abc import Iterable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any, Self
 
 import torch
@@ -46,10 +46,8 @@ from torch.utils._pytree import tree_leaves
 from torch.utils.weak import WeakIdKeyDictionary
 
 from kenotron.dtensor import local_tensor
+from kenotron.estimate.breakdown import CATEGORIES, Breakdown, Position, TrackedStep, allocated_bytes
 from kenotron.kernels.workspace import scratch_buffers
-
-ALLOCATION_GRANULE = 512
-"""The CUDA caching allocator rounds every block up to a multiple of 512 bytes."""
 
 _FSDP_COMMUNICATION_NAMESPACE = "fsdp"
 """FSDP2's own ops (all-gather copy-in, reduce-scatter chunk-cat): their outputs are communication buffers."""
@@ -69,57 +67,6 @@ def _inside_sharding_propagation() -> bool:
     return False
 
 
-def allocated_bytes(nbytes: int) -> int:
-    """Bytes the CUDA caching allocator reserves for a block of `nbytes`."""
-    return math.ceil(nbytes / ALLOCATION_GRANULE) * ALLOCATION_GRANULE
-
-
-@dataclass
-class Breakdown:
-    """Bytes on one rank at one moment, by what they hold; the fields sum to `total`."""
-
-    parameters: int = 0
-    """Sharded (or whole, without FSDP) fp32 master weights, plus buffers such as RoPE tables."""
-    unsharded_parameters: int = 0
-    """FSDP's gathered compute copies of the parameters of the blocks being computed."""
-    gradients: int = 0
-    """Parameter gradients (sharded under FSDP)."""
-    optimizer_state: int = 0
-    """AdamW moments and step counters."""
-    activations: int = 0
-    """Tensors saved by forward for backward (and their recomputation under activation checkpointing)."""
-    temporaries: int = 0
-    """Short-lived tensors: intermediates, gradients of activations, communication buffers, loss chunks."""
-
-    @property
-    def total(self) -> int:
-        return sum(getattr(self, f.name) for f in fields(self))
-
-    def as_dict(self) -> dict[str, int]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
-
-    @classmethod
-    def categories(cls) -> tuple[str, ...]:
-        return tuple(f.name for f in fields(cls))
-
-
-CATEGORIES = Breakdown.categories()
-
-
-@dataclass(frozen=True)
-class Position:
-    """Where in the step something happened."""
-
-    phase: str
-    """"start" (before the step), "forward", "backward" or "optimizer" (clipping and the optimizer step)."""
-    micro_step: int = 0
-    """Index of the micro-step (gradient accumulation) within the step."""
-    block: int | None = None
-    """Index of the transformer block running, None outside the blocks."""
-    edge: str = ""
-    """Outside the blocks: "before" them (embedding) or "after" them (final norm, output, loss)."""
-
-
 @dataclass
 class _Storage:
     nbytes: int
@@ -130,20 +77,6 @@ class _Storage:
     """FQN of the innermost module whose forward created it ("" outside every module)."""
     freed_at: int | None = None
     """Index of the event that freed it."""
-
-
-@dataclass
-class TrackedStep:
-    """What one tracked step allocated: peaks per position and the activations per module."""
-
-    peaks: dict[Position, Breakdown]
-    """Breakdown at the highest total reached at each position."""
-    activations_by_module: dict[str, int]
-    """Bytes of activations alive when the first micro-step's backward starts, by creating module FQN."""
-
-    @property
-    def peak(self) -> tuple[Position, Breakdown]:
-        return max(self.peaks.items(), key=lambda kv: kv[1].total)
 
 
 @dataclass

@@ -65,6 +65,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from kenotron.estimate.breakdown import Breakdown, allocated_bytes
 from kenotron.estimate.static_memory import (
     FP32,
     ParameterBytes,
@@ -72,7 +73,6 @@ from kenotron.estimate.static_memory import (
     master_weights,
     one_gpu_fsdp,
 )
-from kenotron.estimate.tracker import Breakdown, allocated_bytes
 from kenotron.planner.analytic_latent import latent_attention_activations, latent_matmul_widths
 from kenotron.planner.analytic_loss import loss_bytes, mtp_loss_bytes
 from kenotron.planner.analytic_mamba import mamba_backward_scratch, mamba_block_activations

@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from kenotron.estimate.tracker import allocated_bytes
+from kenotron.estimate.breakdown import allocated_bytes
 
 FP32 = 4
 

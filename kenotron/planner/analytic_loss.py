@@ -3,8 +3,8 @@ for backward and the temporaries at its peak (see analytic.py for the notation).
 
 from __future__ import annotations
 
+from kenotron.estimate.breakdown import allocated_bytes
 from kenotron.estimate.static_memory import FP32
-from kenotron.estimate.tracker import allocated_bytes
 from kenotron.planner.step_shape import StepShape
 from kenotron.train.mtp import fused_heads
 from kenotron.train.resolve import ResolvedRun

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kenotron.estimate.tracker import allocated_bytes
+from kenotron.estimate.breakdown import allocated_bytes
 
 FP32 = 4
 

@@ -3,6 +3,7 @@ layout kept, so that the planner prices hundreds of layouts in a second."""
 
 from __future__ import annotations
 
+from kenotron.estimate.breakdown import Breakdown
 from kenotron.estimate.static_memory import (
     ParameterBytes,
     data_parallel_kind,
@@ -11,9 +12,10 @@ from kenotron.estimate.static_memory import (
     optimizer_state_bytes,
     parameter_bytes,
 )
-from kenotron.estimate.tracker import Breakdown
+from kenotron.parallel.pipeline import PipelineSplit
 from kenotron.planner.analytic import peak_breakdown
-from kenotron.planner.analytic_pipeline import pipeline_peaks
+from kenotron.planner.analytic_pipeline import pipeline_peaks, rank_orders
+from kenotron.planner.pipeline_timeline import Timeline, build_timeline
 from kenotron.planner.step_compute import Unit, model_units
 from kenotron.planner.step_shape import block_kind
 from kenotron.train.resolve import ResolvedRun
@@ -31,10 +33,9 @@ class AnalyticModel:
         self._stages: dict[tuple, tuple[ParameterBytes, int]] = {}
         """Pipeline stages' (parameter bytes, optimizer bytes), by stage units and layout."""
         self._units: list[Unit] | None = None
-
-    @property
-    def parameter_count(self) -> int:
-        return sum(p.numel() for p in self.model.parameters())
+        self._timelines: dict[tuple, Timeline] = {}
+        self.parameter_count = sum(p.numel() for p in self.model.parameters())
+        """The model's parameters (read for every layout the planner prices: counted once)."""
 
     def parameters(self, run: ResolvedRun) -> ParameterBytes:
         key = (tuple(run.dims.degrees().items()), run.plan.settings.dp_mode, run.cfg.training.param_dtype)
@@ -61,14 +62,21 @@ class AnalyticModel:
 
     def peak(self, run: ResolvedRun) -> Breakdown:
         """Peak breakdown of `run` (same family and size as the one this model was built for); under
-        pipeline parallel (1F1B), that of the fullest pipeline rank (analytic_pipeline.py)."""
+        pipeline parallel, that of the fullest pipeline rank (analytic_pipeline.py)."""
         if run.dims.pp > 1:
-            peaks = self.pipeline_peaks(run)
-            if peaks is None:
-                raise ValueError(f"the closed form prices 1F1B pipelines only, not {run.plan.pipeline.schedule}")
-            return max(peaks, key=lambda b: b.total)
+            return max(self.pipeline_peaks(run), key=lambda b: b.total)
         return peak_breakdown(run, self.parameters(run), self.optimizer_state(run), self.kind, self.fused_loss(run))
 
-    def pipeline_peaks(self, run: ResolvedRun) -> list[Breakdown] | None:
-        """One peak per pipeline rank (1F1B), or None where the closed form does not price the schedule."""
-        return pipeline_peaks(run, self.model, self.kind, self._stages)
+    def timeline(self, split: PipelineSplit) -> Timeline:
+        """The split's schedule step in dependency order (pipeline_timeline.py), built once per
+        schedule, ranks, stages and microbatches."""
+        key = (split.schedule, split.pp, split.n_stages, split.microbatches)
+        if key not in self._timelines:
+            self._timelines[key] = build_timeline(rank_orders(split, self._stages), split.n_stages)
+        return self._timelines[key]
+
+    def pipeline_peaks(self, run: ResolvedRun) -> list[Breakdown]:
+        """One peak per pipeline rank, under the run's schedule."""
+        peaks = pipeline_peaks(run, self.model, self.kind, self._stages)
+        assert peaks is not None, "pipeline_peaks of a run without a pipeline"
+        return peaks

@@ -33,7 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from kenotron.estimate.tracker import allocated_bytes
+from kenotron.estimate.breakdown import allocated_bytes
 from kenotron.models.common.experts import EXPERT_KERNELS
 from kenotron.parallel.expert_even_split import pays_without_host_read, rank_fill, static_rows
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 import time
 
 from kenotron.config import JobConfig
+from kenotron.estimate.breakdown import Breakdown
 from kenotron.estimate.memory import estimate_run
 from kenotron.estimate.report import MemoryReport
-from kenotron.estimate.tracker import Breakdown
 from kenotron.planner.analytic_model import AnalyticModel
 from kenotron.train.resolve import ResolvedRun, resolve_run
 
@@ -24,10 +24,7 @@ def closed_form_peaks(run: ResolvedRun) -> tuple[list[Breakdown | None], str | N
     if run.dims.pp == 1:
         return [model.peak(run)], None
     schedule = run.plan.pipeline.schedule
-    peaks = model.pipeline_peaks(run)
-    if peaks is None:
-        return [None] * run.dims.pp, f"analytic column: the closed form prices 1F1B pipelines only, not {schedule}"
-    return list(peaks), "analytic column: the closed form for a 1F1B pipeline rank (planner/analytic_pipeline.py)"
+    return model.pipeline_peaks(run), f"analytic column: the closed form for a {schedule} pipeline rank (planner/analytic_pipeline.py)"
 
 
 def add_closed_form(report: MemoryReport, run: ResolvedRun) -> MemoryReport:

@@ -11,9 +11,12 @@
    batch (powers of two). The global batch stays the config's (training.global_batch_size, or local_batch_size
    x the data-parallel degree of the config's own layout), so every candidate trains the same
    way; accumulation makes up the rest. Pipeline parallel (pp, a divisor of what tp leaves; cp
-   then runs inside its stages) is searched with one schedule, 1F1B, one sequence per microbatch
-   (pp_microbatches = local batch, the trainer's default) and the trainer's balanced split; the
-   trainer's own checks (build_pipeline_split: layers >= stages, microbatches >= pp, the loss)
+   then runs inside its stages) is searched with each schedule of PIPELINE_SCHEDULES (1F1B, the
+   looped schedules at 2 and 4 stages per rank, the V schedules), one sequence per microbatch
+   (pp_microbatches = local batch, the trainer's default), at least pp of them, and the trainer's
+   balanced split; the schedules that split the backward run without AC (selective-op is refused
+   by the trainer, and under full AC the fake runs keep more than without it). The trainer's own
+   checks (build_pipeline_split: layers >= stages, microbatches per schedule, compile, the loss)
    drop what it would refuse.
 2. Price each with the analytic model (analytic.py) and keep those under the budget (the
    verdict's 90%).
@@ -30,7 +33,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kenotron.config import ConfigError, JobConfig
-from kenotron.degrees import CP_SCHEMES, ParallelConfigError, ParallelDims, expert_parallel_degrees
+from kenotron.degrees import (
+    CP_SCHEMES,
+    ZERO_BUBBLE_SCHEDULES,
+    ParallelConfigError,
+    ParallelDims,
+    check_compile,
+    check_split_backward,
+    expert_parallel_degrees,
+)
 from kenotron.estimate.memory import estimate_run
 from kenotron.estimate.report import RESERVED_FRACTION, describe_model, gib
 from kenotron.kernel_choice.target import Target
@@ -44,9 +55,12 @@ from kenotron.train.resolve import ResolvedRun, resolve_layout, resolve_run
 
 AC_CHOICES = ("none", "selective-op", "full")
 MAX_LOCAL_BATCH = 16
-PP_SCHEDULE = "1F1B"
-"""The one pipeline schedule searched: the closed form (analytic_pipeline.py) and the throughput
-model price it; the others can be estimated directly."""
+PIPELINE_SCHEDULES = (("1F1B", 1), ("Interleaved1F1B", 2), ("Interleaved1F1B", 4), ("InterleavedZeroBubble", 2),
+                      ("InterleavedZeroBubble", 4), ("ZBVZeroBubble", 2), ("DualPipeV", 2))
+"""(parallelism.pp_schedule, pp_stages_per_rank) pairs searched under pp: the closed form
+(analytic_pipeline.py) and the timeline (pipeline_timeline.py) price each in its own order. Not
+searched: GPipe and LoopedBFS, which keep every microbatch in flight for the bubble of 1F1B and
+Interleaved1F1B."""
 
 
 @dataclass
@@ -74,10 +88,21 @@ class Candidate:
     model prices it, "" without cp (cp_scheme_choice.cp_row_kind)."""
     confirmed_peak: int | None = None
     """Per-rank peak bytes from the FakeTensor estimate (for the confirmed ones)."""
+    pp_schedule: str = ""
+    """parallelism.pp_schedule under pp > 1 ("" without a pipeline)."""
+    pp_stages_per_rank: int = 0
+    """parallelism.pp_stages_per_rank under pp > 1 (0 without a pipeline)."""
 
     def parallelism(self) -> dict[str, Any]:
         """The [parallelism] values that select this candidate."""
-        return candidate_parallelism(self.degrees, self.dp_mode, self.cp_scheme)
+        return candidate_parallelism(self.degrees, self.dp_mode, self.cp_scheme, self.pp_schedule,
+                                     self.pp_stages_per_rank)
+
+    def schedule(self) -> str:
+        """The pipeline schedule in words: its name, and its stages per rank where several."""
+        if not self.pp_schedule:
+            return ""
+        return self.pp_schedule + (f" x{self.pp_stages_per_rank}" if self.pp_stages_per_rank > 1 else "")
 
     def overrides(self) -> list[str]:
         """The command-line overrides that select this candidate."""
@@ -87,8 +112,9 @@ class Candidate:
         out.append(f"--parallelism.dp_mode {self.dp_mode}")
         if self.degrees["cp"] > 1:  # named: the config's "auto" settles by its own rule
             out.append(f"--parallelism.cp_scheme {self.cp_scheme}")
-        if self.degrees["pp"] > 1:
-            out.append(f"--parallelism.pp_schedule {PP_SCHEDULE}")  # pp_microbatches 0: one sequence each
+        if self.degrees["pp"] > 1:  # pp_microbatches 0: one sequence each
+            out += [f"--parallelism.pp_schedule {self.pp_schedule}",
+                    f"--parallelism.pp_stages_per_rank {self.pp_stages_per_rank}"]
         out += [f"--activation_checkpoint.mode {self.ac_mode}", f"--training.local_batch_size {self.local_batch}"]
         return out
 
@@ -128,7 +154,8 @@ class SearchResult:
             "global_batch": self.global_batch, "considered": self.considered, "notes": self.notes,
             "elapsed_s": round(self.elapsed_s, 2),
             "candidates": [
-                {"layout": c.degrees, "dp_mode": c.dp_mode, "cp_scheme": c.cp_scheme, "cp_row": c.cp_row, "ac_mode": c.ac_mode, "local_batch": c.local_batch,
+                {"layout": c.degrees, "dp_mode": c.dp_mode, "cp_scheme": c.cp_scheme, "pp_schedule": c.pp_schedule,
+                 "pp_stages_per_rank": c.pp_stages_per_rank, "cp_row": c.cp_row, "ac_mode": c.ac_mode, "local_batch": c.local_batch,
                  "micro_steps": c.micro_steps, "analytic_peak_gib": round(gib(c.analytic_peak), 3),
                  "confirmed_peak_gib": None if c.confirmed_peak is None else round(gib(c.confirmed_peak), 3),
                  "tokens_per_s_per_gpu": round(c.step.tokens_per_s_per_gpu), "step_s": round(c.step.seconds, 4),
@@ -142,13 +169,14 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def candidate_parallelism(degrees: dict[str, int], dp_mode: str, cp_scheme: str = "ring") -> dict[str, Any]:
-    """[parallelism] of a candidate: its degrees, CP scheme and, under pp, the searched schedule
-    with the trainer's defaults for the rest (one sequence per microbatch, its balanced split)."""
+def candidate_parallelism(degrees: dict[str, int], dp_mode: str, cp_scheme: str = "ring", pp_schedule: str = "1F1B",
+                          pp_stages_per_rank: int = 1) -> dict[str, Any]:
+    """[parallelism] of a candidate: its degrees, CP scheme and, under pp, its schedule and stages
+    per rank with the trainer's defaults for the rest (one sequence per microbatch, its balanced split)."""
     out: dict[str, Any] = {**degrees, "dp_mode": dp_mode, "cp_scheme": cp_scheme}
     if degrees.get("pp", 1) > 1:
-        out.update(pp_schedule=PP_SCHEDULE, pp_microbatches=0, pp_stages_per_rank=0, pp_layers_per_stage=[],
-                   pp_stage_modules=[])
+        out.update(pp_schedule=pp_schedule, pp_microbatches=0, pp_stages_per_rank=pp_stages_per_rank,
+                   pp_layers_per_stage=[], pp_stage_modules=[])
     return out
 
 
@@ -170,21 +198,41 @@ def _with(cfg: JobConfig, **sections: dict[str, Any]) -> JobConfig:
     return cfg
 
 
-def _candidate_run(base: ResolvedRun, cfg: JobConfig, meta_model: Any) -> ResolvedRun | None:
-    """The resolved run of one candidate (resolve_run's layout half), or None where it refuses it."""
+def _candidate_run(base: ResolvedRun, cfg: JobConfig, meta_model: Any, splits: dict) -> ResolvedRun | None:
+    """The resolved run of one candidate (resolve_run's layout half), or None where it refuses it;
+    `splits` keeps the pipeline splits built (one per pp, schedule and batch, whatever the rest)."""
     try:
         return resolve_layout(cfg, base.dims.world_size, base.spec, base.model_args, meta_model, base.tokenizer,
-                              Target.planned(cfg))
+                              Target.planned(cfg), splits)
     except ConfigError:
         return None
 
 
+def pipeline_schedules(pp: int, ac: str, local_batch: int, layers: int, compile_blocks: bool) -> list[tuple[str, int]]:
+    """The (schedule, stages per rank) pairs searched for a pipeline of `pp` ranks (module doc):
+    at least pp microbatches (one sequence each), a block per stage, and the schedules that split
+    the backward without AC and without compile; [("", 0)] without a pipeline."""
+    if pp == 1:
+        return [("", 0)]
+    out = []
+    for schedule, v in PIPELINE_SCHEDULES:
+        try:  # the trainer's own refusals, checked before the layout is resolved
+            check_compile(schedule, compile_blocks)
+            check_split_backward(schedule, ac)
+        except ParallelConfigError:
+            continue
+        if local_batch >= pp and pp * v <= layers and (ac == "none" or schedule not in ZERO_BUBBLE_SCHEDULES):
+            out.append((schedule, v))
+    return out
+
+
 def _trials(
     base: ResolvedRun, ngpu: int, global_batch: int, hw: Hardware
-) -> list[tuple[ParallelDims, str, int, str, int, str]]:
-    """Every (dims, dp_mode, ep, AC mode, local batch, cp scheme) the search prices, before any is
-    priced: the count is the progress bar's total."""
+) -> list[tuple[ParallelDims, str, int, str, int, str, str, int]]:
+    """Every (dims, dp_mode, ep, AC mode, local batch, cp scheme, pp schedule, stages per rank) the
+    search prices, before any is priced: the count is the progress bar's total."""
     moe = getattr(base.model_args, "moe", None)
+    layers = base.model_args.n_layers
     out = []
     # Every tp x pp x cp that divides the world (cp inside pipeline stages too); the trainer's own
     # checks (resolve_layout) drop what it would refuse.
@@ -201,8 +249,9 @@ def _trials(
             per_rank = global_batch // dims.dp
             eps = expert_parallel_degrees(dp_shard, cp, moe.n_experts) if moe is not None and dp_mode == "fsdp" else [1]
             schemes = CP_SCHEMES if cp > 1 else ("ring",)
-            out += [(dims, dp_mode, ep, ac, local, scheme) for ep in eps for ac in AC_CHOICES
-                    for local in (1, 2, 4, 8, MAX_LOCAL_BATCH) if per_rank % local == 0 for scheme in schemes]
+            out += [(dims, dp_mode, ep, ac, local, scheme, schedule, v) for ep in eps for ac in AC_CHOICES
+                    for local in (1, 2, 4, 8, MAX_LOCAL_BATCH) if per_rank % local == 0 for scheme in schemes
+                    for schedule, v in pipeline_schedules(pp, ac, local, layers, base.cfg.compile.enable)]
     return out
 
 
@@ -213,26 +262,28 @@ def enumerate_candidates(
     the trainer would settle on GPUs of `gpu_memory_gib` (reshard_choice.py). On a terminal a bar
     counts the layouts priced out of all to price (stderr; nothing when it is a file or a pipe)."""
     trials = _trials(base, ngpu, global_batch, hw)
-    out = []
+    out: list[Candidate] = []
+    splits: dict = {}
     bar = progress_bar(len(trials), desc="pricing layouts", unit="layout")
     try:
-        for dims, dp_mode, ep, ac, local, scheme in trials:
+        for dims, dp_mode, ep, ac, local, scheme, schedule, v in trials:
             bar.update()
             degrees = {"dp_replicate": dims.dp_replicate, "dp_shard": dims.dp_shard, "tp": dims.tp, "pp": dims.pp,
                        "cp": dims.cp, "ep": ep}
             cfg = _with(
                 base.cfg,
-                parallelism=candidate_parallelism(degrees, dp_mode, scheme),
+                parallelism=candidate_parallelism(degrees, dp_mode, scheme, schedule, v),
                 activation_checkpoint={"mode": ac},
                 training={"local_batch_size": local, "global_batch_size": global_batch},
             )
-            run = _candidate_run(base, cfg, model.model)
+            run = _candidate_run(base, cfg, model.model, splits)
             if run is None:
                 continue
             settle_reshard_after_forward(run, gpu_memory_gib, model)
             out.append(Candidate(
                 {**dims.degrees(), "ep": ep}, dp_mode, ac, local, run.grad_accum_steps, model.peak(run).total,
                 step_time(run, model, hw), scheme, cp_row_kind(scheme, dims.cp, cfg.data.document_masking),
+                pp_schedule=schedule, pp_stages_per_rank=v,
             ))
     finally:
         bar.close()
@@ -254,8 +305,12 @@ def search_layouts(
     budget = gpu_memory_gib * (1 - RESERVED_FRACTION) * 2**30
     fitting = sorted((c for c in candidates if c.analytic_peak <= budget),
                      key=lambda c: (-c.step.tokens_per_s_per_gpu, c.analytic_peak))
-    notes = [(f"pipeline parallel: searched with {PP_SCHEDULE}, one sequence per microbatch (pp_microbatches = local "
-              f"batch) and the trainer's balanced split; other schedules are not searched (estimate them directly)")]
+    notes = [("pipeline parallel: searched with 1F1B, Interleaved1F1B and InterleavedZeroBubble (2 and 4 stages per "
+              "rank), ZBVZeroBubble and DualPipeV, one sequence per microbatch (pp_microbatches = local batch, at "
+              "least pp) and the trainer's balanced split; the zero-bubble and V schedules without AC")]
+    if cfg.compile.enable:
+        notes.append("pipeline parallel: the zero-bubble and V schedules need compile.enable=false (the trainer "
+                     "refuses them with compiled blocks); pass it to have them searched")
     if any(c.cp_row == "modelled" for c in fitting[:top]):
         notes.append("CP column 'modelled': no GPU measured that scheme at that cp degree (GPUs measured the ring at "
                      "cp 2 and 4, Ulysses at cp 2, the ring with document masking at cp 2: docs/parallelism.md); "
@@ -296,12 +351,12 @@ def format_search(result: SearchResult) -> str:
     title = (f"{result.model} on {result.ngpu} GPU(s), {result.gpu_memory_gib:g} GiB each, global batch "
              f"{result.global_batch}: {len(result.ranked)} shown of {result.considered} layouts priced "
              f"({result.elapsed_s:.1f} s)")
-    header = (f"  {'#':>2} {'layout':22s} {'AC':13s} {'batch':>5s} {'accum':>5s} {'analytic GiB':>12s} "
-              f"{'fake GiB':>9s} {'tok/s/GPU':>10s}  CP")
+    header = (f"  {'#':>2} {'layout':22s} {'schedule':24s} {'AC':13s} {'batch':>5s} {'accum':>5s} "
+              f"{'analytic GiB':>12s} {'fake GiB':>9s} {'tok/s/GPU':>10s}  CP")
     lines = [title, header]
     for i, c in enumerate(result.ranked, 1):
         fake = f"{gib(c.confirmed_peak):9.2f}" if c.confirmed_peak is not None else f"{'-':>9s}"
-        lines.append(f"  {i:>2} {c.label():22s} {c.ac_mode:13s} {c.local_batch:>5d} {c.micro_steps:>5d} "
+        lines.append(f"  {i:>2} {c.label():22s} {c.schedule():24s} {c.ac_mode:13s} {c.local_batch:>5d} {c.micro_steps:>5d} "
                      f"{gib(c.analytic_peak):12.2f} {fake} {c.step.tokens_per_s_per_gpu:10.0f}  {c.cp_row}".rstrip())
     if result.ranked:
         lines.append(f"best: {' '.join(result.ranked[0].overrides())}")
@@ -314,7 +369,8 @@ def format_search(result: SearchResult) -> str:
 SEARCH_LEGEND = [
     "columns: layout = the parallel degrees above 1 (r dp_replicate, s dp_shard (FSDP), tp, pp, cp (the ring;",
     "  cp-ulysses: the all-to-all, parallelism.cp_scheme='ulysses'); zero1: only the optimizer state sharded; 1 GPU:",
-    "  none); AC = activation_checkpoint.mode; batch = training.local_batch_size",
+    "  none); schedule = parallelism.pp_schedule under pp (x N: pp_stages_per_rank N); AC = activation_checkpoint.mode;",
+    "  batch = training.local_batch_size",
     "  (sequences per rank per micro-step); accum = micro-steps per optimizer step; analytic GiB = per-rank peak of the",
     "  analytic model (what ranks the layouts); fake GiB = the peak of the fake-tensor dry run, for the best",
     "  --confirm layouts only (- = not run); tok/s/GPU = modelled throughput; CP = measured where GPUs measured",

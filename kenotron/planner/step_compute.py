@@ -23,13 +23,11 @@ and the vocabulary; cp the tokens; r_* the reruns of activation checkpointing, R
 Per step and rank: P · (32 + 6 under autocast) / B_mem: AdamW reads the parameter, gradient and
   both moments and writes three of them (28 bytes, docs/performance.md), the gradient norm reads
   the gradient again (4), autocast casts every weight to bf16 once (6).
-A pipeline of µ microbatches per schedule step, C_r the seconds per microbatch of pp rank r over
-its v stages: schedule step = µ · max C_r + (Σ C_r − max C_r) / v. The slowest rank sets the
-pace of the steady state; the fill and the drain pass once through every other rank, in v
-pieces under the looped schedules. With equal ranks this is 1F1B's (µ + pp − 1) slots. Ranks
-are priced unit by unit, not as equal shares, because the output layer and the loss weigh
-several blocks while the trainer's default split counts them as one: the last stage is then the
-slowest (docs/estimation.md, Throughput model).
+A pipeline's step is its schedule's order on a timeline (pipeline_timeline.py), each stage's
+actions lasting its share of C_s, the seconds per microbatch of stage s. Stages are priced unit
+by unit, not as equal shares, because the output layer and the loss weigh several blocks while
+the trainer's default split counts them as one: the last stage is then the slowest
+(docs/estimation.md, Throughput model).
 """
 
 from __future__ import annotations
@@ -172,9 +170,3 @@ def optimizer_seconds(run: ResolvedRun, params: float, hw: Hardware) -> float:
         dim = getattr(run.model_args, "dim", 0)
         seconds += run.cfg.optimizer.muon_ns_steps * 6 * dim * params / (hw.peak_flops * hw.matmul_efficiency)
     return seconds
-
-
-def schedule_seconds(rank_seconds: list[float], microbatches: int, stages_per_rank: int) -> float:
-    """One schedule step: µ · max C_r + (Σ C_r − max C_r) / v (module docstring)."""
-    slowest = max(rank_seconds)
-    return microbatches * slowest + (sum(rank_seconds) - slowest) / stages_per_rank

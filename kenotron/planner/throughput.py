@@ -9,10 +9,11 @@ m micro-steps of b sequences, t = tp, p = cp, q = pp, T = b·s/p the rank's toke
              at e_scan, the elementwise kernels (κ times a block's saved activations), the loss
              and fp32 gradient accumulation at the memory bandwidth B_mem; activation
              checkpointing's reruns per kind of work: `recompute`)
-  pipeline = m · (µ · max C_r + (Σ C_r − max C_r) / v) in place of compute (pipeline parallel, µ
-             microbatches of T/µ tokens, v stages per rank, C_r the seconds per microbatch of pp
-             rank r over its stages): `compute` is the slowest rank's busy time, `pipeline_bubble`
-             the fill and drain through the other ranks (step_compute.py)
+  pipeline = m · the schedule step in place of compute (pipeline parallel, µ microbatches of T/µ
+             tokens): every rank's own order on a timeline (pipeline_timeline.py), each stage's
+             forward, backward and the zero-bubble input and weight passes lasting their share
+             of its seconds per microbatch; `compute` is the busiest rank's work, `pipeline_bubble`
+             the rest of the step
   optimizer = P · (32 + 6 under autocast) / B_mem on the rank with the most parameters P
              (AdamW and the gradient norm; ZeRO-1: its partition, then its broadcast of the updated
              parameters, exposed; pipeline: its stages')
@@ -84,6 +85,7 @@ from kenotron.parallel.context.layout import SequenceLayout
 from kenotron.planner.analytic_model import AnalyticModel
 from kenotron.planner.analytic_moe import all_to_all_seconds
 from kenotron.planner.hardware import Hardware
+from kenotron.planner.pipeline_timeline import step_seconds
 from kenotron.planner.step_compute import (
     Rates,
     Recompute,
@@ -92,7 +94,6 @@ from kenotron.planner.step_compute import (
     kernel_seconds,
     optimizer_seconds,
     rates,
-    schedule_seconds,
 )
 from kenotron.train.resolve import ResolvedRun
 
@@ -226,7 +227,7 @@ def step_time(run: ResolvedRun, model: AnalyticModel, hw: Hardware | None = None
     r = dataclasses.replace(r, attention=r.attention * attention_share / unsplit_attention_gain(run, hw))
     local = params.local / 4  # this rank's parameters (params.local counts fp32 bytes)
     if run.plan.pipeline is not None and d.pp > 1:
-        compute, bubble, optimizer = pipeline_compute(run, units, r, local / model.parameter_count, hw)
+        compute, bubble, optimizer = pipeline_compute(run, model, units, r, local / model.parameter_count, hw)
         p2p = pipeline_p2p(run, c, hw)
     else:
         compute = run.grad_accum_steps * kernel_seconds(run, units, r, micro_tokens // d.cp, hw)
@@ -297,26 +298,27 @@ def step_time(run: ResolvedRun, model: AnalyticModel, hw: Hardware | None = None
     return StepTime(compute, tp_time, dp_time, cp_time, tokens, d.world_size, bubble, p2p, ep_time, optimizer, tail)
 
 
-def pipeline_compute(run: ResolvedRun, units: list[Unit], r: Rates, held: float,
+def pipeline_compute(run: ResolvedRun, model: AnalyticModel, units: list[Unit], r: Rates, held: float,
                      hw: Hardware) -> tuple[float, float, float]:
-    """(the slowest rank's busy seconds, the fill and drain, the optimizer) of a pipeline step
-    (step_compute.py): every rank runs its stages' units on each microbatch, adds each
-    microbatch's weight gradients to its fp32 ones, and updates its stages' parameters; `held`
-    is the share of each parameter a rank holds (1 / its data-parallel and TP sharding)."""
+    """(the slowest rank's busy seconds, the rest of the schedule step, the optimizer) of a pipeline
+    step: every rank runs its stages' units on each microbatch, adds each microbatch's weight
+    gradients to its fp32 ones, and updates its stages' parameters; the schedule's own order on a
+    timeline (pipeline_timeline.py) gives the step; `held` is the share of each parameter a rank
+    holds (1 / its data-parallel and TP sharding)."""
     split, d, t = run.plan.pipeline, run.dims, run.cfg.training
     by_name = {u.name: u for u in units}
     tokens = t.local_batch_size // split.microbatches * t.seq_len // d.cp
-    per_rank, rank_params = [], []
-    for rank in range(split.pp):
-        stages = [[by_name[n] for n in split.stages[s]] for s in split.local_stages(rank)]
-        share = held * sum(u.params for stage in stages for u in stage)  # a tied embedding on both ends
-        per_rank.append(sum(kernel_seconds(run, stage, r, tokens, hw) for stage in stages)
-                        + accumulate_seconds(share, hw))
-        rank_params.append(share)
-    v = split.n_stages // split.pp
-    schedule = schedule_seconds(per_rank, split.microbatches, v)
-    busy = split.microbatches * max(per_rank)
-    optimizer = max(optimizer_seconds(run, p, hw) for p in rank_params)
+    stage_seconds, accumulate = {}, {}
+    for stage in range(split.n_stages):
+        stage_units = [by_name[n] for n in split.stages[stage]]
+        stage_seconds[stage] = kernel_seconds(run, stage_units, r, tokens, hw)
+        # A tied embedding is on both ends: each stage accumulates and updates its own copy.
+        accumulate[stage] = accumulate_seconds(held * sum(u.params for u in stage_units), hw)
+    busy = split.microbatches * max(sum(stage_seconds[s] + accumulate[s] for s in split.local_stages(rank))
+                                    for rank in range(split.pp))
+    schedule = step_seconds(model.timeline(split), stage_seconds, accumulate, split.pp)
+    optimizer = max(optimizer_seconds(run, held * sum(by_name[n].params for s in split.local_stages(rank)
+                                                        for n in split.stages[s]), hw) for rank in range(split.pp))
     return run.grad_accum_steps * busy, run.grad_accum_steps * (schedule - busy), optimizer
 
 

@@ -10,6 +10,7 @@ is made here too (kenotron/kernel_choice/choices.py), once, for the trainer and 
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Any
 
@@ -106,10 +107,11 @@ def resolve_run(cfg: JobConfig, world_size: int, target: Target | None = None, c
 
 
 def resolve_layout(cfg: JobConfig, world_size: int, spec: ModelSpec, args: Any, meta_model: torch.nn.Module,
-                   tokenizer: Any, target: Target) -> ResolvedRun:
+                   tokenizer: Any, target: Target, splits: dict | None = None) -> ResolvedRun:
     """The checks and choices that depend on the parallel layout (`cfg.parallelism`, the batch
     sizes, activation checkpointing): resolve_run's second half, which the planner runs for
-    every candidate layout. `meta_model` is `spec.build(args)` on the meta device."""
+    every candidate layout. `meta_model` is `spec.build(args)` on the meta device; `splits`
+    (the planner's) keeps each pipeline split built, by the config values it depends on."""
     dims, global_batch, accum = resolve_degrees(cfg, world_size, spec, args, target.device_type)
     kernels = settle_kernels(cfg, dims, spec, args, target, accum)  # what the launcher checked before torch
     plan = Plan(layout_for(spec, args), ParallelSettings.from_config(cfg))
@@ -121,7 +123,13 @@ def resolve_layout(cfg: JobConfig, world_size: int, spec: ModelSpec, args: Any, 
         plan.settings.cp_ulysses_degree = ulysses_degree(args.n_heads // dims.tp, kv_heads // dims.tp, dims.cp)
     plan.settings.check(plan.layout.count_blocks(meta_model), dims.degrees())
     if dims.pp > 1:
-        plan.pipeline = build_pipeline_split_from_config(meta_model, cfg, dims.pp, spec.blocks)
+        q, u = cfg.parallelism, cfg.tuning
+        key = (dims.pp, q.pp_schedule, q.pp_microbatches, q.pp_stages_per_rank, tuple(q.pp_layers_per_stage),
+               tuple(q.pp_stage_modules), cfg.training.local_batch_size, u.pp_first_stage_weight, u.pp_last_stage_weight)
+        splits = {} if splits is None else splits
+        if key not in splits:
+            splits[key] = build_pipeline_split_from_config(meta_model, cfg, dims.pp, spec.blocks)
+        plan.pipeline = copy.deepcopy(splits[key])
     choices = resolve_choices(cfg, dims, target, meta_model, kernels)
     check_float8_experts(cfg.float8.enable, cfg.float8.experts, choices.expert_kernel, spec.is_moe)
     return ResolvedRun(cfg, dims, spec, args, plan, global_batch, accum, choices, tokenizer)

@@ -6,7 +6,7 @@ which attention it simulated."""
 from __future__ import annotations
 
 from kenotron.config import load_config
-from kenotron.estimate.tracker import allocated_bytes
+from kenotron.estimate.breakdown import allocated_bytes
 from kenotron.planner import estimate_with_closed_form
 from kenotron.train.resolve import resolve_run
 

@@ -9,9 +9,9 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from kenotron.config import load_config
+from kenotron.estimate.breakdown import allocated_bytes
 from kenotron.estimate.memory import track_step
 from kenotron.estimate.static_memory import STEP_COUNTER
-from kenotron.estimate.tracker import allocated_bytes
 from kenotron.parallel.context.torch_ring import torch_cp_api
 from kenotron.planner import AnalyticModel, Hardware, estimate_with_closed_form
 from kenotron.planner.search import enumerate_candidates, target_global_batch

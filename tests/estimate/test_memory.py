@@ -10,8 +10,8 @@ import torch
 from kenotron.config import ConfigError, load_config
 from kenotron.degrees import ParallelConfigError
 from kenotron.estimate import estimate_memory
+from kenotron.estimate.breakdown import CATEGORIES, allocated_bytes
 from kenotron.estimate.static_memory import STEP_COUNTER
-from kenotron.estimate.tracker import CATEGORIES, allocated_bytes
 from kenotron.models import UnknownModelError
 from kenotron.planner import AnalyticModel, estimate_with_closed_form
 from kenotron.train.resolve import resolve_run

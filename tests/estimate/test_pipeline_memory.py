@@ -10,8 +10,8 @@ import torch
 from kenotron.config import ConfigError, load_config
 from kenotron.degrees import ParallelConfigError
 from kenotron.estimate import estimate_memory
+from kenotron.estimate.breakdown import allocated_bytes
 from kenotron.estimate.pipeline_order import max_in_flight, rank_actions
-from kenotron.estimate.tracker import allocated_bytes
 from kenotron.parallel.pipeline import stage_module
 from kenotron.planner import estimate_with_closed_form
 from kenotron.train.resolve import resolve_run
@@ -61,10 +61,7 @@ def test_one_rank_class_per_pipeline_rank_holding_its_stages_parameters(ngpu, ov
         assert all(str(s) in rank.ranks for s in stages)
         assert rank.peak.parameters == stage_static_bytes(ngpu, pp_rank, overrides, config)
         assert rank.peak.total == sum(rank.peak.as_dict().values())
-        if run.plan.pipeline.schedule == "1F1B":  # the closed form prices 1F1B pipeline ranks only
-            assert rank.analytic is not None and rank.analytic.parameters == rank.peak.parameters
-        else:
-            assert rank.analytic is None
+        assert rank.analytic is not None and rank.analytic.parameters == rank.peak.parameters  # every schedule
     assert report.to_dict()["ranks"][0]["peak_bytes"] == report.ranks[0].peak.total
 
 

@@ -48,30 +48,38 @@ def test_the_search_prints_a_table_and_the_overrides_of_the_best(result):
 
 def test_pipeline_candidates_follow_the_trainers_rules_and_are_confirmed():
     """Global batch 4 on 8 GPUs caps data parallel at 4 and a 2-GPU node caps tp at 2 (seq_len 258
-    rules out cp), so the layouts left are dp 4 x tp 2 and pipelines; the pipelines are listed,
-    priced by the closed form within its tolerance of the fake-tensor estimate, and accepted by
-    the trainer's resolve_run with 1F1B and one sequence per microbatch."""
+    rules out cp), so the layouts left are dp 4 x tp 2 and pipelines; the pipelines are listed with
+    each schedule the search prices, by the closed form within its tolerance of the fake-tensor
+    estimate, and accepted by the trainer's resolve_run with their schedule, stages per rank and
+    one sequence per microbatch."""
     from kenotron.planner import Hardware
     from kenotron.train.resolve import resolve_run
 
     budget = 0.03
-    cfg = load_config("debug", ["--training.global_batch_size", "4", "--training.seq_len", "258"])
-    result = search_layouts(cfg, 8, budget, top=20, confirm=2, hw=Hardware(gpus_per_node=2))
+    cfg_args = ["--training.global_batch_size", "4", "--training.seq_len", "258"]
+    result = search_layouts(load_config("debug", cfg_args), 8, budget, top=20, confirm=2, hw=Hardware(gpus_per_node=2))
     pipelines = [c for c in result.ranked if c.degrees["pp"] > 1]
     assert pipelines and any(c.degrees["pp"] == 1 for c in result.ranked)
     assert any(c.confirmed_peak is not None for c in pipelines)
-    for c in pipelines:
-        assert c.analytic_peak <= budget * 0.9 * 2**30
-        assert "--parallelism.pp_schedule 1F1B" in c.overrides()
-        run = resolve_run(load_config("debug",
-                                      ["--training.seq_len", "258", "--training.global_batch_size", "4"]
-                                      + " ".join(c.overrides()).split()), 8)
+    deeper = ["--training.global_batch_size", "4", "--training.seq_len", "258", "--model.n_layers", "8"]
+    unbounded = search_layouts(load_config("debug", deeper), 8, 80, top=1000, confirm=0, hw=Hardware(gpus_per_node=2))
+    every = [c for c in unbounded.ranked if c.degrees["pp"] > 1]
+    # DualPipeV needs 2 pp microbatches, more than global batch 4 leaves a pipeline of 2 ranks and more.
+    assert {c.pp_schedule for c in every} >= {"1F1B", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble"}
+    assert {c.pp_stages_per_rank for c in every if c.pp_schedule == "Interleaved1F1B"} == {2, 4}
+    assert all(c.ac_mode == "none" for c in every if c.pp_schedule in ("InterleavedZeroBubble", "ZBVZeroBubble"))
+    for c, args in [(c, cfg_args) for c in pipelines] + [(c, deeper) for c in every[::7]]:
+        assert f"--parallelism.pp_schedule {c.pp_schedule}" in " ".join(c.overrides())
+        run = resolve_run(load_config("debug", args + " ".join(c.overrides()).split()), 8)
         split = run.plan.pipeline
-        assert split.schedule == "1F1B" and split.microbatches == c.local_batch >= c.degrees["pp"]
+        assert split.schedule == c.pp_schedule and split.n_stages == c.degrees["pp"] * c.pp_stages_per_rank
+        assert split.microbatches == c.local_batch >= c.degrees["pp"]
         assert run.grad_accum_steps == c.micro_steps
         if c.confirmed_peak is not None:
+            assert c.analytic_peak <= budget * 0.9 * 2**30
             assert c.analytic_peak == pytest.approx(c.confirmed_peak, rel=0.05)
-    assert "1F1B" in format_search(result)
+    table = format_search(unbounded)
+    assert all(c.schedule() in table for c in every[:20])
 
 
 def test_moe_models_are_searched_over_expert_parallel_degrees():
@@ -141,3 +149,24 @@ def test_deepseek_v3_with_mtp_is_searched_with_pipelines_and_context_parallel_an
     assert {c.degrees["ep"] for c in result.ranked} >= {1, 2, 4}
     assert {c.degrees["pp"] for c in result.ranked} >= {1, 2} and {c.degrees["cp"] for c in result.ranked} >= {1, 2}
     assert result.ranked[0].confirmed_peak is not None  # the fake-tensor build of the MTP model ran
+
+
+def test_only_layouts_the_closed_form_fits_reach_the_fake_tensor_estimator(monkeypatch):
+    """The fake-tensor run is the slow part of a search: a candidate the closed form puts over the
+    budget is never confirmed, whatever its modelled speed."""
+    from kenotron.planner import search
+
+    budget, confirmed = 0.03, []
+    real = search.estimate_run
+
+    def recording(run, gpu_memory_gib):
+        confirmed.append(run)
+        return real(run, gpu_memory_gib)
+
+    monkeypatch.setattr(search, "estimate_run", recording)
+    cfg = load_config("debug", ["--training.global_batch_size", "4", "--training.seq_len", "258"])
+    result = search_layouts(cfg, 8, budget, top=3, confirm=1, hw=search.Hardware(gpus_per_node=2))
+    model = search.AnalyticModel(confirmed[0])
+    assert confirmed and result.considered > len(result.ranked)
+    assert all(model.peak(run).total <= budget * 0.9 * 2**30 for run in confirmed)
+
