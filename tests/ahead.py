@@ -1,0 +1,131 @@
+"""Long commands run ahead of their tests, in one background lane.
+
+A few tests run a user's command as written (README's quick start, an example's run.sh, the
+nanosets README's two commands): a new Python that trains for 10-100 s, after which the test
+checks what it printed and left. The command needs a folder, not the test's process, so it need
+not wait for the test's turn. A test marked `@pytest.mark.run_ahead(job=fn)` has `fn(folder, lane)`
+run when the session starts, in one thread that runs the marked tests' functions one after the
+other while the in-process tests run; the marked tests are moved to the end of the run, and
+their `ran_ahead` fixture (tests/conftest.py) waits for what `fn` returned (or raises what it
+raised). Why it pays: most in-process tests run one thread, so on CI's two cores the second one
+is idle for much of the session; the lane's commands use it.
+
+The functions run in a thread of the pytest process: they start processes with `lane.run` (each
+in a session of its own, killed with its children if pytest stops first; tests/test_suite_budget.py
+counts these calls as it counts subprocess's) and touch no state of the test process. One lane,
+not several: two commands at once would compete with the in-process tests for the same two cores.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+from collections.abc import Callable
+from contextlib import suppress
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+MARKER = "run_ahead"
+"""`@pytest.mark.run_ahead(job=fn)`: `fn(folder, lane)` runs ahead in the lane; the test reads its result."""
+
+
+@dataclass
+class Job:
+    """One marked test's function, its folder and, once it ended, its outcome."""
+
+    fn: Callable[[Path, Lane], Any]
+    """The function that runs the command(s): `fn(folder, lane)`, starting each with `lane.run`."""
+    folder: Path
+    """A fresh folder of the session's temporary directory, the function's only place to write."""
+    done: threading.Event = field(default_factory=threading.Event)
+    """Set when the function returned or raised."""
+    value: Any = None
+    """What the function returned."""
+    error: BaseException | None = None
+    """What the function raised, re-raised in the test."""
+
+
+class Lane:
+    """The background thread that runs the jobs in order; `stop` ends it and kills its process."""
+
+    def __init__(self, jobs: dict[str, Job]):
+        self.jobs = jobs
+        self._stopped = False
+        self._lock = threading.Lock()
+        self._running: subprocess.Popen | None = None
+        self._thread = threading.Thread(target=self._work, name="kenotron-tests-run-ahead", daemon=True)
+        self._thread.start()
+
+    def _work(self) -> None:
+        for job in self.jobs.values():
+            if self._stopped:
+                job.error = RuntimeError("the session ended before this job ran")
+            else:
+                try:
+                    job.value = job.fn(job.folder, self)
+                except BaseException as error:  # noqa: BLE001  (the test re-raises it)
+                    job.error = error
+            job.done.set()
+
+    def result(self, nodeid: str) -> Any:
+        """What the job of test `nodeid` returned, once it ended; raises what it raised."""
+        job = self.jobs[nodeid]
+        job.done.wait()
+        if job.error is not None:
+            raise job.error
+        return job.value
+
+    def run(self, args: list[str | Path], *, cwd: Path, env: dict[str, str],
+            timeout: float) -> subprocess.CompletedProcess:
+        """subprocess's `run` of `args` with `capture_output=True, text=True`, whose process (and
+        its children: its own session) `stop` kills; a timeout kills them too and raises TimeoutExpired."""
+        with self._lock:
+            if self._stopped:
+                raise RuntimeError(f"the session ended before {args[:3]} started")
+            proc = subprocess.Popen([str(a) for a in args], cwd=cwd, env=env, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True, start_new_session=True)
+            self._running = proc
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _kill_session(proc)
+            proc.communicate()
+            raise
+        finally:
+            with self._lock:
+                self._running = None
+        return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+
+    def stop(self) -> None:
+        """No job starts after this; the process running now is killed with its children."""
+        with self._lock:
+            self._stopped = True
+            if self._running is not None:
+                _kill_session(self._running)
+        self._thread.join(timeout=30)
+
+
+def _kill_session(proc: subprocess.Popen) -> None:
+    with suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def marked_last(items: list[pytest.Item]) -> list[pytest.Item]:
+    """The items in their order, the marked ones moved to the end (their jobs run meanwhile)."""
+    return [i for i in items if not i.get_closest_marker(MARKER)] + [i for i in items if i.get_closest_marker(MARKER)]
+
+
+def start(items: list[pytest.Item], make_folder: Callable[[str], Path]) -> Lane | None:
+    """Start a lane for the marked items (in their order), or None when none is selected."""
+    jobs = {}
+    for item in items:
+        marker = item.get_closest_marker(MARKER)
+        if marker is not None:
+            fn = marker.kwargs["job"]  # a keyword: a mark's lone positional callable would be marked instead
+            jobs[item.nodeid] = Job(fn, make_folder(fn.__name__))
+    return Lane(jobs) if jobs else None

@@ -1,0 +1,106 @@
+"""The background lane of tests/ahead.py: jobs run in order ahead of their tests, their results
+and errors reach the tests, the marked tests run last, and stopping kills what still runs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from tests.ahead import MARKER, Job, Lane, marked_last
+
+
+def _wait_for(path: Path, timeout: float = 20) -> str:
+    end = time.monotonic() + timeout
+    while not path.exists() or not path.read_text().strip():
+        assert time.monotonic() < end, f"{path} was not written in {timeout} s"
+        time.sleep(0.02)
+    return path.read_text().strip()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A killed child of a killed shell is reparented and reaped; a zombie is not alive either.
+    stat = Path(f"/proc/{pid}/stat")
+    return not stat.exists() or stat.read_text().split(")")[-1].split()[0] != "Z"
+
+
+def _echo(text: str):
+    def job(folder: Path, lane: Lane) -> tuple[str, float]:
+        proc = lane.run(["sh", "-c", f"echo {text} > out.txt; echo {text}"], cwd=folder, env=dict(os.environ), timeout=20)
+        return proc.stdout.strip(), time.monotonic()
+    return job
+
+
+def test_jobs_run_in_their_order_without_waiting_for_their_tests_and_give_what_they_returned(tmp_path):
+    folders = {name: tmp_path / name for name in ("a", "b")}
+    for folder in folders.values():
+        folder.mkdir()
+    lane = Lane({name: Job(_echo(name), folder) for name, folder in folders.items()})
+    # Nobody asked for a result yet: the lane runs both jobs on its own.
+    assert _wait_for(folders["b"] / "out.txt") == "b"
+    (out_a, ended_a), (out_b, ended_b) = lane.result("a"), lane.result("b")
+    assert (out_a, out_b) == ("a", "b") and ended_a <= ended_b
+    lane.stop()
+
+
+def test_what_a_job_raised_is_raised_by_its_result_and_the_next_job_still_runs(tmp_path):
+    def fails(folder: Path, lane: Lane):
+        raise ValueError(f"bad value in {folder.name}")
+
+    lane = Lane({"fails": Job(fails, tmp_path), "next": Job(_echo("next"), tmp_path)})
+    with pytest.raises(ValueError, match=f"bad value in {tmp_path.name}"):
+        lane.result("fails")
+    assert lane.result("next")[0] == "next"
+    lane.stop()
+
+
+def test_a_command_past_its_timeout_is_killed_with_its_children(tmp_path):
+    def slow(folder: Path, lane: Lane):
+        return lane.run(["sh", "-c", "sleep 60 & echo $! > child; wait"], cwd=folder, env=dict(os.environ),
+                        timeout=1)
+
+    lane = Lane({"slow": Job(slow, tmp_path)})
+    with pytest.raises(subprocess.TimeoutExpired):
+        lane.result("slow")
+    child = int(_wait_for(tmp_path / "child"))
+    end = time.monotonic() + 10
+    while _alive(child) and time.monotonic() < end:
+        time.sleep(0.02)
+    assert not _alive(child)
+    lane.stop()
+
+
+def test_stopping_the_lane_kills_the_running_command_with_its_children_and_starts_no_other(tmp_path):
+    def hangs(folder: Path, lane: Lane):
+        return lane.run(["sh", "-c", "sleep 60 & echo $! > child; wait"], cwd=folder, env=dict(os.environ),
+                        timeout=120)
+
+    started = time.monotonic()
+    lane = Lane({"hangs": Job(hangs, tmp_path), "after": Job(_echo("after"), tmp_path)})
+    child = int(_wait_for(tmp_path / "child"))
+    lane.stop()
+    assert time.monotonic() - started < 30
+    end = time.monotonic() + 10
+    while _alive(child) and time.monotonic() < end:
+        time.sleep(0.02)
+    assert not _alive(child)
+    assert lane.result("hangs").returncode == -9
+    with pytest.raises(RuntimeError, match="session ended before"):
+        lane.result("after")
+    assert not (tmp_path / "out.txt").exists()
+
+
+def test_marked_tests_move_to_the_end_in_their_order():
+    def item(name: str, marked: bool):
+        return SimpleNamespace(name=name, get_closest_marker=lambda m: object() if marked and m == MARKER else None)
+
+    items = [item("a", True), item("b", False), item("c", True), item("d", False)]
+    assert [i.name for i in marked_last(items)] == ["b", "d", "a", "c"]
