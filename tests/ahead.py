@@ -125,7 +125,13 @@ def start(items: list[pytest.Item], make_folder: Callable[[str], Path]) -> Lane 
     jobs = {}
     for item in items:
         marker = item.get_closest_marker(MARKER)
-        if marker is not None:
+        if marker is not None and not _skipped(item):
             fn = marker.kwargs["job"]  # a keyword: a mark's lone positional callable would be marked instead
             jobs[item.nodeid] = Job(fn, make_folder(fn.__name__))
     return Lane(jobs) if jobs else None
+
+
+def _skipped(item: pytest.Item) -> bool:
+    """Whether a skip mark (or a skipif mark on a plain True) skips the test: no job for it."""
+    return any(True for _ in item.iter_markers("skip")) or any(
+        m.args and m.args[0] is True for m in item.iter_markers("skipif"))

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.ahead import MARKER, Job, Lane, marked_last
+from tests.ahead import MARKER, Job, Lane, marked_last, start
 
 
 def _wait_for(path: Path, timeout: float = 20) -> str:
@@ -104,3 +104,17 @@ def test_marked_tests_move_to_the_end_in_their_order():
 
     items = [item("a", True), item("b", False), item("c", True), item("d", False)]
     assert [i.name for i in marked_last(items)] == ["b", "d", "a", "c"]
+
+
+def test_a_skipped_test_gets_no_job_and_no_marked_test_no_lane(tmp_path):
+    def item(nodeid: str, marked: bool, skip: bool):
+        return SimpleNamespace(
+            nodeid=nodeid,
+            get_closest_marker=lambda m: SimpleNamespace(kwargs={"job": _echo(nodeid)}) if marked and m == MARKER else None,
+            iter_markers=lambda name: iter([SimpleNamespace(args=(True,))] if skip and name == "skipif" else []))
+
+    lane = start([item("runs", True, False), item("skipped", True, True), item("plain", False, False)],
+                 lambda name: tmp_path)
+    assert list(lane.jobs) == ["runs"] and lane.result("runs")[0] == "runs"
+    lane.stop()
+    assert start([item("plain", False, False)], lambda name: tmp_path) is None
