@@ -1,19 +1,22 @@
-"""Long commands run ahead of their tests, in one background lane.
+"""Long processes run ahead of their tests, in one background lane.
 
-A few tests run a user's command as written (README's quick start, an example's run.sh, the
-nanosets README's two commands): a new Python that trains for 10-100 s, after which the test
-checks what it printed and left. The command needs a folder, not the test's process, so it need
-not wait for the test's turn. A test marked `@pytest.mark.run_ahead(job=fn)` has `fn(folder, lane)`
-run when the session starts, in one thread that runs the marked tests' functions one after the
-other while the in-process tests run; the marked tests are moved to the end of the run, and
-their `ran_ahead` fixture (tests/conftest.py) waits for what `fn` returned (or raises what it
-raised). Why it pays: most in-process tests run one thread, so on CI's two cores the second one
-is idle for much of the session; the lane's commands use it.
+Some tests wait 5-100 s for a process of their own and then check what it printed and left:
+README's quick start and the examples' commands run as written, the wheel built and used, the
+Triton-interpreter scripts, scripts/ and kenotron/tools/ cases that train in their own process.
+Such a process needs a folder, not the test's process, so it need not wait for the test's turn.
+A test marked `@pytest.mark.run_ahead(job=fn)` has `fn(folder, lane)` run when the session
+starts, in one thread that runs the marked tests' functions one after the other while the
+in-process tests run; the marked tests are moved to the end of the run, where their `ran_ahead`
+fixture (tests/conftest.py) gives what `fn` returned (waiting for it) or raises what it raised.
+Tests marked with the same function share its one run. Why it pays: most in-process tests run
+one thread, so on CI's two cores the second core is idle for much of the session; the lane's
+processes use it.
 
-The functions run in a thread of the pytest process: they start processes with `lane.run` (each
-in a session of its own, killed with its children if pytest stops first; tests/test_suite_budget.py
-counts these calls as it counts subprocess's) and touch no state of the test process. One lane,
-not several: two commands at once would compete with the in-process tests for the same two cores.
+The functions run in a thread of the pytest process and touch no state of the test process: they
+start a new interpreter with `lane.run` (in a session of its own, killed with its children if
+pytest stops first; tests/test_suite_budget.py counts these calls as it counts subprocess's), or
+a forked one through tests/fork_server.py, whose client serves two threads. One lane, not
+several: two jobs at once would compete with the in-process tests for the same two cores.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ MARKER = "run_ahead"
 """`@pytest.mark.run_ahead(job=fn)`: `fn(folder, lane)` runs ahead in the lane; the test reads its result."""
 
 
-@dataclass
+@dataclass(eq=False)
 class Job:
     """One marked test's function, its folder and, once it ended, its outcome."""
 
@@ -54,7 +57,7 @@ class Lane:
     """The background thread that runs the jobs in order; `stop` ends it and kills its process."""
 
     def __init__(self, jobs: dict[str, Job]):
-        self.jobs = jobs
+        self.jobs = jobs  # by test; tests marked with the same function share its one job
         self._stopped = False
         self._lock = threading.Lock()
         self._running: subprocess.Popen | None = None
@@ -62,7 +65,7 @@ class Lane:
         self._thread.start()
 
     def _work(self) -> None:
-        for job in self.jobs.values():
+        for job in dict.fromkeys(self.jobs.values()):
             if self._stopped:
                 job.error = RuntimeError("the session ended before this job ran")
             else:
@@ -122,12 +125,14 @@ def marked_last(items: list[pytest.Item]) -> list[pytest.Item]:
 
 def start(items: list[pytest.Item], make_folder: Callable[[str], Path]) -> Lane | None:
     """Start a lane for the marked items (in their order), or None when none is selected."""
-    jobs = {}
+    jobs, by_function = {}, {}
     for item in items:
         marker = item.get_closest_marker(MARKER)
         if marker is not None and not _skipped(item):
             fn = marker.kwargs["job"]  # a keyword: a mark's lone positional callable would be marked instead
-            jobs[item.nodeid] = Job(fn, make_folder(fn.__name__))
+            if fn not in by_function:  # several tests marked with one function share its run
+                by_function[fn] = Job(fn, make_folder(fn.__name__))
+            jobs[item.nodeid] = by_function[fn]
     return Lane(jobs) if jobs else None
 
 

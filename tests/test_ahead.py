@@ -118,3 +118,19 @@ def test_a_skipped_test_gets_no_job_and_no_marked_test_no_lane(tmp_path):
     assert list(lane.jobs) == ["runs"] and lane.result("runs")[0] == "runs"
     lane.stop()
     assert start([item("plain", False, False)], lambda name: tmp_path) is None
+
+
+def test_tests_marked_with_one_function_share_its_one_run(tmp_path):
+    runs = []
+
+    def counted(folder: Path, lane: Lane) -> int:
+        runs.append(folder)
+        return len(runs)
+
+    def item(nodeid: str):
+        return SimpleNamespace(nodeid=nodeid, iter_markers=lambda name: iter([]),
+                               get_closest_marker=lambda m: SimpleNamespace(kwargs={"job": counted}))
+
+    lane = start([item("first"), item("second")], lambda name: tmp_path)
+    assert (lane.result("first"), lane.result("second"), runs) == (1, 1, [tmp_path])
+    lane.stop()
