@@ -31,6 +31,9 @@ def quick_start(folder: Path, lane: Lane) -> tuple[Path, subprocess.CompletedPro
     run ahead of the test while the in-process tests run (tests/ahead.py)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    # One OpenMP thread, as every other process the tests start: the in-process tests use the other
+    # core meanwhile, and OpenMP's waiting threads on a busy core make each step several times slower.
+    env.setdefault("OMP_NUM_THREADS", "1")
     proc = lane.run([ROOT / "run_train.sh", "--job.dump_folder", folder / "debug"], cwd=ROOT, env=env, timeout=900)
     return folder / "debug", proc
 
