@@ -54,13 +54,13 @@ class Job:
 
 
 class Lane:
-    """The background thread that runs the jobs in order; `stop` ends it and kills its process."""
+    """The background thread that runs the jobs in order; `stop` ends it and kills its processes."""
 
     def __init__(self, jobs: dict[str, Job]):
         self.jobs = jobs  # by test; tests marked with the same function share its one job
         self._stopped = False
         self._lock = threading.Lock()
-        self._running: subprocess.Popen | None = None
+        self._running: set[subprocess.Popen] = set()  # started by `start`, not yet waited for
         self._thread = threading.Thread(target=self._work, name="kenotron-tests-run-ahead", daemon=True)
         self._thread.start()
 
@@ -83,33 +83,46 @@ class Lane:
             raise job.error
         return job.value
 
-    def run(self, args: list[str | Path], *, cwd: Path, env: dict[str, str],
-            timeout: float) -> subprocess.CompletedProcess:
-        """subprocess's `run` of `args` with `capture_output=True, text=True`, whose process (and
-        its children: its own session) `stop` kills; a timeout kills them too and raises TimeoutExpired."""
+    def start(self, args: list[str | Path], *, cwd: Path, env: dict[str, str],
+              stderr: int = subprocess.PIPE) -> subprocess.Popen:
+        """A `subprocess.Popen` of `args` (text stdout through a pipe; stderr too, or into stdout
+        with `subprocess.STDOUT`) in a session of its own, which `stop` kills with its children
+        until `wait` reaps it. For jobs that run processes side by side."""
         with self._lock:
             if self._stopped:
                 raise RuntimeError(f"the session ended before {args[:3]} started")
             proc = subprocess.Popen([str(a) for a in args], cwd=cwd, env=env, stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, text=True, start_new_session=True)
-            self._running = proc
+                                    stderr=stderr, text=True, start_new_session=True)
+            self._running.add(proc)
+        return proc
+
+    def wait(self, proc: subprocess.Popen, timeout: float) -> tuple[str, str | None]:
+        """`proc.communicate(timeout=timeout)` for a process of `start`: its stdout and stderr. At
+        the timeout it is killed with its children, and TimeoutExpired raised."""
         try:
-            stdout, stderr = proc.communicate(timeout=timeout)
+            return proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             _kill_session(proc)
             proc.communicate()
             raise
         finally:
             with self._lock:
-                self._running = None
+                self._running.discard(proc)
+
+    def run(self, args: list[str | Path], *, cwd: Path, env: dict[str, str],
+            timeout: float) -> subprocess.CompletedProcess:
+        """subprocess's `run` of `args` with `capture_output=True, text=True`, through `start` and
+        `wait`: killed with its children at the timeout (TimeoutExpired) or by `stop`."""
+        proc = self.start(args, cwd=cwd, env=env)
+        stdout, stderr = self.wait(proc, timeout)
         return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
 
     def stop(self) -> None:
-        """No job starts after this; the process running now is killed with its children."""
+        """No job starts after this; the processes running now are killed with their children."""
         with self._lock:
             self._stopped = True
-            if self._running is not None:
-                _kill_session(self._running)
+            for proc in self._running:
+                _kill_session(proc)
         self._thread.join(timeout=30)
 
 

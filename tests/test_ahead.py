@@ -134,3 +134,24 @@ def test_tests_marked_with_one_function_share_its_one_run(tmp_path):
     lane = start([item("first"), item("second")], lambda name: tmp_path)
     assert (lane.result("first"), lane.result("second"), runs) == (1, 1, [tmp_path])
     lane.stop()
+
+
+def test_processes_started_side_by_side_run_at_once_and_stopping_kills_every_one(tmp_path):
+    peers = "touch {me}; i=0; while [ ! -e {peer} ] && [ $i -lt 2000 ]; do sleep 0.01; i=$((i+1)); done; echo {me} $i"
+
+    def side_by_side(folder: Path, lane: Lane) -> list[str]:
+        procs = [lane.start(["sh", "-c", peers.format(me=me, peer=peer)], cwd=folder, env=dict(os.environ))
+                 for me, peer in (("a", "b"), ("b", "a"))]
+        return [lane.wait(proc, timeout=30)[0].split() for proc in procs]
+
+    def two_sleepers(folder: Path, lane: Lane) -> list[int]:
+        procs = [lane.start(["sh", "-c", f"echo $$ > sleeper{i}; exec sleep 60"], cwd=folder, env=dict(os.environ))
+                 for i in range(2)]
+        return [lane.wait(proc, timeout=120) and proc.returncode for proc in procs]
+
+    lane = Lane({"peers": Job(side_by_side, tmp_path), "sleepers": Job(two_sleepers, tmp_path)})
+    (a, waits_a), (b, waits_b) = lane.result("peers")
+    assert (a, b) == ("a", "b") and max(int(waits_a), int(waits_b)) < 2000  # both ran at once
+    pids = [int(_wait_for(tmp_path / f"sleeper{i}")) for i in range(2)]
+    lane.stop()
+    assert lane.result("sleepers") == [-9, -9] and not any(_alive(pid) for pid in pids)

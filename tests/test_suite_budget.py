@@ -14,7 +14,7 @@ from pathlib import Path
 
 TESTS = Path(__file__).parent
 
-STARTS_A_PROCESS = re.compile(r"(?:subprocess\.(?:run|Popen|check_output|check_call|call)|\blane\.run)\(")
+STARTS_A_PROCESS = re.compile(r"(?:subprocess\.(?:run|Popen|check_output|check_call|call)|\blane\.(?:run|start))\(")
 """A call that starts a process: subprocess's, or a command of the background lane (tests/ahead.py)."""
 
 PROCESS_STARTS = {
@@ -35,7 +35,7 @@ PROCESS_STARTS = {
     "planner/test_cli.py": (1, "the planner's time and peak memory as a process of its own"),
     "runtime/test_preflight.py": (3, "checks that must run before torch is imported"),
     "runtime/test_run_lock.py": (1, "a second process holding the run folder's lock"),
-    "test_ahead.py": (3, "the background lane's own checks, on `sh` commands (no Python)"),
+    "test_ahead.py": (5, "the background lane's own checks, on `sh` commands (no Python)"),
     "test_cli.py": (1, "`kenotron --help` into a closed pipe"),
     "test_package.py": (1, "the wheel built, installed in a venv and run outside the clone"),
 }
@@ -64,5 +64,5 @@ def test_every_place_a_test_starts_a_new_interpreter_is_listed_with_its_reason()
 
 def test_the_structural_guard_counts_each_call_site_once():
     source = ("subprocess.run([...])\nproc = subprocess.Popen(cmd)\nsubprocess.PIPE\nsubprocess.check_output(x)\n"
-              "lane.run([...])\nlane.runs\nplane.run(x)\n")
-    assert len(STARTS_A_PROCESS.findall(source)) == 4
+              "lane.run([...])\nlane.start(cmd)\nlane.runs\nplane.run(x)\n")
+    assert len(STARTS_A_PROCESS.findall(source)) == 5
