@@ -25,8 +25,8 @@ import os
 import signal
 import subprocess
 import threading
-from collections.abc import Callable
-from contextlib import suppress
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -61,6 +61,7 @@ class Lane:
         self._stopped = False
         self._lock = threading.Lock()
         self._running: set[subprocess.Popen] = set()  # started by `start`, not yet waited for
+        self._kills: list[Callable[[], object]] = []  # what `stop` calls besides (see `killed_at_stop`)
         self._thread = threading.Thread(target=self._work, name="kenotron-tests-run-ahead", daemon=True)
         self._thread.start()
 
@@ -117,12 +118,28 @@ class Lane:
         stdout, stderr = self.wait(proc, timeout)
         return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
 
+    @contextmanager
+    def killed_at_stop(self, kill: Callable[[], object]) -> Iterator[None]:
+        """While in it, `stop` also calls `kill`: for processes a job starts otherwise than by
+        `start` (a helper's Popen), which would outlive a session ended midway."""
+        with self._lock:
+            self._kills.append(kill)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._kills.remove(kill)
+
     def stop(self) -> None:
         """No job starts after this; the processes running now are killed with their children."""
         with self._lock:
             self._stopped = True
             for proc in self._running:
                 _kill_session(proc)
+            kills = list(self._kills)
+        for kill in kills:
+            with suppress(Exception):
+                kill()
         self._thread.join(timeout=30)
 
 

@@ -155,3 +155,24 @@ def test_processes_started_side_by_side_run_at_once_and_stopping_kills_every_one
     pids = [int(_wait_for(tmp_path / f"sleeper{i}")) for i in range(2)]
     lane.stop()
     assert lane.result("sleepers") == [-9, -9] and not any(_alive(pid) for pid in pids)
+
+
+def test_stopping_the_lane_calls_what_a_running_job_registered_for_its_own_processes(tmp_path):
+    killed = []
+
+    def registers(folder: Path, lane: Lane) -> str:
+        with lane.killed_at_stop(lambda: killed.append(folder.name)):
+            (folder / "inside").write_text("yes")
+            if folder.name == "waits":
+                lane.run(["sleep", "60"], cwd=folder, env=dict(os.environ), timeout=120)
+        return folder.name
+
+    (tmp_path / "ends").mkdir()
+    (tmp_path / "waits").mkdir()
+    ends = Lane({"ends": Job(registers, tmp_path / "ends")})
+    assert ends.result("ends") == "ends"
+    ends.stop()
+    waits = Lane({"waits": Job(registers, tmp_path / "waits")})
+    _wait_for(tmp_path / "waits" / "inside")
+    waits.stop()
+    assert killed == ["waits"] and waits.result("waits") == "waits"  # a job that left it is not called
