@@ -35,7 +35,7 @@ PROCESS_STARTS = {
     "planner/test_cli.py": (1, "the planner's time and peak memory as a process of its own"),
     "runtime/test_preflight.py": (3, "checks that must run before torch is imported"),
     "runtime/test_run_lock.py": (1, "a second process holding the run folder's lock"),
-    "test_ahead.py": (5, "the background lane's own checks, on `sh` commands (no Python)"),
+    "test_ahead.py": (6, "the background lane's own checks, on `sh` commands (no Python)"),
     "test_cli.py": (1, "`kenotron --help` into a closed pipe"),
     "test_package.py": (1, "the wheel built, installed in a venv and run outside the clone"),
 }
