@@ -25,6 +25,7 @@ import os
 import signal
 import subprocess
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
@@ -51,6 +52,8 @@ class Job:
     """What the function returned."""
     error: BaseException | None = None
     """What the function raised, re-raised in the test."""
+    seconds: float = 0.0
+    """How long the function ran."""
 
 
 class Lane:
@@ -62,6 +65,7 @@ class Lane:
         self._lock = threading.Lock()
         self._running: set[subprocess.Popen] = set()  # started by `start`, not yet waited for
         self._kills: list[Callable[[], object]] = []  # what `stop` calls besides (see `killed_at_stop`)
+        self.waited = 0.0  # seconds the tests spent waiting for their jobs
         self._thread = threading.Thread(target=self._work, name="kenotron-tests-run-ahead", daemon=True)
         self._thread.start()
 
@@ -70,19 +74,30 @@ class Lane:
             if self._stopped:
                 job.error = RuntimeError("the session ended before this job ran")
             else:
+                started = time.monotonic()
                 try:
                     job.value = job.fn(job.folder, self)
                 except BaseException as error:  # noqa: BLE001  (the test re-raises it)
                     job.error = error
+                job.seconds = time.monotonic() - started
             job.done.set()
 
     def result(self, nodeid: str) -> Any:
         """What the job of test `nodeid` returned, once it ended; raises what it raised."""
         job = self.jobs[nodeid]
+        started = time.monotonic()
         job.done.wait()
+        self.waited += time.monotonic() - started
         if job.error is not None:
             raise job.error
         return job.value
+
+    def summary(self) -> str:
+        """One line for the end of the session: what ran ahead, and what the tests waited for it."""
+        jobs = list(dict.fromkeys(self.jobs.values()))
+        ran = sum(job.seconds for job in jobs)
+        return (f"run ahead (tests/ahead.py): {len(jobs)} job{'s' * (len(jobs) != 1)}, {ran:.0f} s in the background; "
+                f"their tests waited {self.waited:.0f} s for them")
 
     def start(self, args: list[str | Path], *, cwd: Path, env: dict[str, str],
               stderr: int = subprocess.PIPE) -> subprocess.Popen:

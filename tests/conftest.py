@@ -26,6 +26,14 @@ def pytest_collection_modifyitems(config, items):
     items[:] = ahead.marked_last(items)
 
 
+def pytest_terminal_summary(terminalreporter, config):
+    """How long the background lane ran and the tests waited for it: the lane should never be the
+    session's last part (if the wait grows, fewer or shorter jobs belong in it)."""
+    lane = config.stash.get(_LANE, None)
+    if lane is not None:
+        terminalreporter.write_line(lane.summary())
+
+
 def pytest_unconfigure(config):
     gc.unfreeze()  # the interpreter's last collection at exit frees them (extensions check for leaks)
 
@@ -44,11 +52,14 @@ def _shutdown_worker_processes():
         servers.shutdown_servers()
 
 
+_LANE = pytest.StashKey["ahead.Lane | None"]()
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _run_ahead_lane(request, tmp_path_factory):
     """Start the commands of the selected `run_ahead` tests when the session starts (tests/ahead.py);
     kill the one still running when it ends (after -x, a failure or Ctrl-C)."""
-    lane = ahead.start(request.session.items, tmp_path_factory.mktemp)
+    lane = request.config.stash[_LANE] = ahead.start(request.session.items, tmp_path_factory.mktemp)
     yield lane
     if lane is not None:
         lane.stop()

@@ -4,6 +4,7 @@ and errors reach the tests, the marked tests run last, and stopping kills what s
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -49,6 +50,8 @@ def test_jobs_run_in_their_order_without_waiting_for_their_tests_and_give_what_t
     (out_a, ended_a), (out_b, ended_b) = lane.result("a"), lane.result("b")
     assert (out_a, out_b) == ("a", "b") and ended_a <= ended_b
     lane.stop()
+    assert re.fullmatch(r"run ahead \(tests/ahead.py\): 2 jobs, \d+ s in the background; their tests waited \d+ s "
+                        r"for them", lane.summary()), lane.summary()
 
 
 def test_what_a_job_raised_is_raised_by_its_result_and_the_next_job_still_runs(tmp_path):
