@@ -165,9 +165,9 @@ def test_stopping_the_lane_calls_what_a_running_job_registered_for_its_own_proce
 
     def registers(folder: Path, lane: Lane) -> str:
         with lane.killed_at_stop(lambda: killed.append(folder.name)):
-            (folder / "inside").write_text("yes")
-            if folder.name == "waits":
-                lane.run(["sleep", "60"], cwd=folder, env=dict(os.environ), timeout=120)
+            if folder.name == "waits":  # "inside" once its command runs: stop comes after that
+                lane.run(["sh", "-c", "echo yes > inside; exec sleep 60"], cwd=folder, env=dict(os.environ),
+                         timeout=120)
         return folder.name
 
     (tmp_path / "ends").mkdir()
