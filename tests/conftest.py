@@ -5,6 +5,8 @@ from pathlib import Path
 
 import pytest
 
+from tests import ahead
+
 ROOT = Path(__file__).resolve().parents[1]
 _STRAY = ROOT / "outputs"
 _STRAY_BEFORE = _STRAY.exists()
@@ -17,6 +19,19 @@ def pytest_collection_finish(session):
     a third of the estimate tests' time). Objects made by the tests are collected as usual."""
     gc.collect()
     gc.freeze()
+
+
+def pytest_collection_modifyitems(config, items):
+    """The tests whose command runs ahead (tests/ahead.py) come last: their commands run meanwhile."""
+    items[:] = ahead.marked_last(items)
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    """How long the background lane ran and the tests waited for it: the lane should never be the
+    session's last part (if the wait grows, fewer or shorter jobs belong in it)."""
+    lane = config.stash.get(_LANE, None)
+    if lane is not None:
+        terminalreporter.write_line(lane.summary())
 
 
 def pytest_unconfigure(config):
@@ -35,6 +50,27 @@ def _shutdown_worker_processes():
     servers = sys.modules.get("tests.fork_server")
     if servers is not None:
         servers.shutdown_servers()
+
+
+_LANE = pytest.StashKey["ahead.Lane | None"]()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _run_ahead_lane(request, tmp_path_factory):
+    """Start the commands of the selected `run_ahead` tests when the session starts (tests/ahead.py);
+    kill the one still running when it ends (after -x, a failure or Ctrl-C)."""
+    lane = request.config.stash[_LANE] = ahead.start(request.session.items, tmp_path_factory.mktemp)
+    yield lane
+    if lane is not None:
+        lane.stop()
+
+
+@pytest.fixture
+def ran_ahead(request, _run_ahead_lane):
+    """What the `run_ahead` function of this test returned (waits for it; raises what it raised)."""
+    if _run_ahead_lane is None or request.node.nodeid not in _run_ahead_lane.jobs:
+        pytest.fail(f"{request.node.nodeid} uses ran_ahead: mark it @pytest.mark.run_ahead(job=its function)")
+    return _run_ahead_lane.result(request.node.nodeid)
 
 
 @pytest.fixture(autouse=True)

@@ -20,10 +20,12 @@ import atexit
 import json
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from contextlib import suppress
 from pathlib import Path
@@ -161,6 +163,10 @@ class ForkServer:
                                          stdout=subprocess.PIPE, stderr=log, text=True)
         self._pending = b""  # answer bytes read but not yet returned as lines
         self._exits: dict[int, int] = {}  # exit codes of children, by pid, not yet asked for
+        # One reader of the answers at a time: the background lane (tests/ahead.py) runs scripts
+        # through the same servers as the tests, from another thread.
+        self._answers = threading.Lock()
+        self._runs = 0  # numbers each `run`'s output files
 
     def _line(self, deadline: float) -> str | None:
         """The server's next answer line, or None at the deadline; raises if the server died.
@@ -189,15 +195,20 @@ class ForkServer:
         return None
 
     def _exit_code(self, pid: int, deadline: float) -> int | None:
-        """`pid`'s exit code once the server reports it, or None at the deadline."""
-        while pid not in self._exits:
-            line = self._line(deadline)
-            if line is None:
-                return None
-            word, *numbers = line.split()
-            assert word == "exit", f"the fork server answered {line!r} where no child was started"
-            self._exits[int(numbers[0])] = int(numbers[1])
-        return self._exits.pop(pid)
+        """`pid`'s exit code once the server reports it, or None at the deadline. Reads in short
+        slices, so that another thread waiting for its own child or starting one gets its turn."""
+        while True:
+            with self._answers:
+                if pid in self._exits:
+                    return self._exits.pop(pid)
+                line = self._line(min(deadline, time.monotonic() + 0.05))  # past the deadline: what is there
+                if line is None:
+                    if time.monotonic() >= deadline:
+                        return None
+                    continue
+                word, *numbers = line.split()
+                assert word == "exit", f"the fork server answered {line!r} where no child was started"
+                self._exits[int(numbers[0])] = int(numbers[1])
 
     def start(self, argv: list[str], stdout: Path, stderr: Path, env: dict[str, str] | None = None,
               new_session: bool = False) -> ForkedProcess:
@@ -206,9 +217,10 @@ class ForkServer:
         for path in (stdout, stderr):
             Path(path).write_bytes(b"")  # there as soon as this returns (the child opens it again)
         request = {"argv": argv, "stdout": str(stdout), "stderr": str(stderr), "env": env or {}, "session": new_session}
-        self.proc.stdin.write(json.dumps(request) + "\n")
-        self.proc.stdin.flush()
-        pid = self._next_pid(time.monotonic() + 120)  # the first request also waits for the preload
+        with self._answers:  # the next "pid" answer is this request's
+            self.proc.stdin.write(json.dumps(request) + "\n")
+            self.proc.stdin.flush()
+            pid = self._next_pid(time.monotonic() + 120)  # the first request also waits for the preload
         if pid is None:
             raise TimeoutError("the fork server did not start a child in time")
         return ForkedProcess(self, pid)
@@ -216,7 +228,9 @@ class ForkServer:
     def run(self, argv: list[str], timeout: float) -> tuple[int | None, str, str]:
         """`python *argv` in a fresh child: its exit code (None if it ran past `timeout` seconds
         and was killed), stdout and stderr."""
-        out, err = Path(self.folder, "stdout"), Path(self.folder, "stderr")
+        with self._answers:
+            self._runs += 1
+            out, err = Path(self.folder, f"stdout{self._runs}"), Path(self.folder, f"stderr{self._runs}")
         child = self.start(argv, out, err)
         try:
             code = child.wait(timeout)
@@ -226,7 +240,10 @@ class ForkServer:
             with suppress(subprocess.TimeoutExpired):
                 child.wait(30)
             code = None
-        return code, out.read_text(errors="replace"), err.read_text(errors="replace")
+        output = out.read_text(errors="replace"), err.read_text(errors="replace")
+        for path in (out, err):
+            path.unlink()
+        return code, *output
 
     def close(self) -> None:
         self.proc.stdin.close()  # the server's loop ends at EOF
@@ -236,14 +253,11 @@ class ForkServer:
             self.proc.kill()
             self.proc.wait()
         self.proc.stdout.close()
-        for name in ("stdout", "stderr", "server.err"):
-            with suppress(FileNotFoundError):
-                os.unlink(os.path.join(self.folder, name))
-        with suppress(OSError):
-            os.rmdir(self.folder)
+        shutil.rmtree(self.folder, ignore_errors=True)
 
 
 _servers: dict[tuple, ForkServer] = {}  # the session's servers, by (preload, environment)
+_servers_lock = threading.Lock()  # the lane's thread and the tests' may ask for one at once
 
 
 def fork_server(preload: tuple[str, ...], extra_env: dict[str, str] | None = None) -> ForkServer:
@@ -251,12 +265,13 @@ def fork_server(preload: tuple[str, ...], extra_env: dict[str, str] | None = Non
     use or again if it died."""
     env = dict(sorted((extra_env or {}).items()))
     key = (preload, tuple(env.items()))
-    server = _servers.get(key)
-    if server is None or server.proc.poll() is not None:
-        if server is not None:
-            server.close()
-        server = _servers[key] = ForkServer(preload, env)
-    return server
+    with _servers_lock:
+        server = _servers.get(key)
+        if server is None or server.proc.poll() is not None:
+            if server is not None:
+                server.close()
+            server = _servers[key] = ForkServer(preload, env)
+        return server
 
 
 TRAINER_PRELOAD = ("torch", "torch.distributed.checkpoint", "kenotron.train.trainer")

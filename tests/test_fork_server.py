@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import signal
+import threading
 import time
 
 import pytest
@@ -101,3 +102,22 @@ def test_started_children_run_side_by_side_with_their_own_environment_and_exit_c
     os.kill(sleeper.pid, signal.SIGKILL)
     assert sleeper.wait(30) == -signal.SIGKILL and time.monotonic() - started < 5
     assert server.run(["-c", "print('still serving')"], 60)[:2] == (0, "still serving\n")
+
+
+def test_two_threads_run_children_through_one_server_at_once_each_getting_its_own_output(tmp_path):
+    # The background lane (tests/ahead.py) runs scripts from its thread while the tests run theirs.
+    server = fork_server(("torch",))
+    marks = [str(tmp_path / "a"), str(tmp_path / "b")]
+    results: dict[int, tuple] = {}
+
+    def run(i: int) -> None:
+        script = tmp_path / f"peer{i}.py"
+        script.write_text(f"import os\nos.environ['CHILD_CODE'] = '{3 + i}'\n" + WAITS_FOR_ITS_PEER)
+        results[i] = server.run([str(script), marks[i], marks[1 - i]], 60)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(90)
+    assert results == {i: (3 + i, f"__main__ {3 + i}\n", "to stderr\n") for i in range(2)}

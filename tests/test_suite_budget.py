@@ -14,9 +14,11 @@ from pathlib import Path
 
 TESTS = Path(__file__).parent
 
-STARTS_A_PROCESS = re.compile(r"subprocess\.(?:run|Popen|check_output|check_call|call)\(")
+STARTS_A_PROCESS = re.compile(r"(?:subprocess\.(?:run|Popen|check_output|check_call|call)|\blane\.(?:run|start))\(")
+"""A call that starts a process: subprocess's, or a command of the background lane (tests/ahead.py)."""
 
 PROCESS_STARTS = {
+    "ahead.py": (1, "the background lane's commands (tests marked run_ahead), one at a time"),
     "data/test_corpus.py": (1, "the corpus module alone in a clean interpreter: what it imports"),
     "distributed/test_pool.py": (1, "a pytest process killed outright, its pool workers must follow"),
     "docs/test_quickstart.py": (1, "README's ./run_train.sh as a user runs it, 250 steps"),
@@ -33,6 +35,7 @@ PROCESS_STARTS = {
     "planner/test_cli.py": (1, "the planner's time and peak memory as a process of its own"),
     "runtime/test_preflight.py": (3, "checks that must run before torch is imported"),
     "runtime/test_run_lock.py": (1, "a second process holding the run folder's lock"),
+    "test_ahead.py": (6, "the background lane's own checks, on `sh` commands (no Python)"),
     "test_cli.py": (1, "`kenotron --help` into a closed pipe"),
     "test_package.py": (1, "the wheel built, installed in a venv and run outside the clone"),
 }
@@ -60,5 +63,6 @@ def test_every_place_a_test_starts_a_new_interpreter_is_listed_with_its_reason()
 
 
 def test_the_structural_guard_counts_each_call_site_once():
-    source = "subprocess.run([...])\nproc = subprocess.Popen(cmd)\nsubprocess.PIPE\nsubprocess.check_output(x)\n"
-    assert len(STARTS_A_PROCESS.findall(source)) == 3
+    source = ("subprocess.run([...])\nproc = subprocess.Popen(cmd)\nsubprocess.PIPE\nsubprocess.check_output(x)\n"
+              "lane.run([...])\nlane.start(cmd)\nlane.runs\nplane.run(x)\n")
+    assert len(STARTS_A_PROCESS.findall(source)) == 5

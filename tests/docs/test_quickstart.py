@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from kenotron.runs import compare_losses
+from tests.ahead import Lane
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = ROOT / "tests" / "golden" / "debug_losses.jsonl"
@@ -25,13 +26,22 @@ def _stated(text: str, where: str) -> tuple[float, float]:
     return float(found.group(1)), float(found.group(2))
 
 
-@pytest.mark.slow
-def test_the_readme_quick_start_gives_the_stated_losses(tmp_path):
+def quick_start(folder: Path, lane: Lane) -> tuple[Path, subprocess.CompletedProcess]:
+    """README's `./run_train.sh`, as a user runs it, into `folder`/debug: 250 steps (~70-100 s),
+    run ahead of the test while the in-process tests run (tests/ahead.py)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    folder = tmp_path / "debug"
-    proc = subprocess.run([str(ROOT / "run_train.sh"), "--job.dump_folder", str(folder)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=900, check=False)
+    # One OpenMP thread, as every other process the tests start: the in-process tests use the other
+    # core meanwhile, and OpenMP's waiting threads on a busy core make each step several times slower.
+    env.setdefault("OMP_NUM_THREADS", "1")
+    proc = lane.run([ROOT / "run_train.sh", "--job.dump_folder", folder / "debug"], cwd=ROOT, env=env, timeout=900)
+    return folder / "debug", proc
+
+
+@pytest.mark.slow
+@pytest.mark.run_ahead(job=quick_start)
+def test_the_readme_quick_start_gives_the_stated_losses(ran_ahead):
+    folder, proc = ran_ahead
     assert proc.returncode == 0, proc.stderr[-3000:]
     output = proc.stdout + proc.stderr
     assert not [line for line in output.splitlines() if "warning" in line.lower()], output[-3000:]

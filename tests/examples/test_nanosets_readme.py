@@ -6,9 +6,12 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import subprocess
 import sys
 from pathlib import Path
+
+import pytest
+
+from tests.ahead import Lane
 
 ROOT = Path(__file__).parents[2]
 README = ROOT / "examples" / "nanosets" / "README.md"
@@ -21,17 +24,17 @@ def readme_command(starts: str) -> str:
     return lines[0]
 
 
-def test_the_readme_writes_the_sample_data_and_trains_on_its_tokenized_folder(tmp_path):
+def readme_commands(tmp_path: Path, lane: Lane) -> tuple[Path, str]:
+    """The README's one-liner, then its training command (a few steps), in `tmp_path`: run ahead
+    of the test (tests/ahead.py). Returns `tmp_path` and the folder the one-liner wrote in it."""
     env = {**os.environ, "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     write = shlex.split(readme_command("python -c"), comments=True)
     assert write[0] == "python"
     # Run where the user's shell would leave the folder: relative to the working directory.
-    proc = subprocess.run([sys.executable, *write[1:]], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=300, check=False)
+    proc = lane.run([sys.executable, *write[1:]], cwd=tmp_path, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     folder = re.search(r"write_sample_data\('([^']+)'\)", write[2]).group(1)
-    assert (tmp_path / folder / "corpus.jsonl").is_file()
 
     train = shlex.split(readme_command("./run_train.sh"), comments=True)
     path = train[train.index("--data.path") + 1]
@@ -39,10 +42,16 @@ def test_the_readme_writes_the_sample_data_and_trains_on_its_tokenized_folder(tm
     # run_train.sh runs from the repository root: give it the folder the one-liner wrote; a few
     # steps (later flags win) into a folder of the test's.
     train[train.index("--data.path") + 1] = str(tmp_path / path)
-    proc = subprocess.run(["bash", str(ROOT / "run_train.sh"), *train[1:], "--training.steps", "3",
-                           "--job.dump_folder", str(tmp_path / "out")], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=300, check=False)
+    proc = lane.run(["bash", ROOT / "run_train.sh", *train[1:], "--training.steps", "3",
+                     "--job.dump_folder", tmp_path / "out"], cwd=tmp_path, env=env, timeout=300)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    return tmp_path, folder
+
+
+@pytest.mark.run_ahead(job=readme_commands)
+def test_the_readme_writes_the_sample_data_and_trains_on_its_tokenized_folder(ran_ahead):
+    tmp_path, folder = ran_ahead
+    assert (tmp_path / folder / "corpus.jsonl").is_file()
     assert (tmp_path / "out" / "metrics.jsonl").is_file()
 
 

@@ -3,21 +3,21 @@ cross-entropy with its gradient, against PyTorch through Triton's CPU interprete
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
 from kenotron.train.fused_loss import compiled_chunk_fn, linear_cross_entropy_sum
 from kenotron.train.loss import IGNORE_INDEX
+from tests.triton_interpreter import interpreter_job
 
 
-def test_loss_kernels_equal_pytorch_under_the_triton_interpreter():
-    """The scale kernel and the Triton cross-entropy (loss and gradient over the logits)."""
-    pytest.importorskip("triton")
-    from pathlib import Path
-
-    from tests.triton_interpreter import run_in_triton_interpreter
-
-    run_in_triton_interpreter(Path(__file__).with_name("loss_child.py"))
+@pytest.mark.run_ahead(job=interpreter_job(Path(__file__).with_name("loss_child.py")))
+def test_loss_kernels_equal_pytorch_under_the_triton_interpreter(ran_ahead):
+    """The scale kernel and the Triton cross-entropy (loss and gradient over the logits); skips
+    without triton (the job's importorskip)."""
+    assert ran_ahead.strip().endswith("ok")  # the script's checks passed (tests/triton_interpreter.py)
 
 
 @pytest.mark.gpu

@@ -13,14 +13,15 @@ import torch
 from kenotron.kernel_choice.tuning import resolve_ssm_kernel
 from kenotron.kernels.ssd_op import supports
 from kenotron.models.common.ssd import ssd_chunked
-from tests.triton_interpreter import run_in_triton_interpreter
+from tests.triton_interpreter import interpreter_job
 
 needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs the triton package")
 
 
 @needs_triton
-def test_scan_and_a_model_match_the_pytorch_scan_in_value_and_every_gradient():
-    run_in_triton_interpreter(Path(__file__).with_name("ssd_child.py"))
+@pytest.mark.run_ahead(job=interpreter_job(Path(__file__).with_name("ssd_child.py")))
+def test_scan_and_a_model_match_the_pytorch_scan_in_value_and_every_gradient(ran_ahead):
+    assert ran_ahead.strip().endswith("ok")  # the script's checks passed (tests/triton_interpreter.py)
 
 
 def test_kernel_choice_falls_back_where_the_kernels_cannot_run():

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
+
 import pytest
 
 from kenotron.models import MODEL_SPECS
 from kenotron.models.registry import FAMILIES, ModelRegistry
+from tests.ahead import Lane
 from tests.fork_server import fork_server
 
 
@@ -17,8 +21,16 @@ def _fresh_interpreter(script: str) -> str:
     return out
 
 
-def test_building_the_debug_llama3_job_imports_no_other_family_nor_the_mamba_kernels():
-    script = """
+def in_a_fresh_interpreter(script: str) -> Callable[[Path, Lane], str]:
+    """`script` in a new Python as a `run_ahead` job (tests/ahead.py): seconds of imports, run ahead
+    of its test; gives its stdout."""
+    def job(folder: Path, lane: Lane) -> str:
+        return _fresh_interpreter(script)
+    job.__name__ = "fresh_interpreter"
+    return job
+
+
+BUILDS_THE_DEBUG_JOB = """
 import sys
 import torch
 from kenotron.config import load_config
@@ -30,17 +42,9 @@ job = build_job(run, torch.device("cpu"), build_meshes(run, "cpu"))
 assert run.spec.name == "llama3", run.spec.name
 print("\\n".join(sorted(m for m in sys.modules if m.startswith("kenotron."))))
 """
-    loaded = set(_fresh_interpreter(script).split())
-    families = {m.split(".")[2] for m in loaded if m.split(".")[2:3] and m.split(".")[2] in FAMILIES
-                and m.startswith("kenotron.models.")}
-    assert families == {"llama3"}
-    kernels = {"kenotron.kernels.mamba_mixer_op", "kenotron.kernels.ssd_op", "kenotron.kernels.ssd",
-               "kenotron.kernels.ssd_backward"}
-    assert not loaded & kernels, sorted(loaded & kernels)
 
 
-def test_listing_the_families_imports_none_and_reading_one_imports_only_it():
-    script = """
+LISTS_AND_READS_ONE_FAMILY = """
 import sys
 from kenotron.models import MODEL_SPECS, get_model_spec
 names = list(MODEL_SPECS)
@@ -52,7 +56,36 @@ print(" ".join(names))
 print(" ".join(sorted({m.split(".")[2] for m in before})))
 print(" ".join(sorted({m.split(".")[2] for m in after - before})))
 """
-    names, before, new = (line.split() for line in _fresh_interpreter(script).splitlines())
+
+
+RUNS_THE_MAMBA_OP = """
+import torch
+from kenotron.models import get_model_spec
+from kenotron.models.common.mamba import use_scan_kernel
+from kenotron.parallel.activation_checkpoint import _ops_to_save
+spec = get_model_spec("mamba2")
+with torch.device("meta"):
+    model = spec.build(spec.model_args("debug"))
+assert not hasattr(torch.ops.kenotron, "mamba_mixer")  # nothing loaded the Mamba kernels yet
+use_scan_kernel(model, "triton")
+print(torch.ops.kenotron.mamba_mixer.default in _ops_to_save())
+"""
+
+
+@pytest.mark.run_ahead(job=in_a_fresh_interpreter(BUILDS_THE_DEBUG_JOB))
+def test_building_the_debug_llama3_job_imports_no_other_family_nor_the_mamba_kernels(ran_ahead):
+    loaded = set(ran_ahead.split())
+    families = {m.split(".")[2] for m in loaded if m.split(".")[2:3] and m.split(".")[2] in FAMILIES
+                and m.startswith("kenotron.models.")}
+    assert families == {"llama3"}
+    kernels = {"kenotron.kernels.mamba_mixer_op", "kenotron.kernels.ssd_op", "kenotron.kernels.ssd",
+               "kenotron.kernels.ssd_backward"}
+    assert not loaded & kernels, sorted(loaded & kernels)
+
+
+@pytest.mark.run_ahead(job=in_a_fresh_interpreter(LISTS_AND_READS_ONE_FAMILY))
+def test_listing_the_families_imports_none_and_reading_one_imports_only_it(ran_ahead):
+    names, before, new = (line.split() for line in ran_ahead.splitlines())
     assert names == list(FAMILIES)
     assert not set(before) & set(FAMILIES)
     assert "qwen3" in new and not set(new) & (set(FAMILIES) - {"qwen3", "llama3"})  # qwen3 reuses llama3's pieces
@@ -68,17 +101,6 @@ def test_a_family_registered_under_another_name_is_refused_naming_both():
         registry["llama"]
 
 
-def test_the_mamba_op_is_registered_when_a_model_runs_it_so_selective_ac_keeps_its_outputs():
-    script = """
-import torch
-from kenotron.models import get_model_spec
-from kenotron.models.common.mamba import use_scan_kernel
-from kenotron.parallel.activation_checkpoint import _ops_to_save
-spec = get_model_spec("mamba2")
-with torch.device("meta"):
-    model = spec.build(spec.model_args("debug"))
-assert not hasattr(torch.ops.kenotron, "mamba_mixer")  # nothing loaded the Mamba kernels yet
-use_scan_kernel(model, "triton")
-print(torch.ops.kenotron.mamba_mixer.default in _ops_to_save())
-"""
-    assert _fresh_interpreter(script).strip() == "True"
+@pytest.mark.run_ahead(job=in_a_fresh_interpreter(RUNS_THE_MAMBA_OP))
+def test_the_mamba_op_is_registered_when_a_model_runs_it_so_selective_ac_keeps_its_outputs(ran_ahead):
+    assert ran_ahead.strip() == "True"

@@ -5,23 +5,32 @@ from __future__ import annotations
 
 import math
 import types
+from pathlib import Path
 
 import pytest
 
 from kenotron.tools.bench import format_row, run_case
+from tests.ahead import Lane
 from tests.models.fake_flash_attn4 import fake_flash_attn4
 
 TINY = ["--training.device", "cpu", "--training.seq_len", "32", "--training.local_batch_size", "2"]
 
 
-@pytest.fixture(scope="module")
-def stream_row() -> dict:
-    """One case with the default (stream) timing; a process of its own takes seconds, so the tests share it."""
-    return run_case("tiny", TINY, ngpu=1, warmup=1, steps=2, timeout=300)
+def stream_and_sync_rows(folder: Path, lane: Lane) -> tuple[dict, dict]:
+    """One case with the default (stream) timing, then with sync timing: a process of its own each
+    (seconds), run ahead of the two tests that share them (tests/ahead.py)."""
+    return (run_case("tiny", TINY, ngpu=1, warmup=1, steps=2, timeout=300),
+            run_case("sync", TINY, ngpu=1, warmup=1, steps=2, timeout=300, timing="sync"))
 
 
-def test_a_case_trains_in_its_own_process_and_reports_speed_and_loss(stream_row):
-    row = stream_row
+def failing_row(folder: Path, lane: Lane) -> dict:
+    """A case whose config fails in its process, run ahead (tests/ahead.py)."""
+    return run_case("bad", TINY + ["--parallelism.tp", "3"], ngpu=1, warmup=1, steps=1, timeout=300)
+
+
+@pytest.mark.run_ahead(job=stream_and_sync_rows)
+def test_a_case_trains_in_its_own_process_and_reports_speed_and_loss(ran_ahead):
+    row, _ = ran_ahead
     assert "error" not in row, row.get("error")
     assert row["tokens_per_sec"] > 0 and row["step_time_s"] > 0
     assert math.isfinite(row["loss_last"]) and row["world_size"] == 1
@@ -29,16 +38,17 @@ def test_a_case_trains_in_its_own_process_and_reports_speed_and_loss(stream_row)
     assert format_row(row).startswith("| tiny | ")
 
 
-def test_sync_timing_gives_the_same_losses_as_stream_timing(stream_row):
+@pytest.mark.run_ahead(job=stream_and_sync_rows)
+def test_sync_timing_gives_the_same_losses_as_stream_timing(ran_ahead):
     # Timing must not change what trains: the same seed gives the same losses either way.
-    stream = stream_row
-    synced = run_case("sync", TINY, ngpu=1, warmup=1, steps=2, timeout=300, timing="sync")
+    stream, synced = ran_ahead
     assert synced["timing"] == "sync" and synced["step_time_s"] > 0
     assert (synced["loss_first"], synced["loss_last"]) == (stream["loss_first"], stream["loss_last"])
 
 
-def test_a_failing_case_reports_the_cause_on_its_last_line():
-    row = run_case("bad", TINY + ["--parallelism.tp", "3"], ngpu=1, warmup=1, steps=1, timeout=300)
+@pytest.mark.run_ahead(job=failing_row)
+def test_a_failing_case_reports_the_cause_on_its_last_line(ran_ahead):
+    row = ran_ahead
     assert "does not divide the world size 1" in row["error"].splitlines()[-1]
     assert "failed:" in format_row(row)
 

@@ -4,13 +4,16 @@ forward and backward, and leaves no hooks behind; a bench case prints it."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
+import pytest
 import torch
 
 from kenotron.models.llama3.args import Llama3Args
 from kenotron.models.llama3.model import Llama3
 from kenotron.tools.bench import run_case
 from kenotron.tools.block_trace import BlockTimer, format_trace, stream_pools
+from tests.ahead import Lane
 
 ARGS = Llama3Args(dim=32, n_layers=5, n_heads=4, n_kv_heads=2, ffn_dim=64, vocab_size=64)
 
@@ -38,9 +41,15 @@ def test_the_timer_finds_the_block_that_waits_and_times_every_block_both_ways():
     assert len(timer.passes) == 1  # closed: the second step left no stamps
 
 
-def test_a_traced_bench_case_prints_the_per_block_times():
+def traced_row(folder: Path, lane: Lane) -> dict:
+    """A traced bench case: a process of its own (seconds), run ahead of the test (tests/ahead.py)."""
     tiny = ["--training.device", "cpu", "--training.seq_len", "32", "--training.local_batch_size", "2"]
-    row = run_case("tiny", tiny, ngpu=1, warmup=1, steps=1, timeout=300, trace=True)
+    return run_case("tiny", tiny, ngpu=1, warmup=1, steps=1, timeout=300, trace=True)
+
+
+@pytest.mark.run_ahead(job=traced_row)
+def test_a_traced_bench_case_prints_the_per_block_times(ran_ahead):
+    row = ran_ahead
     assert "error" not in row, row.get("error")
     assert row["trace"].startswith("Per-block times on the compute stream")
     assert "forward ms: median" in row["trace"] and "backward ms: median" in row["trace"]

@@ -10,6 +10,9 @@ import json
 import math
 from pathlib import Path
 
+import pytest
+
+from tests.ahead import Lane
 from tests.fork_server import TRAINER_PRELOAD, fork_server
 
 ROOT = Path(__file__).parents[2]
@@ -39,9 +42,17 @@ def sweep_in_this_process(capsys, *args: str) -> str:
     return capsys.readouterr().out
 
 
-def test_the_sweep_trains_every_run_and_load_reprints_its_table(tmp_path, capsys):
-    curves, plot = tmp_path / "w64.json", tmp_path / "sweep.png"
-    trained = sweep(*TINY[:8], "--json", str(curves), "--out", str(plot), *TINY[8:])
+def tiny_sweep(folder: Path, lane: Lane) -> tuple[Path, str]:
+    """The tiny sweep, its curves and plot into `folder`: ~15 s of training, run ahead of the test
+    (tests/ahead.py). Returns the folder and what the sweep printed."""
+    trained = sweep(*TINY[:8], "--json", str(folder / "w64.json"), "--out", str(folder / "sweep.png"), *TINY[8:])
+    return folder, trained
+
+
+@pytest.mark.run_ahead(job=tiny_sweep)
+def test_the_sweep_trains_every_run_and_load_reprints_its_table(ran_ahead, tmp_path, capsys):
+    folder, trained = ran_ahead
+    curves, plot = folder / "w64.json", folder / "sweep.png"
     data = json.loads(curves.read_text())
     assert set(data["losses"]) == {"standard", "spectral_mup"}
     for by_width in data["losses"].values():
