@@ -14,6 +14,7 @@ from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from kenotron.fault_tolerance.rejoin_timeline import START_PHASES, parse_marks, rejoin_breakdown
 from kenotron.fault_tolerance.torchft_import import unavailable_reason
+from tests.ahead import Lane
 from tests.fault_tolerance.groups import Group, lighthouse
 
 pytestmark = pytest.mark.skipif(unavailable_reason() is not None, reason=str(unavailable_reason()))
@@ -32,7 +33,9 @@ def _final_state(folder: Path, step: int, out: Path) -> dict:
     return torch.load(out, weights_only=False)
 
 
-def test_a_killed_group_rejoins_over_the_process_group_and_logs_its_start_phases_in_order(tmp_path):
+def kill_and_rejoin(tmp_path: Path, lane: Lane) -> dict:
+    """Two groups of one rank; group 1 is killed and restarted at once. Mostly waiting on paced
+    steps, so it runs ahead of its test (tests/ahead.py). Returns what the test checks."""
     steps = 30
     gate = tmp_path / "slow"
     gate.write_text("")
@@ -41,7 +44,7 @@ def test_a_killed_group_rejoins_over_the_process_group_and_logs_its_start_phases
               "--fault_tolerance.live_state_transport", "process_group"]
     groups: list[Group] = []
     try:
-        with lighthouse() as address:
+        with lane.killed_at_stop(lambda: [g.kill() for g in groups]), lighthouse() as address:
             groups = [Group(i, 2, 1, tmp_path, address, common).start() for i in range(2)]
             _wait_until(lambda: groups[1].steps_done() >= 2, 120, "first steps", groups)
             survivor_before = len(groups[0].output())
@@ -50,17 +53,27 @@ def test_a_killed_group_rejoins_over_the_process_group_and_logs_its_start_phases
             groups[1].start()
             _wait_until(lambda: "first_step_done" in groups[1].output(), 120, "rejoin", groups)
             gate.unlink()
-            for group in groups:
-                assert group.wait(120) == [0], group.output()
+            codes = [(group.wait(120), group.output()) for group in groups]
     finally:
         for group in groups:
             group.kill()
-    restarted = parse_marks(groups[1].output())
+    return {"codes": codes, "restarted": groups[1].output(), "survivor": groups[0].output()[survivor_before:],
+            "killed_at": killed_at,
+            "states": [_final_state(g.folder / f"replica_{g.replica_id}", steps, tmp_path / f"{g.replica_id}.pt")
+                       for g in groups]}
+
+
+@pytest.mark.run_ahead(job=kill_and_rejoin)
+def test_a_killed_group_rejoins_over_the_process_group_and_logs_its_start_phases_in_order(ran_ahead):
+    run = ran_ahead
+    for code, output in run["codes"]:
+        assert code == [0], output
+    restarted = parse_marks(run["restarted"])
     assert [m.phase for m in restarted] == list(START_PHASES)  # behind the survivor: it took its state
-    report = rejoin_breakdown(restarted, parse_marks(groups[0].output()[survivor_before:]), killed_at)
+    report = rejoin_breakdown(restarted, parse_marks(run["survivor"]), run["killed_at"])
     assert all(seconds >= 0 for seconds in report["phases_s"].values()), report
     assert report["details"]["live_state_received"].split()[0] == report["details"]["survivor_live_state_sent"].split()[0]
-    states = [_final_state(g.folder / f"replica_{g.replica_id}", steps, tmp_path / f"{g.replica_id}.pt") for g in groups]
+    states = run["states"]
     for part in ("model", "optimizer"):
         for key, value in states[0][part].items():
             other = states[1][part][key]

@@ -19,6 +19,7 @@ import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from kenotron.fault_tolerance.torchft_import import unavailable_reason
+from tests.ahead import Lane
 from tests.fault_tolerance.groups import Group, lighthouse, output_of, run_alone
 
 pytestmark = pytest.mark.skipif(unavailable_reason() is not None, reason=str(unavailable_reason()))
@@ -112,14 +113,14 @@ def _stepped_without_one(survivor: Group, after: int) -> bool:
     return any(r["ft_replicas"] < 3 for r in survivor.records() if "loss" in r and r["step"] > after)
 
 
-@pytest.mark.slow
-def test_ten_kills_lose_no_step_of_the_survivor_and_every_group_ends_identical(tmp_path, started):
+def ten_kills(tmp_path: Path, lane: Lane) -> dict:
     """Three groups of one rank; groups 1 and 2 are killed with SIGKILL in turn, ten times, each
     restarted once the survivor has stepped without it (as torchrun's --max-restarts would
     restart it, seconds later) and killed again once it has rejoined; group 0 survives
     throughout. The groups step at GATED_S per step while the kills go on, then at full speed.
-    About a minute on 2 idle cores (a restart is a fork of a process that imported torch,
-    torchft and kenotron: tests/fault_tolerance/groups.py)."""
+    About a minute on 2 idle cores, mostly waiting on the paced steps, so it runs ahead of its
+    test (tests/ahead.py); a restart is a fork of a process that imported torch, torchft and
+    kenotron (tests/fault_tolerance/groups.py). Returns what the test checks."""
     steps = 300  # the kills take ~40 gated steps on 2 idle cores; 250 may go by before the check below fails
     gate = tmp_path / "slow"
     gate.write_text("")
@@ -127,10 +128,11 @@ def test_ten_kills_lose_no_step_of_the_survivor_and_every_group_ends_identical(t
               "--training.steps", str(steps), "--checkpoint.enable", "true", "--checkpoint.interval", "50",
               "--checkpoint.keep_latest_k", "2", "--metrics.log_freq", "1"]
     reference_folder = tmp_path / "no_failures"
+    started: list[Group] = []
     reference = run_alone([*SEEDED, "--training.steps", str(steps), "--training.global_batch_size", "6"],
                           reference_folder)
     try:
-        with lighthouse() as address:
+        with lane.killed_at_stop(lambda: [g.kill() for g in started] + [_kill(reference)]), lighthouse() as address:
             started.extend(Group(i, 3, 1, tmp_path, address, common).start() for i in range(3))
             _wait_until(lambda: all(g.steps_done() >= 3 for g in started), 300, "first steps", started)
             kills = 0
@@ -147,28 +149,46 @@ def test_ten_kills_lose_no_step_of_the_survivor_and_every_group_ends_identical(t
                 victim.start()
                 kills += 1
             _wait_until(lambda: all(_rejoined(g) for g in started), 300, "the last rejoins", started)
-            assert started[0].steps_done() < steps - 50, "the survivor finished before the kills ended: raise steps"
+            survivor_before_the_end = started[0].steps_done()
             gate.unlink()
-            for group in started:
-                assert group.wait(600) == [0], group.output()
-        reference.wait(600)
+            codes = [(group.wait(600), group.output()) for group in started]
+            reference.wait(600)
     finally:
+        for group in started:
+            group.kill()
         _kill(reference)
-    assert reference.returncode == 0, output_of(reference_folder)
+    return {
+        "steps": steps, "survivor_before_the_end": survivor_before_the_end, "codes": codes,
+        "reference_code": reference.returncode, "reference_output": output_of(reference_folder),
+        "survivor": [r for r in started[0].records() if "loss" in r], "lives": [g.lives for g in started],
+        "states": [_final_state(g.folder / f"replica_{g.replica_id}", steps, tmp_path / f"{g.replica_id}.pt")
+                   for g in started],
+        "reference_losses": [r["loss"] for r in Group.read_records(reference_folder) if "loss" in r][-50:],
+    }
 
-    survivor = [r for r in started[0].records() if "loss" in r]
-    assert started[0].lives == 1
+
+@pytest.mark.slow
+@pytest.mark.run_ahead(job=ten_kills)
+def test_ten_kills_lose_no_step_of_the_survivor_and_every_group_ends_identical(ran_ahead):
+    """ten_kills' run: the survivor logs every step, the killed groups rejoin each time, and every
+    group ends with identical weights and optimizer state."""
+    run = ran_ahead
+    steps = run["steps"]
+    assert run["survivor_before_the_end"] < steps - 50, "the survivor finished before the kills ended: raise steps"
+    for code, output in run["codes"]:
+        assert code == [0], output
+    assert run["reference_code"] == 0, run["reference_output"]
+    survivor = run["survivor"]
     assert {r["step"] for r in survivor} == set(range(1, steps + 1)), "the survivor lost a step"
     assert min(r["ft_replicas"] for r in survivor) < 3, "the survivor never stepped without a killed group"
-    assert [g.lives for g in started] == [1, 6, 6]
-    states = [_final_state(g.folder / f"replica_{g.replica_id}", steps, tmp_path / f"{g.replica_id}.pt")
-              for g in started]
+    assert run["lives"] == [1, 6, 6]
+    states = run["states"]
     for other in states[1:]:
         assert _same(states[0]["model"], other["model"]) == []
         assert _same(states[0]["optimizer"], other["optimizer"]) == []
     # The steps a killed group missed were taken on the others' batches only (torchft averages
     # over the groups present); on these random tokens the loss ends where a run without
     # failures ends, within 2%.
-    reference_losses = [r["loss"] for r in Group.read_records(reference_folder) if "loss" in r][-50:]
+    reference_losses = run["reference_losses"]
     final = [r["loss"] for r in survivor if r["step"] > steps - 50]
     assert sum(final) / len(final) == pytest.approx(sum(reference_losses) / len(reference_losses), rel=0.02)

@@ -4,6 +4,7 @@ output, and config errors reported as the trainer reports them."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from kenotron.planner.cli import main
+from tests.ahead import Lane
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -29,21 +31,24 @@ _RUN_AND_MEASURE = (
 )
 
 
-def test_8b_on_64_gpus_in_under_a_minute_and_2_gib(tmp_path):
+def estimate_8b_on_64_gpus(tmp_path: Path, lane: Lane) -> tuple[subprocess.CompletedProcess, float, dict | None]:
+    """estimation.py in a fresh interpreter (its own peak RSS), run ahead of its test (tests/ahead.py)."""
     out = tmp_path / "report.json"
     start = time.perf_counter()
-    proc = subprocess.run(
-        [sys.executable, "-c", _RUN_AND_MEASURE, "--config", "llama3_8b", "--ngpu", "64",
-         "--json", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
-    )
+    proc = lane.run([sys.executable, "-c", _RUN_AND_MEASURE, "--config", "llama3_8b", "--ngpu", "64",
+                     "--json", str(out)], cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=120)
     elapsed = time.perf_counter() - start
+    return proc, elapsed, json.loads(out.read_text()) if out.exists() else None
+
+
+@pytest.mark.run_ahead(job=estimate_8b_on_64_gpus)
+def test_8b_on_64_gpus_in_under_a_minute_and_2_gib(ran_ahead):
+    proc, elapsed, report = ran_ahead
     assert proc.returncode == 0, proc.stderr[-2000:]
     rss_gib = int(proc.stdout.rsplit("MAXRSS_KIB", 1)[1]) / 2**20
     assert elapsed < 60, f"took {elapsed:.1f} s"
     assert rss_gib < 2, f"peak RSS {rss_gib:.2f} GiB"
     assert "all 64 ranks" in proc.stdout and "verdict:" in proc.stdout
-    report = json.loads(out.read_text())
     rank = report["ranks"][0]
     assert report["ngpu"] == 64 and report["layout"]["dp_shard"] == 64
     assert sum(rank["breakdown_bytes"].values()) == rank["peak_bytes"]
