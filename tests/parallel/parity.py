@@ -7,7 +7,10 @@ code path: config -> Trainer (resolve_run, build_job, loader) -> the step's func
 
 from __future__ import annotations
 
+import json
+import random
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -111,3 +114,18 @@ def assert_parity(reference: dict, results: list[dict], loss_tol: float, grad_to
         worst["grad"] = max(worst["grad"], diff)
         assert diff <= grad_tol, f"gradient of {name} differs by {diff}"
     return worst
+
+
+SHORT_DOCUMENT_WORDS = ["the", "a", "model", "token", "window", "rank", "chunk", "border", "mask", "ring", "layer",
+                        "head", "tail", "document"]
+
+
+def write_short_documents(path: Path) -> list[str]:
+    """Write 400 documents of 1-12 seeded random words to `path` (JSON Lines) and return the
+    overrides that train on them with document masking: many documents per sequence, so they
+    cross chunk and rank borders under context parallel."""
+    rng = random.Random(0)
+    with path.open("w") as f:
+        for _ in range(400):
+            f.write(json.dumps({"text": " ".join(rng.choices(SHORT_DOCUMENT_WORDS, k=rng.randint(1, 12)))}) + "\n")
+    return ["--data.dataset", "jsonl", "--data.path", str(path), "--data.document_masking", "true"]

@@ -11,9 +11,6 @@ packed document's logits under cp 2 equal its logits alone.
 
 from __future__ import annotations
 
-import json
-import random
-
 import pytest
 import torch
 import torch.distributed as dist
@@ -24,9 +21,8 @@ from kenotron.parallel.context import SequenceDocuments, SequenceLayout
 from kenotron.parallel.dims import build_device_meshes
 from kenotron.train.resolve import resolve_run
 from tests.distributed.pool import run_on_ranks
-from tests.parallel.parity import assert_parity, run_steps
+from tests.parallel.parity import assert_parity, run_steps, write_short_documents
 
-WORDS = ["the", "a", "model", "token", "window", "rank", "chunk", "border", "mask", "ring", "layer", "head", "tail", "document"]
 CP2 = ["--parallelism.cp", "2", "--training.local_batch_size", "8"]
 LAYOUTS = {
     "cp2": (2, CP2),
@@ -43,13 +39,7 @@ LAYOUTS = {
 
 @pytest.fixture(scope="module")
 def short_documents(tmp_path_factory) -> list[str]:
-    path = tmp_path_factory.mktemp("docs") / "short.jsonl"
-    rng = random.Random(0)
-    with path.open("w") as f:
-        for _ in range(400):
-            f.write(json.dumps({"text": " ".join(rng.choices(WORDS, k=rng.randint(1, 12)))}) + "\n")
-    return ["--data.dataset", "jsonl", "--data.path", str(path), "--data.document_masking", "true",
-            "--training.steps", "2"]
+    return write_short_documents(tmp_path_factory.mktemp("docs") / "short.jsonl") + ["--training.steps", "2"]
 
 
 @pytest.fixture(scope="module")

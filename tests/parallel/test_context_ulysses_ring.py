@@ -14,8 +14,6 @@ Then which all-to-all degree the heads give (the refusal of none > 1: test_conte
 from __future__ import annotations
 
 import contextlib
-import json
-import random
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -29,7 +27,7 @@ from kenotron.parallel.context.documents import SequenceDocuments
 from kenotron.parallel.context.layout import SequenceLayout
 from kenotron.parallel.parallel_settings import ParallelSettings
 from tests.distributed.pool import run_on_ranks
-from tests.parallel.parity import assert_parity, run_steps
+from tests.parallel.parity import assert_parity, run_steps, write_short_documents
 
 SEQ, HEAD_DIM, CP, ULYSSES = 32, 8, 4, 2
 # Borders inside chunks (4 tokens a chunk of 8) and across the ranks' shards.
@@ -154,17 +152,11 @@ def test_the_all_to_all_takes_the_largest_divisor_of_cp_the_heads_split_over():
 # The trainer: 2 heads (head_dim 128) divide the all-to-all pair but not cp 4.
 HEADS = ["--model.n_heads", "2", "--model.n_kv_heads", "1"]
 CP4 = HEADS + ["--parallelism.cp_scheme", "ulysses", "--parallelism.cp", "4", "--training.local_batch_size", "8"]
-WORDS = ["the", "a", "model", "token", "window", "rank", "chunk", "border", "mask", "ring", "head", "tail"]
 
 
 @pytest.fixture(scope="module")
 def short_documents(tmp_path_factory) -> list[str]:
-    path = tmp_path_factory.mktemp("docs") / "short.jsonl"
-    rng = random.Random(0)
-    with path.open("w") as f:
-        for _ in range(400):
-            f.write(json.dumps({"text": " ".join(rng.choices(WORDS, k=rng.randint(1, 12)))}) + "\n")
-    return ["--data.dataset", "jsonl", "--data.path", str(path), "--data.document_masking", "true"]
+    return write_short_documents(tmp_path_factory.mktemp("docs") / "short.jsonl")
 
 
 @pytest.mark.parametrize("documents", [False, True], ids=["causal", "documents"])
