@@ -150,6 +150,7 @@ def run_case(compiled: bool, model_name: str, flavor: str, n_layers: int, batch:
     from torchtitan.config.job_config import JobConfig
     from torchtitan.distributed import ParallelDims
     from torchtitan.distributed import utils as dist_utils
+    from torchtitan.distributed.context_parallel import prepare_context_parallel_input
     from torchtitan.protocols.model_converter import build_model_converters
 
     world, rank = _init_distributed(model_name)
@@ -202,8 +203,6 @@ def run_case(compiled: bool, model_name: str, flavor: str, n_layers: int, batch:
         inputs, labels = tokens[:, :-1].to(device), tokens[:, 1:].to(device)
         extra: dict = {}
         if cp > 1:  # as torchtitan's Trainer: each rank keeps its head-tail share of tokens, labels, positions
-            from torchtitan.distributed.context_parallel import prepare_context_parallel_input
-
             inputs, labels, extra = prepare_context_parallel_input(inputs, labels, {}, dims.get_mesh("cp"), device,
                                                                    job.parallelism.context_parallel_load_balancer)
         optimizers.zero_grad()

@@ -29,8 +29,8 @@ m micro-steps of b sequences, t = tp, p = cp, q = pp, T = b·s/p the rank's toke
              'ulysses': all-to-alls of q, k, v and the output in forward, their gradients in
              backward, not overlapped; K' = K/t kv heads, or p when they are repeated). Its
              attention kernel runs unsplit over the whole sequence: plain causal attention is
-             priced at e_attn · g (g = `Hardware.ulysses_attention_gain`, fitted to the 1B pair at
-             cp 2 on 2 x H100, where Ulysses ran 1.09x the ring; the ring's rows pin e_attn).
+             priced at e_attn · g (g = `Hardware.ulysses_attention_gain`, whose docstring says what
+             it was fitted to; the ring's rows pin e_attn).
              Heads that split over part of cp only (u = plan.settings.cp_ulysses_degree < p):
              the all-to-all term with u for p, plus the ring's at r = p/u on the group's
              b·s/r tokens and K'/u kv heads (B_cp of a group u·t ranks apart); the attention

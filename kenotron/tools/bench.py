@@ -30,6 +30,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -219,7 +220,7 @@ def _run_bounded(cmd: list[str], timeout: float | None) -> tuple[int | None, str
         stdout, stderr = proc.communicate(timeout=timeout)
         return proc.returncode, stdout + stderr
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, 9)
+        os.killpg(proc.pid, signal.SIGKILL)
         stdout, stderr = proc.communicate()
         return None, stdout + stderr
 
