@@ -18,6 +18,9 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import torch
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
 from kenotron.fault_tolerance.lighthouse import LighthouseSettings, start_lighthouse
 from tests.fork_server import ForkedProcess, fork_server
 
@@ -133,3 +136,10 @@ class Group:
 
     def steps_done(self) -> int:
         return max((r.get("step", 0) for r in self.records() if "loss" in r), default=0)
+
+
+def final_state(folder: Path, step: int, out: Path) -> dict:
+    """The model and optimizer state of a run's checkpoint at `step`, as one torch.save'd dict
+    (written to `out`): what the tests compare between groups."""
+    dcp_to_torch_save(folder / "checkpoints" / f"step-{step:06d}", out)
+    return torch.load(out, weights_only=False)

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from kenotron.fault_tolerance.torchft_import import unavailable_reason
-from tests.fault_tolerance.groups import Group, lighthouse, output_of, run_alone
-from tests.fault_tolerance.test_replica_groups import _final_state, _kill, _same, started  # noqa: F401  (fixture)
+from tests.fault_tolerance.groups import Group, final_state, lighthouse, output_of, run_alone
+from tests.fault_tolerance.test_replica_groups import _kill, _same, started  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.skipif(unavailable_reason() is not None, reason=str(unavailable_reason()))
 
@@ -34,8 +34,8 @@ def test_diloco_groups_end_a_sync_with_the_mean_of_their_own_weights(tmp_path, s
         for p in alone:
             _kill(p)
     assert codes == [0, 0], [output_of(tmp_path / f"alone_{i}") for i in range(2)]
-    groups = [_final_state(tmp_path / f"replica_{i}", steps, tmp_path / f"g{i}.pt")["model"] for i in range(2)]
-    own = [_final_state(tmp_path / f"alone_{i}", steps, tmp_path / f"a{i}.pt")["model"] for i in range(2)]
+    groups = [final_state(tmp_path / f"replica_{i}", steps, tmp_path / f"g{i}.pt")["model"] for i in range(2)]
+    own = [final_state(tmp_path / f"alone_{i}", steps, tmp_path / f"a{i}.pt")["model"] for i in range(2)]
     assert _same(groups[0], groups[1]) == []
     mean = {k: (own[0][k] + own[1][k]) / 2 for k in own[0]}
     assert _same(mean, groups[0], atol=1e-6) == []

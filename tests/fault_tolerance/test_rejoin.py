@@ -10,12 +10,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from kenotron.fault_tolerance.rejoin_timeline import START_PHASES, parse_marks, rejoin_breakdown
 from kenotron.fault_tolerance.torchft_import import unavailable_reason
 from tests.ahead import Lane
-from tests.fault_tolerance.groups import Group, lighthouse
+from tests.fault_tolerance.groups import Group, final_state, lighthouse
 
 pytestmark = pytest.mark.skipif(unavailable_reason() is not None, reason=str(unavailable_reason()))
 
@@ -26,11 +25,6 @@ def _wait_until(condition, timeout: float, what: str, groups: list[Group]) -> No
         if time.monotonic() > deadline or any(p.poll() not in (None, 0) for g in groups for p in g.procs):
             raise AssertionError(f"no {what}:\n" + "\n".join(g.output()[-3000:] for g in groups))
         time.sleep(0.05)
-
-
-def _final_state(folder: Path, step: int, out: Path) -> dict:
-    dcp_to_torch_save(folder / "checkpoints" / f"step-{step:06d}", out)
-    return torch.load(out, weights_only=False)
 
 
 def kill_and_rejoin(tmp_path: Path, lane: Lane) -> dict:
@@ -59,7 +53,7 @@ def kill_and_rejoin(tmp_path: Path, lane: Lane) -> dict:
             group.kill()
     return {"codes": codes, "restarted": groups[1].output(), "survivor": groups[0].output()[survivor_before:],
             "killed_at": killed_at,
-            "states": [_final_state(g.folder / f"replica_{g.replica_id}", steps, tmp_path / f"{g.replica_id}.pt")
+            "states": [final_state(g.folder / f"replica_{g.replica_id}", steps, tmp_path / f"{g.replica_id}.pt")
                        for g in groups]}
 
 

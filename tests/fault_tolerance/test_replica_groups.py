@@ -16,11 +16,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from kenotron.fault_tolerance.torchft_import import unavailable_reason
 from tests.ahead import Lane
-from tests.fault_tolerance.groups import Group, lighthouse, output_of, run_alone
+from tests.fault_tolerance.groups import Group, final_state, lighthouse, output_of, run_alone
 
 pytestmark = pytest.mark.skipif(unavailable_reason() is not None, reason=str(unavailable_reason()))
 
@@ -41,11 +40,6 @@ def _kill(process) -> None:
     if process.poll() is None:
         os.kill(process.pid, signal.SIGKILL)
         process.wait(30)
-
-
-def _final_state(folder: Path, step: int, out: Path) -> dict:
-    dcp_to_torch_save(folder / "checkpoints" / f"step-{step:06d}", out)
-    return torch.load(out, weights_only=False)
 
 
 def _same(a: dict, b: dict, atol: float = 0.0) -> list[str]:
@@ -84,11 +78,11 @@ def test_two_groups_without_failures_step_as_one_job_with_their_global_batch(tmp
         assert all(g[step]["ft_replicas"] == 2 for g in per_group), (step, per_group)
         mean = (per_group[0][step]["loss"] + per_group[1][step]["loss"]) / 2
         assert mean == pytest.approx(ref[step], rel=1e-5), (step, mean, ref[step])
-    states = [_final_state(g.folder / f"replica_{g.replica_id}", steps, tmp_path / f"{g.replica_id}.pt")
+    states = [final_state(g.folder / f"replica_{g.replica_id}", steps, tmp_path / f"{g.replica_id}.pt")
               for g in started]
     assert _same(states[0]["model"], states[1]["model"]) == []
     assert _same(states[0]["optimizer"], states[1]["optimizer"]) == []
-    one = _final_state(reference_folder, steps, tmp_path / "ref.pt")
+    one = final_state(reference_folder, steps, tmp_path / "ref.pt")
     assert _same(one["model"], states[0]["model"], atol=1e-5) == []
 
 
@@ -161,7 +155,7 @@ def ten_kills(tmp_path: Path, lane: Lane) -> dict:
         "steps": steps, "survivor_before_the_end": survivor_before_the_end, "codes": codes,
         "reference_code": reference.returncode, "reference_output": output_of(reference_folder),
         "survivor": [r for r in started[0].records() if "loss" in r], "lives": [g.lives for g in started],
-        "states": [_final_state(g.folder / f"replica_{g.replica_id}", steps, tmp_path / f"{g.replica_id}.pt")
+        "states": [final_state(g.folder / f"replica_{g.replica_id}", steps, tmp_path / f"{g.replica_id}.pt")
                    for g in started],
         "reference_losses": [r["loss"] for r in Group.read_records(reference_folder) if "loss" in r][-50:],
     }
