@@ -352,9 +352,6 @@ class FaultTolerance:
     start_timeout_s: float = ranged(120.0, at_least(0))
     """At a fresh start (step 0), seconds the first step waits for all replica_groups to join; then the run starts with the groups present."""
 
-    live_state_transport: Literal["http", "process_group"] = "http"
-    """How a restarted group receives a peer's live state: "http" (torchft's HTTP server, through host memory) or "process_group" (the groups' own process group, NCCL between GPUs; docs/fault-tolerance.md)."""
-
     sync_every: int = ranged(1, at_least(1))
     """1 = the groups all-reduce gradients every step; H > 1 = DiLoCo: each group steps alone and the groups average their progress every H steps through an outer Nesterov SGD."""
 

@@ -89,7 +89,7 @@ class FaultTolerantReplicas(JobExtension):
             connect_timeout=timeout, rank=self.group_rank, world_size=self.group_size,
             store_addr=host, store_port=port, lighthouse_addr=lighthouse_address(job.run.cfg),
             replica_id=f"kenotron_replica_{ft.replica_id}",
-            checkpoint_transport=live_state_transport(ft.live_state_transport, self.pg, timeout, job.device,
+            checkpoint_transport=live_state_transport(self.pg, timeout, job.device, self._manager_state,
                                                       self.timeline),
             init_sync=False,  # every group initializes the same weights from training.seed
         )
@@ -131,6 +131,12 @@ class FaultTolerantReplicas(JobExtension):
             self._quorum()
         logger.info("fault tolerance: replica group %d of %d starts at step %d with %d group(s) in the quorum",
                     self.cfg.replica_id, self.cfg.replica_groups, train_state.step, self.manager.num_participants())
+
+    def _manager_state(self) -> dict[str, Any]:
+        """This rank's state as torchft's Manager sends it to a recovering peer ({"user": {key: the
+        registered state}, "torchft": its own counters}): the structure a received state is laid
+        into, in place (timed_transport.py)."""
+        return {"user": {"kenotron": local_state(self.parts)}, "torchft": self.manager.state_dict()}
 
     def _commits_done(self, step: int) -> int:
         """The commits a run resumed at `step` has done: one per step here."""

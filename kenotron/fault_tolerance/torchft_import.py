@@ -1,6 +1,6 @@
 """torchft, imported where fault tolerance runs, or refused in one line naming the versions.
 
-kenotron uses torchft's Manager, its reconfigurable process groups, its HTTP checkpoint
+kenotron uses torchft's Manager, its reconfigurable process groups, its process-group checkpoint
 transport, the lighthouse and LocalSGD/DiLoCo, as torchft 0.2 defines them (read from its
 source). torchft ships a compiled extension built against one torch: a torch it cannot load
 with fails at import, and that failure is said here with both versions and the fix.
@@ -46,6 +46,7 @@ def unavailable_reason() -> str | None:
                 f"pip install 'torchft>=0.2.0' (torch {torch.__version__})")
     try:
         import torchft  # noqa: F401
+        from torchft.checkpointing.pg_transport import PGTransport  # noqa: F401  (torch's private DTensor names)
     except Exception as exc:  # noqa: BLE001  (its compiled extension may not load with this torch)
         return (f"torchft {version} does not load with torch {torch.__version__} ({type(exc).__name__}: "
                 f"{str(exc).splitlines()[0] if str(exc) else ''}); install the torchft built for this torch "

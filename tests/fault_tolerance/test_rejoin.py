@@ -1,10 +1,11 @@
 """A group killed with SIGKILL and restarted at once rejoins over the process-group transport
-(fault_tolerance.live_state_transport = "process_group": the groups' gloo group on CPU), and its
+(the groups' gloo group on CPU), receiving the peer's tensors in place into its own state, and its
 new process logs every phase of its start on the rejoin timeline, in order, which the bench's
 reader turns into seconds per phase (kenotron/fault_tolerance/rejoin_timeline.py)."""
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
@@ -34,8 +35,7 @@ def kill_and_rejoin(tmp_path: Path, lane: Lane) -> dict:
     gate = tmp_path / "slow"
     gate.write_text("")
     common = ["--data.loader", "tests.fault_tolerance.paced_loader:build_gated", "--data.path", str(gate),
-              "--training.steps", str(steps), "--checkpoint.enable", "true", "--checkpoint.interval", str(steps),
-              "--fault_tolerance.live_state_transport", "process_group"]
+              "--training.steps", str(steps), "--checkpoint.enable", "true", "--checkpoint.interval", str(steps)]
     groups: list[Group] = []
     try:
         with lane.killed_at_stop(lambda: [g.kill() for g in groups]), lighthouse() as address:
@@ -66,7 +66,10 @@ def test_a_killed_group_rejoins_over_the_process_group_and_logs_its_start_phases
     assert [m.phase for m in restarted] == list(START_PHASES)  # behind the survivor: it took its state
     report = rejoin_breakdown(restarted, parse_marks(run["survivor"]), run["killed_at"])
     assert all(seconds >= 0 for seconds in report["phases_s"].values()), report
-    assert report["details"]["live_state_received"].split()[0] == report["details"]["survivor_live_state_sent"].split()[0]
+    received = report["details"]["live_state_received"]
+    assert received.split()[0] == report["details"]["survivor_live_state_sent"].split()[0]
+    in_place, total = re.search(r"(\d+) of (\d+) tensors in place", received).groups()
+    assert 0 < int(in_place) <= int(total), received  # at least the weights: no copy through host memory
     states = run["states"]
     for part in ("model", "optimizer"):
         for key, value in states[0][part].items():
