@@ -350,7 +350,7 @@ class FaultTolerance:
     """Seconds a group waits for the lighthouse's quorum at the start of a step."""
 
     start_timeout_s: float = ranged(120.0, at_least(0))
-    """At a fresh start (step 0), seconds the first step waits for all replica_groups to join; then the run starts with the groups present."""
+    """At a start with no peer ahead (a fresh run, or every group restarted), seconds the groups wait for all replica_groups to join; then the run starts with the groups present."""
 
     live_state_transport: Literal["http", "process_group"] = "http"
     """How a restarted group receives a peer's live state: "http" (torchft's HTTP server, through host memory) or "process_group" (the groups' own process group, NCCL between GPUs; docs/fault-tolerance.md)."""
