@@ -350,7 +350,7 @@ class FaultTolerance:
     """Seconds a group waits for the lighthouse's quorum at the start of a step."""
 
     start_timeout_s: float = ranged(120.0, at_least(0))
-    """At a fresh start (step 0), seconds the first step waits for all replica_groups to join; then the run starts with the groups present."""
+    """At a start with no peer ahead (a fresh run, or every group restarted), seconds the groups wait for all replica_groups to join; then the run starts with the groups present."""
 
     sync_every: int = ranged(1, at_least(1))
     """1 = the groups all-reduce gradients every step; H > 1 = DiLoCo: each group steps alone and the groups average their progress every H steps through an outer Nesterov SGD."""

@@ -46,6 +46,12 @@ class DiLoCoReplicas(FaultTolerantReplicas):
         # collective_timeout.py is the synchronous mode's).
         self.diloco: Any = None
 
+    def defer_resume(self, resume: Any) -> bool:
+        """False: the trainer loads the group's checkpoint first, as without fault tolerance. The
+        synchronous mode's second start quorum (replicas.py) would meet the others' next sync
+        here, where they all-reduce and this group does not."""
+        return False
+
     def attach_run_state(self, parts: dict[str, Any]) -> None:
         from torchft.local_sgd import DiLoCo
 

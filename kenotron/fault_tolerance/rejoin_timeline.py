@@ -29,15 +29,17 @@ START_PHASES: dict[str, str] = {
     "imports_done": "the rank program imported torch, torchft and kenotron",
     "model_built": "config resolved, process group and device ready, model built and parallelized",
     "manager_ready": "torchft's process group and manager made (the lighthouse reached)",
-    "run_state_ready": "optimizer, schedule and loader made, the group's checkpoint (if any) loaded",
+    "run_state_ready": "optimizer, schedule and loader made (the group's checkpoint read already only under DiLoCo)",
     "quorum_asked": "the first quorum asked of the lighthouse",
     "quorum_granted": "the quorum granted (a group behind the others starts fetching a peer's state here)",
     "live_state_received": "a peer's live state received over torchft's transport (bytes, seconds)",
     "live_state_loaded": "the live state loaded into the model, optimizer, schedule and loader",
     "quorum_done": "the first quorum returned (the groups in it)",
+    "checkpoint_loaded": "no peer ahead: the group's own checkpoint loaded (then its second quorum)",
     "first_step_done": "this process's first step done (the all-reduce with the others in it)",
 }
-"""A group's start, in the order it happens (a group that is not behind takes no live state)."""
+"""A group's start, in the order it happens: a group behind a peer takes its live state and reads
+no checkpoint; one that is not takes no live state (checkpoint_loaded: only where it has one)."""
 
 SURVIVOR_PHASES: dict[str, str] = {
     "step_failed": "a step did not commit (the error, and how long its all-reduce waited)",

@@ -10,6 +10,15 @@ joins group rank r of every group in one reconfigurable process group. A step:
       -> the next step's quorum (on_step): a group behind the others (restarted, or one whose
          commit failed) receives the live state of a peer here, before it draws its next batch.
 
+A group's start: its quorums ask at step 0, before its checkpoint is read. A group behind a
+peer (restarted while the others train) takes the peer's live state there and never reads its
+own checkpoint: the peer's is newer. Where no peer is ahead (a fresh run, or every group
+restarted) the groups wait for each other (fault_tolerance.start_timeout_s), then each loads its
+checkpoint and, with checkpoints on, asks one more quorum at the step it loaded, where a group
+whose checkpoint is older than another's takes that one's state. Asking at step 0 first keeps a
+group that has not read its checkpoint from being chosen to send its state: torchft's peers
+recover from a group at the highest step.
+
 The quorum is synchronous (torchft's use_async_quorum=False): a recovering group loads the peer's
 state before its batch is drawn and then computes a real gradient in the same step, and no state
 is read while the step runs. A step that does not commit (a peer died in the all-reduce) is
@@ -24,6 +33,7 @@ from __future__ import annotations
 import logging
 import socket
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -102,6 +112,7 @@ class FaultTolerantReplicas(JobExtension):
         self._timeout_s = self.timeouts.warmup_s
         self._allreduce_s = 0.0
         self._failed_last_step = False
+        self._resume: Callable[[], int | None] | None = None
         self.timeline.mark("manager_ready")
 
     # -- the data: each group reads its own slice of a global batch over all groups ------------
@@ -113,24 +124,52 @@ class FaultTolerantReplicas(JobExtension):
 
     # -- start: the state a peer may ask for, and the first quorum -------------------------------
 
+    def defer_resume(self, resume: Callable[[], int | None]) -> bool:
+        """The group's checkpoint is loaded in attach_run_state, only when no peer is ahead (module docstring)."""
+        self._resume = resume
+        return True
+
     def attach_run_state(self, parts: dict[str, Any]) -> None:
         self.parts = dict(parts)
         train_state = parts["train_state"]
-        # The manager counts commits from where this group resumed (its checkpoint, or 0).
-        self.manager.load_state_dict({"step": self._commits_done(train_state.step), "batches_committed": 0})
         self.manager.register_state_dict_fn("kenotron", self._load_from_peer, lambda: local_state(self.parts))
         self.timeline.mark("run_state_ready", f"step {train_state.step}")
         self.timeline.mark("quorum_asked", f"step {train_state.step}")
+        if self._resume is None:  # the trainer resumed already: the manager counts commits from there
+            self.manager.load_state_dict({"step": self._commits_done(train_state.step), "batches_committed": 0})
+            self._quorum()
+            if train_state.step == 0:
+                self._wait_for_every_group()
+        else:
+            self._start_quorums(self._resume)
+        logger.info("fault tolerance: replica group %d of %d starts at step %d with %d group(s) in the quorum",
+                    self.cfg.replica_id, self.cfg.replica_groups, train_state.step, self.manager.num_participants())
+
+    def _start_quorums(self, resume: Callable[[], int | None]) -> None:
+        """The start of module docstring: quorums at step 0 until a peer ahead sent its state or
+        every group is in (or start_timeout_s passed); then, if no peer was ahead, the group's
+        checkpoint and, with checkpoints on, one more quorum at the step loaded. A quorum with
+        every group ends the wait of all of them: each then asks the same next quorum."""
         self._quorum()
-        # A fresh run waits for every group: one started a few seconds late would otherwise only
-        # join by recovery, after the others stepped without it.
+        self._wait_for_every_group()
+        if self.recoveries:
+            return
+        if resume() is not None:
+            self.timeline.mark("checkpoint_loaded", f"step {self.parts['train_state'].step}")
+        if self.job.run.cfg.checkpoint.enable:  # the same config in every group: all ask this quorum
+            self.manager.load_state_dict({"step": self._commits_done(self.parts["train_state"].step),
+                                          "batches_committed": 0})
+            self._quorum()
+
+    def _wait_for_every_group(self) -> None:
+        """More quorums while fewer than every group is in (none took a peer's state), for up to
+        start_timeout_s: a group started a few seconds after the others would otherwise only join
+        by recovery, after they stepped without it."""
         deadline = time.monotonic() + self.cfg.start_timeout_s
-        while (train_state.step == 0 and self.manager.num_participants() < self.cfg.replica_groups
+        while (not self.recoveries and self.manager.num_participants() < self.cfg.replica_groups
                and time.monotonic() < deadline):
             time.sleep(0.2)
             self._quorum()
-        logger.info("fault tolerance: replica group %d of %d starts at step %d with %d group(s) in the quorum",
-                    self.cfg.replica_id, self.cfg.replica_groups, train_state.step, self.manager.num_participants())
 
     def _manager_state(self) -> dict[str, Any]:
         """This rank's state as torchft's Manager sends it to a recovering peer ({"user": {key: the

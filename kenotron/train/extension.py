@@ -15,6 +15,7 @@ call these hooks on every extension of the job, in the order `build_job` attache
     metrics()                                  # at logging steps, every rank
     on_step(step)                              # the loop, after each step
     data_layout(layout) -> layout              # the trainer: this rank's place in the data
+    defer_resume(resume) -> bool               # the trainer: leave the checkpoint's load to the extension
     attach_run_state(parts)                    # the trainer: what a checkpoint keeps, once loaded
     write_records(folder, final)               # rank 0, at logging steps and once at the end
     finish()                                   # every rank, once the last step is done
@@ -27,7 +28,7 @@ subclass attached by build_job, not a new branch in the step.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -87,6 +88,13 @@ class JobExtension:
         """This rank's place in the data as the loader gets it (dp_rank, dp_size, global_batch_size,
         feed_inputs, feed_labels), returned as is or changed (fault tolerance's replica groups)."""
         return layout
+
+    def defer_resume(self, resume: Callable[[], int | None]) -> bool:
+        """The trainer, before it resumes the run from its checkpoint: True when this extension
+        calls `resume` (the checkpoint's load; the step loaded, or None) in its attach_run_state,
+        only where it must (fault tolerance: not when a peer sends the live state); False: the
+        trainer resumes first."""
+        return False
 
     def attach_run_state(self, parts: dict[str, Any]) -> None:
         """The trainer, once the run's state is built and resumed: the parts a checkpoint keeps

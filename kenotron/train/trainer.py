@@ -153,12 +153,19 @@ class Trainer:
             json_states={k: v for ext in self.job.extensions for k, v in ext.checkpoint_state().items()} or None,
         )
         built = built_settings(self.job.torch_optimizers)
-        if self.checkpointer.load() is not None:
-            # The checkpoint's optimizer settings give way to this launch's (train/resume_settings.py).
-            changed = apply_launch_settings(self.job.torch_optimizers, self.job.lr_schedulers, built,
-                                            cfg.optimizer.lr, self.step)
-            if changed and self.is_rank0:
-                logger.warning("%s", changed)
+
+        def resume() -> int | None:
+            loaded = self.checkpointer.load()
+            if loaded is not None:
+                # The checkpoint's optimizer settings give way to this launch's (train/resume_settings.py).
+                changed = apply_launch_settings(self.job.torch_optimizers, self.job.lr_schedulers, built,
+                                                cfg.optimizer.lr, self.step)
+                if changed and self.is_rank0:
+                    logger.warning("%s", changed)
+            return loaded
+
+        if not any(ext.defer_resume(resume) for ext in self.job.extensions):
+            resume()
         for ext in self.job.extensions:
             ext.attach_run_state(self.checkpointer.parts)
         if self.is_rank0:  # records after the resumed step dropped, config.toml written: runtime/run_folder.py

@@ -15,7 +15,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -136,6 +136,18 @@ class Group:
 
     def steps_done(self) -> int:
         return max((r.get("step", 0) for r in self.records() if "loss" in r), default=0)
+
+
+def wait_until(condition: Callable[[], bool], timeout: float, what: str, groups: list[Group]) -> None:
+    """Poll `condition` until it holds; AssertionError with the groups' last output when `timeout`
+    seconds pass first, or when a process of `groups` ends with an error while waiting."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        failed = any(p.poll() not in (None, 0) for g in groups for p in g.procs)
+        if failed or time.monotonic() > deadline:
+            reason = "a group failed while waiting for" if failed else f"within {timeout} s no"
+            raise AssertionError(f"{reason} {what}:\n" + "\n".join(g.output()[-3000:] for g in groups))
+        time.sleep(0.1)
 
 
 def final_state(folder: Path, step: int, out: Path) -> dict:

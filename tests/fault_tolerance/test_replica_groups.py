@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from pathlib import Path
 
 import pytest
@@ -20,6 +19,7 @@ import torch
 from kenotron.fault_tolerance.torchft_import import unavailable_reason
 from tests.ahead import Lane
 from tests.fault_tolerance.groups import Group, final_state, lighthouse, output_of, run_alone
+from tests.fault_tolerance.groups import wait_until as _wait_until
 
 pytestmark = pytest.mark.skipif(unavailable_reason() is not None, reason=str(unavailable_reason()))
 
@@ -84,17 +84,6 @@ def test_two_groups_without_failures_step_as_one_job_with_their_global_batch(tmp
     assert _same(states[0]["optimizer"], states[1]["optimizer"]) == []
     one = final_state(reference_folder, steps, tmp_path / "ref.pt")
     assert _same(one["model"], states[0]["model"], atol=1e-5) == []
-
-
-def _wait_until(condition, timeout: float, what: str, groups: list[Group]) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"no {what} within {timeout} s:\n" + "\n".join(g.output()[-3000:] for g in groups))
-        if any(p.poll() not in (None, 0) for g in groups for p in g.procs):
-            raise AssertionError(f"a group failed while waiting for {what}:\n"
-                                 + "\n".join(g.output()[-3000:] for g in groups))
-        time.sleep(0.2)
 
 
 def _rejoined(group: Group) -> bool:
