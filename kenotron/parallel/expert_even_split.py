@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed._functional_collectives import all_to_all_single, all_to_all_single_autograd
 
-from kenotron.models.common.experts import GroupedExperts, Grouping, copy_weights, gather_rows, padded_counts, sum_rows
+from kenotron.models.common.experts import GroupedExperts, Grouping, copy_weights, padded_counts, sum_rows
 from kenotron.models.common.moe import expert_alignment
 from kenotron.models.common.router import RouterOutput
 from kenotron.parallel.expert_dispatch import pair_counts
@@ -131,5 +131,5 @@ class EvenSplitDispatcher:
         first = self.rank * local
         here = (recv_ids >= first) & (recv_ids < first + local)
         g = even_split_grouping(torch.where(here, recv_ids - first, local), local, expert_alignment(experts, x))
-        y = experts(gather_rows(recv_x, g), g.offsets, g.counts, copy_weights(recv_w, g))
+        y = experts(recv_x, g.offsets, g.counts, copy_weights(recv_w, g), gather=g)
         return sum_over_ranks(sum_rows(y, g), group, ep)

@@ -16,6 +16,11 @@ deterministic:
                               grouping.src_copy[p] (padding rows hold zeros)
     sum_rows(y, grouping)     (padded rows, dim) -> (tokens, dim): each token sums its k rows
 
+Under expert parallel's even split (parallel/expert_even_split.py) the grouped buffer is planned
+for the worst case, ep·min(k, local) rows per received token, so the "grouped_mm" kernel gathers
+the rows inside its first product (`gather_grouped_mm`): it keeps the received rows for the weight
+gradient, not the gathered ones, and gathers them again in backward.
+
 Expert compute (`kernel`): "grouped_mm" runs `torch._grouped_mm` (bf16 on Hopper GPUs; torch's
 per-group fallback elsewhere); "for_loop" runs one matrix product per expert over the rows
 torch.split gives it (the reference: exact in fp32, and the path of devices without grouped GEMM).
@@ -158,6 +163,35 @@ def grouped_mm(x: torch.Tensor, w_t: torch.Tensor, offsets: torch.Tensor) -> tor
     return torch._grouped_mm(x, w_t, offs=offsets)
 
 
+class _GatherGroupedMM(torch.autograd.Function):
+    """_gather_rows then torch._grouped_mm, keeping the tokens instead of the gathered rows.
+    Backward is torch's derivative of _grouped_mm (FunctionsManual's _grouped_mm_mat1/2_backward
+    for a row-major x and a transposed w), then the gather's adjoint, on the rows gathered again."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, w: torch.Tensor, src_copy: torch.Tensor, dest_row: torch.Tensor,
+                offsets: torch.Tensor, k: int) -> torch.Tensor:
+        ctx.save_for_backward(x, w, src_copy, dest_row, offsets)
+        ctx.k = k
+        return torch._grouped_mm(_gather_rows(x, src_copy, k), w.transpose(-2, -1), offs=offsets)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        x, w, src_copy, dest_row, offsets = ctx.saved_tensors
+        grad_x = grad_w = None
+        if ctx.needs_input_grad[1]:  # first: the gathered rows are freed before grad_x's rows exist
+            grad_w = torch._grouped_mm(grad.transpose(-2, -1), _gather_rows(x, src_copy, ctx.k), offs=offsets)
+        if ctx.needs_input_grad[0]:
+            grad_x = _sum_rows(torch._grouped_mm(grad, w, offs=offsets), dest_row, ctx.k)
+        return grad_x, grad_w, None, None, None, None
+
+
+def gather_grouped_mm(x: torch.Tensor, w: torch.Tensor, g: Grouping) -> torch.Tensor:
+    """grouped_mm(gather_rows(x, g), w^T, g.offsets) for w (groups, N, K), keeping x (tokens, K)
+    for backward instead of the (g.rows, K) gathered rows."""
+    return _GatherGroupedMM.apply(x, w, g.src_copy, g.dest_row, g.offsets, g.k)
+
+
 def swiglu_rows(h: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up * scale per row, for h = [gate | up] (rows, 2F) and scale (rows,)."""
     gate, up = h.chunk(2, dim=-1)
@@ -192,18 +226,27 @@ class GroupedExperts(nn.Module):
     def local_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
         return self.weight_view(self.w13), self.weight_view(self.w2)
 
-    def forward(self, x: torch.Tensor, offsets: torch.Tensor, counts: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, offsets: torch.Tensor, counts: torch.Tensor, scale: torch.Tensor,
+                gather: Grouping | None = None) -> torch.Tensor:
         """x (rows, dim) grouped by local expert (group e ends at offsets[e]; `counts` are its
         real rows), `scale` (rows,) each row's routing weight -> (rows, dim). Rows past the last
-        group's end belong to no expert: "grouped_mm" leaves them unwritten, "for_loop" zero."""
+        group's end belong to no expert: "grouped_mm" leaves them unwritten, "for_loop" zero.
+        With `gather`, x is the tokens (tokens, dim) whose rows are gather_rows(x, gather): the
+        plain "grouped_mm" kernel gathers them in its first product (`gather_grouped_mm`)."""
         w13, w2 = self.local_weights()
+        fused_gather = gather is not None and self.kernel == "grouped_mm" and self.grouped_mm is grouped_mm
+        if gather is not None and not fused_gather:  # float8's product or the per-expert loop
+            x = gather_rows(x, gather)
         if self.kernel == "grouped_mm":
             dtype = x.dtype
             if torch.is_autocast_enabled(x.device.type):
                 # torch._grouped_mm has no autocast rule: cast as autocast would for a matmul.
                 dtype = torch.get_autocast_dtype(x.device.type)
                 x = x.to(dtype)
-            h = self.grouped_mm(x, w13.to(dtype).transpose(-2, -1), offsets)
+            if fused_gather:
+                h = gather_grouped_mm(x, w13.to(dtype), gather)
+            else:
+                h = self.grouped_mm(x, w13.to(dtype).transpose(-2, -1), offsets)
             return self.grouped_mm(self.swiglu(h, scale), w2.to(dtype).transpose(-2, -1), offsets)
         return self._for_loop(x, w13, w2, offsets, scale)
 
