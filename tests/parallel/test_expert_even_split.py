@@ -96,16 +96,17 @@ def test_even_split_equals_the_deduplicated_exchange_and_one_rank(world, kernel,
                 torch.testing.assert_close(rank_out["even"][key], rank_out[other][key], rtol=0, atol=0, msg=key)
 
 
-def _bytes_saved_for_backward(step, *args) -> int:
-    """Bytes of the distinct storages that autograd keeps for backward while step(*args) runs."""
-    storages: dict[int, int] = {}
+def _kept_for_backward(step, *args) -> dict[int, tuple[int, tuple[int, ...]]]:
+    """The distinct storages that autograd keeps for backward while step(*args) runs: their
+    bytes and the shape of a tensor kept on each."""
+    storages: dict[int, tuple[int, tuple[int, ...]]] = {}
 
     def count(t: torch.Tensor) -> None:
         if is_traceable_wrapper_subclass(t):  # the all-to-all's result: its inner tensors hold the bytes
             for name in t.__tensor_flatten__()[0]:
                 count(getattr(t, name))
         else:
-            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            storages[t.untyped_storage().data_ptr()] = (t.untyped_storage().nbytes(), tuple(t.shape))
 
     def pack(t: torch.Tensor) -> torch.Tensor:
         count(t)
@@ -113,7 +114,11 @@ def _bytes_saved_for_backward(step, *args) -> int:
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         step(*args)
-    return sum(storages.values())
+    return storages
+
+
+def _bytes_kept_for_backward(step, *args) -> int:
+    return sum(nbytes for nbytes, _ in _kept_for_backward(step, *args).values())
 
 
 def _even_split_saved_bytes(tokens: int, n_experts: int, top_k: int) -> dict[str, int]:
@@ -127,7 +132,7 @@ def _even_split_saved_bytes(tokens: int, n_experts: int, top_k: int) -> dict[str
     saved = {}
     for name, gather_first in (("fused", False), ("gathered first", True)):
         experts = _experts(n_experts, "grouped_mm", w13, w2, gather_first)
-        saved[name] = _bytes_saved_for_backward(EvenSplitDispatcher(dist.group.WORLD, ep), x, r, experts)
+        saved[name] = _bytes_kept_for_backward(EvenSplitDispatcher(dist.group.WORLD, ep), x, r, experts)
     saved["grouped rows"] = static_rows(ep * tokens, top_k, local, 16 // x.element_size())
     return saved
 
@@ -139,29 +144,36 @@ def test_even_split_keeps_the_received_rows_not_the_grouped_rows_for_backward():
         assert saved["gathered first"] - saved["fused"] >= fewer_rows * DIM * 4, saved
 
 
-def _even_split_experts_step(g, fused: bool, compiled: bool) -> list[torch.Tensor]:
+def _even_split_experts_step(g, fused: bool, compiled: bool) -> tuple[list[torch.Tensor], list[tuple[int, ...]]]:
+    """The experts of the even split on grouping `g` (bf16: _grouped_mm's fake kernel takes no
+    other dtype): the output and the gradients, and the shapes of the tensors kept for backward."""
     torch.manual_seed(1)
-    experts = _experts(4, "grouped_mm", torch.randn(4, 2 * FFN, DIM), torch.randn(4, DIM, FFN)).bfloat16()
+    experts = _experts(4, "grouped_mm", torch.randn(4, 2 * FFN, DIM), torch.randn(4, DIM, FFN), not fused).bfloat16()
     x = torch.randn(g.copies // g.k, DIM, dtype=torch.bfloat16, requires_grad=True)
     scale = torch.rand(g.rows)
 
     def layer(x: torch.Tensor) -> torch.Tensor:
-        if fused:
-            return sum_rows(experts(x, g.offsets, g.counts, scale, gather=g), g)
-        return sum_rows(experts(gather_rows(x, g), g.offsets, g.counts, scale), g)
+        return sum_rows(experts(x, g.offsets, g.counts, scale, gather=g), g)
 
-    # aot_eager: Dynamo and AOTAutograd trace the fused gather's forward and backward (the GPU rows'
-    # path up to inductor, which would take long on two CPU cores); bf16: _grouped_mm's fake kernel.
-    y = (torch.compile(layer, backend="aot_eager", fullgraph=True) if compiled else layer)(x)
-    y.float().pow(2).sum().backward()
-    return [y, x.grad, experts.w13.grad, experts.w2.grad]
+    # aot_eager: Dynamo and AOTAutograd's partitioner choose what is kept, as on the GPU rows
+    # (inductor's code generation would take long on two CPU cores).
+    step = torch.compile(layer, backend="aot_eager", fullgraph=True) if compiled else layer
+    out: list[torch.Tensor] = []
+    kept = _kept_for_backward(lambda: out.append(step(x)))
+    out[0].float().pow(2).sum().backward()
+    return [out[0], x.grad, experts.w13.grad, experts.w2.grad], [shape for _, shape in kept.values()]
 
 
-def test_even_split_experts_compiled_equal_the_rows_gathered_first_in_eager():
+def test_even_split_experts_compiled_equal_eager_and_keep_the_received_rows():
     torch.manual_seed(0)
     g = even_split_grouping(torch.randint(0, 5, (12, 2)), local=4, align=8)  # id 4: another rank's expert
-    for compiled, eager in zip(_even_split_experts_step(g, True, True), _even_split_experts_step(g, False, False)):
-        torch.testing.assert_close(compiled, eager, rtol=0, atol=0)
+    gathered_first, _ = _even_split_experts_step(g, fused=False, compiled=False)
+    compiled, kept = _even_split_experts_step(g, fused=True, compiled=True)
+    for a, b in zip(compiled, gathered_first):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    # The partitioner chooses what the compiled graph keeps: had it traced backward's gather as a
+    # copy of forward's (an autograd.Function), it would keep the 56 gathered rows, not the 12 received.
+    assert (12, DIM) in kept and (g.rows, DIM) not in kept, kept
 
 
 def test_grouping_of_received_rows_pads_each_expert_and_shares_one_zero_row():
