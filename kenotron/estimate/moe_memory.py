@@ -26,23 +26,24 @@ import types
 import torch
 from torch import nn
 
-from kenotron.models.common.experts import GroupedExperts, swiglu_rows
+from kenotron.models.common.experts import GroupedExperts, Grouping, gather_grouped_mm, gather_rows, swiglu_rows
 from kenotron.models.common.moe import MoE
 from kenotron.parallel.expert import UnevenSplitDispatcher
 
 
 class _GroupedMMMemory(torch.autograd.Function):
-    """Allocations of torch._grouped_mm(x (rows, K), w (groups, K, N)): (rows, N) forward; grad x and grad w backward."""
+    """Allocations of torch._grouped_mm(x (rows, K), w (groups, K, N)): (rows, N) forward; grad x and
+    grad w backward. With `rows`, those of gather_grouped_mm: x is the tokens the rows gather."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    def forward(ctx, x: torch.Tensor, w: torch.Tensor, rows: int | None = None) -> torch.Tensor:
         ctx.save_for_backward(x, w)
-        return x.new_empty((x.shape[0], w.shape[-1]))
+        return x.new_empty((x.shape[0] if rows is None else rows, w.shape[-1]))
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         x, w = ctx.saved_tensors
-        return torch.empty_like(x), torch.empty_like(w)
+        return torch.empty_like(x), torch.empty_like(w), None
 
 
 class _ExpertGateMemory(torch.autograd.Function):
@@ -60,18 +61,24 @@ class _ExpertGateMemory(torch.autograd.Function):
 
 
 def _experts_memory(experts: GroupedExperts, x: torch.Tensor, offsets: torch.Tensor, counts: torch.Tensor,
-                    scale: torch.Tensor) -> torch.Tensor:
+                    scale: torch.Tensor, gather: Grouping | None = None) -> torch.Tensor:
     """GroupedExperts.forward with the stand-ins (bound as a method: pipeline stages copy it along)."""
     w13, w2 = experts.local_weights()
+    fused_gather = gather is not None and experts.gathers_in_first_product()
+    if gather is not None and not fused_gather:
+        x = gather_rows(x, gather)
     if torch.is_autocast_enabled(x.device.type):
         dtype = torch.get_autocast_dtype(x.device.type)
         x, w13, w2 = x.to(dtype), w13.to(dtype), w2.to(dtype)
     if experts.kernel == "grouped_mm" and x.dtype == torch.bfloat16:
         # torch._grouped_mm itself has a fake kernel (bf16): its allocations, and the op activation
         # checkpointing's selective policy saves.
-        h = torch._grouped_mm(x, w13.transpose(-2, -1), offs=offsets)
+        if fused_gather:
+            h = gather_grouped_mm(x, w13, gather)
+        else:
+            h = torch._grouped_mm(x, w13.transpose(-2, -1), offs=offsets)
         return torch._grouped_mm(experts.swiglu(h, scale), w2.transpose(-2, -1), offs=offsets)
-    h = _GroupedMMMemory.apply(x, w13.transpose(-2, -1))
+    h = _GroupedMMMemory.apply(x, w13.transpose(-2, -1), gather.rows if fused_gather else None)
     return _GroupedMMMemory.apply(experts.swiglu(h, scale), w2.transpose(-2, -1))
 
 

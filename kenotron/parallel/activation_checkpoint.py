@@ -24,9 +24,10 @@ import torch
 import torch.utils.checkpoint as ckpt
 from torch import nn
 
-# Registers kenotron::fa4_forward (FlashAttention-4, model.attention_backend = "flash_attn"), whose
-# output the selective policy keeps like SDPA's; the module imports no FA4 code until it runs.
-from kenotron.models.common import flash_attention4  # noqa: F401
+# Register kenotron::gather_grouped_mm (the even split's first expert GEMM) and kenotron::fa4_forward
+# (FlashAttention-4, model.attention_backend = "flash_attn"), whose outputs the selective policy keeps
+# like _grouped_mm's and SDPA's; the FA4 module imports no FA4 code until it runs.
+from kenotron.models.common import experts, flash_attention4  # noqa: F401
 
 AC_MODES = ("none", "full", "selective-op", "every-n-layers")
 
@@ -42,7 +43,8 @@ _SAVED_COLLECTIVES = ("reduce_scatter_tensor", "all_gather_into_tensor", "all_re
 # flash-attn's forward (model.attention_backend = "flash_attn"), a custom op once the package is imported.
 _SAVED_FLASH_ATTN_OPS = ("_flash_attn_forward",)
 # mamba_mixer: registered when a model runs it (models/common/mamba.py's use_scan_kernel, before plan.apply).
-_SAVED_KENOTRON_OPS = ("fa4_forward", "mamba_mixer")
+# gather_grouped_mm: the even split's first expert GEMM, which gathers its rows itself (experts.py).
+_SAVED_KENOTRON_OPS = ("fa4_forward", "mamba_mixer", "gather_grouped_mm")
 
 
 def _ops_to_save() -> set:
@@ -106,7 +108,8 @@ def checkpoint_module(module: nn.Module, selective: bool = False, save_matmul_ev
     if selective:
         _ignore_profiler_ranges()
         ops = _ops_to_save()
-        matmuls = {getattr(torch.ops.aten, name).default for name in _MATMUL_OPS}
+        matmuls = {getattr(torch.ops.aten, name).default for name in _MATMUL_OPS} | {
+            torch.ops.kenotron.gather_grouped_mm.default}
 
         def context_fn():
             # A new policy per call: its matmul count starts at zero for each block's forward.

@@ -14,9 +14,12 @@ What it costs (docs/performance.md, "expert parallel without the host read"):
   fill, fill the chance that a rank holds one of a token's k experts (uniform routing: 1 -
   C(n - n/ep, k) / C(n, k); 0.996 for top-8 of 128 experts over 2 ranks, 0.90 over 4, 0.66 over 8);
 - memory: the grouped buffer is planned for the worst case, every received slot on this rank:
-  ep * T * min(k, local) rows where even routing fills T * k (ep times the deduplicated path's
-  buffer; torch._grouped_mm computes only the rows up to the last group's end, so the time is the
-  real rows', but the buffer, the gate and the row copies span the whole of it).
+  P = ep * T * min(k, local) rows where even routing fills T * k (ep times the deduplicated
+  path's buffer; torch._grouped_mm computes only the rows up to the last group's end, so the time
+  is the real rows', but the buffer, the gate and the row copies span the whole of it). For
+  backward the first expert GEMM keeps the ep * T received rows, not the P grouped ones: it
+  gathers its rows itself and again in backward (experts.py's gather_grouped_mm, one more row
+  copy of P * dim), so what stays ep times the deduplicated path's is the gate's P * 3F.
 Both grow with ep while the host read's cost (the GPU idle while the host launches the rest of
 the layer) does not: `pays_without_host_read` chooses (ep 2 today, MAX_EVEN_SPLIT_EP).
 
@@ -30,7 +33,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed._functional_collectives import all_to_all_single, all_to_all_single_autograd
 
-from kenotron.models.common.experts import GroupedExperts, Grouping, copy_weights, gather_rows, padded_counts, sum_rows
+from kenotron.models.common.experts import GroupedExperts, Grouping, copy_weights, padded_counts, sum_rows
 from kenotron.models.common.moe import expert_alignment
 from kenotron.models.common.router import RouterOutput
 from kenotron.parallel.expert_dispatch import pair_counts
@@ -41,7 +44,9 @@ saves, by the analysis of docs/performance.md ("Expert parallel without the host
 Qwen3-30B-A3B 4-layer preset, ep 2 moves the same link bytes for 2 x the experts' buffers
 (+4.2 GiB, the host reads' 15-28 ms idle a step gone); ep 4 moves 1.1 x the bytes for 4 x the
 buffers (+12.8 GiB, 23.5 -> 36.3 GiB) and the throughput model predicts +0.7% on NVLink and -2.7%
-through host memory. Raise it when a GPU measurement at ep 4 says otherwise."""
+through host memory. Those figures keep the grouped rows for backward; keeping the received rows
+instead (module docstring) takes 3.5 GiB off the ep 2 excess and 7.0 GiB off the ep 4 one
+(computed, 4 layers). Raise it when a GPU measurement at ep 4 says otherwise."""
 MIN_FILL = 0.75
 """Below it the even split moves more than 4/3 of the deduplicated exchange's bytes."""
 
@@ -131,5 +136,5 @@ class EvenSplitDispatcher:
         first = self.rank * local
         here = (recv_ids >= first) & (recv_ids < first + local)
         g = even_split_grouping(torch.where(here, recv_ids - first, local), local, expert_alignment(experts, x))
-        y = experts(gather_rows(recv_x, g), g.offsets, g.counts, copy_weights(recv_w, g))
+        y = experts(recv_x, g.offsets, g.counts, copy_weights(recv_w, g), gather=g)
         return sum_over_ranks(sum_rows(y, g), group, ep)

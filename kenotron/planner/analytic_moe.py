@@ -11,9 +11,11 @@ the buffer is planned for the worst case instead, P = ep·Tm·min(k, E_l) + E_l�
 rounded up to a. Bytes kept for backward, c the compute dtype's size:
 
   router       Tm·E·(c + 4) (logits, fp32 probabilities) + Tm·k·(8 + 4) (choices, weights)
-  experts      P·D·c (the grouped rows, the first GEMM's input) + P·2F·c (its output, the gate's
-               input) + P·F·c (the gate's output, the second GEMM's input); PyTorch's gate ops
-               also keep silu(gate)·up: + P·F·c (not with the fused Triton gate)
+  experts      P·D·c (the grouped rows, the first GEMM's input; under the even split with the
+               grouped GEMM ep·Tm·D·c, the received rows it gathers from: experts.py's
+               gather_grouped_mm) + P·2F·c (its output, the gate's input) + P·F·c (the gate's
+               output, the second GEMM's input); PyTorch's gate ops also keep silu(gate)·up:
+               + P·F·c (not with the fused Triton gate)
   ep combine   Tm·k·D·c (the results back from the all-to-all, kept to weight the copies); none
                under the even split (its sum over the ranks keeps nothing)
   shared       as a dense SwiGLU of width F_s on Tm tokens, + Tm·4 for its sigmoid gate
@@ -69,6 +71,13 @@ class MoEShape:
         return self.ep * self.tokens
 
     @property
+    def kept_input_rows(self) -> int:
+        """Rows the first grouped GEMM keeps for its weight gradient: under the even split with the
+        grouped GEMM (align > 1; the per-expert loop pads nothing) the received rows, which it
+        gathers from again in backward, else the grouped buffer's."""
+        return self.received if self.even_split and self.align > 1 else self.rows
+
+    @property
     def rows(self) -> int:
         if self.even_split:
             return static_rows(self.received, self.top_k, self.local_experts, self.align)
@@ -98,7 +107,7 @@ def moe_activations(m: MoEShape, dim: int, c: int, fused_gate: bool, mode: str) 
         return kept
     router = allocated_bytes(T * m.experts * c) + allocated_bytes(T * m.experts * FP32) + allocated_bytes(
         T * m.top_k * 8) + allocated_bytes(T * m.top_k * FP32)
-    experts = allocated_bytes(P * D * c) + allocated_bytes(P * 2 * F * c) + allocated_bytes(P * F * c)
+    experts = allocated_bytes(m.kept_input_rows * D * c) + allocated_bytes(P * 2 * F * c) + allocated_bytes(P * F * c)
     if not fused_gate:
         experts += allocated_bytes(P * F * c)
     combine = allocated_bytes(m.copies * D * c) if m.ep > 1 and not m.even_split else 0

@@ -1,7 +1,8 @@
 """parallel/expert_even_split.py: the expert-parallel exchange without a host read equals the
 deduplicated (host-read) exchange and one rank holding every expert, in values and gradients,
-on balanced and on fully skewed routing; its grouped buffer holds the worst case; it runs on
-fake tensors (nothing data-dependent is read on the host) and, on a GPU, under
+on balanced and on fully skewed routing; its grouped buffer holds the worst case, but the
+experts keep the received rows for backward, not the gathered ones (eager and compiled); it
+runs on fake tensors (nothing data-dependent is read on the host) and, on a GPU, under
 torch.cuda.set_sync_debug_mode("error")."""
 
 from __future__ import annotations
@@ -10,8 +11,9 @@ import pytest
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-from kenotron.models.common.experts import GroupedExperts, gather_rows, sum_rows
+from kenotron.models.common.experts import GroupedExperts, gather_rows, grouped_mm, sum_rows
 from kenotron.models.common.moe import LocalDispatcher, MoE
 from kenotron.models.common.moe_args import MoEArgs
 from kenotron.models.common.router import RouterOutput
@@ -37,10 +39,15 @@ def _routing(tokens: int, n_experts: int, top_k: int, skewed: bool) -> RouterOut
     return RouterOutput(weights, ids, torch.empty(0), torch.empty(0), torch.empty(0))
 
 
-def _experts(n_experts: int, kernel: str, w13: torch.Tensor, w2: torch.Tensor) -> GroupedExperts:
+def _experts(n_experts: int, kernel: str, w13: torch.Tensor, w2: torch.Tensor,
+             gather_first: bool = False) -> GroupedExperts:
+    """`gather_first`: the grouped rows are gathered before the first product and kept for its
+    weight gradient, as before the fused gather (any product but the plain one takes that path)."""
     experts = GroupedExperts(DIM, FFN, n_experts)
     experts.kernel = kernel
     experts.w13, experts.w2 = nn.Parameter(w13.clone()), nn.Parameter(w2.clone())
+    if gather_first:
+        experts.grouped_mm = lambda x, w_t, offsets: grouped_mm(x, w_t, offsets)
     return experts
 
 
@@ -68,8 +75,10 @@ def _three_ways(kernel: str, tokens: int, n_experts: int, top_k: int, skewed: bo
                  "w13": whole["w13"][experts_here], "w2": whole["w2"][experts_here]}
     r_mine = RouterOutput(r.weights[mine], r.experts[mine], r.logits, r.probs, r.counts)
     out = {"one rank": reference}
-    for name, dispatcher in (("even", EvenSplitDispatcher), ("uneven", UnevenSplitDispatcher)):
-        experts = _experts(n_experts, kernel, w13[experts_here], w2[experts_here])
+    for name, dispatcher, gather_first in (("even", EvenSplitDispatcher, False),
+                                           ("even, gathered first", EvenSplitDispatcher, True),
+                                           ("uneven", UnevenSplitDispatcher, False)):
+        experts = _experts(n_experts, kernel, w13[experts_here], w2[experts_here], gather_first)
         out[name] = _run(dispatcher(dist.group.WORLD, ep), x[mine], r_mine, experts, grad_out[mine])
     return out
 
@@ -81,8 +90,90 @@ def test_even_split_equals_the_deduplicated_exchange_and_one_rank(world, kernel,
     for rank_out in run_on_ranks(world, _three_ways, kernel, 6, 8, 2, skewed):
         for key, reference in rank_out["one rank"].items():
             torch.testing.assert_close(rank_out["even"][key], reference, rtol=1e-5, atol=1e-6, msg=key)
-            # Same rows through the same experts, summed over the ranks in the same order.
-            torch.testing.assert_close(rank_out["even"][key], rank_out["uneven"][key], rtol=0, atol=0, msg=key)
+            # Same rows through the same experts, summed over the ranks in the same order; the
+            # fused gather runs torch's own _grouped_mm derivative on the rows gathered again.
+            for other in ("uneven", "even, gathered first"):
+                torch.testing.assert_close(rank_out["even"][key], rank_out[other][key], rtol=0, atol=0, msg=key)
+
+
+def _kept_for_backward(step, *args) -> dict[int, tuple[int, tuple[int, ...]]]:
+    """The distinct storages that autograd keeps for backward while step(*args) runs: their
+    bytes and the shape of a tensor kept on each."""
+    storages: dict[int, tuple[int, tuple[int, ...]]] = {}
+
+    def count(t: torch.Tensor) -> None:
+        if is_traceable_wrapper_subclass(t):  # the all-to-all's result: its inner tensors hold the bytes
+            for name in t.__tensor_flatten__()[0]:
+                count(getattr(t, name))
+        else:
+            storages[t.untyped_storage().data_ptr()] = (t.untyped_storage().nbytes(), tuple(t.shape))
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        count(t)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        step(*args)
+    return storages
+
+
+def _bytes_kept_for_backward(step, *args) -> int:
+    return sum(nbytes for nbytes, _ in _kept_for_backward(step, *args).values())
+
+
+def _even_split_saved_bytes(tokens: int, n_experts: int, top_k: int) -> dict[str, int]:
+    """One even-split layer (fp32, "grouped_mm"): the bytes it keeps for backward with the fused
+    gather and gathering first, and the sizes the difference is owed to."""
+    ep, rank = dist.get_world_size(), dist.get_rank()
+    torch.manual_seed(rank)
+    x, r = torch.randn(tokens, DIM, requires_grad=True), _routing(tokens, n_experts, top_k, skewed=False)
+    local = n_experts // ep
+    w13, w2 = torch.randn(local, 2 * FFN, DIM), torch.randn(local, DIM, FFN)
+    saved = {}
+    for name, gather_first in (("fused", False), ("gathered first", True)):
+        experts = _experts(n_experts, "grouped_mm", w13, w2, gather_first)
+        saved[name] = _bytes_kept_for_backward(EvenSplitDispatcher(dist.group.WORLD, ep), x, r, experts)
+    saved["grouped rows"] = static_rows(ep * tokens, top_k, local, 16 // x.element_size())
+    return saved
+
+
+def test_even_split_keeps_the_received_rows_not_the_grouped_rows_for_backward():
+    tokens, ep = 6, 2
+    for saved in run_on_ranks(ep, _even_split_saved_bytes, tokens, 8, 2):
+        fewer_rows = saved["grouped rows"] - ep * tokens  # 40 grouped rows (top-2 of 4 local, padded) vs 12 received
+        assert saved["gathered first"] - saved["fused"] >= fewer_rows * DIM * 4, saved
+
+
+def _even_split_experts_step(g, fused: bool, compiled: bool) -> tuple[list[torch.Tensor], list[tuple[int, ...]]]:
+    """The experts of the even split on grouping `g` (bf16: _grouped_mm's fake kernel takes no
+    other dtype): the output and the gradients, and the shapes of the tensors kept for backward."""
+    torch.manual_seed(1)
+    experts = _experts(4, "grouped_mm", torch.randn(4, 2 * FFN, DIM), torch.randn(4, DIM, FFN), not fused).bfloat16()
+    x = torch.randn(g.copies // g.k, DIM, dtype=torch.bfloat16, requires_grad=True)
+    scale = torch.rand(g.rows)
+
+    def layer(x: torch.Tensor) -> torch.Tensor:
+        return sum_rows(experts(x, g.offsets, g.counts, scale, gather=g), g)
+
+    # aot_eager: Dynamo and AOTAutograd's partitioner choose what is kept, as on the GPU rows
+    # (inductor's code generation would take long on two CPU cores).
+    step = torch.compile(layer, backend="aot_eager", fullgraph=True) if compiled else layer
+    out: list[torch.Tensor] = []
+    kept = _kept_for_backward(lambda: out.append(step(x)))
+    out[0].float().pow(2).sum().backward()
+    return [out[0], x.grad, experts.w13.grad, experts.w2.grad], [shape for _, shape in kept.values()]
+
+
+def test_even_split_experts_compiled_equal_eager_and_keep_the_received_rows():
+    torch.manual_seed(0)
+    g = even_split_grouping(torch.randint(0, 5, (12, 2)), local=4, align=8)  # id 4: another rank's expert
+    gathered_first, _ = _even_split_experts_step(g, fused=False, compiled=False)
+    compiled, kept = _even_split_experts_step(g, fused=True, compiled=True)
+    for a, b in zip(compiled, gathered_first):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    # The partitioner chooses what the compiled graph keeps: had it traced backward's gather as a
+    # copy of forward's (an autograd.Function), it would keep the 56 gathered rows, not the 12 received.
+    assert (12, DIM) in kept and (g.rows, DIM) not in kept, kept
 
 
 def test_grouping_of_received_rows_pads_each_expert_and_shares_one_zero_row():

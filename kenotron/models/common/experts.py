@@ -16,6 +16,11 @@ deterministic:
                               grouping.src_copy[p] (padding rows hold zeros)
     sum_rows(y, grouping)     (padded rows, dim) -> (tokens, dim): each token sums its k rows
 
+Under expert parallel's even split (parallel/expert_even_split.py) the grouped buffer is planned
+for the worst case, ep·min(k, local) rows per received token, so the "grouped_mm" kernel gathers
+the rows inside its first product (`gather_grouped_mm`): it keeps the received rows for the weight
+gradient, not the gathered ones, and gathers them again in backward.
+
 Expert compute (`kernel`): "grouped_mm" runs `torch._grouped_mm` (bf16 on Hopper GPUs; torch's
 per-group fallback elsewhere); "for_loop" runs one matrix product per expert over the rows
 torch.split gives it (the reference: exact in fp32, and the path of devices without grouped GEMM).
@@ -158,6 +163,52 @@ def grouped_mm(x: torch.Tensor, w_t: torch.Tensor, offsets: torch.Tensor) -> tor
     return torch._grouped_mm(x, w_t, offs=offsets)
 
 
+# A custom op (torch.library), not an autograd.Function: torch.compile traces an autograd.Function
+# into the joint graph, where the backward's gather is merged with the forward's and the partitioner
+# keeps the gathered rows again; a custom op is opaque to it, so only its inputs are kept.
+def _gathered_product(x: torch.Tensor, w: torch.Tensor, src_copy: torch.Tensor, dest_row: torch.Tensor,
+                      offsets: torch.Tensor, k: int) -> torch.Tensor:
+    return torch._grouped_mm(_gather_rows(x, src_copy, k), w.transpose(-2, -1), offs=offsets)
+
+
+def _gathered_product_grads(grad: torch.Tensor, x: torch.Tensor, w: torch.Tensor, src_copy: torch.Tensor,
+                            dest_row: torch.Tensor, offsets: torch.Tensor,
+                            k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    # torch's own derivative of _grouped_mm (FunctionsManual's _grouped_mm_mat1/2_backward for a
+    # row-major x and a transposed w), on the rows gathered again, then the gather's adjoint. The
+    # weight's first: the gathered rows are freed before the rows' gradient exists.
+    grad_w = torch._grouped_mm(grad.transpose(-2, -1), _gather_rows(x, src_copy, k), offs=offsets)
+    grad_x = _sum_rows(torch._grouped_mm(grad, w, offs=offsets), dest_row, k)
+    return grad_x, grad_w
+
+
+_gather_grouped_mm = torch.library.custom_op("kenotron::gather_grouped_mm", _gathered_product, mutates_args=())
+_gather_grouped_mm_backward = torch.library.custom_op("kenotron::gather_grouped_mm_backward", _gathered_product_grads,
+                                                      mutates_args=())
+# The fake kernels run the same ops: torch._grouped_mm's own fake kernel gives the shapes and strides.
+_gather_grouped_mm.register_fake(_gathered_product)
+_gather_grouped_mm_backward.register_fake(_gathered_product_grads)
+
+
+def _gather_grouped_mm_setup_context(ctx, inputs, output) -> None:
+    x, w, src_copy, dest_row, offsets, k = inputs
+    ctx.save_for_backward(x, w, src_copy, dest_row, offsets)
+    ctx.k = k
+
+
+def _gather_grouped_mm_autograd(ctx, grad: torch.Tensor):
+    return *_gather_grouped_mm_backward(grad, *ctx.saved_tensors, ctx.k), None, None, None, None
+
+
+_gather_grouped_mm.register_autograd(_gather_grouped_mm_autograd, setup_context=_gather_grouped_mm_setup_context)
+
+
+def gather_grouped_mm(x: torch.Tensor, w: torch.Tensor, g: Grouping) -> torch.Tensor:
+    """grouped_mm(gather_rows(x, g), w^T, g.offsets) for w (groups, N, K), keeping x (tokens, K)
+    for backward instead of the (g.rows, K) gathered rows, which backward gathers again."""
+    return _gather_grouped_mm(x, w, g.src_copy, g.dest_row, g.offsets, g.k)
+
+
 def swiglu_rows(h: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up * scale per row, for h = [gate | up] (rows, 2F) and scale (rows,)."""
     gate, up = h.chunk(2, dim=-1)
@@ -192,18 +243,32 @@ class GroupedExperts(nn.Module):
     def local_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
         return self.weight_view(self.w13), self.weight_view(self.w2)
 
-    def forward(self, x: torch.Tensor, offsets: torch.Tensor, counts: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    def gathers_in_first_product(self) -> bool:
+        """Whether forward's `gather` runs inside the first product (`gather_grouped_mm`): the
+        plain "grouped_mm" kernel; float8's product and the per-expert loop take gathered rows."""
+        return self.kernel == "grouped_mm" and self.grouped_mm is grouped_mm
+
+    def forward(self, x: torch.Tensor, offsets: torch.Tensor, counts: torch.Tensor, scale: torch.Tensor,
+                gather: Grouping | None = None) -> torch.Tensor:
         """x (rows, dim) grouped by local expert (group e ends at offsets[e]; `counts` are its
         real rows), `scale` (rows,) each row's routing weight -> (rows, dim). Rows past the last
-        group's end belong to no expert: "grouped_mm" leaves them unwritten, "for_loop" zero."""
+        group's end belong to no expert: "grouped_mm" leaves them unwritten, "for_loop" zero.
+        With `gather`, x is the tokens (tokens, dim) whose rows are gather_rows(x, gather): the
+        plain "grouped_mm" kernel gathers them in its first product (`gather_grouped_mm`)."""
         w13, w2 = self.local_weights()
+        fused_gather = gather is not None and self.gathers_in_first_product()
+        if gather is not None and not fused_gather:  # float8's product or the per-expert loop
+            x = gather_rows(x, gather)
         if self.kernel == "grouped_mm":
             dtype = x.dtype
             if torch.is_autocast_enabled(x.device.type):
                 # torch._grouped_mm has no autocast rule: cast as autocast would for a matmul.
                 dtype = torch.get_autocast_dtype(x.device.type)
                 x = x.to(dtype)
-            h = self.grouped_mm(x, w13.to(dtype).transpose(-2, -1), offsets)
+            if fused_gather:
+                h = gather_grouped_mm(x, w13.to(dtype), gather)
+            else:
+                h = self.grouped_mm(x, w13.to(dtype).transpose(-2, -1), offsets)
             return self.grouped_mm(self.swiglu(h, scale), w2.to(dtype).transpose(-2, -1), offsets)
         return self._for_loop(x, w13, w2, offsets, scale)
 
