@@ -1,17 +1,17 @@
 """`parallelism.cp_scheme = "auto"`: the ring or the all-to-all (Ulysses), settled by one rule.
 
 The rule: **Ulysses where it can run and was measured to win, else the ring** -- that is, on a
-GPU, without document masking, with the ring's attention not named (tuning.cp_attention auto),
+GPU, with the ring's attention not named (tuning.cp_attention auto),
 with the heads splitting over cp (kenotron/degrees.py's `ulysses_head_problem`: the rank's query
 heads divide by cp, its kv heads divide by cp or divide it) and with the closed-form peak under
 Ulysses (planner/analytic.py) fitting the GPU with the estimator's headroom (as reshard_choice.py
 decides `never`).
 
 Why (the GPU rows: docs/parallelism.md, "Ring or all-to-all"): at cp 2 Ulysses ran faster than
-the ring for more memory per GPU; Ulysses with a document mask has no GPU row, where the ring's
-FlexAttention against the gathered keys/values has (faster than plain causal), so a masked run
-keeps the ring. On CPU the
-ring stays: kenotron's exact ring is what the CPU parity tests run, and host memory is not what
+the ring for more memory per GPU, plain causal and document-masked alike (masked: 1.076x the
+ring's FlexAttention against the gathered keys/values, at 64k on 2 x H200, run 99: under the
+ring the documents leave the ranks uneven work, under Ulysses every rank computes every query of
+its heads). On CPU the ring stays: kenotron's exact ring is what the CPU parity tests run, and host memory is not what
 a GPU plan is sized for. Left unsettled (a plan built by hand), "auto" runs the ring.
 
 The trainer (every `Trainer(cfg)`, before any process group), `kenotron estimate` and the
@@ -33,6 +33,7 @@ MEASURED_CP: frozenset[tuple[str, int, bool]] = frozenset({
     ("ring", 2, False), ("ring", 4, False),  # 4 x H200 cp sweep (1B and 8B width; docs/parallelism.md)
     ("ulysses", 2, False),  # 2 x H100, scripts/bench_cp_schemes.py (1B, 32k and 64k)
     ("ring", 2, True),  # 2 x H100, scripts/bench_cp_documents.py (1B, 4096-token mean documents)
+    ("ulysses", 2, True),  # 2 x H200, run 99 (1B, 64k, 4096-token mean documents): 1.076x the ring
 })
 """(scheme, cp, document masking) that GPU runs measured; the search marks its rows of them."""
 
@@ -66,9 +67,6 @@ def _ring_reason(run: ResolvedRun, gpu_memory_gib: float | None) -> str:
     cfg, d, a = run.cfg, run.dims, run.model_args
     if gpu_memory_gib is None or cfg.training.device == "cpu":
         return "no GPU: kenotron's exact ring, as the CPU parity tests run it"
-    if cfg.data.document_masking:
-        return ("data.document_masking: Ulysses with a document mask is not measured on GPUs; the ring's "
-                "FlexAttention against the gathered keys/values is")
     if cfg.tuning.cp_attention != "auto":
         return f"tuning.cp_attention={cfg.tuning.cp_attention!r} names the ring's attention"
     kv_heads = getattr(a, "n_kv_heads", None) or a.n_heads  # MLA: keys and values per query head
@@ -93,7 +91,9 @@ def choose_cp_scheme(run: ResolvedRun, gpu_memory_gib: float | None,
     fits, against_gpu = compare_with_gpu(peak, gpu_memory_gib)
     compared = f"the peak with Ulysses, {against_gpu}"
     if fits:
-        return CpSchemeChoice("ulysses", f"auto: measured 1.09x the ring's tokens/s at cp 2; {compared}", peak)
+        measured = ("1.076x the ring's tokens/s at cp 2 with document masking" if run.cfg.data.document_masking
+                    else "1.09x the ring's tokens/s at cp 2")
+        return CpSchemeChoice("ulysses", f"auto: measured {measured}; {compared}", peak)
     return CpSchemeChoice("ring", f"auto: {compared}", peak)
 
 

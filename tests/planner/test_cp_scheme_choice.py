@@ -11,7 +11,7 @@ from kenotron.config import ConfigError, load_config
 from kenotron.estimate.report import GIB, RESERVED_FRACTION
 from kenotron.planner.analytic_model import AnalyticModel
 from kenotron.planner.cli import main as estimate_main
-from kenotron.planner.cp_scheme_choice import choose_cp_scheme, settle_cp_scheme
+from kenotron.planner.cp_scheme_choice import choose_cp_scheme, cp_row_kind, settle_cp_scheme
 from kenotron.planner.reshard_choice import with_settings
 from kenotron.train.resolve import resolve_run
 
@@ -48,6 +48,14 @@ def test_auto_runs_ulysses_on_a_gpu_where_the_heads_split_and_its_peak_fits():
     assert choice.peak_ulysses / GIB == pytest.approx(17.5, rel=0.05)
 
 
+def test_auto_runs_ulysses_with_document_masking_where_the_heads_split_as_measured_against_the_ring():
+    run = _run("llama3_1b", 2, _bench(65536, "auto") + ["--data.document_masking", "true"])
+    choice = settle_cp_scheme(run, 141)
+    assert choice.scheme == run.plan.settings.cp_scheme == "ulysses", choice
+    assert "measured 1.076x the ring's tokens/s at cp 2 with document masking" in choice.why
+    assert cp_row_kind("ulysses", 2, True) == "measured"
+
+
 def test_auto_keeps_the_ring_where_only_the_ring_fits_the_gpu():
     run = _run("llama3_1b", 2, _bench(65536, "auto"))
     model = AnalyticModel(run)
@@ -61,13 +69,12 @@ def test_auto_keeps_the_ring_where_only_the_ring_fits_the_gpu():
 @pytest.mark.parametrize("config,ngpu,overrides,gpu_gib,scheme,why", [
     ("debug", 2, ["--parallelism.cp", "2"], None, "ring", "no GPU"),
     ("debug", 2, ["--parallelism.cp", "2", "--training.device", "cpu"], 80, "ring", "no GPU"),
-    ("debug", 2, ["--parallelism.cp", "2", "--data.document_masking", "true"], 80, "ring", "data.document_masking"),
     ("debug", 2, ["--parallelism.cp", "2", "--tuning.cp_attention", "ring"], 80, "ring", "names the ring's attention"),
     ("debug", 16, ["--parallelism.cp", "16"], 80, "ring", "8 query heads per tensor-parallel rank do not divide"),
     ("debug", 2, [], 80, "ring", "cp=1"),
     ("debug", 2, ["--parallelism.cp", "2", "--parallelism.cp_scheme", "ring"], 80, "ring", "in the config"),
     ("debug", 2, ["--parallelism.cp", "2", "--parallelism.cp_scheme", "ulysses"], None, "ulysses", "in the config"),
-], ids=["no-gpu", "cpu-device", "document-masking", "named-ring-attention", "heads-do-not-split", "cp1",
+], ids=["no-gpu", "cpu-device", "named-ring-attention", "heads-do-not-split", "cp1",
         "config-ring", "config-ulysses"])
 def test_auto_keeps_the_ring_where_a_condition_fails_and_a_named_scheme_stays(config, ngpu, overrides, gpu_gib, scheme,
                                                                                why):
