@@ -109,6 +109,14 @@ SLOW_LINK_ROWS = [
      "issue 33's table (2 x H200)"),
     ("MoE 4L EP 2, slow link", 2, "qwen3_moe_30b_a3b", MOE + " --compile.enable true --parallelism.ep 2" + FP32, 59_797,
      f"{PERF}, run 74"),
+    # The same link with the defaults of the fifth session (MoE: experts reduced in bf16; EP 2: the even
+    # split), 2 x H200, run 95 (23-28 GB/s bus measured in the same call).
+    ("1B FSDP 2, slow link, run 95", 2, "llama3_1b", B1, 53_757, f"{PERF}, run 95"),
+    ("1B DDP 2, slow link, run 95", 2, "llama3_1b", B1 + DDP2, 51_177, f"{PERF}, run 95"),
+    ("MoE 4L FSDP 2, slow link, run 95", 2, "qwen3_moe_30b_a3b", MOE + " --compile.enable true", 43_647,
+     f"{PERF}, run 95"),
+    ("MoE 4L EP 2, slow link, run 95", 2, "qwen3_moe_30b_a3b", MOE + " --compile.enable true --parallelism.ep 2",
+     60_208, f"{PERF}, run 95"),
     # Four GPUs through host memory: 22-24 GB/s bus for all-gather, reduce-scatter and all-reduce (run 76).
     ("1B FSDP 4, slow link", 4, "llama3_1b", B1, 49_853, f"{PERF}, run 76"),
     ("MoE 4L EP 4, slow link", 4, "qwen3_moe_30b_a3b", MOE + " --compile.enable true --parallelism.ep 4" + FP32, 44_969,
