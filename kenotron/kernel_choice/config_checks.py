@@ -88,6 +88,26 @@ def _installed(name: str) -> bool:
         return True
 
 
+def flash_attn_cp_problem(cfg: JobConfig, dims: ParallelDims, args: Any) -> str:
+    """Why flash_attn cannot run under context parallel ("" when it can). Only the all-to-all
+    (parallelism.cp_scheme='ulysses') runs an ordinary kernel, on the whole sequence of its share
+    of the heads; the ring replaces the kernel with its own over chunk pairs, and so does a ring
+    over the part of cp that the heads do not split over. With the fix in the words."""
+    scheme = cfg.parallelism.cp_scheme
+    if scheme != "ulysses":
+        return (f"parallelism.cp_scheme={scheme!r} may run the ring, which replaces the attention kernel with its "
+                "own over chunk pairs of the sharded sequence; use parallelism.cp_scheme='ulysses' (the all-to-all "
+                "runs the kernel on the whole sequence of its heads), cp=1 or model.attention_backend='auto'")
+    heads = args.n_heads // dims.tp
+    kv_heads = (getattr(args, "n_kv_heads", None) or args.n_heads) // dims.tp
+    degree = ulysses_degree(heads, kv_heads, dims.cp)
+    if degree != dims.cp:
+        return (f"the {heads} query heads per tensor-parallel rank split over {degree} of the {dims.cp} cp ranks, "
+                f"and the ring over the other {dims.cp // degree} replaces the kernel; use a cp that the heads "
+                "divide, or model.attention_backend='auto'")
+    return ""
+
+
 def check_attention(cfg: JobConfig, dims: ParallelDims, args: Any, target: Target, backend: str) -> None:
     """What flex and flash_attn cannot run, refused with the fix in the message (ConfigError).
     `backend`: the requested one, after resolve_attention_backend. A CUDA-only SDPA kernel is
@@ -101,10 +121,9 @@ def check_attention(cfg: JobConfig, dims: ParallelDims, args: Any, target: Targe
     if cfg.data.document_masking:
         name = f"data.document_masking=true ({name})"
     if dims.cp > 1 and backend == "flash_attn":
-        raise ConfigError(
-            f"{name} does not combine with context parallel (parallelism.cp={dims.cp}): context parallel "
-            f"replaces the attention with its own over the sharded sequence; use cp=1 or model.attention_backend='auto'"
-        )
+        problem = flash_attn_cp_problem(cfg, dims, args)
+        if problem:
+            raise ConfigError(f"{name} does not combine with context parallel (parallelism.cp={dims.cp}) here: {problem}")
     if backend == "flex":
         # Under context parallel the document ids travel to every stage with the schedule's inputs.
         if dims.pp > 1 and dims.cp == 1:

@@ -135,7 +135,15 @@ def test_flash_attn_needs_cuda_bf16_no_short_window_and_a_compilable_version(mon
     assert "use model.attention_backend='flex'" in msg
     assert "pip install 'flash-attn>=2.7'" in refused(bf16 + ["--compile.enable", "true"])
     resolve_run(load_config(None, bf16), world_size=1)  # eager, no window: accepted
-    assert "does not combine with context parallel" in refused(bf16 + ["--parallelism.cp", "2"], world_size=2)
+    msg = refused(bf16 + ["--parallelism.cp", "2"], world_size=2)
+    assert "does not combine with context parallel (parallelism.cp=2) here: parallelism.cp_scheme='auto' may run" in msg
+    assert "use parallelism.cp_scheme='ulysses'" in msg
+    # The all-to-all runs the layer's kernel on the whole sequence of its heads: accepted where the
+    # heads split over every cp rank, refused where a ring spans the rest.
+    ulysses = bf16 + ["--parallelism.cp_scheme", "ulysses"]
+    resolve_run(load_config(None, ulysses + ["--parallelism.cp", "2"]), world_size=2)
+    msg = refused(ulysses + ["--parallelism.cp", "16"], world_size=16)
+    assert "heads per tensor-parallel rank split over 8 of the 16 cp ranks, and the ring over the other 2" in msg
     # On an H100 with FlashAttention-4 installed, FA4 runs (kenotron's custom ops): compile is fine.
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *device: (9, 0))
     monkeypatch.setitem(sys.modules, "flash_attn_interface", None)

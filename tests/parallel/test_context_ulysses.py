@@ -54,7 +54,23 @@ CASES = {
     "documents": (2, 4, 2, True, True, 1),
     "document_ids": (2, 4, 2, True, "ids", 1),  # what the trainer hands the module: ids, mask built once
     "dp2_subgroups": (2, 4, 2, True, False, 2),  # cp groups {0, 1} and {2, 3} of a (dp 2, cp 2) mesh
+    "flash_kernel": (2, 4, 2, True, "flash", 1),  # the layer's FlashAttention on the whole sequence of its heads
 }
+
+
+def _stand_in_flash(seen: list[tuple[int, ...]]):
+    """A FlashAttention whose flash_attn_func is causal SDPA in flash-attn's (b, s, h, d) layout,
+    recording the q shapes it is handed."""
+    from kenotron.models.common.flash_attention import FlashAttention
+
+    def func(q, k, v, causal):
+        assert causal
+        seen.append(tuple(q.shape))
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
+                                             enable_gqa=k.shape[2] != q.shape[2])
+        return out.transpose(1, 2)
+
+    return FlashAttention(func, 4)
 
 
 def _rank(case: str, cp_world: int) -> dict:
@@ -67,7 +83,10 @@ def _rank(case: str, cp_world: int) -> dict:
     rows = slice(dp_rank, dp_rank + 1) if dp > 1 else slice(None)
     layout = SequenceLayout(SEQ, cp, load_balance)
     local = [layout.shard(t[rows], cp_rank, dim=2).requires_grad_() for t in (q, k, v)]
-    if with_documents == "ids":
+    seen: list[tuple[int, ...]] = []
+    if with_documents == "flash":
+        out = UlyssesAttention(mesh["cp"].get_group(), load_balance, kernel=_stand_in_flash(seen))(*local)
+    elif with_documents == "ids":
         documents = SimpleNamespace(ids=DOCUMENTS[rows], cache={})
         module = UlyssesAttention(mesh["cp"].get_group(), load_balance)
         out = module(*local, documents)
@@ -78,7 +97,7 @@ def _rank(case: str, cp_world: int) -> dict:
         mask = document_block_mask(DOCUMENTS[rows]) if with_documents else None
         out = ulysses_attention(*local, mesh["cp"].get_group(), load_balance=load_balance, block_mask=mask)
     out.backward(layout.shard(grad_out[rows], cp_rank, dim=2))
-    return {"parts": [out.detach(), *(t.grad for t in local)], "dp_rank": dp_rank, "cp_rank": cp_rank}
+    return {"parts": [out.detach(), *(t.grad for t in local)], "dp_rank": dp_rank, "cp_rank": cp_rank, "seen": seen}
 
 
 def _cases_on(world: int) -> list[str]:
@@ -108,7 +127,9 @@ def test_ulysses_attention_matches_whole_sequence_attention(world, case, results
     results = results_on(world)
     batch, heads, kv_heads, load_balance, with_documents, dp = CASES[case]
     q, k, v, grad_out = _qkv(batch, heads, kv_heads, seed=len(case))
-    want = _reference(q, k, v, grad_out, DOCUMENTS if with_documents else None)
+    want = _reference(q, k, v, grad_out, DOCUMENTS if with_documents not in (False, "flash") else None)
+    if with_documents == "flash":  # the kernel ran once per rank, on the whole sequence of heads / cp
+        assert all(r[case]["seen"] == [(batch, SEQ, heads // (world // dp), HEAD_DIM)] for r in results), results
     layout = SequenceLayout(SEQ, world // dp, load_balance)
     per_rank = [r[case] for r in results]
     for i, name in enumerate(("out", "dq", "dk", "dv")):
@@ -117,6 +138,15 @@ def test_ulysses_attention_matches_whole_sequence_attention(world, case, results
             shards = [r["parts"][i] for r in sorted(per_rank, key=lambda r: r["cp_rank"]) if r["dp_rank"] == d]
             rows.append(layout.unshard(shards, dim=2))
         torch.testing.assert_close(torch.cat(rows), want[i], atol=1e-5, rtol=0, msg=lambda m, n=name: f"{n}: {m}")
+
+
+def test_a_layer_kernel_other_than_sdpa_is_refused_under_a_ring():
+    from kenotron.parallel.context.apply import context_parallel_attention
+    from kenotron.parallel.model_layout import PlanError
+    from kenotron.parallel.parallel_settings import ParallelSettings
+
+    with pytest.raises(PlanError, match=r"runs under context parallel only as the all-to-all's kernel"):
+        context_parallel_attention(None, ParallelSettings(cp_scheme="ring"), None, kernel=_stand_in_flash([]))
 
 
 def test_chunk_places_name_the_rank_and_slot_of_every_chunk():

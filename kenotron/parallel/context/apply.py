@@ -25,12 +25,14 @@ RoPE positions of those tokens: `SequenceSharder.shard(inputs, labels)`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
+from kenotron.models.common.attention import causal_attention, sees_whole_sequence
 from kenotron.parallel.context.flex_gather import FlexContextAttention
 from kenotron.parallel.context.layout import ContextShard, SequenceLayout, shard_batch
 from kenotron.parallel.context.ring import RingAttention
@@ -85,14 +87,21 @@ def ring_attention_module(cp_mesh: DeviceMesh, settings: ParallelSettings) -> nn
 
 
 def context_parallel_attention(cp_mesh: DeviceMesh, settings: ParallelSettings,
-                               split: tuple[DeviceMesh, DeviceMesh] | None = None) -> nn.Module:
+                               split: tuple[DeviceMesh, DeviceMesh] | None = None,
+                               kernel: Callable[..., torch.Tensor] = causal_attention) -> nn.Module:
     """A new CP attention module for one attention layer, as the plan's settings choose it.
-    `split`: Meshes.split_cp's (ring, all-to-all) sub-meshes when the all-to-all spans part of cp."""
+    `split`: Meshes.split_cp's (ring, all-to-all) sub-meshes when the all-to-all spans part of cp.
+    `kernel`: the layer's own whole-sequence kernel (SDPA's causal, or FlashAttention), which only
+    the all-to-all over the whole of cp keeps; a ring runs its own."""
     st = settings
+    if kernel is not causal_attention and (st.cp_scheme != "ulysses" or split is not None):
+        raise PlanError(f"the attention kernel {kernel!r} runs under context parallel only as the all-to-all's "
+                        "kernel over the whole of cp (parallelism.cp_scheme='ulysses' with heads that split over "
+                        "every cp rank); use model.attention_backend='auto'")
     if st.cp_scheme != "ulysses":
         return ring_attention_module(cp_mesh, st)
     if split is None:
-        return UlyssesAttention(cp_mesh.get_group(), st.cp_load_balance)
+        return UlyssesAttention(cp_mesh.get_group(), st.cp_load_balance, kernel=kernel)
     ring_mesh, all_to_all_mesh = split
     return UlyssesAttention(all_to_all_mesh.get_group(), st.cp_load_balance, ring_attention_module(ring_mesh, st))
 
@@ -136,5 +145,7 @@ def apply_context_parallel(model: nn.Module, meshes: Meshes, layout: ModelLayout
                 f"{name} ({type(module).__name__}) has no attention_fn to replace under context parallel; "
                 f"point plan.layout.attention_modules at the attention modules"
             )
-        module.attention_fn = context_parallel_attention(cp_mesh, settings, split)
+        own = module.attention_fn
+        kernel = own if sees_whole_sequence(own) else causal_attention  # FlashAttention, else SDPA's causal
+        module.attention_fn = context_parallel_attention(cp_mesh, settings, split, kernel)
     return SequenceSharder(cp_mesh.size(), cp_mesh.get_local_rank(), settings.cp_load_balance)

@@ -179,6 +179,7 @@ def ulysses_attention(
     load_balance: bool = True,
     block_mask: BlockMask | None = None,
     inner: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    kernel: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] = causal_attention,
 ) -> torch.Tensor:
     """Causal attention of this rank's tokens over the whole sequence sharded on the cp group.
 
@@ -189,6 +190,8 @@ def ulysses_attention(
     `inner`: the ring attention over the ring sub-group when `group` is one all-to-all group of
     a larger cp (module docstring): it gets the group's sequence, which is its ring rank's
     local sequence, and replaces the kernel (the block mask then travels with it, not here).
+    `kernel`: the plain causal kernel on the whole sequence of this rank's heads (SDPA, or the
+    FlashAttention the attention module ran before context parallel replaced it).
     """
     cp = dist.get_world_size(group)
     heads, kv_heads = q.shape[1], k.shape[1]
@@ -202,7 +205,7 @@ def ulysses_attention(
     if cp == 1 and inner is not None:  # nothing to exchange: the ring alone
         return inner(q, k, v)
     if cp == 1:
-        return flex_attend(q, k, v, block_mask) if block_mask is not None else causal_attention(q, k, v)
+        return flex_attend(q, k, v, block_mask) if block_mask is not None else kernel(q, k, v)
     repeats = kv_repeats(kv_heads, cp)
     if repeats > 1:
         k, v = k.repeat_interleave(repeats, dim=1), v.repeat_interleave(repeats, dim=1)
@@ -213,7 +216,7 @@ def ulysses_attention(
     elif block_mask is not None:
         out = flex_attend(q_all, k_all, v_all, block_mask)
     else:
-        out = causal_attention(q_all, k_all, v_all)
+        out = kernel(q_all, k_all, v_all)
     return _gather_heads(out, cp, group, places)
 
 
@@ -245,11 +248,14 @@ class UlyssesAttention(nn.Module):
     (models/common/attention.py's `takes_documents`): it builds the whole sequence's mask, or
     hands the ids to the ring, which masks each chunk pair by them."""
 
-    def __init__(self, group: dist.ProcessGroup, load_balance: bool = True, inner: nn.Module | None = None) -> None:
+    def __init__(self, group: dist.ProcessGroup, load_balance: bool = True, inner: nn.Module | None = None,
+                 kernel: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] = causal_attention) -> None:
         super().__init__()
         self.group = group
         self.load_balance = load_balance
         self.inner = inner
+        self.kernel = kernel
+        """The plain causal kernel on the whole sequence of this rank's heads (`ulysses_attention`)."""
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, documents: Any = None) -> torch.Tensor:
         """`documents`: None (causal), a whole-sequence BlockMask, or document ids (`whole_sequence_mask`)."""
@@ -258,8 +264,10 @@ class UlyssesAttention(nn.Module):
             inner = ring if documents is None else functools.partial(ring, documents=documents)
             return ulysses_attention(q, k, v, self.group, load_balance=self.load_balance, inner=inner)
         mask = None if documents is None else whole_sequence_mask(documents)
-        return ulysses_attention(q, k, v, self.group, load_balance=self.load_balance, block_mask=mask)
+        return ulysses_attention(q, k, v, self.group, load_balance=self.load_balance, block_mask=mask,
+                                 kernel=self.kernel)
 
     def extra_repr(self) -> str:
         ring = f", ring={type(self.inner).__name__}" if self.inner is not None else ""
-        return f"all-to-all={dist.get_world_size(self.group)}, load_balance={self.load_balance}{ring}"
+        kernel = "" if self.kernel is causal_attention else f", kernel={self.kernel!r}"
+        return f"all-to-all={dist.get_world_size(self.group)}, load_balance={self.load_balance}{ring}{kernel}"
