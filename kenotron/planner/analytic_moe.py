@@ -141,7 +141,9 @@ def all_to_all_seconds(run: Any, bandwidth: float, tokens: int, sync_seconds: fl
     sizes on the host, after which the GPU waits `sync_seconds` for the host to launch the rest of
     the layer; under the even split the row copies and the gate span the worst-case buffer: each
     row past even routing's costs (2·D + 8·F)·c bytes at `memory_bytes_per_s` (the rows gathered
-    and their gradients, the gate's reads and writes both ways)."""
+    and their gradients, the gate's reads and writes both ways), and with the grouped GEMM the
+    backward gathers every row of the buffer again (2·D·c bytes a row: the first product keeps
+    the received rows, not the gathered ones; models/common/experts.py's gather_grouped_mm)."""
     moe = getattr(run.model_args, "moe", None)
     ep = run.dims.ep
     if moe is None or ep == 1:
@@ -154,6 +156,9 @@ def all_to_all_seconds(run: Any, bandwidth: float, tokens: int, sync_seconds: fl
     if even:
         extra = static_rows(ep * local, moe.top_k, moe.n_experts // ep, 1) - local * moe.top_k
         per_layer += extra * (2 * run.model_args.dim + 8 * moe.ffn_dim) * c / memory_bytes_per_s
+        if run.choices.expert_kernel == "grouped_mm":  # the gather again in backward
+            per_layer += static_rows(ep * local, moe.top_k, moe.n_experts // ep, 1) * 2 * run.model_args.dim * c / (
+                memory_bytes_per_s)
     else:
         per_layer += sync_seconds
     layers = run.model_args.n_layers / run.dims.pp  # under pipeline parallel a rank runs its stages' blocks only
