@@ -4,6 +4,8 @@ stages) equal to the full simulation, and bad configs failing as the trainer fai
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
@@ -24,6 +26,18 @@ ONE_B = ["--model.flavor", "1B", "--model.n_layers", "4", "--training.seq_len", 
 
 def estimate(ngpu: int, *overrides: str, config: str = DEBUG, full_depth: bool = False):
     return estimate_with_closed_form(load_config(config, list(overrides)), ngpu, gpu_memory_gib=80, full_depth=full_depth)
+
+
+def shared_estimate(ngpu: int, *overrides: str, config: str = DEBUG):
+    """`estimate`, made once per arguments for the tests that only read the report: PP 2, PP 2 with
+    8 microbatches and PP 4 with one block a stage are each priced by two tests (1-3 s each). A
+    test that patches the estimator calls `estimate` while the patch holds."""
+    return _estimate_once(ngpu, overrides, config)
+
+
+@functools.cache
+def _estimate_once(ngpu: int, overrides: tuple[str, ...], config: str):
+    return estimate(ngpu, *overrides, config=config)
 
 
 def stage_static_bytes(ngpu: int, pp_rank: int, overrides: list[str], config: str = DEBUG, copies: bool = True) -> int:
@@ -52,7 +66,7 @@ def stage_static_bytes(ngpu: int, pp_rank: int, overrides: list[str], config: st
     ids=["pp2", "pp4-1B-shaped", "pp2-interleaved-fsdp2"],
 )
 def test_one_rank_class_per_pipeline_rank_holding_its_stages_parameters(ngpu, overrides, config):
-    report = estimate(ngpu, *overrides, config=config)
+    report = shared_estimate(ngpu, *overrides, config=config)
     run = resolve_run(load_config(config, overrides), ngpu)
     assert len(report.ranks) == run.dims.pp
     for pp_rank, rank in enumerate(report.ranks):
@@ -84,7 +98,7 @@ def test_under_a_v_schedule_rank_0_is_priced_with_the_mtp_stage_and_its_copy_of_
 
 
 def test_fsdp_shards_each_stage_over_data_parallel():
-    alone = estimate(2, "--parallelism.pp", "2")
+    alone = shared_estimate(2, "--parallelism.pp", "2")
     sharded = estimate(4, "--parallelism.pp", "2", "--parallelism.dp_shard", "2")
     for a, b in zip(alone.ranks, sharded.ranks):
         assert b.peak.parameters < 0.6 * a.peak.parameters
@@ -97,7 +111,7 @@ def test_1f1b_keeps_more_microbatches_in_flight_on_the_first_stage():
     split = resolve_run(load_config(DEBUG, ["--parallelism.pp", "4", "--training.local_batch_size", "8"]), 4).plan.pipeline
     assert [max_in_flight(rank_actions(split, r))[r] for r in range(4)] == [4, 3, 2, 1]
     # One block per stage: the in-flight microbatches make the difference.
-    report = estimate(4, "--parallelism.pp", "4", "--training.local_batch_size", "8",
+    report = shared_estimate(4, "--parallelism.pp", "4", "--training.local_batch_size", "8",
                       "--parallelism.pp_layers_per_stage", "[1, 1, 1, 1]")
     kept = [r.peak.activations for r in report.ranks]
     assert kept[0] > kept[1] > kept[2] > 0 and kept[0] > kept[3] > 0  # the last stage: one microbatch and its logits
@@ -109,7 +123,7 @@ def test_context_parallel_inside_stages_halves_each_stages_activations_and_shard
     """PP 2 x CP 2 against PP 2: every pipeline rank holds half of each sequence (the replay feeds
     it its shard, the stages' attention is the CP ring) and FSDP shards its stage over cp."""
     args = ("--parallelism.pp", "2", "--training.local_batch_size", "8")
-    alone = estimate(2, *args)
+    alone = shared_estimate(2, *args)
     cp = estimate(4, *args, "--parallelism.cp", "2")
     for pp_rank, (a, b) in enumerate(zip(alone.ranks, cp.ranks)):
         assert 0.4 < b.peak.activations / a.peak.activations < 0.6, (a.peak, b.peak)
@@ -131,7 +145,7 @@ def test_context_parallel_inside_stages_halves_each_stages_activations_and_shard
 def test_shortcuts_equal_the_full_simulation(overrides):
     # Fewer microbatches (and shallow stages for the deep case) against every microbatch and block.
     ngpu = 4 if "--parallelism.dp_shard" in overrides else 2
-    quick = estimate(ngpu, "--parallelism.pp", "2", *overrides)
+    quick = shared_estimate(ngpu, "--parallelism.pp", "2", *overrides)
     full = estimate(ngpu, "--parallelism.pp", "2", *overrides, full_depth=True)
     assert "extended" in quick.method and "every block" in full.method
     if "20" in overrides:
@@ -175,7 +189,7 @@ def test_last_stage_keeps_every_microbatchs_logits_only_when_step_returns_output
     logits (8 x 256 x 4096 fp32) on the last stage until the step ends, and merges them."""
     args = ("--parallelism.pp", "4", "--training.local_batch_size", "8", "--parallelism.pp_layers_per_stage",
             "[1, 1, 1, 1]")
-    without = estimate(4, *args).ranks[3].peak
+    without = shared_estimate(4, *args).ranks[3].peak  # before the patch: test_1f1b_... reads the same report
     monkeypatch.setattr("kenotron.estimate.pipeline_replay.RETURN_OUTPUTS", True)
     kept = estimate(4, *args).ranks[3].peak
     logits = 8 * allocated_bytes(256 * 4096 * 4)
