@@ -11,9 +11,12 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+
+from tests.ahead import Lane
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -25,7 +28,7 @@ def _env() -> dict[str, str]:
     return env
 
 
-def _launcher(mode: str, tmp_path: Path, nproc: int = 2, blocked: tuple[int, ...] = ()) -> subprocess.Popen:
+def _launcher_command(mode: str, tmp_path: Path, nproc: int = 2, blocked: tuple[int, ...] = ()) -> list[str]:
     code = (
         "import sys; from kenotron.launch.launcher import launch; "
         f"sys.exit(launch([{mode!r}, {str(tmp_path)!r}], nproc={nproc}, module='tests.launch.rank_program', "
@@ -33,8 +36,21 @@ def _launcher(mode: str, tmp_path: Path, nproc: int = 2, blocked: tuple[int, ...
     )
     if blocked:  # signals masked in the launcher, a mask its ranks inherit through fork and exec
         code = f"import signal; signal.pthread_sigmask(signal.SIG_BLOCK, {[int(s) for s in blocked]!r}); " + code
-    return subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    return [sys.executable, "-c", code]
+
+
+def _launcher(mode: str, tmp_path: Path, nproc: int = 2, blocked: tuple[int, ...] = ()) -> subprocess.Popen:
+    return subprocess.Popen(_launcher_command(mode, tmp_path, nproc, blocked), cwd=ROOT, env=_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def launcher_run(mode: str) -> Callable[[Path, Lane], subprocess.CompletedProcess]:
+    """The `run_ahead` job (tests/ahead.py) of the launcher's 2 ranks in `mode` until they end: a
+    torchrun start (seconds of imports) that the test only reads the end of."""
+    def job(folder: Path, lane: Lane) -> subprocess.CompletedProcess:
+        return lane.run(_launcher_command(mode, folder), cwd=ROOT, env=_env(), timeout=120)
+    job.__name__ = f"launcher_{mode.replace('-', '_')}"
+    return job
 
 
 def _worker_pids(tmp_path: Path, n: int, timeout: float = 60.0) -> list[int]:
@@ -74,18 +90,20 @@ def _cleanup(pids: list[int]) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
-def test_a_config_error_on_rank_1_reaches_the_console_with_exit_code_2(tmp_path):
-    proc = _launcher("config-error-on-1", tmp_path)
-    out, err = proc.communicate(timeout=120)
+@pytest.mark.run_ahead(job=launcher_run("config-error-on-1"))
+def test_a_config_error_on_rank_1_reaches_the_console_with_exit_code_2(ran_ahead):
+    proc = ran_ahead
+    out, err = proc.stdout, proc.stderr
     assert proc.returncode == 2, err
     assert "kenotron: rank 1: config error: data.path='missing.jsonl' does not exist" in err
     assert "ChildFailedError" not in err + out and "Traceback" not in err + out
     assert "rank 1's output" in err  # where its whole output is kept
 
 
-def test_a_rank_dying_of_a_signal_is_named_with_the_end_of_its_log(tmp_path):
-    proc = _launcher("abort-on-1", tmp_path)
-    out, err = proc.communicate(timeout=120)
+@pytest.mark.run_ahead(job=launcher_run("abort-on-1"))
+def test_a_rank_dying_of_a_signal_is_named_with_the_end_of_its_log(ran_ahead):
+    proc = ran_ahead
+    out, err = proc.stdout, proc.stderr
     assert proc.returncode == 128 + signal.SIGABRT, err
     assert "kenotron: rank 1: died of SIGABRT without a Python error" in err
     assert "| rank 1 about to abort" in err
