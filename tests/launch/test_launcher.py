@@ -1,7 +1,8 @@
 """The launcher (kenotron train / run_train.sh): one line and the right exit code for every end,
 also when the failing rank's output is not on the console; workers die with their launcher.
 
-The ranks run tests/launch/rank_program.py (no torch, so each case costs one torchrun start)."""
+The ranks run tests/launch/rank_program.py (no torch, so each case costs one torchrun start). The
+cases that only wait for the launcher's end run ahead, in the background lane (tests/ahead.py)."""
 
 from __future__ import annotations
 
