@@ -30,7 +30,7 @@ PROCESS_STARTS = {
     "generate/test_cli_output.py": (1, "`kenotron generate` ended by SIGTERM, its output read as it comes"),
     "launch/test_config_checks.py": (1, "`kenotron train` refusing a config before torch is imported"),
     "launch/test_interrupt.py": (2, "Ctrl-C to a launcher and its ranks"),
-    "launch/test_launcher.py": (3, "the launcher's torchrun, its ranks failing, hanging or interrupted"),
+    "launch/test_launcher.py": (5, "the launcher's torchrun, its ranks failing, hanging or interrupted"),
     "launch/test_two_nodes.py": (1, "two ./run_train.sh 'nodes' meeting through torchrun's rendezvous"),
     "planner/test_cli.py": (1, "the planner's time and peak memory as a process of its own"),
     "runtime/test_preflight.py": (3, "checks that must run before torch is imported"),

@@ -6,6 +6,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,6 +14,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
+from tests.ahead import Lane
 from tests.distributed.pool import (
     RankError,
     RankTimeout,
@@ -265,23 +267,28 @@ _ORPHAN_SCRIPT = textwrap.dedent(
 )
 
 
-@pytest.mark.slow
-def test_workers_exit_when_the_parent_is_killed():
-    proc = subprocess.run(
-        [sys.executable, "-c", _ORPHAN_SCRIPT.format(root=REPO_ROOT)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert proc.returncode == -signal.SIGKILL, proc.stderr
-    pids = [int(p) for p in proc.stdout.split()]
-    assert len(pids) == 2
+def kill_a_pool_owner(folder: Path, lane: Lane) -> tuple[subprocess.CompletedProcess, list[int]]:
+    """The `run_ahead` job (tests/ahead.py): a Python that starts a pool of 2 and is then killed
+    outright (its imports and the pool's start: seconds, run in the background lane); gives the
+    process and which of its workers were still alive 10 s after it died (none, polled every 0.1 s)."""
+    proc = lane.run([sys.executable, "-c", _ORPHAN_SCRIPT.format(root=REPO_ROOT)], cwd=folder, env=dict(os.environ),
+                    timeout=120)
+    pids = [int(p) for p in proc.stdout.split()] if proc.returncode == -signal.SIGKILL else []
     deadline = time.monotonic() + 10
     alive = pids
     while alive and time.monotonic() < deadline:
         time.sleep(0.1)
         alive = [p for p in pids if _alive(p)]
+    return proc, alive
+
+
+@pytest.mark.slow
+@pytest.mark.run_ahead(job=kill_a_pool_owner)
+def test_workers_exit_when_the_parent_is_killed(ran_ahead):
+    proc, alive = ran_ahead
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    pids = [int(p) for p in proc.stdout.split()]
+    assert len(pids) == 2
     assert not alive, f"workers {alive} outlived their parent"
 
 

@@ -26,9 +26,24 @@ def estimate(ngpu: int, *overrides: str, full_depth: bool = False):
     return estimate_with_closed_form(load_config(DEBUG, list(overrides)), ngpu, gpu_memory_gib=80, full_depth=full_depth)
 
 
+@pytest.fixture(scope="module")
+def shared_estimate():
+    """`estimate`, made once per arguments in this module for the tests that only read the report:
+    three tests price the same CP 2 and CP 4 layouts (1-2 s each). A test that patches the
+    estimator calls `estimate`."""
+    made = {}
+
+    def once(ngpu: int, *overrides: str):
+        if (ngpu, overrides) not in made:
+            made[ngpu, overrides] = estimate(ngpu, *overrides)
+        return made[ngpu, overrides]
+
+    return once
+
+
 @pytest.mark.parametrize("cp", [2, 4])
-def test_cp_estimates_run_and_report_per_rank_figures(cp):
-    report = estimate(4, *LONG, "--parallelism.cp", str(cp))
+def test_cp_estimates_run_and_report_per_rank_figures(cp, shared_estimate):
+    report = shared_estimate(4, *LONG, "--parallelism.cp", str(cp))
     assert report.layout["cp"] == cp and report.layout["dp_shard"] == 4 // cp
     rank = report.ranks[0]
     assert rank.simulated_rank == 0 and rank.peak.total == report.peak_bytes > 0
@@ -39,10 +54,10 @@ def test_cp_estimates_run_and_report_per_rank_figures(cp):
 
 
 @pytest.mark.parametrize("cp,dp_shard", [(2, 2), (4, 1), (2, 1)])
-def test_parameter_and_optimizer_bytes_follow_fsdp_over_dp_shard_times_cp(cp, dp_shard):
+def test_parameter_and_optimizer_bytes_follow_fsdp_over_dp_shard_times_cp(cp, dp_shard, shared_estimate):
     ngpu = cp * dp_shard
     overrides = [*LONG, "--parallelism.cp", str(cp)]
-    report = estimate(ngpu, *overrides)
+    report = shared_estimate(ngpu, *overrides)
     run = resolve_run(load_config(DEBUG, overrides), ngpu)
     model = AnalyticModel(run)
     peak = report.ranks[0].peak
@@ -54,9 +69,9 @@ def test_parameter_and_optimizer_bytes_follow_fsdp_over_dp_shard_times_cp(cp, dp
     assert peak.optimizer_state == 2 * params + STEP_COUNTER * len(rows)
 
 
-def test_activations_shrink_with_cp_at_fixed_sequence_length():
+def test_activations_shrink_with_cp_at_fixed_sequence_length(shared_estimate):
     saved = {
-        cp: estimate(4, *LONG, "--parallelism.cp", str(cp)).ranks[0].phase_peaks["forward"].activations
+        cp: shared_estimate(4, *LONG, "--parallelism.cp", str(cp)).ranks[0].phase_peaks["forward"].activations
         for cp in (1, 2, 4)
     }
     assert saved[1] / saved[2] == pytest.approx(2, rel=0.15)

@@ -26,6 +26,22 @@ def estimate(ngpu: int, *overrides: str, config: str = DEBUG, full_depth: bool =
     return estimate_with_closed_form(load_config(config, list(overrides)), ngpu, gpu_memory_gib=80, full_depth=full_depth)
 
 
+@pytest.fixture(scope="module")
+def shared_estimate():
+    """`estimate`, made once per arguments in this module for the tests that only read the report:
+    PP 2, PP 2 with 8 microbatches and PP 4 with one block a stage are each priced by two tests
+    (1-3 s each). A test that patches the estimator calls `estimate` while the patch holds."""
+    made = {}
+
+    def once(ngpu: int, *overrides: str, config: str = DEBUG):
+        key = (ngpu, overrides, config)
+        if key not in made:
+            made[key] = estimate(ngpu, *overrides, config=config)
+        return made[key]
+
+    return once
+
+
 def stage_static_bytes(ngpu: int, pp_rank: int, overrides: list[str], config: str = DEBUG, copies: bool = True) -> int:
     """Parameters (this rank's shard, from the plan's own table) + buffers of the rank's stages, built on meta
     (`copies`: with the units a stage holds a copy of)."""
@@ -51,8 +67,8 @@ def stage_static_bytes(ngpu: int, pp_rank: int, overrides: list[str], config: st
     ],
     ids=["pp2", "pp4-1B-shaped", "pp2-interleaved-fsdp2"],
 )
-def test_one_rank_class_per_pipeline_rank_holding_its_stages_parameters(ngpu, overrides, config):
-    report = estimate(ngpu, *overrides, config=config)
+def test_one_rank_class_per_pipeline_rank_holding_its_stages_parameters(ngpu, overrides, config, shared_estimate):
+    report = shared_estimate(ngpu, *overrides, config=config)
     run = resolve_run(load_config(config, overrides), ngpu)
     assert len(report.ranks) == run.dims.pp
     for pp_rank, rank in enumerate(report.ranks):
@@ -83,8 +99,8 @@ def test_under_a_v_schedule_rank_0_is_priced_with_the_mtp_stage_and_its_copy_of_
     assert first.peak.parameters - stage_static_bytes(2, 0, overrides, copies=False) == offset + 4096 * 256 * 4
 
 
-def test_fsdp_shards_each_stage_over_data_parallel():
-    alone = estimate(2, "--parallelism.pp", "2")
+def test_fsdp_shards_each_stage_over_data_parallel(shared_estimate):
+    alone = shared_estimate(2, "--parallelism.pp", "2")
     sharded = estimate(4, "--parallelism.pp", "2", "--parallelism.dp_shard", "2")
     for a, b in zip(alone.ranks, sharded.ranks):
         assert b.peak.parameters < 0.6 * a.peak.parameters
@@ -93,11 +109,11 @@ def test_fsdp_shards_each_stage_over_data_parallel():
         4, 1, ["--parallelism.pp", "2", "--parallelism.dp_shard", "2"])
 
 
-def test_1f1b_keeps_more_microbatches_in_flight_on_the_first_stage():
+def test_1f1b_keeps_more_microbatches_in_flight_on_the_first_stage(shared_estimate):
     split = resolve_run(load_config(DEBUG, ["--parallelism.pp", "4", "--training.local_batch_size", "8"]), 4).plan.pipeline
     assert [max_in_flight(rank_actions(split, r))[r] for r in range(4)] == [4, 3, 2, 1]
     # One block per stage: the in-flight microbatches make the difference.
-    report = estimate(4, "--parallelism.pp", "4", "--training.local_batch_size", "8",
+    report = shared_estimate(4, "--parallelism.pp", "4", "--training.local_batch_size", "8",
                       "--parallelism.pp_layers_per_stage", "[1, 1, 1, 1]")
     kept = [r.peak.activations for r in report.ranks]
     assert kept[0] > kept[1] > kept[2] > 0 and kept[0] > kept[3] > 0  # the last stage: one microbatch and its logits
@@ -105,11 +121,11 @@ def test_1f1b_keeps_more_microbatches_in_flight_on_the_first_stage():
     assert any("stage 0: 4, stage 1: 3, stage 2: 2, stage 3: 1" in note for note in report.notes)
 
 
-def test_context_parallel_inside_stages_halves_each_stages_activations_and_shards_it():
+def test_context_parallel_inside_stages_halves_each_stages_activations_and_shards_it(shared_estimate):
     """PP 2 x CP 2 against PP 2: every pipeline rank holds half of each sequence (the replay feeds
     it its shard, the stages' attention is the CP ring) and FSDP shards its stage over cp."""
     args = ("--parallelism.pp", "2", "--training.local_batch_size", "8")
-    alone = estimate(2, *args)
+    alone = shared_estimate(2, *args)
     cp = estimate(4, *args, "--parallelism.cp", "2")
     for pp_rank, (a, b) in enumerate(zip(alone.ranks, cp.ranks)):
         assert 0.4 < b.peak.activations / a.peak.activations < 0.6, (a.peak, b.peak)
@@ -128,10 +144,10 @@ def test_context_parallel_inside_stages_halves_each_stages_activations_and_shard
     ],
     ids=["1f1b", "gpipe", "deep-stages-fsdp"],
 )
-def test_shortcuts_equal_the_full_simulation(overrides):
+def test_shortcuts_equal_the_full_simulation(overrides, shared_estimate):
     # Fewer microbatches (and shallow stages for the deep case) against every microbatch and block.
     ngpu = 4 if "--parallelism.dp_shard" in overrides else 2
-    quick = estimate(ngpu, "--parallelism.pp", "2", *overrides)
+    quick = shared_estimate(ngpu, "--parallelism.pp", "2", *overrides)
     full = estimate(ngpu, "--parallelism.pp", "2", *overrides, full_depth=True)
     assert "extended" in quick.method and "every block" in full.method
     if "20" in overrides:
@@ -170,12 +186,12 @@ def test_bad_pipeline_configs_raise_the_trainers_own_errors(overrides, error):
     assert str(from_estimator.value) == str(from_trainer.value)
 
 
-def test_last_stage_keeps_every_microbatchs_logits_only_when_step_returns_outputs(monkeypatch):
+def test_last_stage_keeps_every_microbatchs_logits_only_when_step_returns_outputs(monkeypatch, shared_estimate):
     """The trainer passes return_outputs=False; torch's default True keeps the 8 microbatches'
     logits (8 x 256 x 4096 fp32) on the last stage until the step ends, and merges them."""
     args = ("--parallelism.pp", "4", "--training.local_batch_size", "8", "--parallelism.pp_layers_per_stage",
             "[1, 1, 1, 1]")
-    without = estimate(4, *args).ranks[3].peak
+    without = shared_estimate(4, *args).ranks[3].peak  # before the patch: test_1f1b_... reads the same report
     monkeypatch.setattr("kenotron.estimate.pipeline_replay.RETURN_OUTPUTS", True)
     kept = estimate(4, *args).ranks[3].peak
     logits = 8 * allocated_bytes(256 * 4096 * 4)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -17,6 +16,7 @@ import pytest
 from kenotron.data import build_tokenizer
 from kenotron.generate import cli
 from kenotron.models import get_model_spec
+from tests.ahead import Lane
 from tests.generate.test_loading import ARGS, write_hf_folder
 from tests.models.hf_parity import random_kenotron_model
 
@@ -62,25 +62,31 @@ def test_an_interrupt_keeps_the_tokens_made_and_exits_130(monkeypatch, capsys):
                                                      "above is what was made")
 
 
-def test_sigterm_ends_a_long_generation_with_what_it_printed():
-    proc = subprocess.Popen(
+def sigterm_mid_generation(folder: Path, lane: Lane) -> tuple[str, str, str, str, int]:
+    """The `run_ahead` job (tests/ahead.py): `kenotron generate` of 100000 tokens in a process of
+    its own (seconds of imports), read as it prints until 5 ids have come, then sent SIGTERM. Gives
+    its first line, the ids read, the rest of its output, its stderr and its exit code."""
+    proc = lane.start(
         [sys.executable, "-m", "kenotron.cli", "generate", "--model", "llama3", "--flavor", "debug", "--prompt-ids",
          "1", "--max-new-tokens", "100000", "--ignore-eos", "--device", "cpu"],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)},
+        cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)},
     )
-    try:
-        first = proc.stdout.readline()  # the prompt's header, then ids as they come
-        assert first.startswith("--- [0] '1'"), first
+    first = proc.stdout.readline()  # the prompt's header, then ids as they come
+    seen = ""
+    if first.startswith("--- [0] '1'"):
         deadline = time.monotonic() + 120
-        seen = ""
         while len(seen.split()) < 5 and time.monotonic() < deadline:
             seen += proc.stdout.read(1)
-        proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=60)
-    finally:
-        proc.kill()
-    assert proc.returncode == 128 + signal.SIGTERM
+    proc.send_signal(signal.SIGTERM)
+    out, err = lane.wait(proc, 60)
+    return first, seen, out, err, proc.returncode
+
+
+@pytest.mark.run_ahead(job=sigterm_mid_generation)
+def test_sigterm_ends_a_long_generation_with_what_it_printed(ran_ahead):
+    first, seen, out, err, returncode = ran_ahead
+    assert first.startswith("--- [0] '1'"), first
+    assert returncode == 128 + signal.SIGTERM, err
     assert len((seen + out).split()) >= 5
     assert "interrupted after" in err.strip().splitlines()[-1]
 

@@ -1,7 +1,8 @@
 """The launcher (kenotron train / run_train.sh): one line and the right exit code for every end,
 also when the failing rank's output is not on the console; workers die with their launcher.
 
-The ranks run tests/launch/rank_program.py (no torch, so each case costs one torchrun start)."""
+The ranks run tests/launch/rank_program.py (no torch, so each case costs one torchrun start). The
+cases that only wait for the launcher's end run ahead, in the background lane (tests/ahead.py)."""
 
 from __future__ import annotations
 
@@ -11,9 +12,12 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+
+from tests.ahead import Lane
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -25,7 +29,7 @@ def _env() -> dict[str, str]:
     return env
 
 
-def _launcher(mode: str, tmp_path: Path, nproc: int = 2, blocked: tuple[int, ...] = ()) -> subprocess.Popen:
+def _launcher_command(mode: str, tmp_path: Path, nproc: int = 2, blocked: tuple[int, ...] = ()) -> list[str]:
     code = (
         "import sys; from kenotron.launch.launcher import launch; "
         f"sys.exit(launch([{mode!r}, {str(tmp_path)!r}], nproc={nproc}, module='tests.launch.rank_program', "
@@ -33,8 +37,16 @@ def _launcher(mode: str, tmp_path: Path, nproc: int = 2, blocked: tuple[int, ...
     )
     if blocked:  # signals masked in the launcher, a mask its ranks inherit through fork and exec
         code = f"import signal; signal.pthread_sigmask(signal.SIG_BLOCK, {[int(s) for s in blocked]!r}); " + code
-    return subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    return [sys.executable, "-c", code]
+
+
+def launcher_run(mode: str) -> Callable[[Path, Lane], subprocess.CompletedProcess]:
+    """The `run_ahead` job (tests/ahead.py) of the launcher's 2 ranks in `mode` until they end: a
+    torchrun start (seconds of imports) that the test only reads the end of."""
+    def job(folder: Path, lane: Lane) -> subprocess.CompletedProcess:
+        return lane.run(_launcher_command(mode, folder), cwd=ROOT, env=_env(), timeout=120)
+    job.__name__ = f"launcher_{mode.replace('-', '_')}"
+    return job
 
 
 def _worker_pids(tmp_path: Path, n: int, timeout: float = 60.0) -> list[int]:
@@ -74,54 +86,74 @@ def _cleanup(pids: list[int]) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
-def test_a_config_error_on_rank_1_reaches_the_console_with_exit_code_2(tmp_path):
-    proc = _launcher("config-error-on-1", tmp_path)
-    out, err = proc.communicate(timeout=120)
+@pytest.mark.run_ahead(job=launcher_run("config-error-on-1"))
+def test_a_config_error_on_rank_1_reaches_the_console_with_exit_code_2(ran_ahead):
+    proc = ran_ahead
+    out, err = proc.stdout, proc.stderr
     assert proc.returncode == 2, err
     assert "kenotron: rank 1: config error: data.path='missing.jsonl' does not exist" in err
     assert "ChildFailedError" not in err + out and "Traceback" not in err + out
     assert "rank 1's output" in err  # where its whole output is kept
 
 
-def test_a_rank_dying_of_a_signal_is_named_with_the_end_of_its_log(tmp_path):
-    proc = _launcher("abort-on-1", tmp_path)
-    out, err = proc.communicate(timeout=120)
+@pytest.mark.run_ahead(job=launcher_run("abort-on-1"))
+def test_a_rank_dying_of_a_signal_is_named_with_the_end_of_its_log(ran_ahead):
+    proc = ran_ahead
+    out, err = proc.stdout, proc.stderr
     assert proc.returncode == 128 + signal.SIGABRT, err
     assert "kenotron: rank 1: died of SIGABRT without a Python error" in err
     assert "| rank 1 about to abort" in err
     assert "ChildFailedError" not in err + out
 
 
+def killed_launcher(blocked: tuple[int, ...]) -> Callable[[Path, Lane], list[str]]:
+    """The `run_ahead` job (tests/ahead.py) that SIGKILLs the launcher of 2 sleeping ranks (`blocked`:
+    signals masked in it) and gives the /proc state of the ranks still alive 20 s later (none)."""
+    def job(folder: Path, lane: Lane) -> list[str]:
+        proc = lane.start(_launcher_command("sleep", folder, blocked=blocked), cwd=ROOT, env=_env())
+        pids = _worker_pids(folder, 2)
+        try:
+            proc.kill()  # SIGKILL: the launcher cannot forward anything
+            lane.wait(proc, 30)
+            deadline = time.time() + 20
+            while any(_alive(p) for p in pids) and time.time() < deadline:
+                time.sleep(0.2)
+            return [_signal_state(p) for p in pids if _alive(p)]
+        finally:
+            _cleanup(pids)
+    job.__name__ = f"killed_launcher_{'_'.join(map(str, blocked)) or 'plain'}"
+    return job
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent-death signal is Linux's")
-@pytest.mark.parametrize("blocked", [(), (signal.SIGTERM,)], ids=["plain", "sigterm-blocked-in-the-launcher"])
-def test_workers_die_with_a_killed_launcher(tmp_path, blocked):
-    proc = _launcher("sleep", tmp_path, blocked=blocked)
-    pids = _worker_pids(tmp_path, 2)
-    try:
-        proc.kill()  # SIGKILL: the launcher cannot forward anything
-        proc.communicate(timeout=30)
-        deadline = time.time() + 20
-        while any(_alive(p) for p in pids) and time.time() < deadline:
-            time.sleep(0.2)
-        alive = [p for p in pids if _alive(p)]
-        assert not alive, f"workers outlived their launcher: {[_signal_state(p) for p in alive]}"
-    finally:
-        _cleanup(pids)
+@pytest.mark.parametrize("blocked", [pytest.param(b, id=name, marks=pytest.mark.run_ahead(job=killed_launcher(b)))
+                                     for b, name in [((), "plain"), ((signal.SIGTERM,), "sigterm-blocked-in-the-launcher")]])
+def test_workers_die_with_a_killed_launcher(blocked, ran_ahead):
+    alive = ran_ahead
+    assert not alive, f"workers outlived their launcher: {alive}"
 
 
-def test_ctrl_c_stops_every_rank_with_one_line_and_exit_code_130(tmp_path):
-    proc = _launcher("sleep", tmp_path)
-    pids = _worker_pids(tmp_path, 2)
+def interrupted_launcher(folder: Path, lane: Lane) -> tuple[int, str, bool]:
+    """The `run_ahead` job (tests/ahead.py) that sends SIGINT (Ctrl-C) to the launcher of 2 sleeping
+    ranks: its exit code, its output, and whether a rank outlived it."""
+    proc = lane.start(_launcher_command("sleep", folder), cwd=ROOT, env=_env())
+    pids = _worker_pids(folder, 2)
     try:
         time.sleep(0.5)
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=60)
-        assert proc.returncode == 130, err
-        assert "kenotron: interrupted on rank 0" in out + err
-        assert "Traceback" not in out + err and "ChildFailedError" not in out + err
-        assert not any(_alive(p) for p in pids)
+        out, err = lane.wait(proc, 60)
+        return proc.returncode, out + err, any(_alive(p) for p in pids)
     finally:
         _cleanup(pids)
+
+
+@pytest.mark.run_ahead(job=interrupted_launcher)
+def test_ctrl_c_stops_every_rank_with_one_line_and_exit_code_130(ran_ahead):
+    returncode, output, a_rank_survived = ran_ahead
+    assert returncode == 130, output
+    assert "kenotron: interrupted on rank 0" in output
+    assert "Traceback" not in output and "ChildFailedError" not in output
+    assert not a_rank_survived
 
 
 def test_run_train_sh_passes_a_config_error_through_as_exit_code_2():
