@@ -3,14 +3,13 @@ part the peer's), and the count of tensors received in place is read off storage
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import textwrap
 
 import pytest
 import torch
 
 from kenotron.fault_tolerance.torchft_import import unavailable_reason
+from tests.fork_server import fork_server
 
 pytestmark = pytest.mark.skipif(unavailable_reason() is not None, reason=str(unavailable_reason()))
 
@@ -40,10 +39,10 @@ BROKEN_RECEIVE = textwrap.dedent("""
 def test_a_receive_broken_off_part_way_exits_the_rank_with_the_restart_code():
     from kenotron.fault_tolerance.timed_transport import BROKEN_RECEIVE_EXIT
 
-    done = subprocess.run([sys.executable, "-c", BROKEN_RECEIVE], check=False, capture_output=True, text=True, timeout=120)
-    assert done.returncode == BROKEN_RECEIVE_EXIT, done.stdout + done.stderr
-    assert "broke off (RuntimeError: Connection closed by peer)" in done.stdout + done.stderr
-    assert "returned" not in done.stdout
+    code, out, err = fork_server(("torch", "torchft")).run(["-c", BROKEN_RECEIVE], 120)
+    assert code == BROKEN_RECEIVE_EXIT, out + err
+    assert "broke off (RuntimeError: Connection closed by peer)" in out + err
+    assert "returned" not in out
 
 
 def test_in_place_count_counts_received_tensors_in_the_own_states_storages():
