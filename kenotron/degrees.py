@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from kenotron.errors import ConfigError
 
@@ -211,6 +212,19 @@ def ulysses_degree(heads: int, kv_heads: int, cp: int) -> int:
     they split (`ulysses_head_problem`); a ring spans the other cp / u (parallel/context/ulysses.py).
     u = cp: the all-to-all alone; u = 1: the heads share nothing with cp (refused)."""
     return max(u for u in _divisors(cp) if not ulysses_head_problem(heads, kv_heads, u))
+
+
+def attention_heads(args: Any) -> tuple[int, int]:
+    """A model's (query heads, key/value heads): without n_kv_heads (MLA) keys and values are per
+    query head."""
+    heads = args.n_heads
+    return heads, getattr(args, "n_kv_heads", None) or heads
+
+
+def model_ulysses_degree(args: Any, dims: ParallelDims) -> int:
+    """`ulysses_degree` for a model's heads after tensor parallel, at the run's cp."""
+    heads, kv_heads = attention_heads(args)
+    return ulysses_degree(heads // dims.tp, kv_heads // dims.tp, dims.cp)
 
 
 def check_ulysses_heads(dims: ParallelDims, heads: int, kv_heads: int) -> None:

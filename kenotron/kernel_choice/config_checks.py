@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from kenotron.config import ConfigError, JobConfig
-from kenotron.degrees import ParallelDims, check_ulysses_heads, ulysses_degree
+from kenotron.degrees import ParallelDims, attention_heads, check_ulysses_heads, model_ulysses_degree
 from kenotron.kernel_choice.target import Target
 from kenotron.kernel_choice.tuning import (
     resolve_adamw_implementation,
@@ -98,13 +98,11 @@ def flash_attn_cp_problem(cfg: JobConfig, dims: ParallelDims, args: Any) -> str:
         return (f"parallelism.cp_scheme={scheme!r} may run the ring, which replaces the attention kernel with its "
                 "own over chunk pairs of the sharded sequence; use parallelism.cp_scheme='ulysses' (the all-to-all "
                 "runs the kernel on the whole sequence of its heads), cp=1 or model.attention_backend='auto'")
-    heads = args.n_heads // dims.tp
-    kv_heads = (getattr(args, "n_kv_heads", None) or args.n_heads) // dims.tp
-    degree = ulysses_degree(heads, kv_heads, dims.cp)
+    degree = model_ulysses_degree(args, dims)
     if degree != dims.cp:
-        return (f"the {heads} query heads per tensor-parallel rank split over {degree} of the {dims.cp} cp ranks, "
-                f"and the ring over the other {dims.cp // degree} replaces the kernel; use a cp that the heads "
-                "divide, or model.attention_backend='auto'")
+        return (f"the {args.n_heads // dims.tp} query heads per tensor-parallel rank split over {degree} of the "
+                f"{dims.cp} cp ranks, and the ring over the other {dims.cp // degree} replaces the kernel; use a cp "
+                "that the heads divide, or model.attention_backend='auto'")
     return ""
 
 
@@ -174,10 +172,8 @@ def check_context_parallel(cfg: JobConfig, dims: ParallelDims, spec: ModelSpec, 
             f"{t.seq_len}; use training.seq_len <= {window}, a flavor without a window, or cp=1"
         )
     if cfg.parallelism.cp_scheme == "ulysses":
-        heads = args.n_heads
-        kv_heads = getattr(args, "n_kv_heads", None) or heads  # MLA: k/v per query head
-        check_ulysses_heads(dims, heads, kv_heads)
-        if ulysses_degree(heads // dims.tp, kv_heads // dims.tp, dims.cp) == dims.cp:
+        check_ulysses_heads(dims, *attention_heads(args))
+        if model_ulysses_degree(args, dims) == dims.cp:
             return  # the all-to-all alone: the ring's own settings below do not apply
     on_cuda = target.device_type == "cuda"
     if u.cp_attention == "torch" and not on_cuda:

@@ -18,7 +18,7 @@ import torch
 
 from kenotron.config import ConfigError, JobConfig
 from kenotron.data import build_tokenizer, check_data_config
-from kenotron.degrees import ParallelDims, ulysses_degree
+from kenotron.degrees import ParallelDims, model_ulysses_degree
 from kenotron.kernel_choice.choices import Choices, resolve_choices
 from kenotron.kernel_choice.config_checks import settle_kernels
 from kenotron.kernel_choice.target import Target
@@ -119,8 +119,7 @@ def resolve_layout(cfg: JobConfig, world_size: int, spec: ModelSpec, args: Any, 
     plan.settings.cp_attention = cp_attention_kind(plan.settings.cp_attention, target.device_type,
                                                    cfg.data.document_masking)
     if dims.cp > 1 and getattr(args, "n_heads", None):  # the all-to-all's share of cp under cp_scheme ulysses
-        kv_heads = getattr(args, "n_kv_heads", None) or args.n_heads  # MLA: keys and values per query head
-        plan.settings.cp_ulysses_degree = ulysses_degree(args.n_heads // dims.tp, kv_heads // dims.tp, dims.cp)
+        plan.settings.cp_ulysses_degree = model_ulysses_degree(args, dims)
     plan.settings.check(plan.layout.count_blocks(meta_model), dims.degrees())
     if dims.pp > 1:
         q, u = cfg.parallelism, cfg.tuning
