@@ -4,8 +4,8 @@ rank's own state, with the rejoin timeline's marks around the transfer.
 
 In place: torchft's PGTransport, given a function that returns a state of the same structure,
 receives each tensor straight into that state's storage. Without it, it receives each tensor
-into a new device buffer, waits, and copies it to host memory before the next: the 1B state's
-17.8 GB then crossed at 1.3 GB/s on 2 × H200 (docs/performance.md, run 94). Every group has the
+into a new device buffer, waits, and copies it to host memory before the next (docs/
+fault-tolerance.md, "The live state's transport", has the figures of both). Every group has the
 same layout, so this rank's weights and optimizer moments (`local_state`: DTensors as their
 local shards) have the sender's structure and storage sizes. The other tensors (the LR schedule's
 and the data position's JSON as bytes, whose lengths differ between two states) and a leaf this
@@ -14,9 +14,8 @@ rank lacks (optimizer moments before the first step) take torchft's allocating p
 A receive that breaks off part way has overwritten part of this rank's state with the peer's:
 the process exits (torchrun restarts it, and it rejoins clean) rather than train on a mix.
 
-Measured against torchft's HTTP transport (one pickled stream through host memory on both sides)
-on 2 × H200 (runs 94–97): 26.9 s from the kill to the live state against 37.9 s, and HTTP's kill
-run finished once in three; the process group is the one transport.
+torchft's HTTP transport (one pickled stream through host memory on both sides) is not offered:
+it was the slower of the two on GPUs and did not always finish (the same section).
 
 Imported by replicas.py once torchft was found to load (torchft_import.py)."""
 

@@ -8,10 +8,9 @@ Ulysses (planner/analytic.py) fitting the GPU with the estimator's headroom (as 
 decides `never`).
 
 Why (the GPU rows: docs/parallelism.md, "Ring or all-to-all"): at cp 2 Ulysses ran faster than
-the ring for more memory per GPU, plain causal and document-masked alike (masked: 1.076x the
-ring's FlexAttention against the gathered keys/values, at 64k on 2 x H200, run 99: under the
-ring the documents leave the ranks uneven work, under Ulysses every rank computes every query of
-its heads). On CPU the ring stays: kenotron's exact ring is what the CPU parity tests run, and host memory is not what
+the ring for more memory per GPU, plain causal and document-masked alike (under the ring the
+documents leave the ranks uneven work, under Ulysses every rank computes every query of its
+heads). On CPU the ring stays: kenotron's exact ring is what the CPU parity tests run, and host memory is not what
 a GPU plan is sized for. Left unsettled (a plan built by hand), "auto" runs the ring.
 
 The trainer (every `Trainer(cfg)`, before any process group), `kenotron estimate` and the
@@ -33,7 +32,7 @@ MEASURED_CP: frozenset[tuple[str, int, bool]] = frozenset({
     ("ring", 2, False), ("ring", 4, False),  # 4 x H200 cp sweep (1B and 8B width; docs/parallelism.md)
     ("ulysses", 2, False),  # 2 x H100, scripts/bench_cp_schemes.py (1B, 32k and 64k)
     ("ring", 2, True),  # 2 x H100, scripts/bench_cp_documents.py (1B, 4096-token mean documents)
-    ("ulysses", 2, True),  # 2 x H200, run 99 (1B, 64k, 4096-token mean documents): 1.076x the ring
+    ("ulysses", 2, True),  # 2 x H200, run 99 of docs/performance.md (1B, 64k, 4096-token mean documents)
 })
 """(scheme, cp, document masking) that GPU runs measured; the search marks its rows of them."""
 
