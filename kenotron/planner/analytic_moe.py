@@ -154,11 +154,10 @@ def all_to_all_seconds(run: Any, bandwidth: float, tokens: int, sync_seconds: fl
     rows = remote_rows_per_token(moe.n_experts, moe.top_k, ep, even)
     per_layer = 4 * local * rows * run.model_args.dim * c / bandwidth
     if even:
-        extra = static_rows(ep * local, moe.top_k, moe.n_experts // ep, 1) - local * moe.top_k
-        per_layer += extra * (2 * run.model_args.dim + 8 * moe.ffn_dim) * c / memory_bytes_per_s
+        buffer = static_rows(ep * local, moe.top_k, moe.n_experts // ep, 1)
+        per_layer += (buffer - local * moe.top_k) * (2 * run.model_args.dim + 8 * moe.ffn_dim) * c / memory_bytes_per_s
         if run.choices.expert_kernel == "grouped_mm":  # the gather again in backward
-            per_layer += static_rows(ep * local, moe.top_k, moe.n_experts // ep, 1) * 2 * run.model_args.dim * c / (
-                memory_bytes_per_s)
+            per_layer += buffer * 2 * run.model_args.dim * c / memory_bytes_per_s
     else:
         per_layer += sync_seconds
     layers = run.model_args.n_layers / run.dims.pp  # under pipeline parallel a rank runs its stages' blocks only
