@@ -44,9 +44,10 @@ def parser(prog: str = "python estimation.py") -> argparse.ArgumentParser:
                    help="search layouts, AC modes and local batch sizes that fit, ranked by modelled throughput")
     p.add_argument("--full-depth", action="store_true",
                    help="simulate every block instead of extrapolating from two shallow copies (slower)")
-    p.add_argument("--document-tokens", type=int, default=None,
-                   help="with data.document_masking: the packed documents' typical length in tokens, to price the "
-                        "attention the mask skips (default: priced as plain causal)")
+    p.add_argument("--document-tokens", type=float, default=None,
+                   help="with data.document_masking: the packed documents' mean length in tokens (exponential "
+                        "lengths), to price the attention the mask leaves (default: the packed-documents loader's "
+                        "data.path, else 4096)")
     p.add_argument("--top-modules", type=int, default=8, help="modules listed by activation memory")
     p.add_argument("--top", type=int, default=10, help="--search: candidates listed")
     p.add_argument("--confirm", type=int, default=3, help="--search: best candidates re-checked on fake tensors")
@@ -74,17 +75,22 @@ def main(argv: list[str] | None = None, prog: str = "python estimation.py") -> i
         print(f"kenotron: --ngpu {args.ngpu} must be >= 1", file=sys.stderr)
         return 2
     for flag, value in (("--gpus-per-node", args.gpus_per_node), ("--node-gb-s", args.node_gb_s),
-                        ("--network-gb-s", args.network_gb_s), ("--document-tokens", 1 if args.document_tokens is None else args.document_tokens)):
+                        ("--network-gb-s", args.network_gb_s)):
         if not value > 0:
             print(f"kenotron: {flag} {value} must be > 0", file=sys.stderr)
             return 2
+    if args.document_tokens is not None and not args.document_tokens >= 1:
+        print(f"kenotron: --document-tokens {args.document_tokens} is not a mean document length; use a value >= 1 "
+              "(tokens)", file=sys.stderr)
+        return 2
     hw = dataclasses.replace(Hardware(), gpus_per_node=args.gpus_per_node, nvlink_bytes_per_s=args.node_gb_s * 1e9,
                              network_bytes_per_s=args.network_gb_s * 1e9)
     budget = args.gpu_memory_gib if args.gpu_memory_gib is not None else default_gpu_memory_gib()
     try:
         cfg = load_config(config_path, overrides)
         if args.search:
-            result = search_layouts(cfg, args.ngpu, budget, top=args.top, confirm=args.confirm, hw=hw)
+            result = search_layouts(cfg, args.ngpu, budget, top=args.top, confirm=args.confirm, hw=hw,
+                                    document_tokens=args.document_tokens)
             print(format_search(result))
             payload = result.to_dict()
         else:

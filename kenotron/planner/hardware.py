@@ -22,6 +22,9 @@ class Hardware:
     than e_attn prices it: the kernel runs unsplit over the whole sequence, where the ring's
     (whose rows pin e_attn) runs per chunk pair and merges partial outputs. Fitted to the 1B pair
     at cp 2 on 2 x H100 (the rows and their fit: docs/parallelism.md, "Ring or all-to-all")."""
+    document_tile_cost: float = 1.4
+    """Cost of one 128 x 128 tile that FlexAttention's document-masked kernel keeps, in causal
+    attention's tiles at e_attn (fitted to the document-masked CP rows: docs/estimation.md)."""
     scan_efficiency: float = 0.0764
     """Share of the peak Mamba-2's scan reaches, with the memory-bound work around it (fitted)."""
     elementwise_passes: float = 7.49

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from kenotron.planner.analytic_model import AnalyticModel
 from kenotron.planner.hardware import Hardware
-from kenotron.planner.throughput import StepTime, packed_attention_share, step_time
+from kenotron.planner.throughput import StepTime, step_time
 from kenotron.train.resolve import ResolvedRun
 
 
@@ -28,16 +28,11 @@ def format_prediction(step: StepTime, hw: Hardware) -> str:
             "Throughput model)")
 
 
-def predict(run: ResolvedRun, hw: Hardware | None = None, document_tokens: int | None = None) -> str:
+def predict(run: ResolvedRun, hw: Hardware | None = None, document_tokens: float | None = None) -> str:
     """The prediction's lines for `run` on `hw` (the default cluster: H200s, 8 per node). With
-    data.document_masking, `document_tokens` (the packed documents' typical length) prices the
-    attention at the share of tiles such documents leave; without it, at plain causal cost."""
+    data.document_masking, one more line says the documents and the masked attention work priced
+    (`document_tokens`: their mean length; masked_attention.document_lengths says the default)."""
     hw = hw or Hardware()
-    share, note = 1.0, ""
-    if run.cfg.data.document_masking:
-        if document_tokens is None:
-            note = "\n  Attention priced as plain causal; --document-tokens N prices the tiles the document mask skips."
-        else:
-            share = packed_attention_share(run.cfg.training.seq_len, document_tokens)
-            note = f"\n  Attention priced at {share:.3f} of causal ({document_tokens}-token documents, document masking)."
-    return format_prediction(step_time(run, AnalyticModel(run), hw, attention_share=share), hw) + note
+    step = step_time(run, AnalyticModel(run), hw, document_tokens)
+    note = f"\n  {step.documents.describe()}" if step.documents is not None else ""
+    return format_prediction(step, hw) + note

@@ -48,6 +48,7 @@ from kenotron.kernel_choice.target import Target
 from kenotron.planner.analytic_model import AnalyticModel
 from kenotron.planner.cp_scheme_choice import cp_row_kind
 from kenotron.planner.hardware import Hardware
+from kenotron.planner.masked_attention import describe_priced
 from kenotron.planner.reshard_choice import settle_reshard_after_forward
 from kenotron.planner.throughput import StepTime, step_time
 from kenotron.progress import progress_bar
@@ -256,9 +257,11 @@ def _trials(
 
 
 def enumerate_candidates(
-    base: ResolvedRun, model: AnalyticModel, ngpu: int, global_batch: int, hw: Hardware, gpu_memory_gib: float
+    base: ResolvedRun, model: AnalyticModel, ngpu: int, global_batch: int, hw: Hardware, gpu_memory_gib: float,
+    document_tokens: float | None = None,
 ) -> list[Candidate]:
-    """Every valid candidate, priced (analytic memory, modelled step time) with the reshard policy
+    """Every valid candidate, priced (analytic memory, modelled step time; `document_tokens`: the
+    mean document length under data.document_masking, step_time's) with the reshard policy
     the trainer would settle on GPUs of `gpu_memory_gib` (reshard_choice.py). On a terminal a bar
     counts the layouts priced out of all to price (stderr; nothing when it is a file or a pipe)."""
     trials = _trials(base, ngpu, global_batch, hw)
@@ -282,7 +285,7 @@ def enumerate_candidates(
             settle_reshard_after_forward(run, gpu_memory_gib, model)
             out.append(Candidate(
                 {**dims.degrees(), "ep": ep}, dp_mode, ac, local, run.grad_accum_steps, model.peak(run).total,
-                step_time(run, model, hw), scheme, cp_row_kind(scheme, dims.cp, cfg.data.document_masking),
+                step_time(run, model, hw, document_tokens), scheme, cp_row_kind(scheme, dims.cp, cfg.data.document_masking),
                 pp_schedule=schedule, pp_stages_per_rank=v,
             ))
     finally:
@@ -291,9 +294,11 @@ def enumerate_candidates(
 
 
 def search_layouts(
-    cfg: JobConfig, ngpu: int, gpu_memory_gib: float, *, top: int = 10, confirm: int = 3, hw: Hardware | None = None
+    cfg: JobConfig, ngpu: int, gpu_memory_gib: float, *, top: int = 10, confirm: int = 3, hw: Hardware | None = None,
+    document_tokens: float | None = None,
 ) -> SearchResult:
-    """Fitting layouts for `cfg`'s model on `ngpu` GPUs, best modelled throughput first."""
+    """Fitting layouts for `cfg`'s model on `ngpu` GPUs, best modelled throughput first
+    (`document_tokens`: the mean document length under data.document_masking, step_time's)."""
     start = time.perf_counter()
     hw = hw or Hardware()
     global_batch = target_global_batch(cfg, ngpu)
@@ -301,7 +306,7 @@ def search_layouts(
     # The config's other values get the trainer's checks once, on a plain data-parallel layout.
     base = resolve_run(_with(cfg, parallelism=defaults, training={"global_batch_size": -1}), ngpu, check_data=False)
     model = AnalyticModel(base)
-    candidates = enumerate_candidates(base, model, ngpu, global_batch, hw, gpu_memory_gib)
+    candidates = enumerate_candidates(base, model, ngpu, global_batch, hw, gpu_memory_gib, document_tokens)
     budget = gpu_memory_gib * (1 - RESERVED_FRACTION) * 2**30
     fitting = sorted((c for c in candidates if c.analytic_peak <= budget),
                      key=lambda c: (-c.step.tokens_per_s_per_gpu, c.analytic_peak))
@@ -343,6 +348,9 @@ def search_layouts(
         if len(ranked) >= top and confirmed >= min(confirm, len(fitting)):
             break
     bar.close()
+    priced = [c.step.documents for c in ranked if c.step.documents is not None]
+    if priced:
+        notes.append(describe_priced(priced))
     return SearchResult(describe_model(base, model.parameter_count), ngpu, gpu_memory_gib, global_batch, ranked, len(candidates), notes,
                         time.perf_counter() - start)
 

@@ -4,11 +4,14 @@ Per optimizer step, on one rank (G global batch, s sequence, dp = dp_replicate·
 m micro-steps of b sequences, t = tp, p = cp, q = pp, T = b·s/p the rank's tokens per micro-step):
 
   compute  = m · (kernels + loss + accumulation) of a micro-step over the whole model
-             (step_compute.py: matmuls at e_mm of the peak, attention at e_attn (times the share
-             a document mask leaves, `attention_share`), Mamba's scan
+             (step_compute.py: matmuls at e_mm of the peak, attention at e_attn, Mamba's scan
              at e_scan, the elementwise kernels (κ times a block's saved activations), the loss
              and fp32 gradient accumulation at the memory bandwidth B_mem; activation
-             checkpointing's reruns per kind of work: `recompute`)
+             checkpointing's reruns per kind of work: `recompute`); with data.document_masking
+             the attention is the busiest rank's tiles under the mask, each at w times a causal
+             tile's cost (masked_attention.py: the expected share of causal tiles the documents
+             leave, times the ring's busiest rank over the mean; w = `Hardware.document_tile_cost`,
+             FlexAttention's document-masked kernel against the causal one)
   pipeline = m · the schedule step in place of compute (pipeline parallel, µ microbatches of T/µ
              tokens): every rank's own order on a timeline (pipeline_timeline.py), each stage's
              forward, backward and the zero-bubble input and weight passes lasting their share
@@ -77,14 +80,11 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-import torch
-
 from kenotron.estimate.static_memory import data_parallel_kind, zero1_ranks
-from kenotron.parallel.context.documents import FLEX_BLOCK, masked_work
-from kenotron.parallel.context.layout import SequenceLayout
 from kenotron.planner.analytic_model import AnalyticModel
 from kenotron.planner.analytic_moe import all_to_all_seconds
 from kenotron.planner.hardware import Hardware
+from kenotron.planner.masked_attention import DocumentAttention, document_attention
 from kenotron.planner.pipeline_timeline import step_seconds
 from kenotron.planner.step_compute import (
     Rates,
@@ -127,6 +127,8 @@ class StepTime:
 
     data_parallel_tail: float = 0.0
     """The last gradient reduction of the backward (the root unit's), which nothing overlaps."""
+    documents: DocumentAttention | None = None
+    """Under data.document_masking: the documents and the masked attention work priced."""
 
     @property
     def seconds(self) -> float:
@@ -144,16 +146,6 @@ class StepTime:
     @property
     def tokens_per_s_per_gpu(self) -> float:
         return self.tokens / self.seconds / self.world
-
-
-def packed_attention_share(seq_len: int, document_tokens: int, block: int = FLEX_BLOCK) -> float:
-    """Share of causal attention's tiles a document mask leaves when every document of the packed
-    windows is `document_tokens` long (documents.masked_work on such a window): about
-    (document_tokens + block) / seq_len for documents much shorter than the window."""
-    if document_tokens < 1 or seq_len < 1:
-        raise ValueError(f"document_tokens={document_tokens} and seq_len={seq_len} must be >= 1")
-    ids = (torch.arange(seq_len) // document_tokens)[None]
-    return masked_work(ids, SequenceLayout(seq_len, 1, load_balance=False), block).kept_fraction
 
 
 def _bandwidth(group_size: int, inner: int, hw: Hardware) -> float:
@@ -186,7 +178,8 @@ def cp_block_seconds(run: ResolvedRun, micro_tokens: int, c: int, hw: Hardware) 
 
 def unsplit_attention_gain(run: ResolvedRun, hw: Hardware) -> float:
     """Attention's speed-up under Ulysses over the ring-fitted e_attn (module docstring): plain
-    causal only (the pair measured); a document-masked run's flex kernel gets none."""
+    causal only (the pair measured); a document-masked run's flex kernel gets none (under both
+    schemes it is one flex call per layer; the ring's is priced by its busiest rank instead)."""
     st = run.plan.settings
     whole = (st.cp_ulysses_degree or run.dims.cp) == run.dims.cp  # a ring inside splits the attention
     unsplit = run.dims.cp > 1 and st.cp_scheme == "ulysses" and whole and not run.cfg.data.document_masking
@@ -209,11 +202,11 @@ def recompute(run: ResolvedRun) -> Recompute:
     return Recompute(1.0, 1.0, 1.0)
 
 
-def step_time(run: ResolvedRun, model: AnalyticModel, hw: Hardware | None = None, attention_share: float = 1.0) -> StepTime:
-    """The model above for one resolved run of `model`'s family and size. `attention_share`: the
-    share of causal attention's work a document mask leaves (data.document_masking: the fused
-    kernels skip the empty tiles; `packed_attention_share` for documents of a typical length, or
-    MaskedWork.kept_fraction measured on batches); 1 prices plain causal attention."""
+def step_time(run: ResolvedRun, model: AnalyticModel, hw: Hardware | None = None,
+              document_tokens: float | None = None) -> StepTime:
+    """The model above for one resolved run of `model`'s family and size. `document_tokens`: under
+    data.document_masking, the packed documents' mean length (masked_attention.document_lengths:
+    else the packed-documents loader's, else its default)."""
     hw = hw or Hardware()
     params = model.parameters(run)
     a, t, d = run.model_args, run.cfg.training, run.dims
@@ -222,9 +215,9 @@ def step_time(run: ResolvedRun, model: AnalyticModel, hw: Hardware | None = None
     micro_tokens = t.local_batch_size * t.seq_len
     units = model.units(run)
     r = rates(run, units, model.kind, recompute(run), hw)
-    if not 0 < attention_share <= 1:
-        raise ValueError(f"attention_share={attention_share} is not a share of the causal work; use a value in (0, 1]")
-    r = dataclasses.replace(r, attention=r.attention * attention_share / unsplit_attention_gain(run, hw))
+    documents = document_attention(run, document_tokens)
+    share = 1.0 if documents is None else documents.busiest_share * hw.document_tile_cost
+    r = dataclasses.replace(r, attention=r.attention * share / unsplit_attention_gain(run, hw))
     local = params.local / 4  # this rank's parameters (params.local counts fp32 bytes)
     if run.plan.pipeline is not None and d.pp > 1:
         compute, bubble, optimizer = pipeline_compute(run, model, units, r, local / model.parameter_count, hw)
@@ -295,7 +288,8 @@ def step_time(run: ResolvedRun, model: AnalyticModel, hw: Hardware | None = None
     ep_time = all_to_all_seconds(run, _bandwidth(d.ep, d.tp, hw), micro_tokens // d.cp, hw.ep_sync_s,
                                  hw.memory_bytes_per_s)
     compute += hw.collective_sm_share * dp_time
-    return StepTime(compute, tp_time, dp_time, cp_time, tokens, d.world_size, bubble, p2p, ep_time, optimizer, tail)
+    return StepTime(compute, tp_time, dp_time, cp_time, tokens, d.world_size, bubble, p2p, ep_time, optimizer, tail,
+                    documents)
 
 
 def pipeline_compute(run: ResolvedRun, model: AnalyticModel, units: list[Unit], r: Rates, held: float,
