@@ -118,3 +118,9 @@ def test_a_network_figure_that_is_not_positive_stops_in_one_line(flag, capsys):
     assert main(["--config", "debug", "--ngpu", "2", flag, "0"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"kenotron: {flag} 0{'' if flag == '--gpus-per-node' else '.0'} must be > 0"]
+
+
+def test_a_document_length_below_one_token_stops_in_one_line(capsys):
+    assert main(["--config", "debug", "--ngpu", "2", "--document-tokens", "0.5"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["kenotron: --document-tokens 0.5 is not a mean document length; use a value >= 1 (tokens)"]

@@ -170,3 +170,19 @@ def test_only_layouts_the_closed_form_fits_reach_the_fake_tensor_estimator(monke
     assert confirmed and result.considered > len(result.ranked)
     assert all(model.peak(run).total <= budget * 0.9 * 2**30 for run in confirmed)
 
+
+
+def test_with_document_masking_the_search_prices_the_rings_busiest_rank_and_says_what_it_assumed():
+    args = ["--training.global_batch_size", "4", "--training.seq_len", "4096", "--data.document_masking", "true"]
+    result = search_layouts(load_config("debug", args), 4, 80, top=1000, confirm=0, document_tokens=512)
+    rows = {(c.label(), c.ac_mode, c.local_batch): c for c in result.ranked if c.degrees["pp"] == 1}
+    ring, ulysses = rows[("cp4", "none", 1)], rows[("cp4-ulysses", "none", 1)]
+    assert ring.step.documents.ring == 4 and ulysses.step.documents.ring == 1
+    # The same documents and kept tiles; the ring waits for its busiest rank, the all-to-all's are even.
+    assert ring.step.documents.work.kept == ulysses.step.documents.work.kept
+    assert ring.step.compute > ulysses.step.compute
+    note = next(n for n in result.notes if n.startswith("document masking:"))
+    assert note.startswith("document masking: exponential documents of mean 512 tokens (--document-tokens), "
+                           "attention work 0.")
+    assert "ring busiest rank 1." in note and "x the mean at 2 ranks" in note and "at 4 ranks" in note
+    assert "note: document masking: exponential documents" in format_search(result)

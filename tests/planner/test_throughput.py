@@ -53,23 +53,26 @@ def test_context_parallel_inside_pipelines_halves_the_stage_messages_and_each_ra
     assert pp_cp.context_parallel == pytest.approx(cp.context_parallel / 2, rel=1e-9)
 
 
-def test_document_masking_prices_only_the_attention_tiles_the_mask_leaves():
-    from kenotron.planner.throughput import packed_attention_share
-
-    # Documents of 4k tokens in a 32k window: about (4096 + 128) / 32768 of the causal tiles.
-    assert packed_attention_share(32768, 4096) == pytest.approx((4096 + 128) / 32768, rel=0.05)
-    assert packed_attention_share(4096, 8192) == 1.0  # one document fills the window
+def test_document_masking_prices_the_attention_the_documents_leave_and_the_prediction_says_so():
+    plain = resolve_run(load_config(DEBUG, ["--training.param_dtype", "bfloat16", "--parallelism.cp", "2",
+                                            "--training.seq_len", "4096"]), 2)
     run = resolve_run(load_config(DEBUG, ["--training.param_dtype", "bfloat16", "--parallelism.cp", "2",
                                           "--data.document_masking", "true", "--training.seq_len", "4096"]), 2)
     model = AnalyticModel(run)
-    full, masked = step_time(run, model, Hardware()), step_time(run, model, Hardware(), attention_share=0.25)
+    full, masked = step_time(plain, model, Hardware()), step_time(run, model, Hardware(), document_tokens=512)
     assert masked.compute < full.compute and masked.context_parallel == full.context_parallel
-    with pytest.raises(ValueError, match=r"attention_share=0 is not a share of the causal work"):
-        step_time(run, model, Hardware(), attention_share=0)
+    assert full.documents is None and masked.documents.lengths.mean_tokens == 512
+    longer = step_time(run, model, Hardware(), document_tokens=2048)
+    assert masked.compute < longer.compute < full.compute
     from kenotron.planner.prediction import predict
 
-    assert "Attention priced as plain causal; --document-tokens N" in predict(run)
-    assert "Attention priced at 0.152 of causal (512-token documents" in predict(run, document_tokens=512)
+    line = predict(run, document_tokens=512).splitlines()[-1]
+    assert line == f"  {masked.documents.describe()}"
+    assert line.startswith("  document masking: exponential documents of mean 512 tokens (--document-tokens), "
+                           "attention work 0.")
+    assert "ring busiest rank 1." in line and "x the mean (2 ranks)" in line
+    assert "(default; --document-tokens N states the data's)" in predict(run)
+    assert "document masking" not in predict(plain)
 
 
 def test_ulysses_sends_q_k_v_and_the_output_twice_and_its_traffic_shrinks_with_cp():

@@ -144,6 +144,24 @@ H100_CP_ROWS = [
                                   (65536, "ring", 14_647), (65536, "ulysses", 16_032)]
 ]
 
+DOCUMENTS = " --data.loader scripts/packed_documents.py:build --data.path 4096 --data.document_masking true"
+"""scripts/packed_documents.py's windows: exponential documents of mean 4,096 tokens, document-masked."""
+
+# Document-masked CP 2 (flex), the 1B, one sequence per step, full AC, compiled: (row, GPUs, config,
+# overrides, measured tokens/s per GPU, the cluster, where it is recorded). The ring's on 2 x H100
+# (run 82, scripts/bench_cp_documents.py; its plain causal rows are H100_CP_ROWS' ring rows), both
+# schemes on 2 x H200 (run 99).
+DOCUMENT_ROWS = [
+    ("1B cp 2 seq 32768 ring documents, 2 x H100", 2, "llama3_1b", _schemes(32768, "ring") + DOCUMENTS, 33_699, H100,
+     f"{PAR}, Document masking under CP (run 82)"),
+    ("1B cp 2 seq 65536 ring documents, 2 x H100", 2, "llama3_1b", _schemes(65536, "ring") + DOCUMENTS, 32_423, H100,
+     f"{PAR}, Document masking under CP (run 82)"),
+    ("1B cp 2 seq 65536 ring documents, 2 x H200", 2, "llama3_1b", _schemes(65536, "ring") + DOCUMENTS, 33_494, None,
+     f"{PERF}, run 99"),
+    ("1B cp 2 seq 65536 ulysses documents, 2 x H200", 2, "llama3_1b", _schemes(65536, "ulysses") + DOCUMENTS, 36_052,
+     None, f"{PERF}, run 99"),
+]
+
 # Issue 33's rows on 2 x H100 of a 4-GPU host with the defaults of 2026-11-27 (MoE FSDP 2: reshard
 # by memory, the head unit, experts reduced in bf16; EP 2: the even split), torch 2.11
 # (docs/performance.md, runs 81-86).
@@ -204,3 +222,25 @@ def test_modelled_tokens_per_s_of_the_h100_scaling_rows_is_within_tolerance(row)
     name, ngpu, config, overrides, measured = row
     ratio = modelled_tokens_per_s(ngpu, config, overrides, H100) / measured
     assert abs(ratio - 1) <= TOLERANCE, f"{name} (docs/performance.md, runs 81-86): modelled / measured = {ratio:.3f}"
+
+
+@pytest.mark.parametrize("row", DOCUMENT_ROWS, ids=[r[0] for r in DOCUMENT_ROWS])
+def test_modelled_tokens_per_s_of_document_masked_cp_is_within_tolerance_of_the_measured_row(row):
+    name, ngpu, config, overrides, measured, hw, source = row
+    ratio = modelled_tokens_per_s(ngpu, config, overrides, hw) / measured
+    assert abs(ratio - 1) <= TOLERANCE, f"{name} ({source}): modelled / measured = {ratio:.3f}"
+
+
+@pytest.mark.parametrize("seq,measured", [(32768, 33_699 / 22_514), (65536, 32_423 / 14_640)])
+def test_document_masking_speeds_the_ring_up_over_plain_causal_by_the_measured_factor(seq, measured):
+    # Run 82 on 2 x H100: the masked ring against the plain causal ring of the same lease, 1.50x and 2.22x.
+    plain = modelled_tokens_per_s(2, "llama3_1b", _schemes(seq, "ring"), H100)
+    masked = modelled_tokens_per_s(2, "llama3_1b", _schemes(seq, "ring") + DOCUMENTS, H100)
+    assert masked / plain == pytest.approx(measured, rel=0.1), f"modelled masked / plain = {masked / plain:.3f}"
+
+
+def test_with_documents_the_model_puts_ulysses_ahead_of_the_ring_as_run_99_measured():
+    # 36,052 / 33,494 = 1.076 on 2 x H200: the ring waits for its busiest rank, Ulysses' ranks are
+    # even. Priced before as fixed-length documents with even ranks: 0.997, the ring ahead.
+    ring, ulysses = (modelled_tokens_per_s(2, "llama3_1b", _schemes(65536, s) + DOCUMENTS) for s in ("ring", "ulysses"))
+    assert ulysses / ring == pytest.approx(36_052 / 33_494, abs=0.04), f"modelled ulysses / ring = {ulysses / ring:.3f}"
