@@ -318,7 +318,7 @@ def search_layouts(
                      "refuses them with compiled blocks); pass it to have them searched")
     if any(c.cp_row == "modelled" for c in fitting[:top]):
         notes.append("CP column 'modelled': no GPU measured that scheme at that cp degree (GPUs measured the ring at "
-                     "cp 2 and 4, Ulysses at cp 2, the ring with document masking at cp 2: docs/parallelism.md); "
+                     "cp 2 and 4, Ulysses at cp 2, both with document masking at cp 2: docs/parallelism.md); "
                      "the model fitted to those prices it")
     if cfg.tuning.loss == "fused":
         notes.append("pipeline parallel is not searched: tuning.loss='fused' does not combine with it")
