@@ -26,6 +26,7 @@ of shapes.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -136,13 +137,21 @@ def document_work(seq_len: int, mean_tokens: float, ring: int, load_balance: boo
     gen = torch.Generator().manual_seed(SEED)
     n = -(-seq_len // block)
     layout = SequenceLayout(seq_len, ring, load_balance)
-    kept = busiest = 0
+    # A rank's kernel tiles its own queries: chunks shorter than a tile (or not a multiple of
+    # one) are split over the ranks at the finer granularity both divide.
+    rank_block = block if layout.chunk_len % block == 0 else math.gcd(block, layout.chunk_len)
+    kept = busiest = mean = 0
     rows_drawn = min(rows, MAX_ROWS)
     for _ in range(SAMPLES):
-        per_rank = sum(rank_tiles(document_starts(seq_len, mean_tokens, gen), layout, block) for _ in range(rows_drawn))
-        kept += int(per_rank.sum())
+        per_rank = torch.zeros(ring, dtype=torch.int64)
+        for _ in range(rows_drawn):
+            starts = document_starts(seq_len, mean_tokens, gen)
+            per_rank += rank_tiles(starts, layout, rank_block)
+            kept += int(tiles_kept_per_query_tile(starts, seq_len, block).sum()) if rank_block != block else 0
+        kept += int(per_rank.sum()) if rank_block == block else 0
         busiest += int(per_rank.max())
-    return DocumentWork(kept / (SAMPLES * rows_drawn * n * (n + 1) // 2), busiest * ring / kept)
+        mean += int(per_rank.sum())
+    return DocumentWork(kept / (SAMPLES * rows_drawn * n * (n + 1) // 2), busiest * ring / mean)
 
 
 @dataclass(frozen=True)
@@ -201,8 +210,8 @@ def describe_priced(priced: list[DocumentAttention]) -> str:
     for documents in priced:
         if documents.ring > 1:
             rings.setdefault(documents.ring, documents.work.ring_imbalance)
-    ranks = (", ".join(f"{imbalance:.2f}x the mean at {ring} ranks" for ring, imbalance in sorted(rings.items()))
-             if rings else "none in these rows")
+    ranks = ("ring busiest rank " + ", ".join(f"{imbalance:.2f}x the mean at {ring} ranks"
+                                              for ring, imbalance in sorted(rings.items()))
+             if rings else "no ring in these rows")
     return (f"document masking: exponential documents of mean {best.lengths.mean_tokens:,.0f} tokens "
-            f"({best.lengths.source}), attention work {best.work.kept:.3f} of causal, ring busiest rank {ranks} "
-            "(all-to-all: even)")
+            f"({best.lengths.source}), attention work {best.work.kept:.3f} of causal, {ranks} (all-to-all: even)")

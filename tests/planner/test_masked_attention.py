@@ -109,3 +109,13 @@ def test_the_mean_document_length_comes_from_the_flag_then_the_loader_then_the_d
     assert document_lengths(load_config("debug", [])).mean_tokens == DEFAULT_DOCUMENT_TOKENS
     with pytest.raises(ValueError, match=r"document_tokens=0.5 is not a mean document length; use a value >= 1"):
         document_lengths(cfg, 0.5)
+
+
+def test_chunks_shorter_than_a_tile_are_split_over_the_ring_at_their_own_length():
+    # 512 tokens over 4 ranks: head-tail chunks of 64 tokens. One document: at 64-token tiles
+    # every rank keeps the same causal share (tiles r and 7 - r: r + 1 + 8 - r).
+    assert rank_tiles(torch.tensor([0]), SequenceLayout(512, 4), 64).tolist() == [9, 9, 9, 9]
+    # Counted in 128-token tiles the 4 tiles' first tokens sit in chunks 0, 2, 4, 6 (ranks 0, 2, 3,
+    # 1: 1, 4, 2, 3 tiles), an imbalance that comes from the counting, not the documents.
+    assert rank_tiles(torch.tensor([0]), SequenceLayout(512, 4), 128).tolist() == [1, 4, 2, 3]
+    assert document_work(512, 1e9, 4).ring_imbalance < 1.25
