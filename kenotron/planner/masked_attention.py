@@ -7,8 +7,8 @@ data's distribution. What a config states of it: the packed-documents loader
 (scripts/packed_documents.py, `data.loader = "…packed_documents.py:build"`) takes `data.path` as
 the mean length of exponentially distributed documents; `kenotron estimate --document-tokens N`
 states a mean for any data. Otherwise the model assumes that loader's distribution at
-DEFAULT_DOCUMENT_TOKENS (a long-context stage's typical mean; say the data's own with
---document-tokens). Lengths are 1 + floor(Exp(mean)) tokens and a window starts inside a
+DEFAULT_DOCUMENT_TOKENS (the mean the measured document-masked GPU rows ran with; a corpus's own
+lengths are not read: state their mean with --document-tokens). Lengths are 1 + floor(Exp(mean)) tokens and a window starts inside a
 document, as the loader draws them.
 
 The work. FlexAttention skips the FLEX_BLOCK x FLEX_BLOCK tiles the mask empties and computes
