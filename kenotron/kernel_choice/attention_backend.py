@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+from typing import Any
 
 import torch
 from torch import nn
@@ -55,15 +56,18 @@ NAMED = {
 CUDA_AUTO_ORDER = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
-def auto_picks_flash_attn(cfg: JobConfig, cp: int, meta_model: nn.Module, device_major: int) -> bool:
+def auto_picks_flash_attn(cfg: JobConfig, cp: int, model_or_args: Any, device_major: int,
+                          all_to_all_degree: int = 1) -> bool:
     """Whether "auto" runs FlashAttention-3/4 instead of SDPA: when one is installed for this GPU
     (SM90 and later) and the run is what it computes exactly, plain causal attention in bf16 (no
-    document masking, no sliding window shorter than the sequence, no context parallel) and not
-    `training.deterministic` (their backward accumulates in any order); faster than cuDNN's SDPA
-    wherever measured (docs/performance.md)."""
+    document masking, no sliding window shorter than the sequence, no ring: cp 1, or the
+    all-to-all over all of cp, `all_to_all_degree` == cp, which runs the kernel on the whole
+    sequence of its heads) and not `training.deterministic` (their backward accumulates in any
+    order); faster than cuDNN's SDPA wherever measured, under the all-to-all too (docs/performance.md)."""
     t = cfg.training
     if (device_major < 9 or t.device == "cpu" or t.param_dtype != "bfloat16" or t.deterministic
-            or cfg.data.document_masking or cp > 1 or window_shorter_than(meta_model, t.seq_len) is not None):
+            or cfg.data.document_masking or (cp > 1 and all_to_all_degree != cp)
+            or window_shorter_than(model_or_args, t.seq_len) is not None):
         return False
     try:
         kernel = load_flash_attention(device_major)

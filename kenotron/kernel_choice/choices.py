@@ -74,14 +74,18 @@ def uses_fused_loss(choice: str, tensor_parallel: bool, pipeline: bool, meta_mod
 
 
 def resolve_choices(cfg: JobConfig, dims: ParallelDims, target: Target, meta_model: nn.Module,
-                    kernels: Kernels) -> Choices:
+                    kernels: Kernels, all_to_all_degree: int = 1) -> Choices:
     """Complete `kernels` (config_checks.py's settle_kernels for the same cfg, dims and target) with
-    what the meta model and the imported packages decide; ConfigError when one cannot run."""
+    what the meta model and the imported packages decide; ConfigError when one cannot run.
+    `all_to_all_degree`: the part of cp the heads split over (degrees.py's ulysses_degree)."""
     u, device_type = cfg.tuning, target.device_type
     attention = kernels.attention_backend
     if attention == "flash_attn":
         check_flash_attn_kernel(cfg, target)
-    if attention == "auto" and auto_picks_flash_attn(cfg, dims.cp, meta_model, target.cuda_major):
+    # A named all-to-all over all of cp runs the kernel whole; under cp_scheme "auto" the scheme,
+    # and with it this choice, settles later (planner/cp_scheme_choice.py's settle_cp_scheme).
+    all_to_all = all_to_all_degree if cfg.parallelism.cp_scheme == "ulysses" else 1
+    if attention == "auto" and auto_picks_flash_attn(cfg, dims.cp, meta_model, target.cuda_major, all_to_all):
         attention = "flash_attn"
     ssm_kernel = kernels.ssm_kernel
     unsupported = unsupported_scan_sizes(meta_model) if ssm_kernel == "triton" else ""

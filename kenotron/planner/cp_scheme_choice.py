@@ -2,8 +2,8 @@
 
 The rule: **Ulysses where it can run and was measured to win, else the ring** -- that is, on a
 GPU, with the ring's attention not named (tuning.cp_attention auto),
-with the heads splitting over cp (kenotron/degrees.py's `ulysses_head_problem`: the rank's query
-heads divide by cp, its kv heads divide by cp or divide it) and with the closed-form peak under
+with the heads splitting over cp or over a divisor u > 1 of it (kenotron/degrees.py's
+`ulysses_degree`: the all-to-all over u, a ring over cp / u) and with the closed-form peak under
 Ulysses (planner/analytic.py) fitting the GPU with the estimator's headroom (as reshard_choice.py
 decides `never`).
 
@@ -21,9 +21,10 @@ rows a GPU measured (`MEASURED_CP`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from kenotron.degrees import ulysses_head_problem
+from kenotron.degrees import attention_heads, model_ulysses_degree, ulysses_head_problem
+from kenotron.kernel_choice.attention_backend import auto_picks_flash_attn
 from kenotron.planner.analytic_model import AnalyticModel
 from kenotron.planner.reshard_choice import compare_with_gpu, with_settings
 from kenotron.train.resolve import ResolvedRun
@@ -33,6 +34,8 @@ MEASURED_CP: frozenset[tuple[str, int, bool]] = frozenset({
     ("ulysses", 2, False),  # 2 x H100, scripts/bench_cp_schemes.py (1B, 32k and 64k)
     ("ring", 2, True),  # 2 x H100, scripts/bench_cp_documents.py (1B, 4096-token mean documents)
     ("ulysses", 2, True),  # 2 x H200, run 99 of docs/performance.md (1B, 64k, 4096-token mean documents)
+    ("ulysses", 4, False),  # 4 x H200, runs 100-105: all-to-all 2 x ring 2 (18 heads) against the ring, 64k
+    ("ulysses", 4, True),  # 4 x H200, runs 100-105: 1B, 64k, cp 4 (all-to-all over 4), 4096-token mean documents
 })
 """(scheme, cp, document masking) that GPU runs measured; the search marks its rows of them."""
 
@@ -68,9 +71,10 @@ def _ring_reason(run: ResolvedRun, gpu_memory_gib: float | None) -> str:
         return "no GPU: kenotron's exact ring, as the CPU parity tests run it"
     if cfg.tuning.cp_attention != "auto":
         return f"tuning.cp_attention={cfg.tuning.cp_attention!r} names the ring's attention"
-    kv_heads = getattr(a, "n_kv_heads", None) or a.n_heads  # MLA: keys and values per query head
-    problem = ulysses_head_problem(a.n_heads // d.tp, kv_heads // d.tp, d.cp)
-    return f"Ulysses cannot split the heads: {problem}" if problem else ""
+    if model_ulysses_degree(a, d) == 1:  # the heads split over no divisor > 1 of cp
+        heads, kv_heads = attention_heads(a)
+        return f"Ulysses cannot split the heads: {ulysses_head_problem(heads // d.tp, kv_heads // d.tp, d.cp)}"
+    return ""
 
 
 def choose_cp_scheme(run: ResolvedRun, gpu_memory_gib: float | None,
@@ -90,8 +94,14 @@ def choose_cp_scheme(run: ResolvedRun, gpu_memory_gib: float | None,
     fits, against_gpu = compare_with_gpu(peak, gpu_memory_gib)
     compared = f"the peak with Ulysses, {against_gpu}"
     if fits:
-        measured = ("1.076x the ring's tokens/s at cp 2 with document masking" if run.cfg.data.document_masking
-                    else "1.09x the ring's tokens/s at cp 2")
+        u = model_ulysses_degree(run.model_args, run.dims)
+        if u < run.dims.cp:
+            measured = (f"1.155x the ring's tokens/s at cp 4 for all-to-all 2 x ring 2; here all-to-all over {u} x "
+                        f"ring over {run.dims.cp // u}")
+        elif run.cfg.data.document_masking:
+            measured = "1.076x the ring's tokens/s at cp 2 with document masking"
+        else:
+            measured = "1.09x the ring's tokens/s at cp 2"
         return CpSchemeChoice("ulysses", f"auto: measured {measured}; {compared}", peak)
     return CpSchemeChoice("ring", f"auto: {compared}", peak)
 
@@ -103,3 +113,16 @@ def settle_cp_scheme(run: ResolvedRun, gpu_memory_gib: float | None,
     choice = choose_cp_scheme(run, gpu_memory_gib, model)
     run.plan.settings.cp_scheme = choice.scheme
     return choice
+
+
+def with_attention_for_scheme(run: ResolvedRun, cuda_major: int) -> ResolvedRun:
+    """`run` once its scheme is settled (settle_cp_scheme): where it is the all-to-all over all of
+    cp, `model.attention_backend = "auto"` gets FlashAttention as it would without context
+    parallel (kernel_choice/attention_backend.py's auto_picks_flash_attn, SM `cuda_major`): under
+    the all-to-all it ran 12-14% faster than cuDNN (docs/performance.md, runs 100-105)."""
+    d, c = run.dims, run.choices
+    if (d.cp > 1 and run.plan.settings.cp_scheme == "ulysses" and run.cfg.model.attention_backend == "auto"
+            and c.attention_backend != "flash_attn"
+            and auto_picks_flash_attn(run.cfg, d.cp, run.model_args, cuda_major, model_ulysses_degree(run.model_args, d))):
+        return replace(run, choices=replace(c, attention_backend="flash_attn"))
+    return run

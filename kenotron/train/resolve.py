@@ -129,6 +129,7 @@ def resolve_layout(cfg: JobConfig, world_size: int, spec: ModelSpec, args: Any, 
         if key not in splits:
             splits[key] = build_pipeline_split_from_config(meta_model, cfg, dims.pp, spec.blocks)
         plan.pipeline = copy.deepcopy(splits[key])
-    choices = resolve_choices(cfg, dims, target, meta_model, kernels)
+    choices = resolve_choices(cfg, dims, target, meta_model, kernels,
+                              plan.settings.cp_ulysses_degree or dims.cp)
     check_float8_experts(cfg.float8.enable, cfg.float8.experts, choices.expert_kernel, spec.is_moe)
     return ResolvedRun(cfg, dims, spec, args, plan, global_batch, accum, choices, tokenizer)

@@ -96,11 +96,12 @@ class Trainer:
         # scheme), settled by the planner's rules for this rank's GPU, as `kenotron train`, the estimate and
         # the search settle them. Imported here: the planner imports train/'s modules, so it loads once
         # train/ has (tests/architecture_rules.py, UPWARD_ON_PURPOSE).
-        from kenotron.planner.cp_scheme_choice import settle_cp_scheme
+        from kenotron.planner.cp_scheme_choice import settle_cp_scheme, with_attention_for_scheme
         from kenotron.planner.reshard_choice import device_memory_gib, settle_reshard_after_forward
 
         gpu_memory_gib = device_memory_gib(self.device)
         self.cp_scheme = settle_cp_scheme(self.run, gpu_memory_gib)
+        self.run = with_attention_for_scheme(self.run, Target.of(self.device).cuda_major)
         self.reshard = settle_reshard_after_forward(self.run, gpu_memory_gib)
         # One live job per run folder (runtime/run_lock.py), before any process group: a busy folder fails at once.
         self._locks = lock_run_folders(cfg.job.dump_folder, Path(cfg.job.dump_folder) / cfg.checkpoint.folder

@@ -177,13 +177,13 @@ def test_auto_picks_flash_attention_3_or_4_only_where_it_computes_the_same_atten
 
     monkeypatch.setattr(ab, "load_flash_attention", load)
 
-    def picks(*overrides, cp=1, major=9, flavor=("llama3", "debug")):
+    def picks(*overrides, cp=1, major=9, flavor=("llama3", "debug"), all_to_all=1):
         cfg = load_config(None, ["--training.param_dtype", "bfloat16", "--training.device", "cuda",
                                  "--model.name", flavor[0], "--model.flavor", flavor[1], *overrides])
         spec = get_model_spec(cfg.model.name)
         with torch.device("meta"):
             model = spec.build(spec.flavors[cfg.model.flavor])
-        return ab.auto_picks_flash_attn(cfg, cp, model, major)
+        return ab.auto_picks_flash_attn(cfg, cp, model, major, all_to_all)
 
     assert picks()
     assert not picks(major=8)  # Ampere: FlashAttention-3/4 are Hopper and later
@@ -191,7 +191,9 @@ def test_auto_picks_flash_attention_3_or_4_only_where_it_computes_the_same_atten
     assert not picks("--training.param_dtype", "float32")
     assert not picks("--training.deterministic", "true")
     assert not picks("--data.document_masking", "true")
-    assert not picks(cp=2)
+    assert not picks(cp=2)  # the ring (or a ring inside the all-to-all) replaces the kernel
+    assert not picks(cp=4, all_to_all=2)
+    assert picks(cp=2, all_to_all=2)  # the all-to-all over all of cp runs the kernel whole
     assert not picks("--training.seq_len", "256", flavor=("mistral", "debug"))  # window shorter than seq
     installed["version"] = 3
     assert picks()
