@@ -13,9 +13,10 @@ from kenotron.train.step import clip_gradients, forward_backward, optimizer_step
 from kenotron.train.trainer import Trainer
 from tests.parallel.parity import BASE
 
-_COPIES = {"copy_", "_to_copy", "cat", "_foreach_copy_", "clone", "split_with_sizes_copy", "_foreach_add_", "add_"}
-"""Kernels that move a tensor's bytes into another buffer (and the in-place adds FSDP's
-accumulation of a reduced gradient runs)."""
+_COPIES = {"copy_", "_to_copy", "cat", "chunk_cat", "_chunk_cat", "_foreach_copy_", "clone", "split_with_sizes_copy",
+           "_foreach_add_", "add_"}
+"""Kernels that move a tensor's bytes into another buffer (FSDP's copy into its flat reduce buffer
+is fsdp::chunk_cat), and the in-place adds that accumulate gradients."""
 _ALL_REDUCES = {"allreduce_", "allreduce_coalesced_"}
 
 
@@ -37,7 +38,7 @@ class TrafficCounter(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         name = func.overloadpacket.__name__
         if name in _COPIES:
-            self.copied_bytes += _written_bytes(out)
+            self.copied_bytes += _written_bytes((kwargs or {}).get("out", out))
         elif name in _ALL_REDUCES:
             self.all_reduces += 1
             self.reduced_bytes += _written_bytes(args[0])

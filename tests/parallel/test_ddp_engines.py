@@ -27,7 +27,7 @@ def test_ddp_by_hooks_copies_what_one_rank_copies_and_all_reduces_each_gradient_
     # Two micro-steps per rank in both: 1 rank with half the global batch.
     one = step_traffic(["--training.global_batch_size", "4"], str(tmp_path / "one"))
     ddp = run_on_ranks(2, step_traffic, DDP2 + HOOKS, str(tmp_path / "ddp"))[0]
-    # replicate_with_fsdp copies each fp32 gradient 3 more times per step than one rank does
+    # replicate_with_fsdp copies 4 x the fp32 gradients' bytes more per step than one rank does
     # (docs/parallelism.md, "DDP engines"); the hooks reduce the gradients where they lie.
     assert ddp["copied_bytes"] == one["copied_bytes"], (ddp, one)
     assert ddp["reduced_bytes"] == ddp["param_fp32_bytes"], ddp  # fp32 gradients, each once
