@@ -180,9 +180,6 @@ class Parallelism:
     """Free gathered parameters after each block's forward: default (all but the last block; none under pipeline parallel), always, or never (faster, more memory)."""
 
 
-    ddp_engine: Literal["replicate_with_fsdp", "gradient_hooks"] = "replicate_with_fsdp"
-    """Measurement switch (leaves once measured on GPU) for DDP (dp_replicate > 1, dp_shard x cp = 1, no tp/pp): replicate_with_fsdp (FSDP's per-unit machinery, fp32 weights and reduction) or gradient_hooks (the single-device model and precision, each gradient all-reduced in place in its dtype as backward finishes it; parallel/gradient_all_reduce.py)."""
-
     fsdp_reduce_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     """Dtype of the data-parallel gradient reduction: float32 (exact sums), bfloat16 (half the bytes, sums rounded to bf16), or auto: with bf16 params, bfloat16 for the routed experts and float32 for the rest."""
 

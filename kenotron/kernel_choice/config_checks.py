@@ -203,7 +203,7 @@ def settle_precision(cfg: JobConfig, dims: ParallelDims, target: Target, accum: 
     if t.param_dtype != "bfloat16":
         return "float32"
     # DDP by gradient hooks trains each replica as one device does (parallel/gradient_all_reduce.py).
-    hooks_ddp = cfg.parallelism.ddp_engine == "gradient_hooks" and ddp_alone(cfg.parallelism.dp_mode, dims.degrees())
+    hooks_ddp = cfg.tuning.ddp_engine == "gradient_hooks" and ddp_alone(cfg.parallelism.dp_mode, dims.degrees())
     data_parallel = dims.dp_replicate * dims.dp_shard * dims.cp > 1 and not hooks_ddp
     if mp == "master_weights":
         if (dims.world_size > 1 and not hooks_ddp) or accum > 1:

@@ -48,7 +48,7 @@ class DataParallelState:
     mesh: DeviceMesh | None
     """The mesh the parameters are sharded or replicated over."""
     gradient_hooks: GradientAllReduce | None = None
-    """Under DDP by parallelism.ddp_engine "gradient_hooks": the hooks that all-reduce the plain
+    """Under DDP by tuning.ddp_engine "gradient_hooks": the hooks that all-reduce the plain
     parameters' gradients (no FSDP module, no cast of the parameters by FSDP)."""
 
     @property

@@ -49,7 +49,7 @@ class ParallelSettings:
     """Compute dtype of parameters (FSDP mixed precision, or autocast without FSDP)."""
     reduce_dtype: str = field(default="auto", metadata=_key("parallelism.fsdp_reduce_dtype"))
     """Dtype of the data-parallel gradient reduction; auto: with bf16 compute, bfloat16 for the routed experts and float32 for the rest."""
-    ddp_engine: str = field(default="replicate_with_fsdp", metadata=_key("parallelism.ddp_engine"))
+    ddp_engine: str = field(default="replicate_with_fsdp", metadata=_key("tuning.ddp_engine"))
     """DDP by replicate_with_fsdp or by gradient_hooks (a measurement switch; config docstring)."""
     gradients_in_compute_pool: bool = field(default=True, metadata=_key("tuning.fsdp_gradients_in_compute_pool"))
     """Under FSDP on CUDA: allocate the sharded gradients from the compute stream's pool."""
@@ -90,7 +90,7 @@ class ParallelSettings:
         return cls(
             sequence_parallel=p.sequence_parallel, loss_parallel=u.loss_parallel, async_tp=p.async_tp,
             dp_mode=p.dp_mode, reshard_after_forward=p.fsdp_reshard_after_forward,
-            param_dtype=cfg.training.param_dtype, reduce_dtype=p.fsdp_reduce_dtype, ddp_engine=p.ddp_engine,
+            param_dtype=cfg.training.param_dtype, reduce_dtype=p.fsdp_reduce_dtype, ddp_engine=u.ddp_engine,
             gradients_in_compute_pool=u.fsdp_gradients_in_compute_pool, early_all_gather=u.fsdp_early_all_gather,
             ac_mode=ac.mode, ac_every_n=ac.every_n, ac_save_matmul_every=u.ac_save_matmul_every,
             offload_blocks=ac.offload_blocks, compile=cfg.compile.enable,

@@ -1,4 +1,4 @@
-"""DDP by gradient hooks (parallelism.ddp_engine "gradient_hooks") against one rank and FSDP, on
+"""DDP by gradient hooks (tuning.ddp_engine "gradient_hooks") against one rank and FSDP, on
 CPU/gloo: what a step copies and reduces, and checkpoints across the layouts. (Its losses and
 gradients with accumulation and clipping: the ddp2_hooks row of test_parity.py.)"""
 
@@ -18,7 +18,7 @@ from tests.parallel.ddp_traffic import step_traffic
 from tests.train.short_run import train_until
 
 DDP2 = ["--parallelism.dp_replicate", "2", "--parallelism.dp_shard", "1"]
-HOOKS = ["--parallelism.ddp_engine", "gradient_hooks"]
+HOOKS = ["--tuning.ddp_engine", "gradient_hooks"]
 BF16_MASTER = ["--training.param_dtype", "bfloat16", "--tuning.mixed_precision", "master_weights",
                "--optimizer.name", "adamw"]
 
@@ -65,5 +65,5 @@ def test_hooks_refuse_a_layout_with_more_than_ddp():
     settings = ParallelSettings(ddp_engine="gradient_hooks")
     settings.check(2, {"dp_replicate": 2})
     settings.check(2, {"dp_shard": 2})  # no DDP: the engine has nothing to run
-    with pytest.raises(PlanError, match="parallelism.ddp_engine='gradient_hooks' runs DDP alone"):
+    with pytest.raises(PlanError, match="tuning.ddp_engine='gradient_hooks' runs DDP alone"):
         settings.check(2, {"dp_replicate": 2, "tp": 2})

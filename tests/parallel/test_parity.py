@@ -18,7 +18,7 @@ LAYOUTS = {
     "ddp2": (2, ["--parallelism.dp_replicate", "2", "--parallelism.dp_shard", "1"]),
     # Plain parameters, each gradient all-reduced by a hook (2 micro-steps per rank, clipped).
     "ddp2_hooks": (2, ["--parallelism.dp_replicate", "2", "--parallelism.dp_shard", "1",
-                       "--parallelism.ddp_engine", "gradient_hooks"]),
+                       "--tuning.ddp_engine", "gradient_hooks"]),
     "zero1_2": (2, ["--parallelism.dp_mode", "zero1"]),
     "tp2": (2, ["--parallelism.tp", "2", "--training.local_batch_size", "8"]),
     "tp4": (4, ["--parallelism.tp", "4", "--training.local_batch_size", "8"]),
