@@ -37,8 +37,6 @@ class GradientAllReduce:
         self.size = mesh.size()
         self.sync = True
         """False on micro-steps whose gradients only accumulate (set by DataParallelState.set_microstep)."""
-        # NCCL averages natively; gloo has no AVG, so it sums and the callback divides.
-        self._native_average = dist.get_backend(self.group) == "nccl"
         self._params: list[nn.Parameter] = []
         # The hooks go on the parameters the first forward meets: building the job replaces the
         # meta parameters wrapped here with new objects (to_empty), which would drop them.
@@ -46,8 +44,6 @@ class GradientAllReduce:
         self._in_flight: list[tuple[torch.Tensor, dist.Work]] = []
         self._reduced: set[int] = set()
         self._callback_queued = False
-        self.calls = 0
-        """All-reduces launched so far (tests count the collectives per step with it)."""
 
     def _attach(self, model: nn.Module, args: object) -> None:
         seen: set[int] = set()
@@ -69,10 +65,10 @@ class GradientAllReduce:
 
     def _launch(self, param: nn.Parameter) -> None:
         grad = local_tensor(param.grad)
-        op = dist.ReduceOp.AVG if self._native_average else dist.ReduceOp.SUM
+        # NCCL (CUDA tensors) averages natively; gloo has no AVG, so it sums and _finish divides.
+        op = dist.ReduceOp.AVG if grad.device.type == "cuda" else dist.ReduceOp.SUM
         self._in_flight.append((grad, dist.all_reduce(grad, op=op, group=self.group, async_op=True)))
         self._reduced.add(id(param))
-        self.calls += 1
 
     def _finish(self) -> None:
         # A parameter whose hook did not fire (its gradient came from outside autograd's
@@ -82,7 +78,7 @@ class GradientAllReduce:
                 self._launch(p)
         for grad, work in self._in_flight:
             work.wait()
-            if not self._native_average:
+            if grad.device.type != "cuda":
                 grad.div_(self.size)
         self._in_flight.clear()
         self._reduced.clear()
