@@ -10,6 +10,9 @@ from pathlib import Path
 import pytest
 
 from kenotron.config import load_config
+from kenotron.degrees import ParallelDims
+from kenotron.kernel_choice.config_checks import settle_precision
+from kenotron.kernel_choice.target import Target
 from kenotron.parallel.model_layout import PlanError
 from kenotron.parallel.parallel_settings import ParallelSettings
 from tests.checkpoint.test_trainer_resume import COMMON, losses_by_step
@@ -67,3 +70,17 @@ def test_hooks_refuse_a_layout_with_more_than_ddp():
     settings.check(2, {"dp_shard": 2})  # no DDP: the engine has nothing to run
     with pytest.raises(PlanError, match="tuning.ddp_engine='gradient_hooks' runs DDP alone"):
         settings.check(2, {"dp_replicate": 2, "tp": 2})
+
+
+@pytest.mark.parametrize(("engine", "global_batch", "precision"), [
+    ("gradient_hooks", "8", "master_weights"),  # one micro-step: as one GPU trains
+    ("gradient_hooks", "16", "autocast"),  # accumulation: fp32 gradients
+    ("replicate_with_fsdp", "8", "fsdp"),
+])
+def test_ddp_on_gpus_takes_the_one_gpu_precision_only_by_hooks(engine, global_batch, precision):
+    cfg = load_config(None, ["--training.param_dtype", "bfloat16", "--optimizer.name", "adamw", "--compile.enable",
+                             "true", "--training.local_batch_size", "4", "--training.global_batch_size", global_batch,
+                             "--tuning.ddp_engine", engine])
+    dims = ParallelDims.from_degrees(2, dp_replicate=2, dp_shard=1)
+    accum = int(global_batch) // 8
+    assert settle_precision(cfg, dims, Target("cuda", 9, True), accum) == precision
