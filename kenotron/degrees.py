@@ -270,3 +270,10 @@ def check_compile(schedule: str, compile_blocks: bool) -> None:
             f"blocks do not support; use compile.enable=false or a schedule among GPipe, 1F1B, Interleaved1F1B, "
             f"LoopedBFS"
         )
+
+
+def ddp_alone(dp_mode: str, degrees: Mapping[str, int]) -> bool:
+    """DDP and no other parallelism (dp_replicate > 1, every other degree 1, dp_mode fsdp): the
+    layouts tuning.ddp_engine "gradient_hooks" runs."""
+    return dp_mode == "fsdp" and degrees.get("dp_replicate", 1) > 1 and all(
+        d == 1 for name, d in degrees.items() if name != "dp_replicate")

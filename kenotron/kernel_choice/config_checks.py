@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from kenotron.config import ConfigError, JobConfig
-from kenotron.degrees import ParallelDims, attention_heads, check_ulysses_heads, model_ulysses_degree
+from kenotron.degrees import ParallelDims, attention_heads, check_ulysses_heads, ddp_alone, model_ulysses_degree
 from kenotron.kernel_choice.target import Target
 from kenotron.kernel_choice.tuning import (
     resolve_adamw_implementation,
@@ -202,9 +202,11 @@ def settle_precision(cfg: JobConfig, dims: ParallelDims, target: Target, accum: 
     t, mp = cfg.training, cfg.tuning.mixed_precision
     if t.param_dtype != "bfloat16":
         return "float32"
-    data_parallel = dims.dp_replicate * dims.dp_shard * dims.cp > 1
+    # DDP by gradient hooks trains each replica as one device does (parallel/gradient_all_reduce.py).
+    hooks_ddp = cfg.tuning.ddp_engine == "gradient_hooks" and ddp_alone(cfg.parallelism.dp_mode, dims.degrees())
+    data_parallel = dims.dp_replicate * dims.dp_shard * dims.cp > 1 and not hooks_ddp
     if mp == "master_weights":
-        if dims.world_size > 1 or accum > 1:
+        if (dims.world_size > 1 and not hooks_ddp) or accum > 1:
             raise ConfigError(
                 f"tuning.mixed_precision='master_weights' runs on one device without gradient accumulation (its "
                 f"gradients are bf16), but this job has {dims.world_size} ranks and {accum} micro-steps per step; use "
@@ -214,14 +216,15 @@ def settle_precision(cfg: JobConfig, dims: ParallelDims, target: Target, accum: 
         return "master_weights"
     if data_parallel:
         return "fsdp"  # FSDP (or its replicate-only variant) casts the weights whatever was asked
-    if dims.world_size > 1 or mp == "autocast":
+    if (dims.world_size > 1 and not hooks_ddp) or mp == "autocast":
         return "autocast"
-    if mp == "fsdp":
+    if mp == "fsdp" and not hooks_ddp:
         return "fsdp"
     if target.device_type == "cuda" and accum == 1 and cfg.optimizer.name == "adamw":
         return "master_weights"
-    # Eager single-device CUDA runs: FSDP's 1-device mesh casts the weights once per step.
-    return "fsdp" if target.device_type == "cuda" and not cfg.compile.enable else "autocast"
+    # Eager single-device CUDA runs: FSDP's 1-device mesh casts the weights once per step (no
+    # FSDP mesh under DDP by gradient hooks: autocast).
+    return "fsdp" if target.device_type == "cuda" and not cfg.compile.enable and not hooks_ddp else "autocast"
 
 
 def settle_kernels(cfg: JobConfig, dims: ParallelDims, spec: ModelSpec, args: Any, target: Target,

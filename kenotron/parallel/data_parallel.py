@@ -31,6 +31,7 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from kenotron.parallel.dims import Meshes
 from kenotron.parallel.fsdp_gradient_pool import allocate_gradients_in_compute_pool
+from kenotron.parallel.gradient_all_reduce import GradientAllReduce
 from kenotron.parallel.model_layout import ModelLayout, matching_modules
 from kenotron.parallel.parallel_settings import ParallelSettings
 from kenotron.parallel.pipeline import PipelineSplit
@@ -46,6 +47,9 @@ class DataParallelState:
     """"fsdp", "hsdp", "ddp", "zero1", or None (no data parallelism)."""
     mesh: DeviceMesh | None
     """The mesh the parameters are sharded or replicated over."""
+    gradient_hooks: GradientAllReduce | None = None
+    """Under DDP by tuning.ddp_engine "gradient_hooks": the hooks that all-reduce the plain
+    parameters' gradients (no FSDP module, no cast of the parameters by FSDP)."""
 
     @property
     def averaging_size(self) -> int:
@@ -55,7 +59,7 @@ class DataParallelState:
     @property
     def casts_params(self) -> bool:
         """True when FSDP's mixed precision casts parameters (so no autocast is needed)."""
-        return self.kind is not None
+        return self.kind is not None and self.gradient_hooks is None
 
     def set_microstep(self, model: nn.Module, is_last: bool) -> None:
         """Skip gradient all-reduce across replicas on non-final micro-steps.
@@ -63,7 +67,9 @@ class DataParallelState:
         FSDP keeps its per-micro-step reduce-scatter (so gradients stay sharded); the
         replicate dimension (HSDP, DDP, ZeRO-1) accumulates locally and reduces once.
         """
-        if self.kind in ("hsdp",):
+        if self.gradient_hooks is not None:
+            self.gradient_hooks.sync = is_last
+        elif self.kind in ("hsdp",):
             _set_on_all(model, lambda m: m.set_requires_all_reduce(is_last, recurse=False))
         elif self.kind in ("ddp", "zero1"):
             _set_on_all(model, lambda m: m.set_requires_gradient_sync(is_last, recurse=False))
@@ -117,6 +123,8 @@ def apply_data_parallel(model: nn.Module, meshes: Meshes, layout: ModelLayout, s
         if mesh is None:
             return DataParallelState(None, None)
 
+    if kind == "ddp" and st.ddp_engine == "gradient_hooks":
+        return DataParallelState(kind, mesh, GradientAllReduce(model, mesh))
     if kind in ("ddp", "zero1"):
         for unit in units:
             _replicate(unit, mesh, mp)
