@@ -274,6 +274,6 @@ def check_compile(schedule: str, compile_blocks: bool) -> None:
 
 def ddp_alone(dp_mode: str, degrees: Mapping[str, int]) -> bool:
     """DDP and no other parallelism (dp_replicate > 1, every other degree 1, dp_mode fsdp): the
-    layouts tuning.ddp_engine "gradient_hooks" runs."""
+    layouts DDP runs by gradient hooks (parallel/gradient_all_reduce.py), not by FSDP's replicate."""
     return dp_mode == "fsdp" and degrees.get("dp_replicate", 1) > 1 and all(
         d == 1 for name, d in degrees.items() if name != "dp_replicate")

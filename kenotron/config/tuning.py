@@ -21,9 +21,6 @@ class Tuning:
     mixed_precision: Literal["auto", "fsdp", "autocast", "master_weights"] = "auto"
     """How bf16 runs on one device: fsdp (FSDP2 on a 1-device mesh casts the weights), autocast, or master_weights (bf16 parameters, fp32 masters in AdamW; one device, no accumulation); auto picks by device."""
 
-    ddp_engine: Literal["replicate_with_fsdp", "gradient_hooks"] = "replicate_with_fsdp"
-    """DDP alone (no dp_shard, cp, tp, pp) by FSDP's replicate or by per-gradient all-reduce hooks in one GPU's precision; a switch for the GPU comparison, removed once it has chosen (docs/parallelism.md)."""
-
     eager_kernels: Literal["auto", "triton", "torch"] = "auto"
     """RoPE and SwiGLU in uncompiled blocks: triton (fused kernels; CUDA) or torch (PyTorch ops); auto: triton on CUDA when it imports."""
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from kenotron.degrees import ddp_alone
 from kenotron.estimate.breakdown import allocated_bytes
 from kenotron.models.common.router import TopKRouter
 from kenotron.parallel.data_parallel import head_modules
@@ -42,6 +43,12 @@ def data_parallel_kind(run: ResolvedRun) -> str:
     if d.dp_shard * d.cp > 1:
         return "hsdp" if d.dp_replicate > 1 else "fsdp"
     return "ddp" if d.dp_replicate > 1 else "none"
+
+
+def ddp_by_hooks(run: ResolvedRun) -> bool:
+    """DDP alone, which runs by gradient hooks on plain parameters (parallel/gradient_all_reduce.py):
+    no FSDP compute copies, the precision one GPU trains in."""
+    return data_parallel_kind(run) == "ddp" and ddp_alone(run.plan.settings.dp_mode, run.dims.degrees())
 
 
 def one_gpu_fsdp(run: ResolvedRun) -> bool:

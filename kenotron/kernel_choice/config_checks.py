@@ -202,8 +202,9 @@ def settle_precision(cfg: JobConfig, dims: ParallelDims, target: Target, accum: 
     t, mp = cfg.training, cfg.tuning.mixed_precision
     if t.param_dtype != "bfloat16":
         return "float32"
-    # DDP by gradient hooks trains each replica as one device does (parallel/gradient_all_reduce.py).
-    hooks_ddp = cfg.tuning.ddp_engine == "gradient_hooks" and ddp_alone(cfg.parallelism.dp_mode, dims.degrees())
+    # DDP alone runs by gradient hooks, each replica trained as one device trains it
+    # (parallel/gradient_all_reduce.py); FSDP's replicate casts the weights under DDP with more.
+    hooks_ddp = ddp_alone(cfg.parallelism.dp_mode, dims.degrees())
     data_parallel = dims.dp_replicate * dims.dp_shard * dims.cp > 1 and not hooks_ddp
     if mp == "master_weights":
         if (dims.world_size > 1 and not hooks_ddp) or accum > 1:

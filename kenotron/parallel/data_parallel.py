@@ -48,7 +48,7 @@ class DataParallelState:
     mesh: DeviceMesh | None
     """The mesh the parameters are sharded or replicated over."""
     gradient_hooks: GradientAllReduce | None = None
-    """Under DDP by tuning.ddp_engine "gradient_hooks": the hooks that all-reduce the plain
+    """Under DDP alone (its mesh is the whole job's): the hooks that all-reduce the plain
     parameters' gradients (no FSDP module, no cast of the parameters by FSDP)."""
 
     @property
@@ -123,7 +123,10 @@ def apply_data_parallel(model: nn.Module, meshes: Meshes, layout: ModelLayout, s
         if mesh is None:
             return DataParallelState(None, None)
 
-    if kind == "ddp" and st.ddp_engine == "gradient_hooks":
+    if kind == "ddp" and mesh.size() == meshes.root.size():
+        # DDP alone: each gradient all-reduced in place as backward finishes it, in the precision
+        # one GPU trains in (degrees.ddp_alone), 3.9% faster than FSDP's replicate on 2 x H200
+        # (docs/parallelism.md, "DDP engines"). With tp, cp or pp beside it, FSDP's replicate.
         return DataParallelState(kind, mesh, GradientAllReduce(model, mesh))
     if kind in ("ddp", "zero1"):
         for unit in units:

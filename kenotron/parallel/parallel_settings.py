@@ -13,13 +13,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from kenotron.config import JobConfig
-from kenotron.degrees import CP_SCHEMES, ddp_alone
+from kenotron.degrees import CP_SCHEMES
 from kenotron.parallel.activation_checkpoint import AC_MODES
 from kenotron.parallel.context.ring import ROTATE_METHODS
 from kenotron.parallel.model_layout import PlanError
 
 DP_MODES = ("fsdp", "zero1")
-DDP_ENGINES = ("replicate_with_fsdp", "gradient_hooks")
 RESHARD_POLICIES = ("default", "always", "never")
 CP_ATTENTION_CHOICES = ("auto", "torch", "ring", "flex")
 DTYPES = ("float32", "bfloat16")
@@ -49,8 +48,6 @@ class ParallelSettings:
     """Compute dtype of parameters (FSDP mixed precision, or autocast without FSDP)."""
     reduce_dtype: str = field(default="auto", metadata=_key("parallelism.fsdp_reduce_dtype"))
     """Dtype of the data-parallel gradient reduction; auto: with bf16 compute, bfloat16 for the routed experts and float32 for the rest."""
-    ddp_engine: str = field(default="replicate_with_fsdp", metadata=_key("tuning.ddp_engine"))
-    """DDP by replicate_with_fsdp or by gradient_hooks (a measurement switch; config docstring)."""
     gradients_in_compute_pool: bool = field(default=True, metadata=_key("tuning.fsdp_gradients_in_compute_pool"))
     """Under FSDP on CUDA: allocate the sharded gradients from the compute stream's pool."""
     early_all_gather: bool = field(default=True, metadata=_key("tuning.fsdp_early_all_gather"))
@@ -90,7 +87,7 @@ class ParallelSettings:
         return cls(
             sequence_parallel=p.sequence_parallel, loss_parallel=u.loss_parallel, async_tp=p.async_tp,
             dp_mode=p.dp_mode, reshard_after_forward=p.fsdp_reshard_after_forward,
-            param_dtype=cfg.training.param_dtype, reduce_dtype=p.fsdp_reduce_dtype, ddp_engine=u.ddp_engine,
+            param_dtype=cfg.training.param_dtype, reduce_dtype=p.fsdp_reduce_dtype,
             gradients_in_compute_pool=u.fsdp_gradients_in_compute_pool, early_all_gather=u.fsdp_early_all_gather,
             ac_mode=ac.mode, ac_every_n=ac.every_n, ac_save_matmul_every=u.ac_save_matmul_every,
             offload_blocks=ac.offload_blocks, compile=cfg.compile.enable,
@@ -112,7 +109,7 @@ class ParallelSettings:
         """Valid values, and combinations the mesh degrees (`degrees`: pp, cp, ...) cannot run."""
         for name, valid in (
             ("dp_mode", DP_MODES), ("reshard_after_forward", RESHARD_POLICIES), ("ac_mode", AC_MODES),
-            ("param_dtype", DTYPES), ("reduce_dtype", REDUCE_DTYPES), ("ddp_engine", DDP_ENGINES), ("cp_rotate_method", ROTATE_METHODS),
+            ("param_dtype", DTYPES), ("reduce_dtype", REDUCE_DTYPES), ("cp_rotate_method", ROTATE_METHODS),
             ("cp_attention", CP_ATTENTION_CHOICES), ("cp_scheme", ("auto", *CP_SCHEMES)), ("float8", ("", "tensorwise", "rowwise")),
         ):
             if getattr(self, name) not in valid:
@@ -128,10 +125,6 @@ class ParallelSettings:
         if self.cp_ulysses_degree < 0 or (self.cp_ulysses_degree and cp % self.cp_ulysses_degree):
             raise PlanError(f"plan.settings.cp_ulysses_degree={self.cp_ulysses_degree} must divide cp={cp} (0: all of "
                             f"cp); set it to a divisor of cp that the heads per tp rank split over")
-        if (self.ddp_engine == "gradient_hooks" and degrees.get("dp_replicate", 1) > 1
-                and not ddp_alone(self.dp_mode, degrees)):
-            raise self._bad("ddp_engine", "runs DDP alone (dp_replicate > 1, no dp_shard, cp, tp or pp); use "
-                                          "'replicate_with_fsdp' for this layout")
         # ZeRO-1 shares optimizer state over the ranks that hold the same parameters: data and
         # context parallel (cp ranks hold the same parameters, each with part of every sequence).
         shared = degrees.get("dp_replicate", 1) * degrees.get("dp_shard", 1) * degrees.get("cp", 1)

@@ -70,6 +70,7 @@ from kenotron.estimate.static_memory import (
     FP32,
     ParameterBytes,
     data_parallel_kind,
+    ddp_by_hooks,
     master_weights,
     one_gpu_fsdp,
 )
@@ -166,7 +167,7 @@ def activations_per_block(run: ResolvedRun, s: StepShape) -> float:
 def gathered_bytes(run: ResolvedRun, params: ParameterBytes, layers: int, moment: str) -> int:
     """FSDP compute copies alive at the loss (`forward`) or during a block's backward (`backward`)."""
     kind = data_parallel_kind(run)
-    if kind == "none" and not one_gpu_fsdp(run):
+    if (kind == "none" and not one_gpu_fsdp(run)) or ddp_by_hooks(run):
         return 0
     # Dense blocks first (deepseek_v3): those are the first block's size, the others (and the MTP
     # modules) an MoE block's; the blocks kept gathered are the last ones, MoE blocks.

@@ -80,7 +80,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from kenotron.estimate.static_memory import data_parallel_kind, zero1_ranks
+from kenotron.estimate.static_memory import data_parallel_kind, ddp_by_hooks, master_weights, zero1_ranks
 from kenotron.planner.analytic_model import AnalyticModel
 from kenotron.planner.analytic_moe import all_to_all_seconds
 from kenotron.planner.hardware import Hardware
@@ -241,6 +241,8 @@ def step_time(run: ResolvedRun, model: AnalyticModel, hw: Hardware | None = None
     dp_time, tail = 0.0, 0.0
     # params.local counts fp32 bytes; under fsdp_reduce_dtype auto the routed experts reduce in bf16.
     reduce_scale, expert_scale = (0.5 if dtype == "bfloat16" else 1.0 for dtype in run.plan.settings.reduce_dtypes())
+    if ddp_by_hooks(run):  # DDP alone all-reduces the gradients in their own dtype: bf16 under master weights
+        reduce_scale = expert_scale = 0.5 if master_weights(run) else 1.0
     # The last gradients of the backward: the root's (the embedding; the final norm and output are
     # a unit of their own, reduced under the blocks' backward).
     root_reduced = (params.root_gathered - params.head_gathered) * (4 // c) * reduce_scale

@@ -139,22 +139,6 @@ PRESETS: dict[str, dict[str, list[str]]] = {
         "Qwen3-30B-A3B width 4L b4x4096 EP2 compiled": _MOE_30B_4L + ["--compile.enable", "true",
                                                                       "--parallelism.ep", "2"],
     },
-    # DDP's two engines side by side (tuning.ddp_engine, a measurement switch): today's
-    # replicate_with_fsdp (fp32 reduce, and in bf16), gradient hooks in the 1-GPU precision
-    # (bf16 master weights: bf16 all-reduce) and in autocast (fp32 all-reduce); "ddp-engines-1gpu"
-    # gives the 1-GPU figure they divide by.
-    "ddp-engines-1gpu": {"1B b4x4096 compiled": _1B + ["--compile.enable", "true"]},
-    "ddp-engines-2gpu": {
-        f"1B b4x4096 DDP2 compiled {name}": _1B + [
-            "--compile.enable", "true", "--parallelism.dp_replicate", "2", "--parallelism.dp_shard", "1", *extra]
-        for name, extra in (
-            ("replicate_with_fsdp", []),
-            ("replicate_with_fsdp bf16-reduce", ["--parallelism.fsdp_reduce_dtype", "bfloat16"]),
-            ("gradient_hooks", ["--tuning.ddp_engine", "gradient_hooks"]),
-            ("gradient_hooks autocast", ["--tuning.ddp_engine", "gradient_hooks",
-                                         "--tuning.mixed_precision", "autocast"]),
-        )
-    },
     "4gpu-scaling": {
         "1B b4x4096 FSDP4 compiled": _1B + ["--compile.enable", "true"],
         "Qwen3-30B-A3B width 4L b4x4096 EP4 compiled": _MOE_30B_4L + ["--compile.enable", "true",

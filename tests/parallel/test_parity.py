@@ -17,8 +17,6 @@ LAYOUTS = {
     "hsdp2x2": (4, ["--parallelism.dp_replicate", "2", "--parallelism.dp_shard", "2"]),
     "ddp2": (2, ["--parallelism.dp_replicate", "2", "--parallelism.dp_shard", "1"]),
     # Plain parameters, each gradient all-reduced by a hook (2 micro-steps per rank, clipped).
-    "ddp2_hooks": (2, ["--parallelism.dp_replicate", "2", "--parallelism.dp_shard", "1",
-                       "--tuning.ddp_engine", "gradient_hooks"]),
     "zero1_2": (2, ["--parallelism.dp_mode", "zero1"]),
     "tp2": (2, ["--parallelism.tp", "2", "--training.local_batch_size", "8"]),
     "tp4": (4, ["--parallelism.tp", "4", "--training.local_batch_size", "8"]),
@@ -41,7 +39,6 @@ EXPECTED_LOCAL = {
     "fsdp4": {"layers.0.attention.wq.weight": (64, 256), "layers.0.feed_forward.w2.weight": (64, 768)},
     "hsdp2x2": {"layers.0.attention.wq.weight": (128, 256), "layers.0.feed_forward.w2.weight": (128, 768)},
     "ddp2": {"layers.0.attention.wq.weight": (256, 256), "layers.0.feed_forward.w2.weight": (256, 768)},
-    "ddp2_hooks": {"layers.0.attention.wq.weight": (256, 256), "layers.0.feed_forward.w2.weight": (256, 768)},
     "zero1_2": {"layers.0.attention.wq.weight": (256, 256), "layers.0.feed_forward.w2.weight": (256, 768)},
     "tp2": {"layers.0.attention.wq.weight": (128, 256), "layers.0.feed_forward.w2.weight": (256, 384)},
     "tp4": {"layers.0.attention.wq.weight": (64, 256), "layers.0.feed_forward.w2.weight": (256, 192)},

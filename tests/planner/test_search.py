@@ -106,9 +106,10 @@ def test_the_search_pairs_context_parallel_with_pipelines_and_with_zero1():
     ulysses = [c for c in result.ranked if c.cp_scheme == "ulysses"]
     assert pp_cp and zero1_cp and ulysses and {c.cp_scheme for c in pp_cp} == {"ring", "ulysses"}
     assert all(c.degrees["cp"] > 1 and "-ulysses" in c.label() for c in ulysses)
-    # GPUs measured Ulysses at cp 2 and the ring at cp 2 and 4: the rows say which they price.
+    # GPUs measured Ulysses at cp 2 and 4 and the ring at cp 2 and 4, not cp 8: the rows say which they price.
     rows = {(c.cp_scheme, c.degrees["cp"]): c.cp_row for c in result.ranked}
-    assert rows[("ulysses", 2)] == rows[("ring", 4)] == "measured" and rows[("ulysses", 4)] == "modelled"
+    assert rows[("ulysses", 2)] == rows[("ring", 4)] == rows[("ulysses", 4)] == "measured"
+    assert rows[("ulysses", 8)] == rows[("ring", 8)] == "modelled"
     assert {c.cp_row for c in result.ranked if c.degrees["cp"] == 1} == {""}
     assert any("CP column 'modelled'" in note for note in result.notes)
     ring = next(c for c in result.ranked if c.cp_scheme == "ring" and c.degrees["cp"] > 1)

@@ -25,17 +25,26 @@ def _dp_seconds(ngpu: int, *overrides: str) -> tuple[float, int, int]:
 
 
 @pytest.mark.parametrize("layout", [["--parallelism.dp_shard", "4"],
-                                    ["--parallelism.dp_shard", "1", "--parallelism.dp_replicate", "4"]])
-def test_bf16_gradient_reduction_halves_the_reduced_bytes_of_fsdp_and_ddp(layout):
+                                    ["--parallelism.dp_shard", "2", "--parallelism.dp_replicate", "2"]])
+def test_bf16_gradient_reduction_halves_the_reduced_bytes_of_fsdp_and_hsdp(layout):
     fp32, local, whole = _dp_seconds(4, *layout)
     bf16, _, _ = _dp_seconds(4, *layout, "--parallelism.fsdp_reduce_dtype", "bfloat16")
-    hw = Hardware()
-    if "--parallelism.dp_replicate" in layout:  # all-reduce: 2 (n-1)/n of the whole model's fp32 bytes
-        saved = 0.5 * 2 * 3 / 4 * local / hw.nvlink_bytes_per_s
-    else:  # reduce-scatter: (n-1)/n of the whole model's fp32 gradients
-        saved = 0.5 * 3 / 4 * whole / hw.nvlink_bytes_per_s
     assert bf16 < fp32
-    assert fp32 - bf16 == pytest.approx(saved, rel=1e-6)
+    if "--parallelism.dp_replicate" not in layout:  # reduce-scatter: (n-1)/n of the whole model's fp32 gradients
+        assert fp32 - bf16 == pytest.approx(0.5 * 3 / 4 * whole / Hardware().nvlink_bytes_per_s, rel=1e-6)
+
+
+def test_ddp_alone_all_reduces_the_gradients_in_their_own_dtype():
+    # Gradient hooks (parallel/gradient_all_reduce.py): bf16 gradients under master weights, fp32
+    # under autocast; fsdp_reduce_dtype does not apply. All-reduce: 2 (n-1)/n of the bytes.
+    ddp = ["--parallelism.dp_shard", "1", "--parallelism.dp_replicate", "4", "--compile.enable", "true"]
+    autocast, local, _ = _dp_seconds(4, *ddp, "--tuning.mixed_precision", "autocast")
+    master, _, _ = _dp_seconds(4, *ddp, "--tuning.mixed_precision", "master_weights", "--training.local_batch_size",
+                               "8", "--training.global_batch_size", "32")
+    named_bf16, _, _ = _dp_seconds(4, *ddp, "--tuning.mixed_precision", "autocast", "--parallelism.fsdp_reduce_dtype",
+                                   "bfloat16")
+    assert named_bf16 == autocast
+    assert autocast - master == pytest.approx(0.5 * 2 * 3 / 4 * local / Hardware().nvlink_bytes_per_s, rel=1e-6)
 
 
 def _step(ngpu: int, *overrides: str):
