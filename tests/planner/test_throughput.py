@@ -27,7 +27,7 @@ def _dp_seconds(ngpu: int, *overrides: str) -> tuple[float, int, int]:
 @pytest.mark.parametrize("layout", [["--parallelism.dp_shard", "4"],
                                     ["--parallelism.dp_shard", "2", "--parallelism.dp_replicate", "2"]])
 def test_bf16_gradient_reduction_halves_the_reduced_bytes_of_fsdp_and_hsdp(layout):
-    fp32, local, whole = _dp_seconds(4, *layout)
+    fp32, _, whole = _dp_seconds(4, *layout)
     bf16, _, _ = _dp_seconds(4, *layout, "--parallelism.fsdp_reduce_dtype", "bfloat16")
     assert bf16 < fp32
     if "--parallelism.dp_replicate" not in layout:  # reduce-scatter: (n-1)/n of the whole model's fp32 gradients
