@@ -29,6 +29,7 @@ from torch.distributed._composable.replicate_with_fsdp import replicate
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
+from kenotron.degrees import ddp_alone
 from kenotron.parallel.dims import Meshes
 from kenotron.parallel.fsdp_gradient_pool import allocate_gradients_in_compute_pool
 from kenotron.parallel.gradient_all_reduce import GradientAllReduce
@@ -123,10 +124,11 @@ def apply_data_parallel(model: nn.Module, meshes: Meshes, layout: ModelLayout, s
         if mesh is None:
             return DataParallelState(None, None)
 
-    if kind == "ddp" and mesh.size() == meshes.root.size():
+    if kind == "ddp" and ddp_alone(st.dp_mode, meshes.dims.degrees()):
         # DDP alone: each gradient all-reduced in place as backward finishes it, in the precision
-        # one GPU trains in (degrees.ddp_alone), 3.9% faster than FSDP's replicate on 2 x H200
-        # (docs/parallelism.md, "DDP engines"). With tp, cp or pp beside it, FSDP's replicate.
+        # one GPU trains in (settle_precision reads the same ddp_alone), 3.9% faster than FSDP's
+        # replicate on 2 x H200 (docs/parallelism.md, "DDP engines"). With tp or pp beside it,
+        # FSDP's replicate.
         return DataParallelState(kind, mesh, GradientAllReduce(model, mesh))
     if kind in ("ddp", "zero1"):
         for unit in units:
