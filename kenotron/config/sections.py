@@ -181,7 +181,7 @@ class Parallelism:
 
 
     fsdp_reduce_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
-    """Dtype of the data-parallel gradient reduction: float32 (exact sums), bfloat16 (half the bytes, sums rounded to bf16), or auto: with bf16 params, bfloat16 for the routed experts and float32 for the rest. DDP alone reduces each gradient in its own dtype (bf16 under master weights)."""
+    """Dtype of FSDP's gradient reduction: float32 (exact sums), bfloat16 (half the bytes), or auto: with bf16 params, bf16 for the routed experts, float32 for the rest. DDP alone reduces gradients in their own dtype."""
 
     sequence_parallel: bool = True
     """With tp > 1, also split norms and the residual stream along the sequence."""
