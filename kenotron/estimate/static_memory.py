@@ -48,7 +48,7 @@ def data_parallel_kind(run: ResolvedRun) -> str:
 def ddp_by_hooks(run: ResolvedRun) -> bool:
     """DDP alone, which runs by gradient hooks on plain parameters (parallel/gradient_all_reduce.py):
     no FSDP compute copies, the precision one GPU trains in."""
-    return data_parallel_kind(run) == "ddp" and ddp_alone(run.plan.settings.dp_mode, run.dims.degrees())
+    return ddp_alone(run.plan.settings.dp_mode, run.dims.degrees())
 
 
 def one_gpu_fsdp(run: ResolvedRun) -> bool:

@@ -126,9 +126,8 @@ def apply_data_parallel(model: nn.Module, meshes: Meshes, layout: ModelLayout, s
 
     if kind == "ddp" and ddp_alone(st.dp_mode, meshes.dims.degrees()):
         # DDP alone: each gradient all-reduced in place as backward finishes it, in the precision
-        # one GPU trains in (settle_precision reads the same ddp_alone), 3.9% faster than FSDP's
-        # replicate on 2 x H200 (docs/parallelism.md, "DDP engines"). With tp or pp beside it,
-        # FSDP's replicate.
+        # one GPU trains in (settle_precision reads the same ddp_alone), faster than FSDP's
+        # replicate (docs/parallelism.md, "DDP engines"). With tp or pp beside it, FSDP's replicate.
         return DataParallelState(kind, mesh, GradientAllReduce(model, mesh))
     if kind in ("ddp", "zero1"):
         for unit in units:

@@ -118,8 +118,8 @@ def settle_cp_scheme(run: ResolvedRun, gpu_memory_gib: float | None,
 def with_attention_for_scheme(run: ResolvedRun, cuda_major: int) -> ResolvedRun:
     """`run` once its scheme is settled (settle_cp_scheme): where it is the all-to-all over all of
     cp, `model.attention_backend = "auto"` gets FlashAttention as it would without context
-    parallel (kernel_choice/attention_backend.py's auto_picks_flash_attn, SM `cuda_major`): under
-    the all-to-all it ran 12-14% faster than cuDNN (docs/performance.md, runs 100-105)."""
+    parallel (kernel_choice/attention_backend.py's auto_picks_flash_attn, SM `cuda_major`), faster
+    than cuDNN there too (docs/parallelism.md, "Two schemes")."""
     d, c = run.dims, run.choices
     if (d.cp > 1 and run.plan.settings.cp_scheme == "ulysses" and run.cfg.model.attention_backend == "auto"
             and c.attention_backend != "flash_attn"
