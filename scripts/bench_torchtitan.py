@@ -5,6 +5,8 @@
     PYTHONPATH=/path/to/torchtitan python scripts/bench_torchtitan.py --model llama3 --flavor 1B \\
         --ngpu 2 --case compiled                       # FSDP over 2 GPUs (--dp-replicate 2: DDP)
     PYTHONPATH=/path/to/torchtitan python scripts/bench_torchtitan.py --ngpu 4 --ep 4 --case compiled
+    PYTHONPATH=/path/to/torchtitan python scripts/bench_torchtitan.py --model llama3 --flavor 8B --n-layers 8 \
+        --batch 2 --seq 8192 --ngpu 2 --tp 2 --case compiled --case compiled-async-tp
     PYTHONPATH=/path/to/torchtitan python scripts/bench_torchtitan.py --model deepseek_v3 --flavor 16B \
         --n-layers 4 --batch 4 --seq 4096 --case compiled --case compiled-float8-experts
 
@@ -140,7 +142,7 @@ def _model_and_parallelize(model_name: str, flavor: str):
 
 def run_case(compiled: bool, model_name: str, flavor: str, n_layers: int, batch: int, seq: int, warmup: int,
              steps: int, force_balance: bool, dp_replicate: int = 1, ep: int = 1, ac: str = "none",
-             float8_experts: bool = False, cp: int = 1) -> dict:
+             float8_experts: bool = False, cp: int = 1, tp: int = 1, async_tp: bool = False) -> dict:
     import torch
 
     _stub_missing_imports()
@@ -164,11 +166,13 @@ def run_case(compiled: bool, model_name: str, flavor: str, n_layers: int, batch:
     job.activation_checkpoint.mode = ac
     job.activation_checkpoint.selective_ac_option = "op"
     job.debug.moe_force_load_balance = force_balance
-    dp_shard = world // (dp_replicate * cp)
+    dp_shard = world // (dp_replicate * cp * tp)
     job.parallelism.data_parallel_replicate_degree = dp_replicate
     job.parallelism.data_parallel_shard_degree = dp_shard
     job.parallelism.expert_parallel_degree = ep
     job.parallelism.context_parallel_degree = cp  # head-tail balancing and allgather rotation: its defaults
+    job.parallelism.tensor_parallel_degree = tp  # loss parallel on, as its default
+    job.parallelism.enable_async_tensor_parallel = async_tp
     if float8_experts:  # torchtitan's float8 grouped GEMMs of the routed experts (module docstring)
         job.model.converters = ["quantize.grouped_mm.float8"]
         job.quantize.grouped_mm.float8.fqns = ["experts"]
@@ -176,7 +180,7 @@ def run_case(compiled: bool, model_name: str, flavor: str, n_layers: int, batch:
     if n_layers:
         args.n_layers = n_layers
     args.update_from_config(job)
-    dims = ParallelDims(dp_replicate=dp_replicate, dp_shard=dp_shard, cp=cp, tp=1, pp=1, ep=ep, etp=1,
+    dims = ParallelDims(dp_replicate=dp_replicate, dp_shard=dp_shard, cp=cp, tp=tp, pp=1, ep=ep, etp=1,
                         world_size=world)
     if world > 1:
         dims.build_mesh()
@@ -196,7 +200,8 @@ def run_case(compiled: bool, model_name: str, flavor: str, n_layers: int, batch:
     schedulers = build_lr_schedulers(optimizers, job.lr_scheduler, job.training.steps)
     loss_fn = build_cross_entropy_loss(job)
     amp = dist_utils.maybe_enable_amp(dims, job.training.mixed_precision_param, device.type)
-    gen = torch.Generator().manual_seed(rank)
+    train_context = dist_utils.get_train_context(dims.tp_enabled)  # as its Trainer: loss parallel under TP
+    gen = torch.Generator().manual_seed(rank // (cp * tp))  # the ranks of one cp x tp group read one batch
 
     def step() -> torch.Tensor:
         tokens = torch.randint(0, args.vocab_size, (batch, seq + 1), generator=gen)
@@ -206,11 +211,12 @@ def run_case(compiled: bool, model_name: str, flavor: str, n_layers: int, batch:
             inputs, labels, extra = prepare_context_parallel_input(inputs, labels, {}, dims.get_mesh("cp"), device,
                                                                    job.parallelism.context_parallel_load_balancer)
         optimizers.zero_grad()
-        with amp:
-            pred = model(inputs, **extra)
-            loss = loss_fn(pred, labels) / labels.numel()
-        del pred
-        loss.backward()
+        with train_context():
+            with amp:
+                pred = model(inputs, **extra)
+                loss = loss_fn(pred, labels) / labels.numel()
+            del pred
+            loss.backward()
         dist_utils.clip_grad_norm_(list(model.parameters()), job.training.max_norm, foreach=True,
                                    ep_enabled=dims.ep_enabled)
         optimizers.step()
@@ -237,13 +243,13 @@ def run_case(compiled: bool, model_name: str, flavor: str, n_layers: int, batch:
             losses.append(step())
             times.append(time.perf_counter() - t0)
     step_time = statistics.median(times)
-    tps = batch * seq / step_time / cp  # each sequence counted once: cp GPUs share it
+    tps = batch * seq / step_time / (cp * tp)  # each sequence counted once: cp and tp GPUs share it
     return {
         "tokens_per_sec": tps, "tflops": tps * flops_per_token / 1e12, "mfu": 100 * tps * flops_per_token / 989e12,
         "memory_allocated_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0,
         "memory_reserved_gib": torch.cuda.max_memory_reserved() / 2**30 if cuda else 0.0,
         "loss_last": losses[-1].item(), "params": n_params, "flops_per_token": flops_per_token,
-        "torch": torch.__version__, "ngpu": world, "cp": cp,
+        "torch": torch.__version__, "ngpu": world, "cp": cp, "tp": tp,
     }
 
 
@@ -261,8 +267,10 @@ def main() -> int:
     parser.add_argument("--ep", type=int, default=1, help="expert-parallel degree (MoE)")
     parser.add_argument("--ac", choices=["none", "selective", "full"], default="none", help="activation checkpointing")
     parser.add_argument("--cp", type=int, default=1, help="context-parallel degree (plain causal SDPA, its only mode)")
+    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (loss parallel on, its default)")
     parser.add_argument("--case", action="append", default=[],
-                        choices=["compiled", "eager", "compiled-balanced", "compiled-float8-experts"])
+                        choices=["compiled", "eager", "compiled-balanced", "compiled-float8-experts",
+                                 "compiled-async-tp"])
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--json", help="write all rows to this file")
     args = parser.parse_args()
@@ -270,11 +278,12 @@ def main() -> int:
         name = args.case[0]
         row = run_case(name.startswith("compiled"), args.model, args.flavor, args.n_layers, args.batch, args.seq,
                        args.warmup, args.steps, name.endswith("balanced"), args.dp_replicate, args.ep, args.ac,
-                       name.endswith("float8-experts"), args.cp)
+                       name.endswith("float8-experts"), args.cp, args.tp, name.endswith("async-tp"))
         if int(os.environ.get("RANK", "0")) == 0:
             Path(args.worker).write_text(json.dumps(row))
         return 0
-    layout = f" x{args.ngpu} (dp_replicate {args.dp_replicate}, ep {args.ep}, cp {args.cp})" if args.ngpu > 1 else ""
+    layout = (f" x{args.ngpu} (dp_replicate {args.dp_replicate}, ep {args.ep}, cp {args.cp}, tp {args.tp})"
+              if args.ngpu > 1 else "")
     print(f"| torchtitan 0.2.2 {args.model} {args.flavor}{layout} case | tokens/s/device | TFLOP/s/device | MFU | "
           "peak GiB alloc / reserved | last loss |\n|---|---|---|---|---|---|", flush=True)
     rows = []
@@ -284,7 +293,8 @@ def main() -> int:
             worker = [__file__, "--worker", str(out), "--case", name, "--model", args.model, "--flavor", args.flavor,
                       "--n-layers", str(args.n_layers), "--batch", str(args.batch), "--seq", str(args.seq),
                       "--warmup", str(args.warmup), "--steps", str(args.steps), "--dp-replicate",
-                      str(args.dp_replicate), "--ep", str(args.ep), "--ac", args.ac, "--cp", str(args.cp)]
+                      str(args.dp_replicate), "--ep", str(args.ep), "--ac", args.ac, "--cp", str(args.cp),
+                      "--tp", str(args.tp)]
             if args.ngpu > 1 or args.model in NEEDS_PROCESS_GROUP:
                 cmd = ["torchrun", "--standalone", "--nproc-per-node", str(args.ngpu), *worker]
             else:
