@@ -169,13 +169,16 @@ def style_object(style: str, module: nn.Module, *, sp: bool, loss_parallel: bool
     if style == "norm":
         return SequenceParallel() if sp else None
     if style == "block_input":
-        if not sp:
-            return None
+        # The colwise projections read the input as a Replicate DTensor, so that each one's input
+        # gradient stays a partial sum: autograd adds them, and the input's conversion reduces the
+        # total once (a reduce-scatter under SP, an all-reduce without). Given a local tensor,
+        # each projection would all-reduce its own gradient: 3 all-reduces of the block's
+        # activations for attention's q, k, v instead of one reduce-scatter (docs/parallelism.md).
         arity = _positional_arity(module)
         return PrepareModuleInput(
-            input_layouts=_first_input(SEQ, arity),
+            input_layouts=_first_input(SEQ if sp else Replicate(), arity),
             desired_input_layouts=_first_input(Replicate(), arity),
-            use_local_output=True,
+            use_local_output=False,
         )
     if style == "channels":
         return ShardedChannels()
