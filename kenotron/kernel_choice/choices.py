@@ -80,7 +80,7 @@ def resolve_choices(cfg: JobConfig, dims: ParallelDims, target: Target, meta_mod
     `all_to_all_degree`: the part of cp the heads split over (degrees.py's ulysses_degree)."""
     u, device_type = cfg.tuning, target.device_type
     attention = kernels.attention_backend
-    if attention == "flash_attn":
+    if attention == "flash_attn" and target.packages_here:
         check_flash_attn_kernel(cfg, target)
     # A named all-to-all over all of cp runs the kernel whole; under cp_scheme "auto" the scheme,
     # and with it this choice, settles later (planner/cp_scheme_choice.py's settle_cp_scheme).

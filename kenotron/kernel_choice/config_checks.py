@@ -136,7 +136,7 @@ def check_attention(cfg: JobConfig, dims: ParallelDims, args: Any, target: Targe
 
 def _check_flash_attn(cfg: JobConfig, args: Any, target: Target) -> None:
     t = cfg.training
-    if not flash_attn_installed(target):
+    if target.packages_here and not flash_attn_installed(target):
         raise ConfigError(FLASH_ATTN_MISSING)
     if target.device_type != "cuda":
         raise ConfigError("model.attention_backend='flash_attn' needs CUDA (flash-attn has no CPU kernel); "

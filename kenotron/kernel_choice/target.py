@@ -76,6 +76,9 @@ class Target:
     """Compute capability major of its GPU (0: no GPU or unknown)."""
     triton: bool = False
     """Whether the triton package imports there."""
+    packages_here: bool = True
+    """Whether the optional kernel packages installed in this process are the target's: False for a
+    GPU machine planned from another (the estimator on a laptop), where flash-attn may be installed."""
 
     @classmethod
     def of(cls, device: torch.device) -> Target:
@@ -105,4 +108,5 @@ class Target:
             return cls("cpu")
         import torch  # the estimator's process has it loaded
 
-        return cls("cuda", torch.cuda.get_device_capability()[0] if torch.cuda.is_available() else 0, True)
+        here = torch.cuda.is_available()
+        return cls("cuda", torch.cuda.get_device_capability()[0] if here else 0, True, packages_here=here)

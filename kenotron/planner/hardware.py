@@ -22,6 +22,10 @@ class Hardware:
     than e_attn prices it: the kernel runs unsplit over the whole sequence, where the ring's
     (whose rows pin e_attn) runs per chunk pair and merges partial outputs. Fitted to the 1B pair
     at cp 2 on 2 x H100 (the rows and their fit: docs/parallelism.md, "Ring or all-to-all")."""
+    flash_attention_gain: float = 1.25
+    """How much faster FlashAttention-3/4 (`model.attention_backend = "flash_attn"`) runs attention
+    than e_attn prices cuDNN's: fitted to the FA4 / cuDNN pairs on H100 and H200 (1B, 8B width, 8B
+    FSDP 4, 1B cp 2 at 32k and 64k), each pair's modelled ratio within 2% of the measured one."""
     document_tile_cost: float = 1.4
     """Cost of one 128 x 128 tile that FlexAttention's document-masked kernel keeps, in causal
     attention's tiles at e_attn (fitted to the document-masked CP rows: docs/estimation.md)."""

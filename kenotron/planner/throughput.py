@@ -33,7 +33,9 @@ m micro-steps of b sequences, t = tp, p = cp, q = pp, T = b·s/p the rank's toke
              backward, not overlapped; K' = K/t kv heads, or p when they are repeated). Its
              attention kernel runs unsplit over the whole sequence: plain causal attention is
              priced at e_attn · g (g = `Hardware.ulysses_attention_gain`, whose docstring says what
-             it was fitted to; the ring's rows pin e_attn).
+             it was fitted to; the ring's rows pin e_attn). FlashAttention-3/4
+             (attention_backend 'flash_attn', under Ulysses or without CP) runs at
+             e_attn · `Hardware.flash_attention_gain` more.
              Heads that split over part of cp only (u = plan.settings.cp_ulysses_degree < p):
              the all-to-all term with u for p, plus the ring's at r = p/u on the group's
              b·s/r tokens and K'/u kv heads (B_cp of a group u·t ranks apart); the attention
@@ -217,7 +219,8 @@ def step_time(run: ResolvedRun, model: AnalyticModel, hw: Hardware | None = None
     r = rates(run, units, model.kind, recompute(run), hw)
     documents = document_attention(run, document_tokens)
     share = 1.0 if documents is None else documents.busiest_share * hw.document_tile_cost
-    r = dataclasses.replace(r, attention=r.attention * share / unsplit_attention_gain(run, hw))
+    flash = hw.flash_attention_gain if run.choices.attention_backend == "flash_attn" else 1.0
+    r = dataclasses.replace(r, attention=r.attention * share / (unsplit_attention_gain(run, hw) * flash))
     local = params.local / 4  # this rank's parameters (params.local counts fp32 bytes)
     if run.plan.pipeline is not None and d.pp > 1:
         compute, bubble, optimizer = pipeline_compute(run, model, units, r, local / model.parameter_count, hw)

@@ -11,7 +11,9 @@ import torch
 from kenotron.config import ConfigError, load_config
 from kenotron.kernel_choice.attention_backend import BlockMasks, attention_context
 from kenotron.kernel_choice.config_checks import resolve_attention_backend
+from kenotron.kernel_choice.target import Target
 from kenotron.models.common.flex_attention import dense_mask
+from kenotron.planner import AnalyticModel, step_time
 from kenotron.train.trainer import resolve_run, run_training
 from tests.models.fake_flash_attn import fake_flash_attn
 from tests.models.fake_flash_attn4 import fake_flash_attn4
@@ -82,9 +84,9 @@ def test_compiled_blocks_with_document_masking_match_eager(tmp_path):
 # -- refused before training ----------------------------------------------------------------
 
 
-def refused(overrides: list[str], world_size: int = 1) -> str:
+def refused(overrides: list[str], world_size: int = 1, target: Target | None = None) -> str:
     with pytest.raises(ConfigError) as info:
-        resolve_run(load_config(None, overrides), world_size)
+        resolve_run(load_config(None, overrides), world_size, target)
     return str(info.value)
 
 
@@ -116,9 +118,23 @@ def test_flex_with_pipeline_parallel_is_refused():
 
 def test_flash_attn_without_the_package_says_how_to_install_it(monkeypatch):
     monkeypatch.setitem(sys.modules, "flash_attn", None)  # `import flash_attn` fails
-    msg = refused(["--model.attention_backend", "flash_attn"])
+    # This machine, a Hopper GPU (the launcher's and the trainer's target): its packages are the run's.
+    msg = refused(["--model.attention_backend", "flash_attn"], target=Target("cuda", 9, True))
     assert "model.attention_backend='flash_attn' needs the flash-attn package, which is not installed" in msg
     assert "pip install flash-attn" in msg
+
+
+def test_a_gpu_machine_planned_from_a_cpu_takes_flash_attn_without_the_package_and_prices_it_faster(monkeypatch):
+    monkeypatch.setitem(sys.modules, "flash_attn", None)
+    overrides = ["--training.seq_len", "4096", "--training.local_batch_size", "4", "--compile.enable", "true"]
+    flash = resolve_run(load_config("llama3_1b", overrides + ["--model.attention_backend", "flash_attn"]), 1,
+                        check_data=False)  # Target.planned: the estimator's GPU machine, not this one
+    assert flash.choices.attention_backend == "flash_attn"
+    cudnn = resolve_run(load_config("llama3_1b", overrides), 1, check_data=False)
+    speedup = (step_time(flash, AnalyticModel(flash)).tokens_per_s_per_gpu
+               / step_time(cudnn, AnalyticModel(cudnn)).tokens_per_s_per_gpu)
+    # FA4 against cuDNN on one H200, the same lease: 66,389 / 64,100 (docs/performance.md, runs 109 and 112).
+    assert speedup == pytest.approx(66_389 / 64_100, abs=0.02)
 
 
 def test_flash_attn_needs_cuda_bf16_no_short_window_and_a_compilable_version(monkeypatch):

@@ -191,6 +191,29 @@ def test_modelled_tokens_per_s_is_within_tolerance_of_the_measured_row(row):
     assert abs(ratio - 1) <= tolerance, f"{name} ({source}): modelled / measured = {ratio:.3f}"
 
 
+# FlashAttention-4 against cuDNN, the same machine: (row, GPUs, config, overrides, FA4 tok/s, cuDNN tok/s,
+# where): the pairs that fit Hardware.flash_attention_gain.
+ULYSSES_2 = " --parallelism.cp 2 --parallelism.dp_shard -1 --training.local_batch_size 1 --parallelism.cp_scheme ulysses"
+FLASH_PAIRS = [
+    ("1B", 1, "llama3_1b", B1, 66_389, 64_100, f"{PERF}, runs 109 and 112"),
+    ("8B width 8L", 1, "llama3_8b", W8, 37_769, 37_267, f"{PERF}, run 35"),
+    ("8B FSDP 4 offload 6 (H100)", 4, "llama3_8b", F8 + " --activation_checkpoint.offload_blocks 6", 10_392, 10_172,
+     f"{PERF}, runs 116 and 119"),
+    ("1B cp 2 ulysses 32k", 2, "llama3_1b", B1 + ULYSSES_2 + " --training.seq_len 32768 --activation_checkpoint.mode none",
+     33_943, 30_341, f"{PERF}, runs 100 and 104"),
+    ("1B cp 2 ulysses 64k", 2, "llama3_1b", B1 + ULYSSES_2 + " --training.seq_len 65536 --activation_checkpoint.mode none",
+     23_063, 20_206, f"{PERF}, runs 100 and 104"),
+]
+
+
+@pytest.mark.parametrize("pair", FLASH_PAIRS, ids=[p[0] for p in FLASH_PAIRS])
+def test_flash_attention_over_cudnn_is_modelled_within_2_percent_of_the_measured_speed_up(pair):
+    name, ngpu, config, overrides, flash, cudnn, source = pair
+    modelled = (modelled_tokens_per_s(ngpu, config, overrides + " --model.attention_backend flash_attn")
+                / modelled_tokens_per_s(ngpu, config, overrides))
+    assert modelled == pytest.approx(flash / cudnn, abs=0.02), f"{name} ({source})"
+
+
 @pytest.mark.parametrize("row", SLOW_LINK_ROWS, ids=[r[0] for r in SLOW_LINK_ROWS])
 def test_modelled_tokens_per_s_on_a_slow_link_is_within_tolerance_of_the_measured_row(row):
     name, ngpu, config, overrides, measured, source = row
