@@ -144,6 +144,14 @@ PRESETS: dict[str, dict[str, list[str]]] = {
         "Qwen3-30B-A3B width 4L b4x4096 EP4 compiled": _MOE_30B_4L + ["--compile.enable", "true",
                                                                       "--parallelism.ep", "4"],
     },
+    # Tensor parallel (issue 33): TP 2 inside each pair of GPUs, FSDP over the pairs on 4 GPUs;
+    # `--ngpu 2` runs TP 2 alone. torchtitan's side: scripts/bench_torchtitan.py --tp 2.
+    "4gpu-tp": {
+        "8B-width 8L b2x8192 FSDP2xTP2 compiled": _8B_WIDTH + ["--compile.enable", "true", "--parallelism.tp", "2"],
+        "8B-width 8L b2x8192 FSDP2xTP2 compiled async-TP": _8B_WIDTH + [
+            "--compile.enable", "true", "--parallelism.tp", "2", "--parallelism.async_tp", "true",
+        ],
+    },
     # Muon beside AdamW (issue 37): run with --optimizer for the optimizer step's share; the
     # 8B width on 1 GPU, the 1B under FSDP over 2 GPUs (--ngpu 2).
     "muon-1gpu": {
