@@ -5,9 +5,13 @@ imports in a fresh interpreter; the package faces export what they list."""
 from __future__ import annotations
 
 import ast
+from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from tests import architecture_reader as reader
+from tests.ahead import Lane
 from tests.architecture_reader import all_modules, room_of
 from tests.architecture_rules import LAZY_ON_PURPOSE, OPTIONAL_PACKAGES, UPWARD_ON_PURPOSE
 from tests.fork_server import fork_server
@@ -116,10 +120,17 @@ def test_train_imports_kenotron_at_the_top_of_its_modules():
     assert not found, f"kenotron imports inside functions or under `if` in train/: {found}"
 
 
-def test_every_module_of_kenotron_imports():
-    """In a fresh interpreter (so import order and cycles are those of a first import), every
-    module imports; one whose optional third-party package is missing is reported and skipped."""
-    script = """
+def fresh_process(script: str) -> Callable[[Path, Lane], tuple[int, str, str]]:
+    """The `run_ahead` job (tests/ahead.py) that runs `script` in a fresh process forked from one
+    that imported torch alone (tests/fork_server.py): seconds of kenotron's imports, run ahead of
+    its test; gives its exit code, stdout and stderr."""
+    def job(folder: Path, lane: Lane) -> tuple[int, str, str]:
+        return fork_server(("torch",)).run(["-c", script], timeout=300)
+    job.__name__ = "fresh_process"
+    return job
+
+
+EVERY_MODULE_IMPORTS = """
 import importlib, pkgutil, sys
 import kenotron
 failed = []
@@ -136,15 +147,17 @@ for info in pkgutil.walk_packages(kenotron.__path__, "kenotron."):
 print("\\n".join(failed))
 sys.exit(1 if failed else 0)
 """
-    code, out, err = fork_server(("torch",)).run(["-c", script], timeout=300)  # a fresh process, torch imported
+
+
+@pytest.mark.run_ahead(job=fresh_process(EVERY_MODULE_IMPORTS))
+def test_every_module_of_kenotron_imports(ran_ahead):
+    """In a fresh interpreter (so import order and cycles are those of a first import), every
+    module imports; one whose optional third-party package is missing is reported and skipped."""
+    code, out, err = ran_ahead
     assert code == 0, out + err[-3000:]
 
 
-def test_package_faces_export_what_they_list():
-    """In a fresh interpreter, every name of `kenotron.parallel.__all__` and `kenotron.train.__all__`
-    resolves, `from kenotron.parallel import Plan` style; parallel's face is plain imports of its
-    own modules' names (no module `__getattr__` that loads them on demand)."""
-    script = """
+PACKAGE_FACES_EXPORT = """
 import kenotron.parallel, kenotron.train
 assert "__getattr__" not in vars(kenotron.parallel), "kenotron.parallel has a lazy __getattr__"
 for face in (kenotron.parallel, kenotron.train):
@@ -159,5 +172,12 @@ assert Plan.__name__ == "Plan" and callable(plan_for) and Trainer.__name__ == "T
 assert callable(build_job) and callable(train_step)
 print("ok")
 """
-    code, out, err = fork_server(("torch",)).run(["-c", script], timeout=300)
+
+
+@pytest.mark.run_ahead(job=fresh_process(PACKAGE_FACES_EXPORT))
+def test_package_faces_export_what_they_list(ran_ahead):
+    """In a fresh interpreter, every name of `kenotron.parallel.__all__` and `kenotron.train.__all__`
+    resolves, `from kenotron.parallel import Plan` style; parallel's face is plain imports of its
+    own modules' names (no module `__getattr__` that loads them on demand)."""
+    code, out, err = ran_ahead
     assert code == 0 and out.strip().endswith("ok"), out + err[-3000:]

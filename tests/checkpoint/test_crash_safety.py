@@ -6,31 +6,41 @@ import contextlib
 import os
 import signal
 import time
+from pathlib import Path
 
 import pytest
 
 from kenotron.checkpoint import list_step_folders
+from tests.ahead import Lane
 from tests.checkpoint.tiny import make_run
 from tests.fork_server import start_python
 
 
-@pytest.mark.slow  # the writer process starts from scratch (~4 s)
-def test_killing_the_writer_process_midway_keeps_the_previous_checkpoint_loadable(tmp_path):
-    flag = tmp_path / "writer.pid"
-    folder = tmp_path / "ckpt"
-    log = tmp_path / "run.txt"
-    run = start_python(["-m", "tests.checkpoint.crash_writer", str(folder)], log, {"STALL_FLAG": str(flag)})
+def _kill_session(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)  # the training process leads its session; the writer is in it
+
+
+def kill_the_writer(folder: Path, lane: Lane) -> dict:
+    """The `run_ahead` job (tests/ahead.py): a training run (crash_writer.py) whose writer process
+    stalls in the save of step 3 is killed there; ~4 s of a spawned writer's imports, waited for
+    ahead of the test. Gives the checkpoint folder, its step folders at the stall and what the
+    training process printed once its writer was gone."""
+    flag, checkpoint, log = folder / "writer.pid", folder / "ckpt", folder / "run.txt"
+    run = start_python(["-m", "tests.checkpoint.crash_writer", str(checkpoint)], log, {"STALL_FLAG": str(flag)})
     try:
-        deadline = time.monotonic() + 120
-        while not (flag.is_file() and flag.read_text()):
-            assert run.poll() is None, f"the training run ended before the stall:\n{log.read_text()}"
-            assert time.monotonic() < deadline, "the writer never reached the stall"
-            time.sleep(0.1)
-        stalled = [(f.step, f.complete) for f in list_step_folders(folder)]
-        assert any(p.suffix == ".distcp" for p in (folder / "step-000003").iterdir()), "no data written before the kill"
-        os.kill(int(flag.read_text()), signal.SIGKILL)
-        run.wait(120)
-        output = log.read_text()
+        with lane.killed_at_stop(lambda: _kill_session(run.pid)):
+            deadline = time.monotonic() + 120
+            while not (flag.is_file() and flag.read_text()):
+                assert run.poll() is None, f"the training run ended before the stall:\n{log.read_text()}"
+                assert time.monotonic() < deadline, "the writer never reached the stall"
+                time.sleep(0.1)
+            stalled = [(f.step, f.complete) for f in list_step_folders(checkpoint)]
+            assert any(p.suffix == ".distcp" for p in (checkpoint / "step-000003").iterdir()), \
+                "no data written before the kill"
+            os.kill(int(flag.read_text()), signal.SIGKILL)
+            run.wait(120)
+            output = log.read_text()
     finally:  # never leave the run or its stalled writer behind, whatever failed above
         if run.poll() is None:
             os.kill(run.pid, signal.SIGKILL)
@@ -38,7 +48,14 @@ def test_killing_the_writer_process_midway_keeps_the_previous_checkpoint_loadabl
         if flag.is_file() and flag.read_text():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(int(flag.read_text()), signal.SIGKILL)
+    return {"checkpoint": checkpoint, "stalled": stalled, "output": output}
+
+
+@pytest.mark.slow  # the writer process starts from scratch (~4 s), ahead of the test
+@pytest.mark.run_ahead(job=kill_the_writer)
+def test_killing_the_writer_process_midway_keeps_the_previous_checkpoint_loadable(ran_ahead):
+    stalled, output = ran_ahead["stalled"], ran_ahead["output"]
     assert stalled == [(2, True), (3, False)]
     assert "SAVE FAILED: saving" in output and "the latest complete checkpoint is still step-000002" in output, output
-    *_, state, manager, _, _ = make_run("single", folder)
+    *_, state, manager, _, _ = make_run("single", ran_ahead["checkpoint"])
     assert manager.load() == 2 and state.step == 2

@@ -4,11 +4,13 @@ part the peer's), and the count of tensors received in place is read off storage
 from __future__ import annotations
 
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
 
 from kenotron.fault_tolerance.torchft_import import unavailable_reason
+from tests.ahead import Lane
 from tests.fork_server import fork_server
 
 pytestmark = pytest.mark.skipif(unavailable_reason() is not None, reason=str(unavailable_reason()))
@@ -36,10 +38,17 @@ BROKEN_RECEIVE = textwrap.dedent("""
 """)
 
 
-def test_a_receive_broken_off_part_way_exits_the_rank_with_the_restart_code():
+def broken_receive(folder: Path, lane: Lane) -> tuple[int, str, str]:
+    """The `run_ahead` job (tests/ahead.py): BROKEN_RECEIVE in a process forked from a server that
+    imported torch and torchft (seconds to start, ahead of the test); its exit code, stdout, stderr."""
+    return fork_server(("torch", "torchft")).run(["-c", BROKEN_RECEIVE], 120)
+
+
+@pytest.mark.run_ahead(job=broken_receive)
+def test_a_receive_broken_off_part_way_exits_the_rank_with_the_restart_code(ran_ahead):
     from kenotron.fault_tolerance.timed_transport import BROKEN_RECEIVE_EXIT
 
-    code, out, err = fork_server(("torch", "torchft")).run(["-c", BROKEN_RECEIVE], 120)
+    code, out, err = ran_ahead
     assert code == BROKEN_RECEIVE_EXIT, out + err
     assert "broke off (RuntimeError: Connection closed by peer)" in out + err
     assert "returned" not in out

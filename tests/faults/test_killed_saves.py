@@ -8,39 +8,64 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import time
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
 from kenotron.checkpoint import list_step_folders
 from kenotron.checkpoint.folders import STAMP_NAME
+from tests.ahead import Lane
 from tests.checkpoint.tiny import make_run, run_layout
 from tests.fork_server import start_python
 
 
-@pytest.mark.slow  # a training process saves twice, its writer process starts from scratch
-@pytest.mark.parametrize("mode", ["disabled", "async", "async_with_pinned_mem"])
-def test_killing_the_job_during_a_save_keeps_the_previous_checkpoint(tmp_path, mode):
-    folder, flag = tmp_path / "ckpt", tmp_path / "stalled.pid"
-    log = tmp_path / "run.txt"
-    run = start_python(["-m", "tests.faults.stalled_save", mode, str(folder)], log, {"STALL_FLAG": str(flag)})
-    try:
-        deadline = time.monotonic() + 120
-        while not (flag.is_file() and flag.read_text()):
-            assert run.poll() is None, f"the run ended before the stall:\n{log.read_text()}"
-            assert time.monotonic() < deadline, "the save never reached the stall"
-            time.sleep(0.1)
-        for pid in {run.pid, int(flag.read_text())}:  # the training process and, if another, the writer
-            os.kill(pid, signal.SIGKILL)
-        run.wait(timeout=60)
-    finally:
-        if run.poll() is None:
-            os.kill(run.pid, signal.SIGKILL)
-            run.wait(60)
-        if flag.is_file() and flag.read_text():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(int(flag.read_text()), signal.SIGKILL)
+def kill_during_save(mode: str) -> Callable[[Path, Lane], Path]:
+    """The `run_ahead` job (tests/ahead.py) of `mode`: a training run (stalled_save.py) saves step
+    2, stalls in the save of step 3 and is killed there with its writer, if another process; ~2-5 s
+    of imports and waiting, ahead of the test. Gives the checkpoint folder it left."""
+    def job(folder: Path, lane: Lane) -> Path:
+        checkpoint, flag, log = folder / "ckpt", folder / "stalled.pid", folder / "run.txt"
+        run = start_python(["-m", "tests.faults.stalled_save", mode, str(checkpoint)], log, {"STALL_FLAG": str(flag)})
+        try:
+            with lane.killed_at_stop(lambda: _kill_session(run.pid)):
+                deadline = time.monotonic() + 120
+                while not (flag.is_file() and flag.read_text()):
+                    assert run.poll() is None, f"the run ended before the stall:\n{log.read_text()}"
+                    assert time.monotonic() < deadline, "the save never reached the stall"
+                    time.sleep(0.1)
+                for pid in {run.pid, int(flag.read_text())}:  # the training process and, if another, the writer
+                    os.kill(pid, signal.SIGKILL)
+                run.wait(timeout=60)
+        finally:
+            if run.poll() is None:
+                os.kill(run.pid, signal.SIGKILL)
+                run.wait(60)
+            if flag.is_file() and flag.read_text():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(flag.read_text()), signal.SIGKILL)
+        return checkpoint
+    job.__name__ = f"kill_during_save_{mode}"
+    return job
+
+
+def _kill_session(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)  # the training process leads its session; a writer is in it
+
+
+MODES = ["disabled", "async", "async_with_pinned_mem"]
+
+
+@pytest.mark.slow  # a training process saves twice, its writer process starts from scratch (ahead of the test)
+@pytest.mark.parametrize("mode", [pytest.param(m, marks=pytest.mark.run_ahead(job=kill_during_save(m))) for m in MODES],
+                         ids=MODES)
+def test_killing_the_job_during_a_save_keeps_the_previous_checkpoint(tmp_path, mode, ran_ahead):
+    folder = tmp_path / "ckpt"
+    shutil.copytree(ran_ahead, folder)  # the resumed run below writes: into the test's own folder
     interrupted = folder / "step-000003"
     assert [(f.step, f.complete) for f in list_step_folders(folder)] == [(2, True), (3, False)]
     assert (interrupted / STAMP_NAME).is_file() and any(p.suffix == ".distcp" for p in interrupted.iterdir())
