@@ -118,7 +118,7 @@ class Lane:
         try:
             return proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
-            _kill_session(proc)
+            kill_session(proc.pid)
             proc.communicate()
             raise
         finally:
@@ -150,7 +150,7 @@ class Lane:
         with self._lock:
             self._stopped = True
             for proc in self._running:
-                _kill_session(proc)
+                kill_session(proc.pid)
             kills = list(self._kills)
         for kill in kills:
             with suppress(Exception):
@@ -158,9 +158,10 @@ class Lane:
         self._thread.join(timeout=30)
 
 
-def _kill_session(proc: subprocess.Popen) -> None:
+def kill_session(pid: int) -> None:
+    """SIGKILL to the session (process group) that `pid` leads, if it is still there."""
     with suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
+        os.killpg(pid, signal.SIGKILL)
 
 
 def marked_last(items: list[pytest.Item]) -> list[pytest.Item]:

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
-import time
 from pathlib import Path
 
 import pytest
@@ -13,12 +11,7 @@ import pytest
 from kenotron.checkpoint import list_step_folders
 from tests.ahead import Lane
 from tests.checkpoint.tiny import make_run
-from tests.fork_server import start_python
-
-
-def _kill_session(pid: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGKILL)  # the training process leads its session; the writer is in it
+from tests.stalled_run import stalled_run
 
 
 def kill_the_writer(folder: Path, lane: Lane) -> dict:
@@ -26,28 +19,14 @@ def kill_the_writer(folder: Path, lane: Lane) -> dict:
     stalls in the save of step 3 is killed there; ~4 s of a spawned writer's imports, waited for
     ahead of the test. Gives the checkpoint folder, its step folders at the stall and what the
     training process printed once its writer was gone."""
-    flag, checkpoint, log = folder / "writer.pid", folder / "ckpt", folder / "run.txt"
-    run = start_python(["-m", "tests.checkpoint.crash_writer", str(checkpoint)], log, {"STALL_FLAG": str(flag)})
-    try:
-        with lane.killed_at_stop(lambda: _kill_session(run.pid)):
-            deadline = time.monotonic() + 120
-            while not (flag.is_file() and flag.read_text()):
-                assert run.poll() is None, f"the training run ended before the stall:\n{log.read_text()}"
-                assert time.monotonic() < deadline, "the writer never reached the stall"
-                time.sleep(0.1)
-            stalled = [(f.step, f.complete) for f in list_step_folders(checkpoint)]
-            assert any(p.suffix == ".distcp" for p in (checkpoint / "step-000003").iterdir()), \
-                "no data written before the kill"
-            os.kill(int(flag.read_text()), signal.SIGKILL)
-            run.wait(120)
-            output = log.read_text()
-    finally:  # never leave the run or its stalled writer behind, whatever failed above
-        if run.poll() is None:
-            os.kill(run.pid, signal.SIGKILL)
-            run.wait(60)
-        if flag.is_file() and flag.read_text():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(int(flag.read_text()), signal.SIGKILL)
+    checkpoint = folder / "ckpt"
+    with stalled_run(["-m", "tests.checkpoint.crash_writer", str(checkpoint)], folder, lane) as (run, writer, log):
+        stalled = [(f.step, f.complete) for f in list_step_folders(checkpoint)]
+        assert any(p.suffix == ".distcp" for p in (checkpoint / "step-000003").iterdir()), \
+            "no data written before the kill"
+        os.kill(writer, signal.SIGKILL)
+        run.wait(120)
+        output = log.read_text()
     return {"checkpoint": checkpoint, "stalled": stalled, "output": output}
 
 

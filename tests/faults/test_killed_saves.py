@@ -6,11 +6,9 @@ going on, is covered by tests/checkpoint/test_crash_safety.py.)
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import signal
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -20,7 +18,7 @@ from kenotron.checkpoint import list_step_folders
 from kenotron.checkpoint.folders import STAMP_NAME
 from tests.ahead import Lane
 from tests.checkpoint.tiny import make_run, run_layout
-from tests.fork_server import start_python
+from tests.stalled_run import stalled_run
 
 
 def kill_during_save(mode: str) -> Callable[[Path, Lane], Path]:
@@ -28,33 +26,14 @@ def kill_during_save(mode: str) -> Callable[[Path, Lane], Path]:
     2, stalls in the save of step 3 and is killed there with its writer, if another process; ~2-5 s
     of imports and waiting, ahead of the test. Gives the checkpoint folder it left."""
     def job(folder: Path, lane: Lane) -> Path:
-        checkpoint, flag, log = folder / "ckpt", folder / "stalled.pid", folder / "run.txt"
-        run = start_python(["-m", "tests.faults.stalled_save", mode, str(checkpoint)], log, {"STALL_FLAG": str(flag)})
-        try:
-            with lane.killed_at_stop(lambda: _kill_session(run.pid)):
-                deadline = time.monotonic() + 120
-                while not (flag.is_file() and flag.read_text()):
-                    assert run.poll() is None, f"the run ended before the stall:\n{log.read_text()}"
-                    assert time.monotonic() < deadline, "the save never reached the stall"
-                    time.sleep(0.1)
-                for pid in {run.pid, int(flag.read_text())}:  # the training process and, if another, the writer
-                    os.kill(pid, signal.SIGKILL)
-                run.wait(timeout=60)
-        finally:
-            if run.poll() is None:
-                os.kill(run.pid, signal.SIGKILL)
-                run.wait(60)
-            if flag.is_file() and flag.read_text():
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(int(flag.read_text()), signal.SIGKILL)
+        checkpoint = folder / "ckpt"
+        with stalled_run(["-m", "tests.faults.stalled_save", mode, str(checkpoint)], folder, lane) as (run, stalled, _):
+            for pid in {run.pid, stalled}:  # the training process and, if another, the writer
+                os.kill(pid, signal.SIGKILL)
+            run.wait(timeout=60)
         return checkpoint
     job.__name__ = f"kill_during_save_{mode}"
     return job
-
-
-def _kill_session(pid: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGKILL)  # the training process leads its session; a writer is in it
 
 
 MODES = ["disabled", "async", "async_with_pinned_mem"]
