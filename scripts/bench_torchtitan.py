@@ -6,7 +6,7 @@
         --ngpu 2 --case compiled                       # FSDP over 2 GPUs (--dp-replicate 2: DDP)
     PYTHONPATH=/path/to/torchtitan python scripts/bench_torchtitan.py --ngpu 4 --ep 4 --case compiled
     PYTHONPATH=/path/to/torchtitan python scripts/bench_torchtitan.py --model llama3 --flavor 8B --n-layers 8 \
-        --batch 2 --seq 8192 --ngpu 2 --tp 2 --case compiled --case compiled-async-tp
+        --batch 2 --seq 8192 --ngpu 4 --tp 2 --case compiled --case compiled-async-tp   # FSDP 2 x TP 2
     PYTHONPATH=/path/to/torchtitan python scripts/bench_torchtitan.py --model deepseek_v3 --flavor 16B \
         --n-layers 4 --batch 4 --seq 4096 --case compiled --case compiled-float8-experts
 
@@ -267,7 +267,8 @@ def main() -> int:
     parser.add_argument("--ep", type=int, default=1, help="expert-parallel degree (MoE)")
     parser.add_argument("--ac", choices=["none", "selective", "full"], default="none", help="activation checkpointing")
     parser.add_argument("--cp", type=int, default=1, help="context-parallel degree (plain causal SDPA, its only mode)")
-    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (loss parallel on, its default)")
+    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (loss parallel on, its default; "
+                        "torchtitan trains TP without FSDP in fp32: give FSDP GPUs too for bf16)")
     parser.add_argument("--case", action="append", default=[],
                         choices=["compiled", "eager", "compiled-balanced", "compiled-float8-experts",
                                  "compiled-async-tp"])
