@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from kenotron.models.common.experts import gather_rows, group_by_expert, sum_rows
-from kenotron.models.common.moe import MoE
+from kenotron.models.common.moe import LocalDispatcher, MoE
 from kenotron.models.common.moe_args import MoEArgs
 from kenotron.models.common.router import TopKRouter
 
@@ -177,3 +177,40 @@ def test_activation_checkpointing_recomputes_without_counting_twice(selective):
     got = [layer.router.load, layer.router.aux_sum] + [p.grad for p in layer.parameters()]
     for a, b in zip(got, expected):
         torch.testing.assert_close(a, b)
+
+
+class _DispatcherWithGraphBreak:
+    """The local dispatcher behind a graph break, as a compiled block meets the experts when they are
+    FSDP units of their own (expert parallel, or the experts' bf16 reduction: parallel/plan.py)."""
+
+    def __call__(self, x, r, experts):
+        torch._dynamo.graph_break()
+        return LocalDispatcher()(x, r, experts)
+
+
+def _balance_gradient_of_the_gate(layer: MoE, x: torch.Tensor, compiled: bool) -> torch.Tensor:
+    """d(balancing terms)/d(gate): the gate's gradient with the auxiliary loss and z-loss on, less
+    the one with them off (the same routing, the same experts)."""
+    grads = []
+    for weight in (1.0, 0.0):
+        layer.zero_grad()
+        layer.router.balance.aux = layer.router.balance.z = weight
+        run = torch.compile(layer, backend="aot_eager") if compiled else layer
+        run(x).sum().backward()
+        grads.append(layer.router.gate.weight.grad.clone())
+    return grads[0] - grads[1]
+
+
+def test_the_balancing_losses_reach_the_router_across_a_graph_break_at_the_experts():
+    # attach_loss's forward did not read the term, and the compiled backward gave it no gradient:
+    # no balancing at all (2026-11-27: compiled Qwen3-MoE under FSDP 2 with bf16 expert reduction,
+    # whose blocks break their graphs at the experts, ran with an auxiliary loss 60% above the
+    # fp32 run's after 100 steps, docs/performance.md run 121).
+    layer = _layer(dtype=torch.float32)
+    layer.dispatcher = _DispatcherWithGraphBreak()
+    x = torch.randn(2, 5, 16)
+    torch._dynamo.reset()
+    eager = _balance_gradient_of_the_gate(layer, x, compiled=False)
+    compiled = _balance_gradient_of_the_gate(layer, x, compiled=True)
+    assert eager.abs().max() > 0
+    torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-7)

@@ -81,14 +81,17 @@ class MoE(nn.Module):
         x = x.reshape(-1, shape[-1])
         r = self.router(x)
         term = self.router.balance_term(r, shape[0] if len(shape) == 3 else 1)
+        if term is not None:
+            # Joined to the routing weights (tokens x k values) rather than the layer's output
+            # (tokens x dim): attach_loss's forward reads the term (router.py says why), and this
+            # is the smallest tensor on the path to the loss.
+            r.weights = attach_loss(r.weights, term)
         out = self.dispatcher(x, r, self.experts)
         if self.shared_experts is not None:
             shared = self.shared_experts(x)
             if self.shared_gate is not None:
                 shared = torch.sigmoid(self.shared_gate(x)) * shared
             out = out + shared
-        if term is not None:
-            out = attach_loss(out, term)
         return out.view(*shape[:-1], out.shape[-1])
 
     def param_init_specs(self, init_std: float, out_std: float) -> dict[str, InitSpec]:

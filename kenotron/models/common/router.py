@@ -25,7 +25,7 @@ Load balancing (weights set by the trainer's step, train/expert_balance.py):
   scores for the choice only, moved after each optimizer step by bias_update_rate *
   sign(mean load - load_e) from the step's expert loads summed over all ranks.
 
-The terms enter backward through `attach_loss`, an identity on the layer's output whose
+The terms enter backward through `attach_loss`, an identity on the routing weights whose
 backward also feeds the term its gradient: the loss reaches the router wherever the layer runs,
 in any pipeline stage, without changing what the model returns.
 """
@@ -87,7 +87,11 @@ class _AttachLoss(torch.autograd.Function):
     @staticmethod
     def forward(ctx, out: torch.Tensor, term: torch.Tensor) -> torch.Tensor:
         ctx.term_shape = term.shape
-        return out.view_as(out)
+        # The forward reads the term (adding zero): compiled, an input the forward does not read
+        # gets no gradient, and a block whose graph breaks at the experts (FSDP units of their own
+        # under expert parallel or bf16 expert reduction) trained with no balancing loss at all
+        # (docs/performance.md, run 121; tests/models/test_moe.py).
+        return out + (term * 0).to(out.dtype)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
@@ -95,7 +99,7 @@ class _AttachLoss(torch.autograd.Function):
 
 
 def attach_loss(out: torch.Tensor, term: torch.Tensor) -> torch.Tensor:
-    """`out` unchanged; in backward, `term` gets gradient 1 (it joins the loss)."""
+    """`out` unchanged (plus 0 x term); in backward, `term` gets gradient 1 (it joins the loss)."""
     return _AttachLoss.apply(out, term)
 
 
