@@ -278,12 +278,52 @@ def record_training(trainer: Any) -> HostReads:
     return reads
 
 
+def blocking_calls(trace: dict) -> list[tuple[str, str, float, float]]:
+    """What a GPU trace's host synchronizations were: the runtime calls inside the traced steps
+    that tools/step_timeline.py counts as such (a synchronizing call, or any call that blocked
+    the host over HOST_BLOCK_US: a launch into a full queue, a copy from pageable memory, the
+    allocator freeing), each with the innermost profiler range around it on its thread (the op
+    that made it): (call, op, calls per step, host ms per step), the most host time first."""
+    from kenotron.tools.step_timeline import HOST_BLOCK_US, HOST_SYNC, STEP_RANGE
+
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    steps = [(e["ts"], e["ts"] + e["dur"]) for e in events
+             if e.get("cat") == "user_annotation" and e.get("name") == STEP_RANGE and "dur" in e]
+    ranges = [e for e in events if e.get("cat") in ("cpu_op", "user_annotation") and "dur" in e
+              and e.get("name") != STEP_RANGE]
+    found: Counter = Counter()
+    host_us: Counter = Counter()
+    for e in events:
+        if e.get("cat") != "cuda_runtime" or "dur" not in e or not any(lo <= e["ts"] < hi for lo, hi in steps):
+            continue
+        if not (HOST_SYNC.match(e["name"]) or e["dur"] > HOST_BLOCK_US):
+            continue
+        around = [r for r in ranges if r.get("tid") == e.get("tid") and r["ts"] <= e["ts"] < r["ts"] + r["dur"]]
+        op = min(around, key=lambda r: r["dur"])["name"] if around else "?"
+        found[e["name"], op] += 1
+        host_us[e["name"], op] += e["dur"]
+    n = max(len(steps), 1)
+    return sorted(((call, op, count / n, host_us[call, op] / n / 1e3) for (call, op), count in found.items()),
+                  key=lambda row: -row[3])
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Train `--steps` steps of a config (eager) with the reads recorded, and print where they are."""
+    """Train `--steps` steps of a config (eager) with the reads recorded, and print where they
+    are; or, with --trace, say what a GPU trace's host synchronizations were."""
     parser = argparse.ArgumentParser(description="which ops of a training step read the device on the host")
     parser.add_argument("--steps", type=int, default=3, help="training steps")
     parser.add_argument("--log-freq", type=int, default=2, help="metrics.log_freq of the run (the first and last steps log too)")
+    parser.add_argument("--trace", nargs="+", metavar="TRACE.json.gz",
+                        help="instead: the blocking runtime calls of bench.py --timeline traces, and the op around each")
     args, rest = parser.parse_known_args(argv)
+    if args.trace:
+        from kenotron.tools.step_timeline import read_trace
+
+        for path in args.trace:
+            print(f"{path}: host synchronizations per step (runtime call, the op around it, calls, host ms)")
+            for call, op, count, ms in blocking_calls(read_trace(path)):
+                print(f"    {call:<24} {op[:70]:<70} {count:5.2f} {ms:8.2f}")
+        return 0
     from kenotron.config import load_config, split_config_arg
     from kenotron.train.trainer import Trainer, setup_logging
 

@@ -10,7 +10,8 @@ import torch
 
 from kenotron.models.common.moe import MoE
 from kenotron.models.common.moe_args import MoEArgs
-from kenotron.tools.host_reads import HostReads
+from kenotron.tools.host_reads import HostReads, blocking_calls
+from kenotron.tools.step_timeline import STEP_RANGE
 from kenotron.train.metrics import Deferred, read_on_host
 from tests.distributed.pool import run_on_ranks
 from tests.tools.host_read_steps import reads_per_step
@@ -80,6 +81,25 @@ def test_grouped_sigmoid_routing_and_the_sequence_wise_loss_read_nothing_forward
     with HostReads() as reads:
         moe(x).sum().backward()
     assert not reads.reads, reads.table()
+
+
+def test_blocking_calls_names_each_host_synchronization_of_a_trace_with_the_op_around_it():
+    def event(cat: str, name: str, ts: float, dur: float, tid: int = 1) -> dict:
+        return {"cat": cat, "name": name, "ts": ts, "dur": dur, "tid": tid}
+
+    trace = {"traceEvents": [
+        event("user_annotation", STEP_RANGE, 0.0, 5000.0), event("user_annotation", STEP_RANGE, 5000.0, 5000.0),
+        event("cpu_op", "aten::_local_scalar_dense", 100.0, 900.0),
+        event("cuda_runtime", "cudaMemcpyAsync", 150.0, 800.0),  # a read: blocked 0.8 ms
+        event("cpu_op", "aten::mm", 2000.0, 700.0), event("cpu_op", "aten::mm", 1900.0, 900.0, tid=2),
+        event("cuda_runtime", "cudaLaunchKernel", 2010.0, 600.0),  # a launch into a full queue
+        event("cuda_runtime", "cudaLaunchKernel", 2700.0, 5.0),  # a launch: not a synchronization
+        event("cuda_runtime", "cudaStreamSynchronize", 6000.0, 40.0),  # a synchronization by its name
+        event("cuda_runtime", "cudaStreamSynchronize", 20000.0, 40.0),  # outside the steps
+    ]}
+    assert blocking_calls(trace) == [("cudaMemcpyAsync", "aten::_local_scalar_dense", 0.5, 0.4),
+                                     ("cudaLaunchKernel", "aten::mm", 0.5, 0.3),
+                                     ("cudaStreamSynchronize", "?", 0.5, 0.02)]
 
 
 def _by_step(reads: dict[int, list[str]]) -> dict[int, list[str]]:
