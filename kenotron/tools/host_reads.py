@@ -39,6 +39,10 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from kenotron.config import load_config, split_config_arg
+from kenotron.tools.step_timeline import HOST_BLOCK_US, HOST_SYNC, STEP_RANGE, read_trace
+from kenotron.train.trainer import Trainer, setup_logging
+
 aten = torch.ops.aten
 
 _SIZE_FROM_VALUES = "its output's size depends on the values"
@@ -248,7 +252,7 @@ class TrainerSteps:
     then its log when N logs), `host_tensors` what a GPU run keeps on the host (the step's batch,
     the optimizers' step counters). It wraps the trainer's `run_step` to know both."""
 
-    def __init__(self, trainer: Any) -> None:
+    def __init__(self, trainer: Trainer) -> None:
         self.trainer, self.running, self.batch = trainer, False, []
         run_step = trainer.run_step
 
@@ -269,7 +273,7 @@ class TrainerSteps:
         return self.batch + optimizer_step_counters(self.trainer.job.torch_optimizers)
 
 
-def record_training(trainer: Any) -> HostReads:
+def record_training(trainer: Trainer) -> HostReads:
     """Train `trainer` to its end (trainer.train()) with every host read recorded, labelled by step."""
     steps = TrainerSteps(trainer)
     reads = HostReads(steps.host_tensors, label=steps.label)
@@ -284,8 +288,6 @@ def blocking_calls(trace: dict) -> list[tuple[str, str, float, float]]:
     the host over HOST_BLOCK_US: a launch into a full queue, a copy from pageable memory, the
     allocator freeing), each with the innermost profiler range around it on its thread (the op
     that made it): (call, op, calls per step, host ms per step), the most host time first."""
-    from kenotron.tools.step_timeline import HOST_BLOCK_US, HOST_SYNC, STEP_RANGE
-
     events = trace["traceEvents"] if isinstance(trace, dict) else trace
     steps = [(e["ts"], e["ts"] + e["dur"]) for e in events
              if e.get("cat") == "user_annotation" and e.get("name") == STEP_RANGE and "dur" in e]
@@ -317,15 +319,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="instead: the blocking runtime calls of bench.py --timeline traces, and the op around each")
     args, rest = parser.parse_known_args(argv)
     if args.trace:
-        from kenotron.tools.step_timeline import read_trace
-
         for path in args.trace:
             print(f"{path}: host synchronizations per step (runtime call, the op around it, calls, host ms)")
             for call, op, count, ms in blocking_calls(read_trace(path)):
                 print(f"    {call:<24} {op[:70]:<70} {count:5.2f} {ms:8.2f}")
         return 0
-    from kenotron.config import load_config, split_config_arg
-    from kenotron.train.trainer import Trainer, setup_logging
 
     setup_logging(0)
     path, overrides = split_config_arg([a for a in rest if a != "--"])
