@@ -14,8 +14,8 @@ op that would read the device on the host:
 What counts (HOST_READ_OPS): `aten._local_scalar_dense` (item, bool, int, float of a tensor),
 `tolist()` and `numpy()` (which read a CPU tensor's memory without an op), ops whose output size
 depends on the values (nonzero, masked_select, boolean-mask indexing and index_put, unique,
-repeat_interleave without output_size, bincount), `equal`, and copies of a device tensor to the
-CPU. On a CPU machine every tensor stands for a device tensor: `host_tensors` names the ones a GPU
+repeat_interleave without output_size, bincount), `equal`, copies of a device tensor to the
+CPU and, seen on a GPU only, copies to it that wait (`_copy_kind`). On a CPU machine every tensor stands for a device tensor: `host_tensors` names the ones a GPU
 run keeps in host memory (the optimizers' CPU step counters: `optimizer_step_counters`), whose
 reads cost nothing there. On a GPU run a read of a CPU tensor never counts.
 
@@ -61,9 +61,12 @@ HOST_READ_OPS: dict[Any, str] = {
     aten.index_put_: "a boolean mask as index (nonzero inside)",
     aten._index_put_impl_: "a boolean mask as index (nonzero inside)",
     aten._to_copy: "a copy to the CPU",
-    aten.copy_: "a copy to the CPU",  # (or from unpinned CPU memory to a GPU: `_copy_kind`)
+    aten.copy_: "a copy to the CPU",  # (or to a GPU: `_copy_kind`)
 }
 """The ops that read the device on the host (some only with some arguments: `_reads_host`)."""
+TO_HOST = "a copy to the CPU"
+BLOCKING = "a copy to the GPU with non_blocking=False (torch then synchronizes the stream)"
+PAGEABLE = "a copy to the GPU from unpinned memory (the driver stages it and may wait)"
 PYTHON_READS = {"tolist": "tolist() reads every value", "numpy": "numpy() reads every value"}
 """Tensor methods that read the values without an op on a CPU tensor (seen by a TorchFunctionMode)."""
 _OWN_FILE = str(Path(__file__).resolve())
@@ -127,17 +130,21 @@ def _reads_host(packet: Any, args: tuple, kwargs: dict) -> bool:
 
 
 def _copy_kind(packet: Any, args: tuple, kwargs: dict) -> str | None:
-    """"to host" for a copy of a device tensor to the CPU, "pageable" for a copy of unpinned CPU
-    memory to a GPU (the driver stages it and may wait for the stream), else None."""
+    """What a copy between the host and a GPU waits for, or None when it waits for nothing:
+    TO_HOST (a device tensor to the CPU), BLOCKING (to a GPU with non_blocking=False: torch
+    synchronizes the stream after it), PAGEABLE (to a GPU from unpinned memory: the driver stages
+    it and may wait)."""
     if packet is aten._to_copy:
         src, device = args[0], kwargs.get("device")
         dst = torch.device(device).type if device is not None else src.device.type
+        non_blocking = kwargs.get("non_blocking", False)
     else:
         src, dst = args[1], args[0].device.type
+        non_blocking = args[2] if len(args) > 2 else kwargs.get("non_blocking", False)
     if dst == "cpu" and src.device.type != "cpu":
-        return "to host"
-    if dst == "cuda" and src.device.type == "cpu" and src.numel() and not src.is_pinned():
-        return "pageable"
+        return TO_HOST
+    if dst == "cuda" and src.device.type == "cpu" and src.numel():
+        return PAGEABLE if non_blocking and not src.is_pinned() else BLOCKING if not non_blocking else None
     return None
 
 
@@ -214,8 +221,9 @@ class HostReads(TorchDispatchMode):
         kwargs = kwargs or {}
         packet = func.overloadpacket
         if packet in HOST_READ_OPS and not self._inside_method and _reads_host(packet, args, kwargs):
-            if packet in (aten._to_copy, aten.copy_) and _copy_kind(packet, args, kwargs) == "pageable":
-                self._record(str(func), "a copy from pageable host memory to the GPU", None)
+            kind = _copy_kind(packet, args, kwargs) if packet in (aten._to_copy, aten.copy_) else None
+            if kind in (BLOCKING, PAGEABLE):  # the source is host memory by definition: it counts
+                self._record(str(func), kind, None)
             else:
                 self._record(str(func), HOST_READ_OPS[packet], (_tensors(args) or [None])[0])
         out = func(*args, **kwargs)

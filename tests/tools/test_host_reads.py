@@ -10,7 +10,7 @@ import torch
 
 from kenotron.models.common.moe import MoE
 from kenotron.models.common.moe_args import MoEArgs
-from kenotron.tools.host_reads import HostReads, blocking_calls
+from kenotron.tools.host_reads import BLOCKING, PAGEABLE, TO_HOST, HostReads, _copy_kind, blocking_calls
 from kenotron.tools.step_timeline import STEP_RANGE
 from kenotron.train.metrics import Deferred, read_on_host
 from tests.distributed.pool import run_on_ranks
@@ -48,6 +48,15 @@ def test_reads_of_host_tensors_and_of_what_is_computed_from_them_alone_do_not_co
         int((labels != -100).sum())  # host memory on a GPU run: reading it waits for nothing
         int((labels * device_value).sum())  # a device value mixed in: a read
     assert [r.op for r in reads.reads] == ["aten._local_scalar_dense.default"]
+
+
+def test_copies_between_host_and_gpu_count_when_the_host_waits_for_them():
+    host, aten, gpu = torch.ones(4), torch.ops.aten, torch.device("cuda")
+    assert _copy_kind(aten._to_copy, (host,), {"device": gpu}) == BLOCKING
+    assert _copy_kind(aten._to_copy, (host,), {"device": gpu, "non_blocking": True}) == PAGEABLE
+    assert _copy_kind(aten.copy_, (torch.empty(4, device="meta"), host, True), {}) is None  # not to a GPU
+    assert _copy_kind(aten._to_copy, (torch.empty(4, device="meta"),), {"device": torch.device("cpu")}) == TO_HOST
+    assert _copy_kind(aten._to_copy, (host,), {"dtype": torch.float64}) is None
 
 
 def test_read_on_host_reads_every_value_in_one_copy_and_finishes_the_deferred_ones_in_order():
