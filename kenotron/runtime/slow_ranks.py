@@ -83,7 +83,9 @@ class SlowRankMeter:
         """Every rank (a collective): (compute s, wall s) per step of each rank, flat on the device, reset;
         `summarize` makes the record's keys once they are read (with the log record's others)."""
         steps = max(self._steps, 1)
-        mine = torch.tensor([self._compute / steps, self._wall / steps], dtype=torch.float64, device=self.device)
+        # Made on the host, copied without blocking: torch.tensor(..., device=cuda) synchronizes the stream.
+        mine = torch.tensor([self._compute / steps, self._wall / steps], dtype=torch.float64).to(self.device,
+                                                                                                  non_blocking=True)
         self._compute = self._wall = 0.0
         self._steps = 0
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
