@@ -118,8 +118,8 @@ def _tensors(value: Any) -> list[torch.Tensor]:
 def _reads_host(packet: Any, args: tuple, kwargs: dict) -> bool:
     """Whether this call of a HOST_READ_OPS op reads the device (some do only with some arguments)."""
     if packet is aten.repeat_interleave:
-        return isinstance(args[0], torch.Tensor) and kwargs.get("output_size", args[2] if len(args) > 2 else None) is None \
-            and not isinstance(args[1] if len(args) > 1 else None, int)
+        # output_size is keyword-only; an int count of repeats (self_int) needs no read either.
+        return kwargs.get("output_size") is None and not isinstance(args[1] if len(args) > 1 else None, int)
     if packet is aten.index:
         return any(t.dtype in (torch.bool, torch.uint8) for t in _tensors(args[1]))
     if packet in (aten.index_put, aten.index_put_, aten._index_put_impl_):
@@ -231,10 +231,6 @@ class HostReads(TorchDispatchMode):
         if inputs and all(self._on_host(t) for t in inputs):
             self._derived.update((id(t), t) for t in _tensors(out) if t.device.type == "cpu")
         return out
-
-    def sites(self) -> Counter:
-        """(op, innermost frame) -> reads."""
-        return Counter((r.op, r.stack[0] if r.stack else "?") for r in self.reads)
 
     def table(self, per: int = 1) -> str:
         """One line per (op, stack) with its count (divided by `per`, e.g. the steps run)."""
