@@ -94,7 +94,8 @@ class ExpertBalance(JobExtension):
         """Sum the step's loads over the ranks, move the biases, update the collapse streaks,
         and start the next step's statistics."""
         routers = [self.routers[i] for i in self.layer_ids]
-        if not routers:
+        if not routers:  # a pipeline stage of dense blocks only: no rows, but the metrics' collective joins
+            self.last = torch.zeros(0, self.n_experts + 2, device=self.job.device)
             return
         units = torch.stack([r.units for r in routers]).clamp(min=1)
         stats = torch.cat([torch.stack([r.load for r in routers]), torch.stack([r.z_sum for r in routers])[:, None]], 1)

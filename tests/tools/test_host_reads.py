@@ -125,3 +125,12 @@ def test_a_deepseek_v3_step_at_expert_parallel_2_reads_nothing_but_its_log_recor
                            str(tmp_path), STEPS, LOG_FREQ)
     for reads in results:
         assert _by_step(reads) == {1: 1, 2: 0, 3: 1}, reads
+
+
+def test_a_pipeline_stage_of_dense_blocks_joins_the_log_records_collectives_and_reads_once(tmp_path):
+    # Stage 0 holds DeepSeek-V3's dense first block only: its balance metrics must still join the
+    # pipeline's all-reduce of the loads (they returned nothing and the ranks' collectives crossed).
+    pipelined = ["--parallelism.pp", "2", "--training.local_batch_size", "4", "--parallelism.pp_microbatches", "2"]
+    results = run_on_ranks(2, reads_per_step, DEEPSEEK + pipelined, str(tmp_path), STEPS, LOG_FREQ)
+    for reads in results:  # step 1 of the last stage also reads its shapes (torch's pipeline schedule)
+        assert {step: n for step, n in _by_step(reads).items() if step > 1} == {2: 0, 3: 1}, reads
