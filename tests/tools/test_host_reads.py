@@ -1,7 +1,8 @@
 """tools/host_reads.py: the ops that would read a GPU on the host, recorded with where they were
 called; and the regression it guards: a DeepSeek-V3 training step (MTP, the auxiliary and z
-losses, the bias update) reads nothing on the host, at one rank and at expert parallel 2 (the even
-split), except its log record's one read (train/metrics.py's read_on_host)."""
+losses, the bias update) reads nothing on the host, at one rank, at expert parallel 2 (the even
+split) and under pipeline parallel 2, except its log record's one read (train/metrics.py's
+read_on_host)."""
 
 from __future__ import annotations
 
