@@ -15,6 +15,7 @@ themselves are checked too, at logging steps, once they are reduced.
 from __future__ import annotations
 
 import logging
+import math
 
 import torch
 
@@ -59,6 +60,23 @@ class DivergenceGuard:
                 f"the gradient norm is {float(self._bad_norm.item())} at step {step}: training stopped before "
                 f"saving or logging that state. {self.advice}"
             )
+
+    def state(self, losses: torch.Tensor) -> torch.Tensor:
+        """(first bad step or 0, its norm, *losses) on the device: what `check_state` checks, for
+        the logging step to read with its other values in one copy."""
+        norm_state = (torch.stack([self._first_bad.double(), self._bad_norm.double()]) if self._first_bad is not None
+                      else torch.zeros(2, dtype=torch.float64, device=losses.device))
+        return torch.cat([norm_state, losses.detach().double().reshape(-1)])
+
+    def check_state(self, state: list[float], first_step: int) -> dict:
+        """check and check_losses on `state` read on the host (the losses of steps first_step...); no record keys."""
+        if state[0]:
+            raise NonFiniteLossError(f"the gradient norm is {state[1]} at step {int(state[0])}: training stopped "
+                                     f"before saving or logging that state. {self.advice}")
+        for i, loss in enumerate(state[2:]):
+            if not math.isfinite(loss):
+                raise NonFiniteLossError(f"loss is {loss} at step {i + first_step}: training stopped. {self.advice}")
+        return {}
 
     def check_losses(self, losses: torch.Tensor, first_step: int) -> None:
         """Raise NonFiniteLossError for the first non-finite loss of a logging window."""

@@ -77,15 +77,26 @@ class SlowRankMeter:
 
     def report(self) -> dict[str, Any]:
         """Every rank (a collective over the world when there is one): the window's figures, reset."""
+        return self.summarize(self.gather().tolist())
+
+    def gather(self) -> torch.Tensor:
+        """Every rank (a collective): (compute s, wall s) per step of each rank, flat on the device, reset;
+        `summarize` makes the record's keys once they are read (with the log record's others)."""
         steps = max(self._steps, 1)
-        mine = torch.tensor([self._compute / steps, self._wall / steps], dtype=torch.float64, device=self.device)
+        # Made on the host, copied without blocking: torch.tensor(..., device=cuda) synchronizes the stream.
+        mine = torch.tensor([self._compute / steps, self._wall / steps], dtype=torch.float64).to(self.device,
+                                                                                                  non_blocking=True)
         self._compute = self._wall = 0.0
         self._steps = 0
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             everyone = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
             dist.all_gather(everyone, mine)
-            rows = [t.tolist() for t in everyone]
-        else:
-            rows = [mine.tolist()]
+            return torch.cat(everyone)
+        return mine
+
+    @staticmethod
+    def summarize(values: list[float]) -> dict[str, Any]:
+        """The record's keys from `gather`'s values read on the host."""
+        rows = list(zip(values[::2], values[1::2]))
         wall = max(w for _, w in rows)
         return {**slowest([compute for compute, _ in rows], wall), "step_wall_s": wall}

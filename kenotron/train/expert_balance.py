@@ -4,8 +4,8 @@
     balance.set_loss_weights(units)     # before forward_backward: how much each router's terms weigh
     ...forward / backward...
     balance.after_step()                # after the optimizer step: loads summed over ranks, bias update
-    balance.check_collapse()            # every COLLAPSE_CHECK_EVERY steps: a warning naming a collapsed layer
-    balance.metrics()                   # the trainer, at log steps: per-layer loads and losses
+    balance.metrics()                   # the trainer, at log steps: per-layer loads and losses, and a
+                                        #   warning naming a collapsed layer (device values: one read)
 
 It is one of the job's extensions (train/extension.py): the step and the loop call it through
 the hooks below.
@@ -20,6 +20,10 @@ After each optimizer step the routers' loads (token copies per expert) are summe
 ranks holding other tokens of the step (and, for the metrics, the pipeline stages); with
 moe.bias_update_rate > 0 each expert's bias moves by rate x sign(mean load - its load)
 (centered, DeepSeek-V3's auxiliary-loss-free balancing), identically on every rank.
+
+Nothing here reads the device on the host during a step: the loads, losses, bias updates and
+collapse streaks stay on the device, and the metrics hand the trainer device values that it
+reads with the rest of the log record in one copy (train/metrics.py's `read_on_host`).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ import torch.distributed as dist
 from kenotron.data import MicroBatch
 from kenotron.models.common.router import TopKRouter
 from kenotron.train.extension import JobExtension
+from kenotron.train.metrics import Deferred
 from kenotron.train.training_job import TrainingJob
 
 logger = logging.getLogger("kenotron")
@@ -41,9 +46,7 @@ logger = logging.getLogger("kenotron")
 COLLAPSE_SHARE = 0.9
 """A router has collapsed when one expert takes more than this share of the tokens ..."""
 COLLAPSE_STEPS = 100
-"""... for this many steps in a row."""
-COLLAPSE_CHECK_EVERY = 10
-"""Steps between two looks at the collapse streaks (each a host read)."""
+"""... for this many steps in a row (looked at in each log record's one read)."""
 
 
 class ExpertBalance(JobExtension):
@@ -86,16 +89,13 @@ class ExpertBalance(JobExtension):
     def after_optimizer_step(self) -> None:
         self.after_step()
 
-    def on_step(self, step: int) -> None:
-        if step % COLLAPSE_CHECK_EVERY == 0:
-            self.check_collapse()
-
     @torch.no_grad()
     def after_step(self) -> None:
         """Sum the step's loads over the ranks, move the biases, update the collapse streaks,
         and start the next step's statistics."""
         routers = [self.routers[i] for i in self.layer_ids]
-        if not routers:
+        if not routers:  # a pipeline stage of dense blocks only: no rows, but the metrics' collective joins
+            self.last = torch.zeros(0, self.n_experts + 2, device=self.job.device)
             return
         units = torch.stack([r.units for r in routers]).clamp(min=1)
         stats = torch.cat([torch.stack([r.load for r in routers]), torch.stack([r.z_sum for r in routers])[:, None]], 1)
@@ -120,8 +120,14 @@ class ExpertBalance(JobExtension):
 
     def check_collapse(self) -> None:
         """Warn once for each layer whose router has sent more than 90% of the tokens to one
-        expert for COLLAPSE_STEPS steps in a row (a host read of one small tensor)."""
-        for layer, streak in zip(self.layer_ids, self.streak.tolist()):
+        expert for COLLAPSE_STEPS steps in a row (a host read of one small tensor: the trainer
+        looks through `metrics`, in its log record's one read)."""
+        self.warn_collapsed(self.streak.tolist())
+
+    def warn_collapsed(self, streaks: list[float]) -> dict[str, Any]:
+        """check_collapse on the streaks read on the host (no record keys)."""
+        for layer, streak in zip(self.layer_ids, streaks):
+            streak = int(streak)
             if streak >= COLLAPSE_STEPS and layer not in self.warned:
                 self.warned.add(layer)
                 logger.warning(
@@ -130,11 +136,14 @@ class ExpertBalance(JobExtension):
                     layer, int(COLLAPSE_SHARE * 100), streak)
             elif streak < COLLAPSE_STEPS:
                 self.warned.discard(layer)
+        return {}
 
     def metrics(self) -> dict[str, Any]:
         """The last step's per-layer loads and losses for metrics.jsonl, every layer of the
         model (collective over the pipeline ranks): moe_load_max/<layer> and moe_load_mean/<layer>
-        (token copies per expert), moe_aux/<layer>, and the means aux_loss and z_loss."""
+        (token copies per expert), moe_aux/<layer>, and the means aux_loss and z_loss; as device
+        values (0-d tensors), with this rank's collapse streaks (`warn_collapsed`) deferred to the
+        trainer's one read."""
         if self.last is None:
             return {}
         total = max(self.n_layers, 1)
@@ -145,16 +154,14 @@ class ExpertBalance(JobExtension):
         pp = self.job.meshes.get("pp")
         if pp is not None:
             dist.all_reduce(table, group=pp.get_group())
-        values = table.tolist()
-        out: dict[str, Any] = {
-            "aux_loss": sum(v[-2] for v in values) / total,
-            "z_loss": sum(v[-1] for v in values) / total,
-        }
-        for layer, v in zip(self.moe_layer_ids or ["0"], values):
-            loads = v[:-2]
-            out[f"moe_load_max/{layer}"] = max(loads)
-            out[f"moe_load_mean/{layer}"] = sum(loads) / len(loads)
-            out[f"moe_aux/{layer}"] = v[-2]
+        loads, means = table[:, :-2], table.mean(0)
+        load_max, load_mean = loads.max(1).values, loads.mean(1)
+        out: dict[str, Any] = {"aux_loss": means[-2], "z_loss": means[-1]}
+        for i, layer in enumerate(self.moe_layer_ids or ["0"]):
+            out[f"moe_load_max/{layer}"] = load_max[i]
+            out[f"moe_load_mean/{layer}"] = load_mean[i]
+            out[f"moe_aux/{layer}"] = table[i, -2]
+        out["moe_collapse"] = Deferred(self.streak, self.warn_collapsed)
         return out
 
 

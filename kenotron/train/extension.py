@@ -78,7 +78,8 @@ class JobExtension:
         return {}
 
     def metrics(self) -> dict[str, Any]:
-        """Values for the logging step's record (called on every rank: it may be collective)."""
+        """Values for the logging step's record (called on every rank: it may be collective); device
+        tensors and train/metrics.py's Deferred are read with the record's others in one copy."""
         return {}
 
     def on_step(self, step: int) -> None:

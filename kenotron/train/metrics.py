@@ -9,6 +9,11 @@ models add aux_loss and z_loss (the last step's, mean over layers) and per layer
 moe_load_max/L and moe_load_mean/L (token copies per expert) and moe_aux/L.
 Validation records (`record_validation`) are lines of their own: step, val_loss, val_ppl,
 val_tokens and val_time_s; TensorBoard gets them as val/loss and val/ppl.
+
+A log record's device values (the losses, the gradient norm, the extensions' loads and losses,
+the divergence checks' state) are read on the host in one copy (`read_on_host`): on a GPU each
+read waits for every kernel queued before it, and the device idles until the host has queued the
+next step. Steps that do not log read nothing (tools/host_reads.py finds reads that creep in).
 """
 
 from __future__ import annotations
@@ -19,12 +24,14 @@ import math
 import resource
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from kenotron.dtensor import full_tensor
 from kenotron.train.flops import peak_flops
 
 logger = logging.getLogger("kenotron")
@@ -35,6 +42,41 @@ RECORD_KEYS = (
     "step", "loss", "loss_avg", "grad_norm", "lr", "tokens_per_sec", "tflops", "mfu",
     "memory_gib", "elapsed_s", "tokens_seen", "step_time_s",
 )
+
+
+@dataclass
+class Deferred:
+    """Device values whose host-side use waits for the record's one read (`read_on_host`)."""
+
+    values: torch.Tensor
+    """Any shape, on the device; read flattened."""
+    finish: Callable[[list[float]], dict[str, Any]]
+    """Gets the values as Python floats, returns the record keys they make (it may raise, or warn)."""
+
+
+def read_on_host(values: dict[str, Any]) -> dict[str, Any]:
+    """`values` with every device value read on the host in one copy: a 0-d tensor becomes a float,
+    a larger one a flat list, a Deferred's key is replaced by the keys its `finish` returns (in
+    order: one that raises stops the rest); anything else is kept as it is."""
+    read = {k: v.values if isinstance(v, Deferred) else v for k, v in values.items()
+            if isinstance(v, (torch.Tensor, Deferred))}
+    if not read:
+        return dict(values)
+    flat = [full_tensor(t.detach()).reshape(-1).to(torch.float64) for t in read.values()]
+    host = torch.cat(flat).tolist()  # the one read: float64 keeps int64 step numbers exact
+    out: dict[str, Any] = {}
+    start = 0
+    for key, value in values.items():
+        if key not in read:
+            out[key] = value
+            continue
+        n = read[key].numel()
+        part, start = host[start:start + n], start + n
+        if isinstance(value, Deferred):
+            out.update(value.finish(part))
+        else:
+            out[key] = part[0] if value.dim() == 0 else part
+    return out
 
 
 def peak_memory_gib(device: torch.device) -> float:

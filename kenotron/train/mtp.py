@@ -93,7 +93,8 @@ class MultiTokenPrediction(JobExtension):
     def metrics(self) -> dict[str, Any]:
         """`mtp_loss/<k>`: module k's mean cross-entropy over its targets in the last step, every
         rank's tokens (collective over the data, context, tensor and pipeline parallel ranks: the
-        modules live on the last stage, the log on rank 0)."""
+        modules live on the last stage, the log on rank 0), as 0-d device tensors: the trainer
+        reads them with the rest of its record in one copy (train/metrics.py's read_on_host)."""
         if self.last is None:
             return {}
         stats = self.last.clone()
@@ -101,5 +102,5 @@ class MultiTokenPrediction(JobExtension):
             mesh = self.job.meshes.get(dims)
             if mesh is not None:
                 dist.all_reduce(stats, group=mesh.get_group())
-        means = (stats[0] / stats[1].clamp(min=1)).tolist()
-        return {f"mtp_loss/{k}": value for k, value in enumerate(means, start=1)}
+        means = stats[0] / stats[1].clamp(min=1)
+        return {f"mtp_loss/{k}": means[k - 1] for k in range(1, means.shape[0] + 1)}

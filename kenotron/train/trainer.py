@@ -18,6 +18,7 @@ import faulthandler
 import logging
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +44,7 @@ from kenotron.train.extension import JobExtension
 from kenotron.train.flops import flops_per_token
 from kenotron.train.job import build_job, build_meshes
 from kenotron.train.lr_schedule import warmup_outlasts_run
-from kenotron.train.metrics import MetricsLogger
+from kenotron.train.metrics import Deferred, MetricsLogger, read_on_host
 from kenotron.train.muon_groups import group_table
 from kenotron.train.optim import build_param_groups
 from kenotron.train.resolve import ResolvedRun, resolve_run
@@ -269,17 +270,19 @@ class Trainer:
             for ext in self.job.extensions:
                 ext.on_step(self.step)
             if self.metrics.should_log(self.step):
-                self.guard.check()
                 losses = self.global_losses(window)
-                self.guard.check_losses(losses, window_start)
-                extra = self._data_metrics(len(window))
-                extra.update(self.slow_ranks.report())  # runtime/slow_ranks.py: one small all-gather
-                for ext in self.job.extensions:
-                    extra.update(ext.metrics())
+                # Every device value of the record in one read, the divergence checks' first (train/metrics.py).
+                values = read_on_host({
+                    "diverged": Deferred(self.guard.state(losses), partial(self.guard.check_state, first_step=window_start)),
+                    "loss": losses[-1], "loss_avg": losses.mean(), "grad_norm": grad_norm,
+                    **self._data_metrics(len(window)),  # runtime/slow_ranks.py: one small all-gather
+                    "slow_ranks": Deferred(self.slow_ranks.gather(), self.slow_ranks.summarize),
+                    **{k: v for ext in self.job.extensions for k, v in ext.metrics().items()},
+                })
                 rec = self.metrics.record(
-                    step=self.step, loss=losses[-1].item(), loss_avg=losses.mean().item(),
-                    grad_norm=grad_norm.item(), lr=self._lr_of_step(self.step), tokens_seen=self.tokens_seen,
-                    extra=extra,
+                    step=self.step, loss=values.pop("loss"), loss_avg=values.pop("loss_avg"),
+                    grad_norm=values.pop("grad_norm"), lr=self._lr_of_step(self.step), tokens_seen=self.tokens_seen,
+                    extra=values,
                 )
                 records.append(rec)
                 window, window_start = [], self.step + 1

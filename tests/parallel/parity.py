@@ -19,6 +19,7 @@ from torch.distributed.tensor import DTensor
 from kenotron.config import load_config
 from kenotron.dtensor import full_tensor, local_tensor
 from kenotron.parallel.plan import Plan
+from kenotron.train.metrics import read_on_host
 from kenotron.train.step import clip_gradients, forward_backward, optimizer_step
 from kenotron.train.trainer import Trainer
 
@@ -71,7 +72,7 @@ def run_steps(
         optimizer_step(job)
         losses.append(trainer.global_losses([loss])[0].item())
         if mtp is not None:  # collective: every rank
-            mtp_losses.append(mtp.metrics())
+            mtp_losses.append(read_on_host(mtp.metrics()))
     # Which token exchange each MoE layer ran (expert parallel picks one per layout).
     dispatchers = sorted({type(m.dispatcher).__name__ for part in job.model_parts for m in part.modules()
                           if hasattr(m, "dispatcher")})
