@@ -126,7 +126,7 @@ def build_fake_job(run: ResolvedRun, fake_mode: Any, pipeline: Any = None) -> Tr
     if job.loss_chunk_fn is not None and run.choices.loss_kernel == "compiled":  # the fused loss's (or the MTP heads')
         # Compiling would trace on fake tensors; PyTorch's ops allocate what the compiled step does
         # (the gradient in a buffer of its own beside the logits).
-        job.loss_chunk_fn = chunk_fn_for("torch")
+        job.loss_chunk_fn = chunk_fn_for("torch", vocab_parallel=run.dims.tp > 1 and job.fused_loss)
     return job
 
 

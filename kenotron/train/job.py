@@ -131,7 +131,8 @@ def build_job(
     job = TrainingJob(
         run=run, device=device, meshes=meshes, applied=applied, optimizers=optimizers,
         lr_schedulers=[], schedule=schedule,
-        fused_loss=fused_loss, loss_chunk_fn=chunk_fn_for(choices.loss_kernel) if fused_loss else None,
+        fused_loss=fused_loss,
+        loss_chunk_fn=chunk_fn_for(choices.loss_kernel, vocab_parallel=run.dims.tp > 1) if fused_loss else None,
         block_masks=block_masks, n_params=n_params, matmul_params=n_matmul,
     )
     job.lr_schedulers = [build_lr_scheduler(o, schedule) for o in job.torch_optimizers]
