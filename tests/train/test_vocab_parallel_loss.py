@@ -94,3 +94,17 @@ def test_plain_weight_is_refused_with_the_fix():
     h, w, labels = _problem()
     with pytest.raises(ValueError, match="needs the output weight as a Shard\\(0\\) DTensor on the tp mesh, got a plain"):
         vocab_parallel_linear_cross_entropy_sum(h, w, labels, sequence_parallel=False)
+
+
+def test_compiled_chunk_step_equals_pytorch_ops():
+    """CUDA's chunk step, compiled by Inductor (here for the CPU), gives PyTorch's ops' stats and gradient."""
+    from kenotron.train.vocab_parallel_loss import compiled_vocab_chunk_step
+
+    torch.manual_seed(0)
+    h, w = torch.randn(12, DIM), torch.randn(VOCAB // 2, DIM)
+    local = torch.randint(-1, VOCAB // 2, (12,))
+    compiled = compiled_vocab_chunk_step()
+    (logits, stats), (c_logits, c_stats) = TORCH_STEP.stats(h, w, local), compiled.stats(h, w, local)
+    torch.testing.assert_close(c_stats, stats)
+    lse = torch.where(local % 3 == 0, torch.inf, stats[0] + 0.5)  # ignored rows, and a global lse above the local
+    torch.testing.assert_close(compiled.grad(c_logits, lse, local), TORCH_STEP.grad(logits, lse, local))
