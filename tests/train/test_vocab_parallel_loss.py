@@ -108,3 +108,32 @@ def test_compiled_chunk_step_equals_pytorch_ops():
     torch.testing.assert_close(c_stats, stats)
     lse = torch.where(local % 3 == 0, torch.inf, stats[0] + 0.5)  # ignored rows, and a global lse above the local
     torch.testing.assert_close(compiled.grad(c_logits, lse, local), TORCH_STEP.grad(logits, lse, local))
+
+
+def _loss_collectives(sequence_parallel: bool) -> dict[str, int]:
+    """The collectives of one forward and backward of the loss over 3 chunks, by name."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard, distribute_tensor
+    from torch.distributed.tensor.debug import CommDebugMode
+
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),), mesh_dim_names=("tp",))
+    h, w, labels = _problem()
+    weight = torch.nn.Parameter(distribute_tensor(w, mesh, [Shard(0)]))
+    piece = (h.chunk(2, dim=1)[dist.get_rank()] if sequence_parallel else h).clone().requires_grad_(True)
+    given = DTensor.from_local(piece, mesh, [Shard(1)]) if sequence_parallel else piece
+    mode = CommDebugMode()
+    with mode:
+        vocab_parallel_linear_cross_entropy_sum(given, weight, labels, sequence_parallel=sequence_parallel,
+                                                chunk_tokens=6).backward()
+    return {str(op).split(".")[-1]: n for op, n in mode.get_comm_counts().items()}
+
+
+@pytest.mark.parametrize("sequence_parallel", [True, False])
+def test_loss_sends_one_gather_per_chunk_and_reduces_the_hidden_gradient_once(sequence_parallel):
+    counts = run_on_ranks(2, _loss_collectives, sequence_parallel)[0]
+    chunks = -(-BATCH * SEQ // 6)
+    if sequence_parallel:  # the hidden states gathered, then each chunk's stats; one reduce-scatter back
+        assert counts == {"all_gather_into_tensor": 1 + chunks, "reduce_scatter_tensor": 1}, counts
+    else:
+        assert counts == {"all_gather_into_tensor": chunks, "all_reduce": 1}, counts
