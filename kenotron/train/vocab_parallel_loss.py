@@ -54,10 +54,16 @@ def _local_stats(h: torch.Tensor, w: torch.Tensor, local_labels: torch.Tensor) -
     """The chunk's local logits (matmul dtype) and their [2, tokens] stats (fp32, or fp64 for fp64 logits): each row's
     log-sum-exp over this shard, and its target logit where this shard holds the label (else 0;
     `local_labels` is -1 there)."""
-    logits = h @ w.t()
-    if torch._subclasses.fake_tensor.is_fake(logits):  # the estimator: the compiled kernel's one small output
+    if torch._subclasses.fake_tensor.is_fake(h):  # the estimator: the compiled kernels' outputs
+        logits = h @ w.t()
         return logits, torch.empty((2, logits.shape[0]), dtype=torch.promote_types(logits.dtype, torch.float32),
                                    device=logits.device)
+    return _local_stats_math(h, w, local_labels)
+
+
+def _local_stats_math(h: torch.Tensor, w: torch.Tensor, local_labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`_local_stats` on real tensors (what Inductor compiles: the matmul, then one row reduction)."""
+    logits = h @ w.t()
     lf = _widened(logits)
     lse = torch.logsumexp(lf, dim=-1)
     target = torch.gather(lf, 1, local_labels.clamp(min=0)[:, None]).squeeze(1)
@@ -111,7 +117,7 @@ class _EagerOnFake:
 
 def compiled_vocab_chunk_step() -> VocabChunkStep:
     """The chunk step compiled by Inductor: the matmul and a row reduction, then one pointwise kernel."""
-    return VocabChunkStep(_EagerOnFake(_local_stats, torch.compile(_local_stats, dynamic=False)),
+    return VocabChunkStep(_EagerOnFake(_local_stats, torch.compile(_local_stats_math, dynamic=False)),
                           _EagerOnFake(_local_grad, torch.compile(_local_grad_for_compile, dynamic=False)))
 
 
