@@ -21,16 +21,12 @@ to the parameter's and the hidden states' dtype; on CUDA in one Triton pass each
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import torch
 from torch.distributed.tensor import DTensor
 
 from kenotron.kernel_choice.tuning import triton_importable
 from kenotron.train.loss import IGNORE_INDEX
-
-if TYPE_CHECKING:
-    from kenotron.train.vocab_parallel_loss import VocabChunkStep
 
 
 def _chunk_loss_and_grad(
@@ -172,15 +168,9 @@ def _triton_chunk_loss_and_grad(
     return cross_entropy_grad_(logits, labels, IGNORE_INDEX), logits
 
 
-def chunk_fn_for(kernel: str, vocab_parallel: bool = False) -> Callable | VocabChunkStep | None:
+def chunk_fn_for(kernel: str) -> Callable | None:
     """The chunk step of a `tuning.loss_kernel` resolved by kenotron.kernel_choice.tuning.resolve_loss_kernel
-    (None: the PyTorch-ops default); under tensor parallel (`vocab_parallel`) the vocabulary-parallel
-    loss's step (train/vocab_parallel_loss.py)."""
-    if vocab_parallel:
-        # Imported here: that module imports this one (for `_scaled`).
-        from kenotron.train.vocab_parallel_loss import vocab_chunk_step_for
-
-        return vocab_chunk_step_for(kernel)
+    (None: the PyTorch-ops default)."""
     if kernel == "triton":
         return _triton_chunk_loss_and_grad
     return compiled_chunk_fn() if kernel == "compiled" else None

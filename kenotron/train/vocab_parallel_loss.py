@@ -41,7 +41,7 @@ import torch.distributed._functional_collectives as funcol
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
-from kenotron.train.fused_loss import _scaled
+from kenotron.train.fused_loss import _scaled, chunk_fn_for
 from kenotron.train.loss import IGNORE_INDEX
 
 
@@ -125,6 +125,12 @@ def vocab_chunk_step_for(kernel: str) -> VocabChunkStep:
     """The chunk step for a resolved `tuning.loss_kernel`: compiled for "triton" and "compiled"
     (see the module docstring), PyTorch's ops for "torch"."""
     return TORCH_STEP if kernel == "torch" else compiled_vocab_chunk_step()
+
+
+def loss_chunk_step_for(kernel: str, vocab_parallel: bool) -> Callable | VocabChunkStep | None:
+    """The fused loss's chunk step for a resolved `tuning.loss_kernel`: this module's under tensor
+    parallel (`vocab_parallel`), else train/fused_loss.py's `chunk_fn_for` (None: PyTorch's ops)."""
+    return vocab_chunk_step_for(kernel) if vocab_parallel else chunk_fn_for(kernel)
 
 
 def _global_lse_and_target(stats: torch.Tensor, mesh: DeviceMesh) -> tuple[torch.Tensor, torch.Tensor]:

@@ -6,9 +6,8 @@ from __future__ import annotations
 import pytest
 
 from kenotron.config import ConfigError, load_config
-from kenotron.train.fused_loss import chunk_fn_for
 from kenotron.train.resolve import resolve_run
-from kenotron.train.vocab_parallel_loss import TORCH_STEP
+from kenotron.train.vocab_parallel_loss import TORCH_STEP, loss_chunk_step_for
 
 
 def _fused(ngpu: int, *overrides: str) -> bool:
@@ -33,5 +32,5 @@ def test_fused_loss_under_pipeline_parallel_is_refused_with_the_fix():
 
 
 def test_tensor_parallel_chunk_step_is_the_vocabulary_parallel_one():
-    assert chunk_fn_for("torch", vocab_parallel=True) is TORCH_STEP
-    assert chunk_fn_for("torch") is None
+    assert loss_chunk_step_for("torch", vocab_parallel=True) is TORCH_STEP
+    assert loss_chunk_step_for("torch", vocab_parallel=False) is None
