@@ -71,8 +71,8 @@ def uses_fused_loss(choice: str, tensor_parallel: bool, pipeline: bool, meta_mod
     has_output = isinstance(getattr(meta_model, "output", None), nn.Linear)
     if choice == "fused" and not has_output:
         raise ConfigError("tuning.loss='fused' does not combine with this model (no output layer); use 'auto' or 'plain'")
-    sharded_ok = not tensor_parallel or loss_parallel
-    return choice == "fused" or (choice == "auto" and has_output and not pipeline and sharded_ok)
+    vocabulary_sharded = not tensor_parallel or loss_parallel  # auto keeps a plain loss_parallel=false run plain
+    return choice == "fused" or (choice == "auto" and has_output and not pipeline and vocabulary_sharded)
 
 
 def resolve_choices(cfg: JobConfig, dims: ParallelDims, target: Target, meta_model: nn.Module,
