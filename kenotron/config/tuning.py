@@ -28,7 +28,7 @@ class Tuning:
     """Mamba-2's mixer in training: triton (kenotron's op: convolution, SSD scan and gated norm in Triton kernels; CUDA) or torch (PyTorch ops, the chunked scan); auto: triton on CUDA when the model's sizes allow."""
 
     loss: Literal["auto", "plain", "fused"] = "auto"
-    """plain: logits then cross-entropy; fused: both in token chunks without full logits; auto: fused unless tensor or pipeline parallel applies (multi-token prediction heads: fused unless tensor parallel)."""
+    """plain: logits then cross-entropy; fused: both in token chunks without full logits (vocabulary-parallel under tensor parallel); auto: fused unless pipeline parallel applies, or tensor parallel with loss_parallel off (multi-token prediction heads: fused unless tensor parallel)."""
 
     loss_chunk_tokens: int = ranged(16384, at_least(1))
     """Tokens per chunk of the fused loss."""
@@ -70,7 +70,7 @@ class Tuning:
     """For selective-op checkpointing: keep one matmul output in every this many (the rest are recomputed)."""
 
     loss_parallel: bool = True
-    """With tp > 1, compute the cross-entropy on vocabulary shards instead of gathering full logits."""
+    """With tp > 1, compute the cross-entropy on vocabulary shards instead of gathering full logits (the plain loss; loss auto takes the fused one only with this on)."""
 
     cp_load_balance: bool = True
     """Context parallel: rank r holds chunks r and 2·cp−1−r of 2·cp (even causal work); false: contiguous chunks."""

@@ -32,11 +32,11 @@ from kenotron.data import MicroBatch
 from kenotron.estimate.cp_ring_memory import use_flex_memory, use_torch_ring
 from kenotron.estimate.cuda_kernels import use_fused_gate_memory
 from kenotron.estimate.moe_memory import plan_even_routing, use_moe_memory
-from kenotron.train.fused_loss import chunk_fn_for
 from kenotron.train.job import BuildHooks, build_job, build_meshes
 from kenotron.train.pipeline_step import PipelineExecutor
 from kenotron.train.resolve import ResolvedRun
 from kenotron.train.training_job import TrainingJob
+from kenotron.train.vocab_parallel_loss import loss_chunk_step_for
 
 FAKE_DEVICE = torch.device("cpu")
 """Where the fake tensors live; memory is counted as the target device's allocator would."""
@@ -126,7 +126,7 @@ def build_fake_job(run: ResolvedRun, fake_mode: Any, pipeline: Any = None) -> Tr
     if job.loss_chunk_fn is not None and run.choices.loss_kernel == "compiled":  # the fused loss's (or the MTP heads')
         # Compiling would trace on fake tensors; PyTorch's ops allocate what the compiled step does
         # (the gradient in a buffer of its own beside the logits).
-        job.loss_chunk_fn = chunk_fn_for("torch")
+        job.loss_chunk_fn = loss_chunk_step_for("torch", vocab_parallel=run.dims.tp > 1 and job.fused_loss)
     return job
 
 

@@ -69,8 +69,8 @@ def describe_settings(run: ResolvedRun) -> dict[str, object]:
         "local batch": cfg.training.local_batch_size,
         "seq_len": cfg.training.seq_len,
         "micro-steps": run.grad_accum_steps,
-        "loss": "fused chunked" if run.choices.fused_loss else "plain" + (
-            " (vocab-parallel)" if run.dims.tp > 1 and run.plan.settings.loss_parallel else ""),
+        "loss": ("fused chunked" if run.choices.fused_loss else "plain") + (
+            " (vocab-parallel)" if run.dims.tp > 1 and (run.choices.fused_loss or run.plan.settings.loss_parallel) else ""),
     }
 
 

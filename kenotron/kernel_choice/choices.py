@@ -10,8 +10,8 @@ naming the config key and the fix.
 
 Defaults follow docs/performance.md: master weights on one CUDA device (bf16 parameters, fp32
 masters in AdamW), FSDP's mixed precision for eager single-device runs where they do not apply,
-autocast otherwise; the Triton kernels on CUDA; the chunked fused loss unless tensor parallel's
-vocab-parallel loss or the pipeline's per-microbatch loss applies.
+autocast otherwise; the Triton kernels on CUDA; the chunked fused loss (vocabulary-parallel under
+tensor parallel) unless the pipeline's per-microbatch loss applies.
 """
 
 from __future__ import annotations
@@ -62,15 +62,17 @@ class Choices:
         return torch.float32 if self.precision == "float32" else torch.bfloat16
 
 
-def uses_fused_loss(choice: str, tensor_parallel: bool, pipeline: bool, meta_model: nn.Module) -> bool:
-    """auto -> fused, except under tensor parallel (whose vocab-parallel loss shards the logits)
-    and pipeline parallel (the last stage computes the plain loss per microbatch). "fused" with
-    either was refused before (config_checks.py's check_fused_loss_layout); here, without an
-    output layer."""
+def uses_fused_loss(choice: str, tensor_parallel: bool, pipeline: bool, meta_model: nn.Module,
+                    loss_parallel: bool = True) -> bool:
+    """auto -> fused (under tensor parallel the vocabulary-parallel one, train/vocab_parallel_loss.py,
+    when `loss_parallel` keeps the vocabulary sharded), except under pipeline parallel (the last
+    stage computes the plain loss per microbatch). "fused" with pipeline parallel was refused before
+    (config_checks.py's check_fused_loss_layout); here, without an output layer."""
     has_output = isinstance(getattr(meta_model, "output", None), nn.Linear)
     if choice == "fused" and not has_output:
         raise ConfigError("tuning.loss='fused' does not combine with this model (no output layer); use 'auto' or 'plain'")
-    return choice == "fused" or (choice == "auto" and has_output and not tensor_parallel and not pipeline)
+    vocabulary_sharded = not tensor_parallel or loss_parallel  # auto keeps a plain loss_parallel=false run plain
+    return choice == "fused" or (choice == "auto" and has_output and not pipeline and vocabulary_sharded)
 
 
 def resolve_choices(cfg: JobConfig, dims: ParallelDims, target: Target, meta_model: nn.Module,
@@ -97,7 +99,8 @@ def resolve_choices(cfg: JobConfig, dims: ParallelDims, target: Target, meta_mod
         eager_kernels=kernels.eager_kernels,
         ssm_kernel=ssm_kernel,
         # DoReMi's proxy needs per-token losses (train/doremi.py), which the fused loss never forms.
-        fused_loss=uses_fused_loss(u.loss, dims.tp > 1, dims.pp > 1, meta_model) and not cfg.doremi.reference,
+        fused_loss=uses_fused_loss(u.loss, dims.tp > 1, dims.pp > 1, meta_model, u.loss_parallel)
+        and not cfg.doremi.reference,
         loss_kernel=kernels.loss_kernel,
         loss_chunk_tokens=u.loss_chunk_tokens,
         grad_norm_kernel=kernels.grad_norm_kernel,

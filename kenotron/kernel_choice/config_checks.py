@@ -188,12 +188,11 @@ def check_context_parallel(cfg: JobConfig, dims: ParallelDims, spec: ModelSpec, 
                           "model.attention_backend='math'; choose another backend or tuning.cp_attention='ring'")
 
 
-def check_fused_loss_layout(choice: str, tensor_parallel: bool, pipeline: bool) -> None:
-    """tuning.loss='fused' under tensor parallel (whose vocab-parallel loss shards the logits) or
-    pipeline parallel (the last stage computes the plain loss per microbatch)."""
-    if choice == "fused" and (tensor_parallel or pipeline):
-        why = "tensor parallel" if tensor_parallel else "pipeline parallel"
-        raise ConfigError(f"tuning.loss='fused' does not combine with {why}; use 'auto' or 'plain'")
+def check_fused_loss_layout(choice: str, pipeline: bool) -> None:
+    """tuning.loss='fused' under pipeline parallel (the last stage computes the plain loss per
+    microbatch). Under tensor parallel it runs vocabulary-parallel (train/vocab_parallel_loss.py)."""
+    if choice == "fused" and pipeline:
+        raise ConfigError("tuning.loss='fused' does not combine with pipeline parallel; use 'auto' or 'plain'")
 
 
 def settle_precision(cfg: JobConfig, dims: ParallelDims, target: Target, accum: int) -> str:
@@ -236,7 +235,7 @@ def settle_kernels(cfg: JobConfig, dims: ParallelDims, spec: ModelSpec, args: An
     check_context_parallel(cfg, dims, spec, args, target)
     attention = resolve_attention_backend(cfg.model.attention_backend, cfg.data.document_masking)
     check_attention(cfg, dims, args, target, attention)
-    check_fused_loss_layout(u.loss, dims.tp > 1, dims.pp > 1)
+    check_fused_loss_layout(u.loss, dims.pp > 1)
     precision = settle_precision(cfg, dims, target, accum)
     return Kernels(
         attention_backend=attention,

@@ -175,13 +175,24 @@ def gathered_bytes(run: ResolvedRun, params: ParameterBytes, layers: int, moment
     moe_block = params.moe_block_gathered or params.block_gathered
     moe_experts = params.moe_block_experts or params.block_experts
     keep_all = kind in ("ddp", "zero1") or one_gpu_fsdp(run) or run.plan.settings.reshard_after_forward == "never"
+    root = params.root_gathered + tied_second_copy(run)
     if keep_all:
-        return params.root_gathered + dense * params.block_gathered + (layers - dense) * moe_block
+        return root + dense * params.block_gathered + (layers - dense) * moe_block
     blocks = 2 if moment == "backward" else (0 if run.plan.settings.reshard_after_forward == "always" else 1)
     # Experts FSDP-sharded over one rank (ep = dp_shard x cp) keep their compute copies throughout.
     lone_experts = run.dims.ep > 1 and run.dims.efsdp * run.dims.dp_replicate == 1
-    return params.root_gathered + blocks * moe_block + (
-        (layers - dense - blocks) * moe_experts if lone_experts else 0)
+    return root + blocks * moe_block + ((layers - dense - blocks) * moe_experts if lone_experts else 0)
+
+
+def tied_second_copy(run: ResolvedRun) -> int:
+    """Under FSDP × TP a tied embedding/output weight is two FSDPParams (TP gives each module its own
+    DTensor before the model ties them again), gathered twice (docs/estimation.md, Findings): the
+    second copy's bytes. It mattered little beside the plain loss's logits; the fused loss leaves it
+    a few percent of the peak (1B at tp 2: 250 MiB)."""
+    a = run.model_args
+    if run.dims.tp == 1 or not getattr(a, "tie_embeddings", False) or data_parallel_kind(run) not in ("fsdp", "hsdp"):
+        return 0
+    return allocated_bytes(a.vocab_size // run.dims.tp * a.dim * run.choices.compute_dtype.itemsize)
 
 
 def uncheckpointed_fraction(run: ResolvedRun) -> float:
@@ -279,6 +290,14 @@ def peak_breakdown(run: ResolvedRun, params: ParameterBytes, O: int, kind: dict[
         # to fp32 and reduce-scatters it: briefly the largest temporaries of the step for a big vocabulary.
         V, d = s.vocab, s.dim
         shard_temp = allocated_bytes(V * d * c) + allocated_bytes(V // t * d * c) + 2 * allocated_bytes(V // t * d * FP32)
-        moments.append(Breakdown(parameters=P, unsharded_parameters=params.root_gathered, gradients=G,
+        grads = G
+        if sharded_grads:
+            # Under FSDP the TP shard's gradient (parallel/tensor.py's VocabParallelEmbedding keeps it
+            # Shard(0)) is cast to fp32 and reduce-scatterred into the embedding's sharded gradient, not
+            # yet in G: the step's last moment, the peak once the fused loss leaves no logits.
+            shard_fp32 = allocated_bytes(V // t * d * FP32)
+            out = shard_fp32 // (run.dims.dp_shard * run.dims.cp)
+            grads, shard_temp = max(G - out, 0), allocated_bytes(V // t * d * c) + shard_fp32 + out
+        moments.append(Breakdown(parameters=P, unsharded_parameters=params.root_gathered, gradients=grads,
                                  optimizer_state=O, temporaries=shard_temp))
     return max(moments, key=lambda b: b.total)

@@ -17,8 +17,9 @@ def loss_bytes(run: ResolvedRun, s: StepShape, fused: bool) -> tuple[int, int]:
         chunk = min(run.choices.loss_chunk_tokens, s.tokens)
         logits = allocated_bytes(chunk * V * c)
         # The Triton kernel writes a chunk's gradient over its logits; PyTorch's softmax and the
-        # compiled step give it a second logits-sized buffer.
-        in_place = run.choices.loss_kernel == "triton"
+        # compiled step give it a second logits-sized buffer, as does the vocabulary-parallel loss
+        # (train/vocab_parallel_loss.py), which runs the compiled step where one device runs Triton.
+        in_place = run.choices.loss_kernel == "triton" and s.tp == 1
         gradient = 0 if in_place else logits
         if s.tokens <= chunk:
             # One chunk: the weight gradient is the chunk's product itself, kept in the matmul
@@ -35,6 +36,8 @@ def loss_bytes(run: ResolvedRun, s: StepShape, fused: bool) -> tuple[int, int]:
             temp = max(temp, allocated_bytes(chunk * V * c) + second + (0 if in_place else second))
         if s.autocast:  # the fp32 hidden states and output weight are cast for the chunks
             temp += allocated_bytes(s.tokens * d * 2) + allocated_bytes(V * d * 2)
+        if s.residual_tokens < s.tokens:  # sequence parallel: the vocabulary-parallel loss gathers all the tokens' states
+            temp += allocated_bytes(s.tokens * d * s.residual)
         # The loss' backward, with every activation still alive: the scaled weight and hidden-state
         # gradients, each written once in its parameter's / activation's dtype (one Triton pass
         # each on CUDA; fp32 under autocast). With few tokens this outweighs the forward.

@@ -47,7 +47,10 @@ from kenotron.train.mtp import fused_heads
 from kenotron.train.resolve import ResolvedRun
 
 FUSED_LOSS_BYTES = 8
-"""Bytes moved per logit by the fused chunked loss (forward and backward)."""
+"""Bytes moved per logit by the fused chunked loss (forward and backward): the Triton kernel's write,
+two reads and the gradient written over the logits; the vocabulary-parallel loss's compiled step
+moves as many (the write, its stats read, the gradient kernel's read and write) around one small
+all-gather per chunk, left out."""
 PLAIN_LOSS_BYTES = 48
 """Bytes moved per logit by the plain loss (fp32 copy, log-softmax, its backward, the cast back)."""
 ACCUMULATE_BYTES = 18

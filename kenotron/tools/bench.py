@@ -145,9 +145,13 @@ PRESETS: dict[str, dict[str, list[str]]] = {
                                                                       "--parallelism.ep", "4"],
     },
     # Tensor parallel (issue 33): TP 2 inside each pair of GPUs, FSDP over the pairs on 4 GPUs;
-    # `--ngpu 2` runs TP 2 alone. torchtitan's side: scripts/bench_torchtitan.py --tp 2.
+    # `--ngpu 2` runs TP 2 alone. torchtitan's side: scripts/bench_torchtitan.py --tp 2. The
+    # default loss is the vocabulary-parallel fused one; "plain loss" is DTensor's loss_parallel().
     "4gpu-tp": {
         "8B-width 8L b2x8192 FSDP2xTP2 compiled": _8B_WIDTH + ["--compile.enable", "true", "--parallelism.tp", "2"],
+        "8B-width 8L b2x8192 FSDP2xTP2 compiled plain loss": _8B_WIDTH + [
+            "--compile.enable", "true", "--parallelism.tp", "2", "--tuning.loss", "plain",
+        ],
         "8B-width 8L b2x8192 FSDP2xTP2 compiled async-TP": _8B_WIDTH + [
             "--compile.enable", "true", "--parallelism.tp", "2", "--parallelism.async_tp", "true",
         ],

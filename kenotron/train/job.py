@@ -36,13 +36,13 @@ from kenotron.train.doremi import build_doremi, load_reference
 from kenotron.train.expert_balance import ExpertBalance
 from kenotron.train.extension import JobExtension, check_one_runs_the_passes
 from kenotron.train.flops import active_matmul_params
-from kenotron.train.fused_loss import chunk_fn_for
 from kenotron.train.lr_schedule import LRSchedule, build_lr_scheduler
 from kenotron.train.mtp import MultiTokenPrediction
 from kenotron.train.optim import build_param_groups, optimizer_factory
 from kenotron.train.pipeline_step import PipelineExecutor, PipelineExtension, PipelineRunner
 from kenotron.train.resolve import ResolvedRun
 from kenotron.train.training_job import TrainingJob
+from kenotron.train.vocab_parallel_loss import loss_chunk_step_for
 
 
 @dataclass
@@ -131,7 +131,8 @@ def build_job(
     job = TrainingJob(
         run=run, device=device, meshes=meshes, applied=applied, optimizers=optimizers,
         lr_schedulers=[], schedule=schedule,
-        fused_loss=fused_loss, loss_chunk_fn=chunk_fn_for(choices.loss_kernel) if fused_loss else None,
+        fused_loss=fused_loss,
+        loss_chunk_fn=loss_chunk_step_for(choices.loss_kernel, vocab_parallel=run.dims.tp > 1) if fused_loss else None,
         block_masks=block_masks, n_params=n_params, matmul_params=n_matmul,
     )
     job.lr_schedulers = [build_lr_scheduler(o, schedule) for o in job.torch_optimizers]

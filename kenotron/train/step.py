@@ -40,6 +40,7 @@ from kenotron.parallel.grad_norm import (
 from kenotron.train.fused_loss import linear_cross_entropy_sum
 from kenotron.train.loss import IGNORE_INDEX, cross_entropy_sum
 from kenotron.train.training_job import TrainingJob
+from kenotron.train.vocab_parallel_loss import vocab_parallel_linear_cross_entropy_sum
 
 
 class StepObserver(Protocol):
@@ -140,13 +141,24 @@ def microbatch_forward(job: TrainingJob, mb: MicroBatch, denominator: int) -> to
     elif job.block_masks is not None:
         kwargs["block_mask"] = job.block_masks(inputs)
     if job.fused_loss:  # the model stops at its final norm; the loss applies the output weight chunk by chunk
-        out = model(inputs, logits=False, **kwargs)
-        loss_sum = linear_cross_entropy_sum(
-            out, model.output.weight, labels, chunk_tokens=job.run.choices.loss_chunk_tokens,
-            compute_dtype=job.compute_dtype, chunk_fn=job.loss_chunk_fn,
-        )
-        return loss_sum / denominator
+        return fused_loss_sum(job, model(inputs, logits=False, **kwargs), labels) / denominator
     return cross_entropy_sum(model(inputs, **kwargs), labels) / denominator
+
+
+def fused_loss_sum(job: TrainingJob, normed: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """The summed token loss of the final norm's output `normed` by the fused chunked loss: over the
+    vocabulary shards of the output weight under tensor parallel (its "output" style's Shard(0))."""
+    model, chunk_tokens = job.model, job.run.choices.loss_chunk_tokens
+    if job.run.dims.tp > 1:
+        plan = job.run.plan
+        # A local `normed` is laid out as the output layer's input would be (parallel/tensor.py's "output").
+        sequence_parallel = plan.layout.sequence_parallel_at("output", plan.settings.sequence_parallel)
+        return vocab_parallel_linear_cross_entropy_sum(
+            normed, model.output.weight, labels, sequence_parallel=sequence_parallel, chunk_tokens=chunk_tokens,
+            compute_dtype=job.compute_dtype, step=job.loss_chunk_fn,
+        )
+    return linear_cross_entropy_sum(normed, model.output.weight, labels, chunk_tokens=chunk_tokens,
+                                    compute_dtype=job.compute_dtype, chunk_fn=job.loss_chunk_fn)
 
 
 def forward_backward(job: TrainingJob, microbatches: Sequence[MicroBatch], observer: StepObserver = NO_OBSERVER) -> torch.Tensor:

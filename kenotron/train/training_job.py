@@ -22,6 +22,7 @@ from kenotron.parallel.zero1 import Zero1Optimizer
 from kenotron.train.extension import JobExtension
 from kenotron.train.lr_schedule import LRSchedule
 from kenotron.train.resolve import ResolvedRun
+from kenotron.train.vocab_parallel_loss import VocabChunkStep
 
 
 @dataclass
@@ -42,8 +43,8 @@ class TrainingJob:
     schedule: LRSchedule
     fused_loss: bool
     """The model stops at its final norm (`logits=False`) and the loss applies the output weight in chunks."""
-    loss_chunk_fn: Callable | None
-    """The fused loss's chunk step (None: PyTorch's ops)."""
+    loss_chunk_fn: Callable | VocabChunkStep | None
+    """The fused loss's chunk step (None: PyTorch's ops); a VocabChunkStep under tensor parallel."""
     block_masks: BlockMasks | None
     """FlexAttention: one BlockMask per micro-batch, shared by every layer."""
     extensions: list[JobExtension] = field(default_factory=list)

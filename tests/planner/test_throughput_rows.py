@@ -26,6 +26,9 @@ DDP2 = " --parallelism.dp_replicate 2 --parallelism.dp_shard 1"
 NEVER = " --parallelism.fsdp_reshard_after_forward never"
 # fsdp_reduce_dtype auto (bf16 for the routed experts) came on 2026-11-27: MoE rows measured before ran in fp32.
 FP32 = " --parallelism.fsdp_reduce_dtype float32"
+# The vocabulary-parallel fused loss became tensor parallel's default on 2026-11-27: TP rows measured
+# before ran DTensor's loss_parallel() over whole local logits.
+PLAIN_TP = " --parallelism.tp 2 --tuning.loss plain"
 
 
 def _cp(seq: int, cp: int) -> str:
@@ -59,7 +62,7 @@ ROWS = [
      TOLERANCE),
     # Measured before 2026-11-27's TP backward fix (5 all-reduces of a block's activations per
     # backward, 2.5x the modelled bytes): hence its wider tolerance. The rows after the fix are below.
-    ("1B FSDP 2 x TP 2", 4, "llama3_1b", B1 + OLD_1B + " --parallelism.tp 2", 41_523, f"{PERF}, run 21", 0.20),
+    ("1B FSDP 2 x TP 2", 4, "llama3_1b", B1 + OLD_1B + PLAIN_TP, 41_523, f"{PERF}, run 21", 0.20),
     ("1B PP 4 1F1B b16", 4, "llama3_1b", B1 + PP16 + " 1F1B", 32_691, f"{PAR}, return_outputs=False", TOLERANCE),
     ("1B PP 4 Interleaved1F1B b16", 4, "llama3_1b", B1 + PP16 + " Interleaved1F1B", 28_994,
      f"{PAR}, return_outputs=False", TOLERANCE),
@@ -70,8 +73,8 @@ ROWS = [
      f"{PERF}, run 17", TOLERANCE),
     ("8B FSDP 2 selective-op", 2, "llama3_8b", F8, 10_297, f"{PERF}, run 52", TOLERANCE),
     # Tensor parallel after the backward fix (docs/performance.md, "Tensor parallel's backward").
-    ("8B width 8L TP 2", 2, "llama3_8b", W8 + " --parallelism.tp 2", 29_538, f"{PERF}, run 110", TOLERANCE),
-    ("8B width 8L FSDP 2 x TP 2", 4, "llama3_8b", W8 + " --parallelism.tp 2", 30_021, f"{PERF}, run 111", TOLERANCE),
+    ("8B width 8L TP 2", 2, "llama3_8b", W8 + PLAIN_TP, 29_538, f"{PERF}, run 110", TOLERANCE),
+    ("8B width 8L FSDP 2 x TP 2", 4, "llama3_8b", W8 + PLAIN_TP, 30_021, f"{PERF}, run 111", TOLERANCE),
     # Weak scaling on 2 x H200 (docs/performance.md, runs 70-74).
     ("1B FSDP 2 (run 70)", 2, "llama3_1b", B1, 61_684, f"{PERF}, run 70", TOLERANCE),
     ("1B DDP 2", 2, "llama3_1b", B1 + DDP2, 60_181, f"{PERF}, run 70", TOLERANCE),

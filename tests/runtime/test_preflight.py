@@ -91,8 +91,8 @@ print("torch imported" if "torch" in sys.modules else "torch not imported")
 # Each family of kernel-choice errors, as the launcher meets them before torch:
 # (config, overrides, world size, target as (device type, cuda major, triton), error).
 KERNEL_ERRORS = [
-    ("debug.toml", ["--tuning.loss", "fused", "--parallelism.tp", "2"], 2, ("cpu", 0, False),
-     "tuning.loss='fused' does not combine with tensor parallel"),
+    ("debug.toml", ["--tuning.loss", "fused", "--parallelism.pp", "2"], 2, ("cpu", 0, False),
+     "tuning.loss='fused' does not combine with pipeline parallel"),
     ("mamba2_debug.toml", ["--parallelism.cp", "2"], 2, ("cpu", 0, False),
      "parallelism.cp=2 is not supported by model.name='mamba2'"),
     ("debug.toml", ["--parallelism.cp", "2", "--tuning.cp_attention", "torch"], 2, ("cpu", 0, False),
