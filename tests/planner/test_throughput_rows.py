@@ -75,6 +75,10 @@ ROWS = [
     # Tensor parallel after the backward fix (docs/performance.md, "Tensor parallel's backward").
     ("8B width 8L TP 2", 2, "llama3_8b", W8 + PLAIN_TP, 29_538, f"{PERF}, run 110", TOLERANCE),
     ("8B width 8L FSDP 2 x TP 2", 4, "llama3_8b", W8 + PLAIN_TP, 30_021, f"{PERF}, run 111", TOLERANCE),
+    # The vocabulary-parallel fused loss, now the default under TP (docs/performance.md, runs 122 and 126).
+    ("8B width 8L TP 2 fused loss", 2, "llama3_8b", W8 + " --parallelism.tp 2", 31_367, f"{PERF}, run 126", TOLERANCE),
+    ("8B width 8L FSDP 2 x TP 2 fused loss", 4, "llama3_8b", W8 + " --parallelism.tp 2", 31_989, f"{PERF}, run 122",
+     TOLERANCE),
     # Weak scaling on 2 x H200 (docs/performance.md, runs 70-74).
     ("1B FSDP 2 (run 70)", 2, "llama3_1b", B1, 61_684, f"{PERF}, run 70", TOLERANCE),
     ("1B DDP 2", 2, "llama3_1b", B1 + DDP2, 60_181, f"{PERF}, run 70", TOLERANCE),
