@@ -46,7 +46,8 @@ Qwen3-30B-A3B 4-layer preset, ep 2 moves the same link bytes for 2 x the experts
 buffers (+12.8 GiB, 23.5 -> 36.3 GiB) and the throughput model predicts +0.7% on NVLink and -2.7%
 through host memory. Those figures keep the grouped rows for backward; keeping the received rows
 instead (module docstring) takes 3.5 GiB off the ep 2 excess and 7.0 GiB off the ep 4 one
-(computed, 4 layers). Raise it when a GPU measurement at ep 4 says otherwise."""
+(computed, 4 layers). Measured at ep 4 (docs/performance.md, run 120, 4 x H100): the even split
+8.4% slower than the host read and 7 GiB more, so the bound stays 2."""
 MIN_FILL = 0.75
 """Below it the even split moves more than 4/3 of the deduplicated exchange's bytes."""
 
