@@ -1,4 +1,5 @@
 import gc
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -6,6 +7,16 @@ from pathlib import Path
 import pytest
 
 from tests import ahead
+
+# One OpenMP/BLAS thread in this process and every process it starts (the background lane's
+# commands, the fork servers, their children), as the pool's ranks already run: read by OpenMP
+# when torch loads, so set before any test module imports it. The tests' models are tiny; a
+# second thread gains little, and on CI's two cores, where the lane and the ranks keep both busy,
+# OpenMP's threads spin waiting for a descheduled peer: the trainer and resume tests took 65.6
+# CPU-s with torch's default (two threads) against 38.4 s with one, beside one busy core. A
+# developer's own OMP_NUM_THREADS is kept.
+for _name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+    os.environ.setdefault(_name, "1")
 
 ROOT = Path(__file__).resolve().parents[1]
 _STRAY = ROOT / "outputs"
