@@ -12,9 +12,9 @@ from tests import ahead
 # commands, the fork servers, their children), as the pool's ranks already run: read by OpenMP
 # when torch loads, so set before any test module imports it. The tests' models are tiny; a
 # second thread gains little, and on CI's two cores, where the lane and the ranks keep both busy,
-# OpenMP's threads spin waiting for a descheduled peer: the trainer and resume tests took 65.6
-# CPU-s with torch's default (two threads) against 38.4 s with one, beside one busy core. A
-# developer's own OMP_NUM_THREADS is kept.
+# OpenMP's threads spin waiting for a descheduled peer: four test files (one with lane jobs) run
+# as CI runs them took 156 s and 188 CPU-s with torch's default (two threads), 86 s and 139 CPU-s
+# with one. A developer's own OMP_NUM_THREADS is kept.
 for _name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
     os.environ.setdefault(_name, "1")
 

@@ -71,8 +71,8 @@ def test_the_structural_guard_counts_each_call_site_once():
 def test_the_pytest_process_runs_torch_on_the_one_thread_count_its_processes_get():
     """tests/conftest.py sets OMP_NUM_THREADS (1 unless the developer set it) before torch loads:
     on CI's two cores torch's default two threads spin beside the lane and the ranks (measured:
-    4 test files beside one busy core, 222 -> 154 CPU-s and 278 -> 156 s). Fails where the suite
-    runs without it."""
+    4 test files run as CI runs them, 156 -> 86 s and 188 -> 139 CPU-s). Fails where the suite runs
+    without it."""
     import os
 
     import torch
