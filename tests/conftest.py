@@ -16,7 +16,8 @@ from tests import ahead
 # as CI runs them took 156 s and 188 CPU-s with torch's default (two threads), 86 s and 139 CPU-s
 # with one. A developer's own OMP_NUM_THREADS is kept.
 for _name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
-    os.environ.setdefault(_name, "1")
+    if not os.environ.get(_name):  # unset or empty (empty gives torch its default too)
+        os.environ[_name] = "1"
 
 ROOT = Path(__file__).resolve().parents[1]
 _STRAY = ROOT / "outputs"
