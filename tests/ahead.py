@@ -17,15 +17,23 @@ start a new interpreter with `lane.run` (in a session of its own, killed with it
 pytest stops first; tests/test_suite_budget.py counts these calls as it counts subprocess's), or
 a forked one through tests/fork_server.py, whose client serves two threads. One lane, not
 several: two jobs at once would compete with the in-process tests for the same two cores.
+
+Under pytest-xdist (`-n 2`, README's command) every worker collects the same items, so every
+worker knows every job; each runs its share in its own lane (`Share`: job i on worker
+i % workers) and writes each outcome, pickled, into a folder the workers share, where a test on
+another worker reads it (`Lane.result` waits for the file). A worker ends its session only once
+its own jobs ended: another worker's test may still wait for one.
 """
 
 from __future__ import annotations
 
 import os
+import pickle
 import signal
 import subprocess
 import threading
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
@@ -34,6 +42,8 @@ from typing import Any
 
 import pytest
 
+LONGEST_SHOWN = 5
+"""How many of the longest jobs the session's summary line names."""
 MARKER = "run_ahead"
 """`@pytest.mark.run_ahead(job=fn)`: `fn(folder, lane)` runs ahead in the lane; the test reads its result."""
 
@@ -56,11 +66,33 @@ class Job:
     """How long the function ran."""
 
 
+@dataclass(frozen=True)
+class Share:
+    """This worker's part of the jobs under pytest-xdist: job i (in collection order) runs on
+    worker i % `workers`; the others' outcomes are read from `folder`."""
+
+    folder: Path
+    """A folder every worker of the session sees: the outcome of job i is `folder/job-{i}.pickle`."""
+    worker: int
+    """This worker's number (gw0 is 0)."""
+    workers: int
+    """How many workers the session has."""
+
+    def owner_file(self, worker: int) -> Path:
+        """Where worker `worker` writes its pid: a test waiting for its job checks it is alive."""
+        return self.folder / f"worker-{worker}.pid"
+
+
 class Lane:
     """The background thread that runs the jobs in order; `stop` ends it and kills its processes."""
 
-    def __init__(self, jobs: dict[str, Job]):
+    def __init__(self, jobs: dict[str, Job], share: Share | None = None):
         self.jobs = jobs  # by test; tests marked with the same function share its one job
+        self.share = share
+        self._position = {job: i for i, job in enumerate(dict.fromkeys(jobs.values()))}
+        if share is not None:
+            share.folder.mkdir(parents=True, exist_ok=True)
+            share.owner_file(share.worker).write_text(str(os.getpid()))
         self._stopped = False
         self._lock = threading.Lock()
         self._running: set[subprocess.Popen] = set()  # started by `start`, not yet waited for
@@ -69,8 +101,15 @@ class Lane:
         self._thread = threading.Thread(target=self._work, name="kenotron-tests-run-ahead", daemon=True)
         self._thread.start()
 
+    def _owner(self, job: Job) -> int:
+        """The worker that runs `job` (0 without xdist)."""
+        return 0 if self.share is None else self._position[job] % self.share.workers
+
+    def _mine(self, job: Job) -> bool:
+        return self.share is None or self._owner(job) == self.share.worker
+
     def _work(self) -> None:
-        for job in dict.fromkeys(self.jobs.values()):
+        for job in filter(self._mine, dict.fromkeys(self.jobs.values())):
             if self._stopped:
                 job.error = RuntimeError("the session ended before this job ran")
             else:
@@ -80,24 +119,67 @@ class Lane:
                 except BaseException as error:  # noqa: BLE001  (the test re-raises it)
                     job.error = error
                 job.seconds = time.monotonic() - started
+            if self.share is not None:
+                self._publish(job)
             job.done.set()
+
+    def _outcome_file(self, job: Job) -> Path:
+        assert self.share is not None
+        return self.share.folder / f"job-{self._position[job]}.pickle"
+
+    def _publish(self, job: Job) -> None:
+        """The job's outcome pickled for the other workers (written whole, then renamed)."""
+        error = job.error
+        try:
+            data = pickle.dumps((job.value, error, job.seconds))
+        except Exception:  # noqa: BLE001  (an outcome that does not pickle still reaches the test, as text)
+            text = "".join(traceback.format_exception(error)) if error is not None else repr(job.value)
+            data = pickle.dumps((None, RuntimeError(f"{job.fn.__name__}'s outcome does not pickle: {text}"),
+                                 job.seconds))
+        path = self._outcome_file(job)
+        path.with_suffix(".partial").write_bytes(data)
+        path.with_suffix(".partial").replace(path)
+
+    def _read_published(self, job: Job) -> None:
+        """Wait for another worker's outcome of `job` and take it as ours."""
+        assert self.share is not None
+        path, owner = self._outcome_file(job), self._owner(job)
+        while not path.exists():
+            pid = self.share.owner_file(owner).read_text() if self.share.owner_file(owner).exists() else ""
+            if pid and not _alive(int(pid)) and not path.exists():
+                raise RuntimeError(f"xdist worker gw{owner} (pid {pid}), which runs {job.fn.__name__}, "
+                                   "ended before its job did: see that worker's errors")
+            time.sleep(0.1)
+        job.value, job.error, job.seconds = pickle.loads(path.read_bytes())
+        job.done.set()
 
     def result(self, nodeid: str) -> Any:
         """What the job of test `nodeid` returned, once it ended; raises what it raised."""
         job = self.jobs[nodeid]
         started = time.monotonic()
-        job.done.wait()
+        if self._mine(job):
+            job.done.wait()
+        elif not job.done.is_set():
+            self._read_published(job)
         self.waited += time.monotonic() - started
         if job.error is not None:
             raise job.error
         return job.value
 
     def summary(self) -> str:
-        """One line for the end of the session: what ran ahead, and what the tests waited for it."""
-        jobs = list(dict.fromkeys(self.jobs.values()))
+        """One line for the end of the session: what ran ahead, and what the tests waited for it;
+        then the longest jobs, the first to shorten when the lane grows."""
+        jobs = [job for job in dict.fromkeys(self.jobs.values()) if self._mine(job)]
         ran = sum(job.seconds for job in jobs)
-        return (f"run ahead (tests/ahead.py): {len(jobs)} job{'s' * (len(jobs) != 1)}, {ran:.0f} s in the background; "
-                f"their tests waited {self.waited:.0f} s for them")
+        where = "" if self.share is None else f" on xdist worker gw{self.share.worker}"
+        longest = sorted(jobs, key=lambda job: -job.seconds)[:LONGEST_SHOWN]
+        return (f"run ahead (tests/ahead.py){where}: {len(jobs)} job{'s' * (len(jobs) != 1)}, {ran:.0f} s in the "
+                f"background; their tests waited {self.waited:.0f} s for them; longest: "
+                + ", ".join(f"{job.folder.name} {job.seconds:.0f} s" for job in longest))
+
+    def finish(self) -> None:
+        """Wait until this worker's own jobs ended (another worker's test may wait for one)."""
+        self._thread.join()
 
     def start(self, args: list[str | Path], *, cwd: Path, env: dict[str, str],
               stderr: int = subprocess.PIPE) -> subprocess.Popen:
@@ -164,13 +246,24 @@ def kill_session(pid: int) -> None:
         os.killpg(pid, signal.SIGKILL)
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def marked_last(items: list[pytest.Item]) -> list[pytest.Item]:
     """The items in their order, the marked ones moved to the end (their jobs run meanwhile)."""
     return [i for i in items if not i.get_closest_marker(MARKER)] + [i for i in items if i.get_closest_marker(MARKER)]
 
 
-def start(items: list[pytest.Item], make_folder: Callable[[str], Path]) -> Lane | None:
-    """Start a lane for the marked items (in their order), or None when none is selected."""
+def start(items: list[pytest.Item], make_folder: Callable[[str], Path], share: Share | None = None) -> Lane | None:
+    """Start a lane for the marked items (in their order), or None when none is selected; under
+    xdist, `share` says which of the jobs this worker runs."""
     jobs, by_function = {}, {}
     for item in items:
         marker = item.get_closest_marker(MARKER)
@@ -179,7 +272,7 @@ def start(items: list[pytest.Item], make_folder: Callable[[str], Path]) -> Lane 
             if fn not in by_function:  # several tests marked with one function share its run
                 by_function[fn] = Job(fn, make_folder(fn.__name__))
             jobs[item.nodeid] = by_function[fn]
-    return Lane(jobs) if jobs else None
+    return Lane(jobs, share) if jobs else None
 
 
 def _skipped(item: pytest.Item) -> bool:

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.ahead import MARKER, Job, Lane, marked_last, start
+from tests.ahead import MARKER, Job, Lane, Share, marked_last, start
 
 
 def _wait_for(path: Path, timeout: float = 20) -> str:
@@ -51,7 +51,7 @@ def test_jobs_run_in_their_order_without_waiting_for_their_tests_and_give_what_t
     assert (out_a, out_b) == ("a", "b") and ended_a <= ended_b
     lane.stop()
     assert re.fullmatch(r"run ahead \(tests/ahead.py\): 2 jobs, \d+ s in the background; their tests waited \d+ s "
-                        r"for them", lane.summary()), lane.summary()
+                        r"for them; longest: \w+ \d+ s, \w+ \d+ s", lane.summary()), lane.summary()
 
 
 def test_what_a_job_raised_is_raised_by_its_result_and_the_next_job_still_runs(tmp_path):
@@ -179,3 +179,53 @@ def test_stopping_the_lane_calls_what_a_running_job_registered_for_its_own_proce
     _wait_for(tmp_path / "waits" / "inside")
     waits.stop()
     assert killed == ["waits"] and waits.result("waits") == "waits"  # a job that left it is not called
+
+
+def _two_workers(tmp_path: Path, fns: dict) -> list[Lane]:
+    """The lanes of two xdist workers over the same marked tests, as conftest.py starts them."""
+    lanes = []
+    for worker in range(2):
+        folders = {name: tmp_path / f"gw{worker}" / name for name in fns}
+        for folder in folders.values():
+            folder.mkdir(parents=True)
+        lanes.append(Lane({name: Job(fn, folders[name]) for name, fn in fns.items()},
+                          Share(tmp_path / "shared", worker, 2)))
+    return lanes
+
+
+def _ran_by(folder: Path, lane: Lane) -> str:
+    with open(folder.parent.parent / "runs.txt", "a") as runs:  # folder is <tmp_path>/gwN/<job>
+        runs.write(f"{folder.name} {folder.parent.name}\n")
+    return folder.parent.name
+
+
+def _raises(folder: Path, lane: Lane):
+    raise ValueError(f"bad value on {folder.parent.name}")
+
+
+def test_under_xdist_each_job_runs_on_one_worker_and_every_worker_reads_its_outcome(tmp_path):
+    first, second = _two_workers(tmp_path, {"a": _ran_by, "b": _ran_by, "c": _raises})
+    # Jobs in order a, b, c go to workers 0, 1, 0; the other worker reads what the owner pickled.
+    for lane in (first, second):
+        assert (lane.result("a"), lane.result("b")) == ("gw0", "gw1")
+        with pytest.raises(ValueError, match="bad value on gw0"):
+            lane.result("c")
+    for lane in (first, second):
+        lane.finish()
+        lane.stop()
+    assert sorted((tmp_path / "runs.txt").read_text().splitlines()) == ["a gw0", "b gw1"]  # each once
+    assert re.search(r"on xdist worker gw1: 1 job, ", second.summary()), second.summary()
+
+
+def test_under_xdist_a_test_waiting_for_a_job_of_a_worker_that_ended_fails_and_names_it(tmp_path):
+    share = Share(tmp_path / "shared", 0, 2)
+    job = tmp_path / "gw0" / "job"
+    job.mkdir(parents=True)
+    dead = str(2**22 + 1)  # above Linux's largest pid: no such process
+    share.folder.mkdir()
+    share.owner_file(1).write_text(dead)  # worker 1 wrote its pid, then ended without its job
+    lane = Lane({"mine": Job(_ran_by, job), "theirs": Job(_ran_by, job)}, share)
+    assert lane.result("mine") == "gw0"
+    with pytest.raises(RuntimeError, match=rf"worker gw1 \(pid {dead}\), which runs _ran_by, ended before its job"):
+        lane.result("theirs")
+    lane.stop()

@@ -66,3 +66,16 @@ def test_the_structural_guard_counts_each_call_site_once():
     source = ("subprocess.run([...])\nproc = subprocess.Popen(cmd)\nsubprocess.PIPE\nsubprocess.check_output(x)\n"
               "lane.run([...])\nlane.start(cmd)\nlane.runs\nplane.run(x)\n")
     assert len(STARTS_A_PROCESS.findall(source)) == 5
+
+
+def test_the_pytest_process_runs_torch_on_the_one_thread_count_its_processes_get():
+    """tests/conftest.py sets OMP_NUM_THREADS (1 unless the developer set it) before torch loads:
+    on CI's two cores torch's default two threads spin beside the lane and the ranks (measured:
+    4 test files run as CI runs them, 156 -> 86 s and 188 -> 139 CPU-s). Fails where the suite runs
+    without it."""
+    import os
+
+    import torch
+
+    assert "OMP_NUM_THREADS" in os.environ, "tests/conftest.py no longer sets OMP_NUM_THREADS before torch loads"
+    assert torch.get_num_threads() == int(os.environ["OMP_NUM_THREADS"]), torch.get_num_threads()

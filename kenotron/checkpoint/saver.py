@@ -22,6 +22,7 @@ the entry script, that script needs an `if __name__ == "__main__":` guard.
 
 from __future__ import annotations
 
+import os
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,6 +74,8 @@ class DcpSaver:
         # A gloo group of its own for background saves (see the module docstring).
         self._background_group = dist.new_group(backend="gloo") if mode != "disabled" and distributed else None
         self._stager = ReusingStager() if mode == "async_with_pinned_mem" else None
+        if mode == "async_with_pinned_mem":
+            _writer_joins_the_launchers_store()
 
     def start(self, state_dict: dict[str, Any], path: Path) -> SaveInFlight:
         """Start saving `state_dict` (values: tensors, DTensors, plain objects) into `path`."""
@@ -102,6 +105,17 @@ class DcpSaver:
             self._stager.close()
             self._stager = None
 
+
+
+def _writer_joins_the_launchers_store() -> None:
+    """DCP's writer processes meet through a store. By default rank 0 picks a free port, closes it
+    and its writer, seconds later (a new Python importing torch), listens on it: any connection
+    opened meanwhile may take that port (EADDRINUSE, seen with two test sessions side by side).
+    Where the launcher's store is known (torchrun's MASTER_ADDR and MASTER_PORT), the writers join
+    it under their own key prefix instead (DCP_USE_PREFIX_STORE, read by DCP at its first process
+    save); no port is picked. An explicit DCP_USE_PREFIX_STORE is left as it is."""
+    if "MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ:
+        os.environ.setdefault("DCP_USE_PREFIX_STORE", "1")
 
 
 class ReusingStager(AsyncStager):

@@ -57,3 +57,27 @@ def test_stopped_and_resumed_run_logs_the_same_losses_bitwise(layout, tmp_path):
     full, resumed = losses_by_step(tmp_path / "full"), losses_by_step(tmp_path / "resumed")
     assert list(resumed) == list(range(1, STEPS + 1))
     assert resumed == full
+
+
+def _writer_meeting_point() -> tuple[int, int]:
+    """On a pool rank: the port DCP's writer processes would meet on once the pinned mode's saver
+    exists, and the pool's store port (where torchrun's MASTER_PORT is)."""
+    import os
+
+    import torch.distributed as dist
+    from torch.distributed.checkpoint._async_process_executor import _ProcessGroupInitInfo
+
+    from kenotron.checkpoint.saver import DcpSaver
+
+    saver = DcpSaver("async_with_pinned_mem")
+    try:
+        return _ProcessGroupInitInfo(dist.group.WORLD).tcp_store_master_port, int(os.environ["MASTER_PORT"])
+    finally:
+        saver.close()
+
+
+def test_pinned_mode_writers_meet_on_the_launchers_store_instead_of_a_port_picked_and_closed():
+    """Regression: rank 0 used to pick a free port for the writers and close it; a connection
+    opened before its writer listened could take it (EADDRINUSE in the pinned resume case)."""
+    for writers_port, store_port in run_on_ranks(2, _writer_meeting_point):
+        assert writers_port == store_port

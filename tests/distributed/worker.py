@@ -218,6 +218,11 @@ def _worker_main(rank: int, world_size: int, port: int, conn, log_dir: str) -> N
             "gloo", store=store, rank=rank, world_size=world_size, timeout=PG_TIMEOUT
         )
         dist.barrier()
+        # The group's store where torchrun puts its own, so that what meets through torchrun's
+        # store (DCP's checkpoint writer processes, kenotron/checkpoint/saver.py) meets through
+        # the pool's, as in a launched job. WORLD_SIZE stays unset: no code takes this rank for
+        # one that torchrun started.
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     # Whatever stops the start-up (SystemExit and KeyboardInterrupt included) is reported to
     # the parent before the worker exits; otherwise the parent only sees a dead rank.
     except BaseException as exc:  # noqa: BLE001
