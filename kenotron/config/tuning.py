@@ -28,7 +28,7 @@ class Tuning:
     """Mamba-2's mixer in training: triton (kenotron's op: convolution, SSD scan and gated norm in Triton kernels; CUDA) or torch (PyTorch ops, the chunked scan); auto: triton on CUDA when the model's sizes allow."""
 
     loss: Literal["auto", "plain", "fused"] = "auto"
-    """plain: logits then cross-entropy; fused: both in token chunks without full logits (vocabulary-parallel under tensor parallel); auto: fused unless pipeline parallel applies, or tensor parallel with loss_parallel off (multi-token prediction heads: fused unless tensor parallel)."""
+    """plain: logits then cross-entropy; fused: both in token chunks, no full logits (vocabulary-parallel under tp); auto: fused but under pipeline parallel or tp with loss_parallel off (multi-token prediction heads: fused unless tp)."""
 
     loss_chunk_tokens: int = ranged(16384, at_least(1))
     """Tokens per chunk of the fused loss."""

@@ -61,12 +61,12 @@ def test_tp_not_dividing_the_heads_is_one_line_from_the_launcher_before_torch_is
     assert not (tmp_path / "run" / "logs").exists()  # torchrun never started
 
 
-@pytest.mark.run_ahead(job=kenotron_train("--nproc", "2", "--tuning.loss", "fused", "--parallelism.tp", "2"))
+@pytest.mark.run_ahead(job=kenotron_train("--nproc", "2", "--tuning.loss", "fused", "--parallelism.pp", "2"))
 def test_a_kernel_choice_error_is_one_line_from_the_launcher_before_torch_is_imported(ran_ahead):
     tmp_path, proc = ran_ahead
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().splitlines() == [
-        "kenotron: config error: tuning.loss='fused' does not combine with tensor parallel; use 'auto' or 'plain'"]
+        "kenotron: config error: tuning.loss='fused' does not combine with pipeline parallel; use 'auto' or 'plain'"]
     assert proc.stdout.strip() == "torch not imported"  # kernel_choice/config_checks.py (issue 34)
     assert not (tmp_path / "run" / "logs").exists()
 
