@@ -69,25 +69,40 @@ class _LinearCrossEntropy(torch.autograd.Function):
             keep = (labels_c != IGNORE_INDEX)[:, None].to(hc.dtype)
             grad_h[start:stop] = (g @ w) * keep
             part = g.t() @ (hc[start:stop] * keep)
-            if single_chunk:
-                # Kept in the matmul dtype until backward, which widens it once: the same values
-                # as accumulating one term in fp32, without a zero-filled fp32 buffer, a cast and an
-                # add over the whole (vocab, dim) matrix (measured: docs/performance.md).
-                grad_w = part
-            elif grad_w is None:
-                grad_w = part.to(torch.promote_types(part.dtype, torch.float32))
-            else:
-                grad_w.add_(part)  # accumulates in fp32, reading the chunk's product as it is
-        ctx.save_for_backward(grad_h, grad_w)
-        ctx.h_shape, ctx.h_dtype, ctx.w_dtype = h.shape, h.dtype, weight.dtype
+            grad_w = add_weight_part(grad_w, part, single_chunk)
+        save_gradients(ctx, grad_h, grad_w, h, weight)
         return loss
 
     @staticmethod
     def backward(ctx, grad_loss):
-        grad_h, grad_w = ctx.saved_tensors
-        gh = _scaled(grad_h, grad_loss, ctx.h_dtype).reshape(ctx.h_shape)
-        gw = _scaled(grad_w, grad_loss, ctx.w_dtype)
-        return gh, gw, None, None, None, None
+        return *scaled_gradients(ctx, grad_loss), None, None, None, None
+
+
+def add_weight_part(grad_w: torch.Tensor | None, part: torch.Tensor, single_chunk: bool) -> torch.Tensor:
+    """The weight's gradient so far with one chunk's product `part` added. With one chunk the
+    product is kept in the matmul dtype until backward, which widens it once: the same values as
+    accumulating one term in fp32, without a zero-filled fp32 buffer, a cast and an add over the
+    whole (vocab, dim) matrix (measured: docs/performance.md). Several chunks accumulate in fp32,
+    reading each chunk's product as it is."""
+    if single_chunk:
+        return part
+    if grad_w is None:
+        return part.to(torch.promote_types(part.dtype, torch.float32))
+    return grad_w.add_(part)
+
+
+def save_gradients(ctx, grad_h: torch.Tensor, grad_w: torch.Tensor, h: torch.Tensor, weight: torch.Tensor) -> None:
+    """Keep the gradients computed in forward for `scaled_gradients`, with the shape and dtypes of
+    the hidden states and the weight they are returned in."""
+    ctx.save_for_backward(grad_h, grad_w)
+    ctx.h_shape, ctx.h_dtype, ctx.w_dtype = h.shape, h.dtype, weight.dtype
+
+
+def scaled_gradients(ctx, grad_loss: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The saved (hidden states, weight) gradients times the incoming scale, in their own dtypes."""
+    grad_h, grad_w = ctx.saved_tensors
+    return (_scaled(grad_h, grad_loss, ctx.h_dtype).reshape(ctx.h_shape),
+            _scaled(grad_w, grad_loss, ctx.w_dtype))
 
 
 def _scaled(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -41,7 +41,7 @@ import torch.distributed._functional_collectives as funcol
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
-from kenotron.train.fused_loss import _scaled, chunk_fn_for
+from kenotron.train.fused_loss import add_weight_part, chunk_fn_for, save_gradients, scaled_gradients
 from kenotron.train.loss import IGNORE_INDEX
 
 
@@ -168,22 +168,13 @@ class _VocabParallelLinearCrossEntropy(torch.autograd.Function):
             del logits  # the gradient's buffer replaces it before the next chunk's
             grad_h[start:stop] = g @ w
             part = g.t() @ hc[start:stop]
-            if single_chunk:  # kept in the matmul dtype until backward (as train/fused_loss.py does)
-                grad_w = part
-            elif grad_w is None:
-                grad_w = part.to(torch.promote_types(part.dtype, torch.float32))
-            else:
-                grad_w.add_(part)
-        ctx.save_for_backward(grad_h, grad_w)
-        ctx.h_shape, ctx.h_dtype, ctx.w_dtype = h.shape, h.dtype, w_local.dtype
+            grad_w = add_weight_part(grad_w, part, single_chunk)
+        save_gradients(ctx, grad_h, grad_w, h, w_local)
         return loss
 
     @staticmethod
     def backward(ctx, grad_loss):
-        grad_h, grad_w = ctx.saved_tensors
-        gh = _scaled(grad_h, grad_loss, ctx.h_dtype).reshape(ctx.h_shape)
-        gw = _scaled(grad_w, grad_loss, ctx.w_dtype)
-        return gh, gw, None, None, None, None, None, None
+        return *scaled_gradients(ctx, grad_loss), None, None, None, None, None, None
 
 
 def whole_hidden_states(h: torch.Tensor, mesh: DeviceMesh, sequence_parallel: bool) -> torch.Tensor:
