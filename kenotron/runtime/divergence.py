@@ -52,24 +52,23 @@ class DivergenceGuard:
 
     def check(self) -> None:
         """Raise NonFiniteLossError if some step diverged (one device-to-host copy)."""
-        if self._first_bad is None:
-            return
-        step = int(self._first_bad.item())
-        if step:
-            raise NonFiniteLossError(
-                f"the gradient norm is {float(self._bad_norm.item())} at step {step}: training stopped before "
-                f"saving or logging that state. {self.advice}"
-            )
+        if self._first_bad is not None:
+            self.check_state(self._norm_state(self._first_bad.device).tolist(), 0)
 
     def state(self, losses: torch.Tensor) -> torch.Tensor:
         """(first bad step or 0, its norm, *losses) on the device: what `check_state` checks, for
         the logging step to read with its other values in one copy."""
-        norm_state = (torch.stack([self._first_bad.double(), self._bad_norm.double()]) if self._first_bad is not None
-                      else torch.zeros(2, dtype=torch.float64, device=losses.device))
-        return torch.cat([norm_state, losses.detach().double().reshape(-1)])
+        return torch.cat([self._norm_state(losses.device), losses.detach().double().reshape(-1)])
+
+    def _norm_state(self, device: torch.device) -> torch.Tensor:
+        """(first bad step or 0, its norm) in fp64 on the device."""
+        if self._first_bad is None:
+            return torch.zeros(2, dtype=torch.float64, device=device)
+        return torch.stack([self._first_bad.double(), self._bad_norm.double()])
 
     def check_state(self, state: list[float], first_step: int) -> dict:
-        """check and check_losses on `state` read on the host (the losses of steps first_step...); no record keys."""
+        """Raise NonFiniteLossError for a diverged gradient norm, then for the first non-finite loss of
+        `state` read on the host (`state`'s layout; its losses are those of steps first_step...); no record keys."""
         if state[0]:
             raise NonFiniteLossError(f"the gradient norm is {state[1]} at step {int(state[0])}: training stopped "
                                      f"before saving or logging that state. {self.advice}")
@@ -77,15 +76,6 @@ class DivergenceGuard:
             if not math.isfinite(loss):
                 raise NonFiniteLossError(f"loss is {loss} at step {i + first_step}: training stopped. {self.advice}")
         return {}
-
-    def check_losses(self, losses: torch.Tensor, first_step: int) -> None:
-        """Raise NonFiniteLossError for the first non-finite loss of a logging window."""
-        finite = torch.isfinite(losses)
-        if not bool(finite.all()):
-            bad = int((~finite).nonzero()[0, 0])
-            raise NonFiniteLossError(
-                f"loss is {losses[bad].item()} at step {bad + first_step}: training stopped. {self.advice}"
-            )
 
 
 def warn_if_nothing_to_train(step: int, total: int) -> None:

@@ -118,14 +118,10 @@ class ExpertBalance(JobExtension):
         for router in routers:
             router.reset_statistics()
 
-    def check_collapse(self) -> None:
-        """Warn once for each layer whose router has sent more than 90% of the tokens to one
-        expert for COLLAPSE_STEPS steps in a row (a host read of one small tensor: the trainer
-        looks through `metrics`, in its log record's one read)."""
-        self.warn_collapsed(self.streak.tolist())
-
     def warn_collapsed(self, streaks: list[float]) -> dict[str, Any]:
-        """check_collapse on the streaks read on the host (no record keys)."""
+        """Warn once for each layer whose router has sent more than 90% of the tokens to one expert
+        for COLLAPSE_STEPS steps in a row, from the collapse streaks read on the host in the log
+        record's one read (`metrics`); no record keys."""
         for layer, streak in zip(self.layer_ids, streaks):
             streak = int(streak)
             if streak >= COLLAPSE_STEPS and layer not in self.warned:
