@@ -39,15 +39,10 @@ from kenotron.models.common.router import RouterOutput
 from kenotron.parallel.expert_dispatch import pair_counts
 
 MAX_EVEN_SPLIT_EP = 2
-"""Above 2 ranks the worst-case grouped buffer (ep x even routing's) costs more than the host read
-saves, by the analysis of docs/performance.md ("Expert parallel without the host read"): on the
-Qwen3-30B-A3B 4-layer preset, ep 2 moves the same link bytes for 2 x the experts' buffers
-(+4.2 GiB, the host reads' 15-28 ms idle a step gone); ep 4 moves 1.1 x the bytes for 4 x the
-buffers (+12.8 GiB, 23.5 -> 36.3 GiB) and the throughput model predicts +0.7% on NVLink and -2.7%
-through host memory. Those figures keep the grouped rows for backward; keeping the received rows
-instead (module docstring) takes 3.5 GiB off the ep 2 excess and 7.0 GiB off the ep 4 one
-(computed, 4 layers). Measured at ep 4 (docs/performance.md, run 120, 4 x H100): the even split
-8.4% slower than the host read and 7 GiB more, so the bound stays 2."""
+"""The largest ep that exchanges by the even split. Above it the worst-case grouped buffer (ep x
+even routing's) and the extra bytes cost more than the host read saves: the even split was faster
+at ep 2 and slower at ep 4 (docs/performance.md, "Expert parallel without the host read" and
+"Expert parallel 4: the host read stays")."""
 MIN_FILL = 0.75
 """Below it the even split moves more than 4/3 of the deduplicated exchange's bytes."""
 
