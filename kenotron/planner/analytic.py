@@ -43,8 +43,9 @@ Loss: fused chunked (C = min(chunk, T) tokens): keeps grad_h (T·d·c) and grad_
   is made after the logits' gradient), max(2·C·V·c, C·V·c + V·d·c) with several, or in the
   loss' backward (V + T)·d·c (·4 under autocast: fp32 weights and hidden states) if larger; with a second chunk of C' tokens
   C·V·c + 2·C'·V·c (the previous chunk's gradient is alive while the next one's logits and
-  log-softmax are computed). The Triton chunk kernel writes the gradient over the logits: one
-  C·V·c term less in each (tuning.loss_kernel = triton, auto's choice on CUDA). Plain: keeps logits (T·V·c/t) and
+  log-softmax are computed). The Triton chunk kernel (tuning.loss_kernel = triton, auto's choice
+  on CUDA) and the vocab-parallel loss's compiled step (tp > 1, any kernel but torch) write the
+  gradient over the logits: one C·V·c term less in each. Plain: keeps logits (T·V·c/t) and
   log-softmax (T·V·4/t); temporaries 2·T·V·4/t (fp32 copy and exp) -- the vocab-parallel
   loss adds one more T·V·4/t.
 Peak = max of these moments:

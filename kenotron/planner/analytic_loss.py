@@ -16,10 +16,11 @@ def loss_bytes(run: ResolvedRun, s: StepShape, fused: bool) -> tuple[int, int]:
     if fused:
         chunk = min(run.choices.loss_chunk_tokens, s.tokens)
         logits = allocated_bytes(chunk * V * c)
-        # The Triton kernel writes a chunk's gradient over its logits; PyTorch's softmax and the
-        # compiled step give it a second logits-sized buffer, as does the vocabulary-parallel loss
-        # (train/vocab_parallel_loss.py), which runs the compiled step where one device runs Triton.
-        in_place = run.choices.loss_kernel == "triton" and s.tp == 1
+        # The Triton kernel writes a chunk's gradient over its logits, as does the vocabulary-
+        # parallel loss's compiled step (train/vocab_parallel_loss.py, what it runs for "triton" and
+        # "compiled"); PyTorch's softmax and the one-device compiled step give it a second buffer.
+        kernel = run.choices.loss_kernel
+        in_place = kernel == "triton" if s.tp == 1 else kernel != "torch"
         gradient = 0 if in_place else logits
         if s.tokens <= chunk:
             # One chunk: the weight gradient is the chunk's product itself, kept in the matmul

@@ -27,8 +27,9 @@ gradient comes back a Shard(0) DTensor like the weight (FSDP reduces its dp dim 
 
 The chunk step is a `VocabChunkStep`: PyTorch's ops (CPU, and what the estimator runs on fake
 tensors), or the same math compiled by Inductor (a row reduction and a pointwise kernel over the
-logits; what CUDA runs: the one-device Triton kernel needs the global log-sum-exp in the middle
-of its row pass, which lives on the other ranks).
+logits, which the pointwise kernel overwrites with their gradient; what CUDA runs: the one-device
+Triton kernel needs the global log-sum-exp in the middle of its row pass, which lives on the
+other ranks).
 """
 
 from __future__ import annotations
@@ -82,11 +83,19 @@ def _local_grad(logits: torch.Tensor, lse: torch.Tensor, local_labels: torch.Ten
 
 
 def _local_grad_for_compile(logits: torch.Tensor, lse: torch.Tensor, local_labels: torch.Tensor) -> torch.Tensor:
-    """`_local_grad`'s values as one pointwise expression (the one-hot as a comparison), which
-    Inductor fuses into one kernel reading the logits and writing the gradient."""
+    """`_local_grad`'s values as one pointwise expression (the one-hot as a comparison), written
+    over the logits, which the chunk step no longer needs: Inductor fuses it into one kernel that
+    reads each logit and stores its gradient in its place (an input mutation), so the chunk holds
+    one logits-sized buffer, not two (the one-device Triton kernel does the same)."""
     vocab = torch.arange(logits.shape[1], device=logits.device)
     one_hot = (vocab[None, :] == local_labels[:, None]).to(lse.dtype)
-    return (torch.exp(_widened(logits) - lse[:, None]) - one_hot).to(logits.dtype)
+    return logits.copy_((torch.exp(_widened(logits) - lse[:, None]) - one_hot).to(logits.dtype))
+
+
+def _grad_buffer_on_fake(logits: torch.Tensor, lse: torch.Tensor, local_labels: torch.Tensor) -> torch.Tensor:
+    """What the compiled gradient step returns on the estimator's fake tensors: the logits' own
+    buffer, which it writes the gradient over (no new allocation)."""
+    return logits
 
 
 @dataclass(frozen=True)
@@ -96,7 +105,8 @@ class VocabChunkStep:
     stats: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
     """(h, w_local, local_labels) -> (logits, [2, tokens] fp32 per-shard log-sum-exp and target logit)."""
     grad: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
-    """(logits, global lse with +inf on ignored rows, local_labels) -> d(loss sum)/d(logits)."""
+    """(logits, global lse with +inf on ignored rows, local_labels) -> d(loss sum)/d(logits), which
+    may be written over the logits (the compiled step does)."""
 
 
 TORCH_STEP = VocabChunkStep(_local_stats, _local_grad)
@@ -116,9 +126,10 @@ class _EagerOnFake:
 
 
 def compiled_vocab_chunk_step() -> VocabChunkStep:
-    """The chunk step compiled by Inductor: the matmul and a row reduction, then one pointwise kernel."""
+    """The chunk step compiled by Inductor: the matmul and a row reduction, then one pointwise kernel
+    that writes the gradient over the logits."""
     return VocabChunkStep(_EagerOnFake(_local_stats, torch.compile(_local_stats_math, dynamic=False)),
-                          _EagerOnFake(_local_grad, torch.compile(_local_grad_for_compile, dynamic=False)))
+                          _EagerOnFake(_grad_buffer_on_fake, torch.compile(_local_grad_for_compile, dynamic=False)))
 
 
 def vocab_chunk_step_for(kernel: str) -> VocabChunkStep:
@@ -165,7 +176,7 @@ class _VocabParallelLinearCrossEntropy(torch.autograd.Function):
             lse, target = _global_lse_and_target(stats, mesh)
             loss += torch.where(valid_c, lse - target, 0.0).sum()
             g = step.grad(logits, torch.where(valid_c, lse, torch.inf), local_c)
-            del logits  # the gradient's buffer replaces it before the next chunk's
+            del logits  # the gradient is written over it, or (PyTorch's ops) replaces it before the next chunk's
             grad_h[start:stop] = g @ w
             part = g.t() @ hc[start:stop]
             grad_w = add_weight_part(grad_w, part, single_chunk)

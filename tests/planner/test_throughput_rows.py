@@ -26,6 +26,7 @@ DDP2 = " --parallelism.dp_replicate 2 --parallelism.dp_shard 1"
 NEVER = " --parallelism.fsdp_reshard_after_forward never"
 # fsdp_reduce_dtype auto (bf16 for the routed experts) came on 2026-11-27: MoE rows measured before ran in fp32.
 FP32 = " --parallelism.fsdp_reduce_dtype float32"
+BF16 = " --parallelism.fsdp_reduce_dtype bfloat16"
 # The vocabulary-parallel fused loss became tensor parallel's default on 2026-11-27: TP rows measured
 # before ran DTensor's loss_parallel() over whole local logits.
 PLAIN_TP = " --parallelism.tp 2 --tuning.loss plain"
@@ -186,6 +187,15 @@ H100_SCALING_ROWS = [
     # Run 120-121 (4 x H100, 2026-11-27): EP 4 by the host read; the 1B's TP after the backward fix.
     ("MoE EP 4", 4, "qwen3_moe_30b_a3b", MOE + " --compile.enable true --parallelism.ep 4", 92_099),
     ("1B FSDP 2 x TP 2", 4, "llama3_1b", B1 + " --parallelism.tp 2 --tuning.loss plain", 41_193),
+    # Runs 130 and 132 (one 4 x H100 host, 2026-11-28): the dense rows with their gradients reduced in
+    # bf16 beside the default's fp32, and the MoE rows on today's code.
+    ("1B 1 GPU (run 132)", 1, "llama3_1b", B1, 63_095),
+    ("1B FSDP 2 (run 132)", 2, "llama3_1b", B1, 59_173),
+    ("1B FSDP 2 bf16 reduction", 2, "llama3_1b", B1 + BF16, 59_685),
+    ("1B FSDP 4", 4, "llama3_1b", B1, 59_502),
+    ("1B FSDP 4 bf16 reduction", 4, "llama3_1b", B1 + BF16, 59_872),
+    ("MoE FSDP 2 (run 132)", 2, "qwen3_moe_30b_a3b", MOE + " --compile.enable true", 94_278),
+    ("MoE EP 4 (run 130)", 4, "qwen3_moe_30b_a3b", MOE + " --compile.enable true --parallelism.ep 4", 91_524),
 ]
 
 

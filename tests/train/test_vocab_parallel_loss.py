@@ -107,7 +107,23 @@ def test_compiled_chunk_step_equals_pytorch_ops():
     (logits, stats), (c_logits, c_stats) = TORCH_STEP.stats(h, w, local), compiled.stats(h, w, local)
     torch.testing.assert_close(c_stats, stats)
     lse = torch.where(local % 3 == 0, torch.inf, stats[0] + 0.5)  # ignored rows, and a global lse above the local
-    torch.testing.assert_close(compiled.grad(c_logits, lse, local), TORCH_STEP.grad(logits, lse, local))
+    expected = TORCH_STEP.grad(logits, lse, local)
+    buffer = c_logits.data_ptr()
+    grad = compiled.grad(c_logits, lse, local)
+    torch.testing.assert_close(grad, expected)
+    # Written over the logits: the chunk holds one logits-sized buffer, not two.
+    assert grad.data_ptr() == buffer
+
+
+def test_compiled_gradient_step_allocates_nothing_on_fake_tensors():
+    """The estimator's view of the compiled step: the gradient is the logits' own buffer."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from kenotron.train.vocab_parallel_loss import compiled_vocab_chunk_step
+
+    with FakeTensorMode():
+        logits, lse, local = torch.empty(12, VOCAB // 2), torch.empty(12), torch.zeros(12, dtype=torch.long)
+        assert compiled_vocab_chunk_step().grad(logits, lse, local) is logits
 
 
 def _loss_collectives(sequence_parallel: bool) -> dict[str, int]:
