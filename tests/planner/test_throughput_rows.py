@@ -21,6 +21,8 @@ MOE = "--model.n_layers 4 --training.local_batch_size 4 --training.seq_len 4096 
 # The 1B config's reshard `never` came on 2026-11-22: rows measured before it ran with `default`.
 OLD_1B = " --parallelism.fsdp_reshard_after_forward default"
 PP16 = " --training.local_batch_size 16 --parallelism.pp 4 --parallelism.pp_schedule"
+PP_EAGER = ("--training.seq_len 4096 --training.local_batch_size 16 --parallelism.pp 4 --compile.enable false "
+            "--activation_checkpoint.mode none --parallelism.pp_schedule ")
 PERF, PAR = "docs/performance.md", "docs/parallelism.md"
 DDP2 = " --parallelism.dp_replicate 2 --parallelism.dp_shard 1"
 NEVER = " --parallelism.fsdp_reshard_after_forward never"
@@ -196,6 +198,11 @@ H100_SCALING_ROWS = [
     ("1B FSDP 4 bf16 reduction", 4, "llama3_1b", B1 + BF16, 59_872),
     ("MoE FSDP 2 (run 132)", 2, "qwen3_moe_30b_a3b", MOE + " --compile.enable true", 94_278),
     ("MoE EP 4 (run 130)", 4, "qwen3_moe_30b_a3b", MOE + " --compile.enable true --parallelism.ep 4", 91_524),
+    # Run 135 (another 4 x H100 host, 2026-11-28): every pipeline schedule's timeline, eager, no AC.
+] + [
+    (f"1B PP 4 {schedule} b16 eager", 4, "llama3_1b", PP_EAGER + schedule, measured)
+    for schedule, measured in [("1F1B", 28_626), ("InterleavedZeroBubble", 25_738), ("ZBVZeroBubble", 29_160),
+                               ("DualPipeV", 30_014)]
 ]
 
 
