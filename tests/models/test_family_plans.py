@@ -36,4 +36,6 @@ def test_mistral_sliding_window_under_tp_matches_one_rank(tmp_path):
     model = ["--model.name", "mistral", "--training.seq_len", "160"]
     reference = run_steps(model, str(tmp_path / "ref"))
     results = run_on_ranks(2, run_steps, model + ["--parallelism.tp", "2", "--training.local_batch_size", "8"], str(tmp_path))
-    assert_parity(reference, results, loss_tol=1e-6, grad_tol=1e-6)
+    # The loss (~8.8, summed over 1,280 tokens in another order under the vocabulary-parallel loss)
+    # within 4 fp32 ulps: on an AVX-512 CPU the first step's differs by 2 (1.9e-6), on AVX2 by less.
+    assert_parity(reference, results, loss_tol=4e-6, grad_tol=1e-6)
