@@ -20,6 +20,8 @@ F8 = "--training.local_batch_size 2 --training.seq_len 8192 --activation_checkpo
 MOE = "--model.n_layers 4 --training.local_batch_size 4 --training.seq_len 4096 --activation_checkpoint.mode none"
 # The 1B config's reshard `never` came on 2026-11-22: rows measured before it ran with `default`.
 OLD_1B = " --parallelism.fsdp_reshard_after_forward default"
+DS = ("--model.n_layers 6 --model.mtp_depth 0 --training.local_batch_size 4 --training.seq_len 4096 "
+      "--activation_checkpoint.mode none --compile.enable true")
 PP16 = " --training.local_batch_size 16 --parallelism.pp 4 --parallelism.pp_schedule"
 PP_EAGER = ("--training.seq_len 4096 --training.local_batch_size 16 --parallelism.pp 4 --compile.enable false "
             "--activation_checkpoint.mode none --parallelism.pp_schedule ")
@@ -94,6 +96,11 @@ ROWS = [
     # Measured on the host-read exchange; ep 2 now runs the even split (parallel/expert_even_split.py).
     ("MoE 4L EP 2", 2, "qwen3_moe_30b_a3b", MOE + " --compile.enable true --parallelism.ep 2" + FP32, 98_662,
      f"{PERF}, run 74", TOLERANCE),
+    # DeepSeek-V3 16B width, 6 layers, no MTP (docs/performance.md, run 106: one GPU, and EP 2 by the
+    # even split keeping the received rows).
+    ("DeepSeek-V3 16B width 6L, 1 GPU", 1, "deepseek_v3_16b", DS, 91_440, f"{PERF}, run 106", TOLERANCE),
+    ("DeepSeek-V3 16B width 6L EP 2", 2, "deepseek_v3_16b", DS + " --parallelism.ep 2", 80_002, f"{PERF}, run 106",
+     TOLERANCE),
     # Weak scaling on 4 x H200, 2026-11-27 (docs/performance.md, runs 75-78).
     ("1B FSDP 4 (run 75)", 4, "llama3_1b", B1, 61_718, f"{PERF}, run 75", TOLERANCE),
     ("MoE 4L EP 4", 4, "qwen3_moe_30b_a3b", MOE + " --compile.enable true --parallelism.ep 4" + FP32, 96_365,
@@ -198,6 +205,9 @@ H100_SCALING_ROWS = [
     ("1B FSDP 4 bf16 reduction", 4, "llama3_1b", B1 + BF16, 59_872),
     ("MoE FSDP 2 (run 132)", 2, "qwen3_moe_30b_a3b", MOE + " --compile.enable true", 94_278),
     ("MoE EP 4 (run 130)", 4, "qwen3_moe_30b_a3b", MOE + " --compile.enable true --parallelism.ep 4", 91_524),
+    # DeepSeek-V3 on H100: one GPU (run 82) and EP 4 by the host read (run 136).
+    ("DeepSeek-V3 16B width 6L, 1 GPU (run 82)", 1, "deepseek_v3_16b", DS, 85_309),
+    ("DeepSeek-V3 16B width 6L EP 4", 4, "deepseek_v3_16b", DS + " --parallelism.ep 4", 75_544),
     # Run 135 (another 4 x H100 host, 2026-11-28): every pipeline schedule's timeline, eager, no AC.
 ] + [
     (f"1B PP 4 {schedule} b16 eager", 4, "llama3_1b", PP_EAGER + schedule, measured)
