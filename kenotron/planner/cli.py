@@ -13,11 +13,13 @@ import json
 import sys
 from pathlib import Path
 
+import torch
+
 from kenotron.config import ConfigError, load_config, split_config_arg
 from kenotron.estimate.memory import default_gpu_memory_gib, estimate_run
 from kenotron.planner.closed_form_column import add_closed_form
 from kenotron.planner.cp_scheme_choice import settle_cp_scheme
-from kenotron.planner.hardware import Hardware
+from kenotron.planner.hardware import HBM_BYTES_PER_S, Hardware, for_gpu, gpu_kind
 from kenotron.planner.prediction import predict
 from kenotron.planner.reshard_choice import settle_reshard_after_forward
 from kenotron.planner.search import SEARCH_LEGEND, format_search, search_layouts
@@ -25,6 +27,13 @@ from kenotron.train.resolve import resolve_run
 
 CONFIG_ERRORS = (ConfigError, FileNotFoundError)  # PlanError, ParallelConfigError, UnknownModelError are ConfigErrors
 """What a bad config raises; reported as the trainer reports them (`kenotron: config error: ...`)."""
+
+
+def visible_gpu_kind() -> str:
+    """The visible CUDA GPU's kind for the prediction (throughput model's `for_gpu`), else h200."""
+    if torch.cuda.is_available():
+        return gpu_kind(torch.cuda.get_device_name(0)) or "h200"
+    return "h200"
 
 
 def parser(prog: str = "python estimation.py") -> argparse.ArgumentParser:
@@ -52,6 +61,9 @@ def parser(prog: str = "python estimation.py") -> argparse.ArgumentParser:
     p.add_argument("--top", type=int, default=10, help="--search: candidates listed")
     p.add_argument("--confirm", type=int, default=3, help="--search: best candidates re-checked on fake tensors")
     defaults = Hardware()
+    p.add_argument("--gpu", choices=sorted(HBM_BYTES_PER_S), default=None,
+                   help="the GPUs of the predicted tokens/s (their memory bandwidth; default: the visible GPU's "
+                        "kind, else h200)")
     p.add_argument("--gpus-per-node", type=int, default=defaults.gpus_per_node,
                    help="GPUs joined by NVLink, for the predicted tokens/s (default %(default)s)")
     p.add_argument("--node-gb-s", type=float, default=defaults.nvlink_bytes_per_s / 1e9,
@@ -83,8 +95,8 @@ def main(argv: list[str] | None = None, prog: str = "python estimation.py") -> i
         print(f"kenotron: --document-tokens {args.document_tokens} is not a mean document length; use a value >= 1 "
               "(tokens)", file=sys.stderr)
         return 2
-    hw = dataclasses.replace(Hardware(), gpus_per_node=args.gpus_per_node, nvlink_bytes_per_s=args.node_gb_s * 1e9,
-                             network_bytes_per_s=args.network_gb_s * 1e9)
+    hw = dataclasses.replace(for_gpu(args.gpu or visible_gpu_kind()), gpus_per_node=args.gpus_per_node,
+                             nvlink_bytes_per_s=args.node_gb_s * 1e9, network_bytes_per_s=args.network_gb_s * 1e9)
     budget = args.gpu_memory_gib if args.gpu_memory_gib is not None else default_gpu_memory_gib()
     try:
         cfg = load_config(config_path, overrides)

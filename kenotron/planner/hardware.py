@@ -3,13 +3,16 @@ bandwidths (docs/estimation.md, Throughput model, says where each figure comes f
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
 class Hardware:
-    """The cluster the throughput model assumes (one H200 SXM per GPU)."""
+    """The cluster the throughput model assumes (one H200 SXM per GPU; `for_gpu` gives the H100's)."""
 
+    gpu: str = "H200"
+    """The GPU's name, as the prediction states it."""
     peak_flops: float = 989e12
     """Dense bf16 FLOP/s of one GPU (H100 / H200 SXM)."""
     matmul_efficiency: float = 0.705
@@ -48,3 +51,24 @@ class Hardware:
     ep_sync_s: float = 2.5e-3
     """GPU idle per MoE layer's forward under expert parallelism: the host reads the split sizes
     (a synchronization), then launches the rest of the layer (fitted to the 2 × H200 EP row)."""
+
+
+HBM_BYTES_PER_S = {"h200": 4.8e12, "h100": 3.35e12}
+"""The SXM parts' memory bandwidth on their spec sheets. Both have the same bf16 peak and NVLink:
+the model's H100 keeps the H200's fitted constants and scales B_mem by the ratio, which holds the
+H100 rows of docs/performance.md within 15% (tests/planner/test_throughput_rows.py), where the
+H200's constants over-predict them by up to 26%."""
+
+
+def for_gpu(kind: str) -> Hardware:
+    """The default cluster with `kind`'s GPUs ("h100" or "h200")."""
+    if kind not in HBM_BYTES_PER_S:
+        raise ValueError(f"unknown GPU kind {kind!r}; use one of {', '.join(sorted(HBM_BYTES_PER_S))}")
+    h200 = Hardware()
+    return dataclasses.replace(h200, gpu=kind.upper(),
+                               memory_bytes_per_s=h200.memory_bytes_per_s * HBM_BYTES_PER_S[kind] / HBM_BYTES_PER_S["h200"])
+
+
+def gpu_kind(device_name: str) -> str | None:
+    """The kind `for_gpu` knows in a CUDA device's name ("NVIDIA H100 80GB HBM3" -> "h100"), else None."""
+    return next((kind for kind in HBM_BYTES_PER_S if kind.upper() in device_name.upper()), None)

@@ -16,8 +16,8 @@ def network(hw: Hardware, world: int) -> str:
     nodes = -(-world // hw.gpus_per_node)
     inside = f"{hw.nvlink_bytes_per_s / 1e9:.0f} GB/s bus bandwidth inside a node"
     if nodes == 1:
-        return f"{world} GPUs in one node, {inside}"
-    return (f"{world} GPUs, {hw.gpus_per_node} per node ({nodes} nodes), {inside}, "
+        return f"{world} {hw.gpu} GPUs in one node, {inside}"
+    return (f"{world} {hw.gpu} GPUs, {hw.gpus_per_node} per node ({nodes} nodes), {inside}, "
             f"{hw.network_bytes_per_s / 1e9:.0f} GB/s per GPU between nodes")
 
 

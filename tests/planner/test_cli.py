@@ -102,7 +102,7 @@ def test_the_estimate_ends_with_the_predicted_tokens_per_s_on_the_stated_network
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "Predicted by the throughput model, not measured:" in out
-    assert "16 GPUs, 8 per node (2 nodes), 200 GB/s bus bandwidth inside a node, 25 GB/s per GPU between nodes" in out
+    assert "16 H200 GPUs, 8 per node (2 nodes), 200 GB/s bus bandwidth inside a node, 25 GB/s per GPU between nodes" in out
     # A slower network between the nodes predicts fewer tokens/s for the same layout.
     assert main([*args[:-1], "5"]) == 0
     slow = capsys.readouterr().out
@@ -111,6 +111,32 @@ def test_the_estimate_ends_with_the_predicted_tokens_per_s_on_the_stated_network
         return float(text.split("not measured: ")[1].split(" tokens/s")[0].replace(",", ""))
 
     assert predicted(slow) < predicted(out)
+
+
+def _predicted(text: str) -> float:
+    return float(text.split("not measured: ")[1].split(" tokens/s")[0].replace(",", ""))
+
+
+def test_the_prediction_names_the_gpu_and_an_h100_predicts_less_than_an_h200(capsys):
+    # Same peak FLOP/s, 30% less memory bandwidth: the streaming kernels (norms, optimizer) take longer.
+    args = ["--config", "llama3_1b", "--ngpu", "2", "--training.local_batch_size", "1", "--training.seq_len", "2048"]
+    assert main([*args, "--gpu", "h100"]) == 0
+    h100 = capsys.readouterr().out
+    assert main([*args, "--gpu", "h200"]) == 0
+    h200 = capsys.readouterr().out
+    assert "on 2 H100 GPUs in one node" in h100 and "on 2 H200 GPUs in one node" in h200
+    assert _predicted(h100) < _predicted(h200)
+
+
+def test_gpu_kinds_are_read_from_cuda_device_names_and_unknown_ones_are_refused():
+    from kenotron.planner.hardware import for_gpu, gpu_kind
+
+    assert gpu_kind("NVIDIA H100 80GB HBM3") == "h100"
+    assert gpu_kind("NVIDIA H200") == "h200"
+    assert gpu_kind("NVIDIA A100-SXM4-80GB") is None
+    assert for_gpu("h100").memory_bytes_per_s == pytest.approx(for_gpu("h200").memory_bytes_per_s * 3.35 / 4.8)
+    with pytest.raises(ValueError, match="unknown GPU kind 'a100'; use one of h100, h200"):
+        for_gpu("a100")
 
 
 @pytest.mark.parametrize("flag", ["--gpus-per-node", "--node-gb-s", "--network-gb-s"])

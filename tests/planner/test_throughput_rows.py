@@ -9,6 +9,7 @@ import pytest
 
 from kenotron.config import load_config
 from kenotron.planner import AnalyticModel, Hardware, step_time
+from kenotron.planner.hardware import for_gpu
 from kenotron.train.resolve import resolve_run
 
 TOLERANCE = 0.15
@@ -145,7 +146,7 @@ SLOW_LINK_ROWS = [
 ]
 
 
-H100 = Hardware(memory_bytes_per_s=Hardware().memory_bytes_per_s * 3.35 / 4.8)
+H100 = for_gpu("h100")
 """One H100 SXM: the H200's peak FLOP/s and NVLink, 3.35 TB/s of HBM against the H200's 4.8 (the
 streaming kernels keep the same share of it)."""
 
