@@ -58,6 +58,13 @@ _MAMBA2_13B = [
     "--training.param_dtype", "bfloat16",
 ]
 
+# DeepSeek-V3 16B width, 6 layers (1 dense + 5 MoE), no MTP: torchtitan 0.2.2's deepseek_v3 16B
+# flavor has none (scripts/bench_torchtitan.py --model deepseek_v3 --flavor 16B --n-layers 6).
+_DS_16B_6L = [
+    "--config", "deepseek_v3_16b", "--model.n_layers", "6", "--model.mtp_depth", "0", "--training.local_batch_size",
+    "4", "--training.seq_len", "4096", "--activation_checkpoint.mode", "none",
+]
+
 # Named sets of cases: the shapes of the reference figures (see docs/performance.md).
 PRESETS: dict[str, dict[str, list[str]]] = {
     "h200-1gpu": {
@@ -125,11 +132,12 @@ PRESETS: dict[str, dict[str, list[str]]] = {
         "Qwen3-30B-A3B width 4L b4x4096 compiled": _MOE_30B_4L + ["--compile.enable", "true"],
         "Qwen3-30B-A3B width 4L b4x4096 eager": _MOE_30B_4L + ["--compile.enable", "false"],
     },
-    # Weak scaling (issue 33): the same per-GPU shapes as the 1-GPU rows, on 2 and 4 GPUs over
-    # NCCL (`--ngpu 2` / `--ngpu 4`); "1gpu-scaling" gives the 1-GPU figures they divide by.
+    # Weak scaling (issues 33 and 36): the same per-GPU shapes as the 1-GPU rows, on 2 and 4 GPUs
+    # over NCCL (`--ngpu 2` / `--ngpu 4`); "1gpu-scaling" gives the 1-GPU figures they divide by.
     "1gpu-scaling": {
         "1B b4x4096 compiled": _1B + ["--compile.enable", "true"],
         "Qwen3-30B-A3B width 4L b4x4096 compiled": _MOE_30B_4L + ["--compile.enable", "true"],
+        "DeepSeek-V3 16B width 6L b4x4096 compiled": _DS_16B_6L + ["--compile.enable", "true"],
     },
     "2gpu-scaling": {
         "1B b4x4096 FSDP2 compiled": _1B + ["--compile.enable", "true"],
@@ -138,11 +146,15 @@ PRESETS: dict[str, dict[str, list[str]]] = {
         "Qwen3-30B-A3B width 4L b4x4096 FSDP2 compiled": _MOE_30B_4L + ["--compile.enable", "true"],
         "Qwen3-30B-A3B width 4L b4x4096 EP2 compiled": _MOE_30B_4L + ["--compile.enable", "true",
                                                                       "--parallelism.ep", "2"],
+        "DeepSeek-V3 16B width 6L b4x4096 EP2 compiled": _DS_16B_6L + ["--compile.enable", "true",
+                                                                       "--parallelism.ep", "2"],
     },
     "4gpu-scaling": {
         "1B b4x4096 FSDP4 compiled": _1B + ["--compile.enable", "true"],
         "Qwen3-30B-A3B width 4L b4x4096 EP4 compiled": _MOE_30B_4L + ["--compile.enable", "true",
                                                                       "--parallelism.ep", "4"],
+        "DeepSeek-V3 16B width 6L b4x4096 EP4 compiled": _DS_16B_6L + ["--compile.enable", "true",
+                                                                       "--parallelism.ep", "4"],
     },
     # Tensor parallel (issue 33): TP 2 inside each pair of GPUs, FSDP over the pairs on 4 GPUs;
     # `--ngpu 2` runs TP 2 alone. torchtitan's side: scripts/bench_torchtitan.py --tp 2. The
