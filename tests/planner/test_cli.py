@@ -119,7 +119,7 @@ def _predicted(text: str) -> float:
 
 def test_the_prediction_names_the_gpu_and_an_h100_predicts_less_than_an_h200(capsys):
     # Same peak FLOP/s, 30% less memory bandwidth: the streaming kernels (norms, optimizer) take longer.
-    args = ["--config", "llama3_1b", "--ngpu", "2", "--training.local_batch_size", "1", "--training.seq_len", "2048"]
+    args = ["--config", "debug", "--ngpu", "2"]
     assert main([*args, "--gpu", "h100"]) == 0
     h100 = capsys.readouterr().out
     assert main([*args, "--gpu", "h200"]) == 0
