@@ -8,6 +8,7 @@ from kenotron.estimate.static_memory import FP32
 from kenotron.planner.step_shape import StepShape
 from kenotron.train.mtp import fused_heads
 from kenotron.train.resolve import ResolvedRun
+from kenotron.train.vocab_parallel_loss import writes_gradient_over_logits
 
 
 def loss_bytes(run: ResolvedRun, s: StepShape, fused: bool) -> tuple[int, int]:
@@ -16,11 +17,8 @@ def loss_bytes(run: ResolvedRun, s: StepShape, fused: bool) -> tuple[int, int]:
     if fused:
         chunk = min(run.choices.loss_chunk_tokens, s.tokens)
         logits = allocated_bytes(chunk * V * c)
-        # The Triton kernel writes a chunk's gradient over its logits, as does the vocabulary-
-        # parallel loss's compiled step (train/vocab_parallel_loss.py, what it runs for "triton" and
-        # "compiled"); PyTorch's softmax and the one-device compiled step give it a second buffer.
-        kernel = run.choices.loss_kernel
-        in_place = kernel == "triton" if s.tp == 1 else kernel != "torch"
+        # PyTorch's softmax and the one-device compiled step give the gradient a second buffer.
+        in_place = writes_gradient_over_logits(run.choices.loss_kernel, vocab_parallel=s.tp > 1)
         gradient = 0 if in_place else logits
         if s.tokens <= chunk:
             # One chunk: the weight gradient is the chunk's product itself, kept in the matmul

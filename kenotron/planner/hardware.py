@@ -55,9 +55,8 @@ class Hardware:
 
 HBM_BYTES_PER_S = {"h200": 4.8e12, "h100": 3.35e12}
 """The SXM parts' memory bandwidth on their spec sheets. Both have the same bf16 peak and NVLink:
-the model's H100 keeps the H200's fitted constants and scales B_mem by the ratio, which holds the
-H100 rows of docs/performance.md within 15% (tests/planner/test_throughput_rows.py), where the
-H200's constants over-predict them by up to 26%."""
+the model's H100 keeps the H200's fitted constants and scales B_mem by the ratio (how well that
+holds: docs/estimation.md, Throughput model; tests/planner/test_throughput_rows.py)."""
 
 
 def for_gpu(kind: str) -> Hardware:

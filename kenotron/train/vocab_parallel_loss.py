@@ -138,6 +138,13 @@ def vocab_chunk_step_for(kernel: str) -> VocabChunkStep:
     return TORCH_STEP if kernel == "torch" else compiled_vocab_chunk_step()
 
 
+def writes_gradient_over_logits(kernel: str, vocab_parallel: bool) -> bool:
+    """Whether the fused loss's chunk step for a resolved `tuning.loss_kernel` (`loss_chunk_step_for`)
+    writes each chunk's gradient over its logits instead of a second logits-sized buffer: the
+    one-device Triton kernel, and this module's compiled step (every kernel but "torch")."""
+    return kernel != "torch" if vocab_parallel else kernel == "triton"
+
+
 def loss_chunk_step_for(kernel: str, vocab_parallel: bool) -> Callable | VocabChunkStep | None:
     """The fused loss's chunk step for a resolved `tuning.loss_kernel`: this module's under tensor
     parallel (`vocab_parallel`), else train/fused_loss.py's `chunk_fn_for` (None: PyTorch's ops)."""

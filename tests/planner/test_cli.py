@@ -96,6 +96,10 @@ def test_estimation_help_names_config_and_explains_the_search_columns(capsys):
         assert column in out
 
 
+def _predicted(text: str) -> float:
+    return float(text.split("not measured: ")[1].split(" tokens/s")[0].replace(",", ""))
+
+
 def test_the_estimate_ends_with_the_predicted_tokens_per_s_on_the_stated_network(capsys):
     args = ["--config", "debug", "--ngpu", "16", "--gpus-per-node", "8", "--node-gb-s", "200",
             "--network-gb-s", "25"]
@@ -106,15 +110,7 @@ def test_the_estimate_ends_with_the_predicted_tokens_per_s_on_the_stated_network
     # A slower network between the nodes predicts fewer tokens/s for the same layout.
     assert main([*args[:-1], "5"]) == 0
     slow = capsys.readouterr().out
-
-    def predicted(text: str) -> float:
-        return float(text.split("not measured: ")[1].split(" tokens/s")[0].replace(",", ""))
-
-    assert predicted(slow) < predicted(out)
-
-
-def _predicted(text: str) -> float:
-    return float(text.split("not measured: ")[1].split(" tokens/s")[0].replace(",", ""))
+    assert _predicted(slow) < _predicted(out)
 
 
 def test_the_prediction_names_the_gpu_and_an_h100_predicts_less_than_an_h200(capsys):
