@@ -37,11 +37,9 @@ from torch import nn
 from torch.nn.attention.flex_attention import BlockMask
 
 from kenotron.models.common.flex_attention import MaskMod, build_block_mask, flex_attend
+from kenotron.parallel.collectives import all_gather_single
 from kenotron.parallel.context.documents import SequenceDocuments, check_documents
 from kenotron.parallel.context.layout import SequenceLayout
-
-# torch 2.13 renames all_gather_into_tensor (a FutureWarning on every call); 2.11 has only the old name.
-_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
 class _GatherSequence(torch.autograd.Function):
@@ -52,7 +50,7 @@ class _GatherSequence(torch.autograd.Function):
     def forward(ctx, x: torch.Tensor, group: dist.ProcessGroup, layout: SequenceLayout):  # type: ignore[override]
         ctx.group, ctx.layout = group, layout
         gathered = x.new_empty(layout.cp * x.numel())  # flat: gloo's all-gather takes no leading rank dim
-        _all_gather_single(gathered, x.contiguous().view(-1), group=group)
+        all_gather_single(gathered, x.contiguous().view(-1), group=group)
         return layout.unshard(list(gathered.view(layout.cp, *x.shape).unbind(0)), dim=2)
 
     @staticmethod

@@ -33,6 +33,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from kenotron.parallel.collectives import all_gather_single
 from kenotron.parallel.context.block_math import (
     group_heads,
     merge_partial,
@@ -68,8 +69,6 @@ class _Ring:
         return recv, works
 
 
-# torch 2.13 renames all_gather_into_tensor (a FutureWarning on every call); 2.11 has only the old name.
-_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
 def _wait(works: list[dist.Work]) -> None:
@@ -101,7 +100,7 @@ def _kv_blocks(
     packed = _pack(k, v)
     if method == "allgather":
         gathered = packed.new_empty(ring.size * packed.numel())
-        work = _all_gather_single(gathered, packed, group=ring.group, async_op=True)
+        work = all_gather_single(gathered, packed, group=ring.group, async_op=True)
         yield ring.rank, k, v
         work.wait()
         blocks = gathered.chunk(ring.size)
