@@ -2,7 +2,8 @@
 
 torch 2.13 renames `all_gather_into_tensor` and `reduce_scatter_tensor` to `all_gather_single` and
 `reduce_scatter_single` (the old names warn on every call); torch 2.11 has only the old names.
-Both take flat buffers of `ranks ×` the input's size along dim 0: gloo refuses a leading rank dim.
+Their large buffer is flat, `ranks ×` the other's size along dim 0: gloo refuses a leading rank
+dimension.
 """
 
 from __future__ import annotations

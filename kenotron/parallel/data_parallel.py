@@ -31,7 +31,8 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from kenotron.degrees import ddp_alone
 from kenotron.parallel.dims import Meshes
-from kenotron.parallel.fsdp_gradient_pool import allocate_gradients_in_compute_pool
+from kenotron.parallel.fsdp_gradient_pool import install_reduce_scatters
+from kenotron.parallel.fsdp_wire import wire_dtype
 from kenotron.parallel.gradient_all_reduce import GradientAllReduce
 from kenotron.parallel.model_layout import ModelLayout, matching_modules
 from kenotron.parallel.parallel_settings import ParallelSettings
@@ -102,9 +103,6 @@ def apply_data_parallel(model: nn.Module, meshes: Meshes, layout: ModelLayout, s
                         pipeline: PipelineSplit | None) -> DataParallelState:
     """A plan's data-parallel step: wrap each unit, then the root, in FSDP (or its replicate-only variant)."""
     st = settings
-    dense_reduce, expert_reduce = st.reduce_dtypes()
-    mp = MixedPrecisionPolicy(param_dtype=DTYPES[st.param_dtype], reduce_dtype=DTYPES[dense_reduce])
-    expert_mp = MixedPrecisionPolicy(param_dtype=DTYPES[st.param_dtype], reduce_dtype=DTYPES[expert_reduce])
     units = [m for pattern in layout.fsdp_units for _, m in matching_modules(model, pattern)]
 
     if st.dp_mode == "zero1":
@@ -124,6 +122,13 @@ def apply_data_parallel(model: nn.Module, meshes: Meshes, layout: ModelLayout, s
         if mesh is None:
             return DataParallelState(None, None)
 
+    # The dtype each unit's gradients are summed in, and the one FSDP sends them in (fsdp_wire.py).
+    dense_reduce, expert_reduce = st.reduce_dtypes()
+    has_hook = hasattr(FSDPModule, "set_custom_reduce_scatter")
+    dense_wire, expert_wire = (wire_dtype(r, st.param_dtype, kind, mesh.device_type, has_hook)
+                               for r in (dense_reduce, expert_reduce))
+    mp = MixedPrecisionPolicy(param_dtype=DTYPES[st.param_dtype], reduce_dtype=DTYPES[dense_wire])
+    expert_mp = MixedPrecisionPolicy(param_dtype=DTYPES[st.param_dtype], reduce_dtype=DTYPES[expert_wire])
     if kind == "ddp" and ddp_alone(st.dp_mode, meshes.dims.degrees()):
         # DDP alone: each gradient all-reduced in place as backward finishes it, in the precision
         # one GPU trains in (settle_precision reads the same ddp_alone), faster than FSDP's
@@ -161,9 +166,12 @@ def apply_data_parallel(model: nn.Module, meshes: Meshes, layout: ModelLayout, s
         # once, and a loss that reads the output weight after forward relies on it).
         root_kwargs = {"reshard_after_forward": False} if st.reshard_after_forward == "never" else {}
         fully_shard(model, mesh=mesh, mp_policy=mp, **root_kwargs)
-        if st.gradients_in_compute_pool and kind == "fsdp" and mesh.device_type == "cuda":
+        dense_sums = DTYPES[dense_reduce] if dense_wire != dense_reduce else None
+        expert_sums = DTYPES[expert_reduce] if expert_wire != expert_reduce else None
+        if kind == "fsdp" and mesh.device_type == "cuda" and (st.gradients_in_compute_pool or dense_sums or expert_sums):
             device = torch.device("cuda", torch.cuda.current_device())
-            if not allocate_gradients_in_compute_pool([*experts, *units, *([head] if head else []), model], device):
+            wrapped = [(e, expert_sums) for e in experts] + [(u, dense_sums) for u in [*units, *([head] if head else []), model]]
+            if not install_reduce_scatters(wrapped, device, st.gradients_in_compute_pool):
                 warnings.warn(
                     f"torch {torch.__version__} has no FSDPModule.set_custom_reduce_scatter: the sharded "
                     "gradients stay in the reduce-scatter stream's memory pool; set "

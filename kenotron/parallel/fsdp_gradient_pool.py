@@ -18,9 +18,16 @@ pending. Two cases:
   `record_stream` would keep it out of reach until the allocator sees the reduce-scatter
   stream's event done, which, with the host running ahead of the GPU, is after the next
   forward has asked for memory: reserved memory grows instead.
-- The output is freed during the backward (cast to the parameters' dtype, or added into
-  existing gradients, on the reduce-scatter stream): `record_stream` on that stream, so the
-  memory is reused as soon as that work is done rather than held to the end of the backward.
+- The output is freed during the backward (added into existing gradients on the
+  reduce-scatter stream): `record_stream` on that stream, so the memory is reused as soon as
+  that work is done rather than held to the end of the backward.
+A reduction in a lower precision than the parameters' (bf16 gradients of fp32 parameters:
+`fsdp_reduce_dtype` bfloat16, or auto's routed experts) would be cast by FSDP to the parameters'
+dtype on its reduce-scatter stream, in a new tensor of that stream's pool: the gradients out of
+reach again (+1.6–3.1 GiB reserved on the 1B, +7 GiB on the MoE, docs/performance.md). So the
+output is allocated in the parameters' dtype, which FSDP then leaves as it is, and the
+reduce-scatter writes its reduce-dtype result into a transient buffer and casts it into the
+output: the same values, one cast as before.
 Plain FSDP only: HSDP also works on the output on an all-reduce stream.
 """
 
@@ -30,6 +37,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
+
+from kenotron.parallel.collectives import reduce_scatter_single
+from kenotron.parallel.fsdp_wire import all_to_all_sum
 
 try:  # public in newer torch builds, private in 2.11
     from torch.distributed.fsdp import ReduceScatter
@@ -50,18 +60,33 @@ def becomes_gradients(dtype: torch.dtype, params: list[nn.Parameter]) -> bool:
     return bool(params) and all(p.dtype == dtype and p.grad is None for p in params)
 
 
-class ComputePoolReduceScatter(ReduceScatter):
-    """One FSDP module's reduce-scatter with its buffers allocated from `compute`'s pool."""
+def output_dtype(reduce_dtype: torch.dtype, params: list[nn.Parameter]) -> torch.dtype:
+    """The dtype to allocate a reduce-scatter's output in: the parameters' (all of one dtype),
+    which FSDP would cast a lower-precision result to anyway; else the reduce dtype."""
+    dtypes = {p.dtype for p in params}
+    return dtypes.pop() if len(dtypes) == 1 else reduce_dtype
 
-    def __init__(self, compute: torch.cuda.Stream, params: list[nn.Parameter]) -> None:
+
+class UnitReduceScatter(ReduceScatter):
+    """One FSDP unit's reduce-scatter: its output allocated in the parameters' dtype, from
+    `compute`'s pool when `in_compute_pool`, and summed in `sum_dtype` where that differs from
+    the dtype FSDP sends (fsdp_wire.py: fp32 sums of bf16 gradients sent as bf16)."""
+
+    def __init__(self, compute: torch.cuda.Stream, params: list[nn.Parameter], *, in_compute_pool: bool = True,
+                 sum_dtype: torch.dtype | None = None) -> None:
         self.compute = compute
         self.params = params
+        self.in_compute_pool = in_compute_pool
+        self.sum_dtype = sum_dtype
         self._held: list[torch.Tensor] = []
         self._streams: list[torch.cuda.Stream] = []
 
     def allocate(self, size, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         current = torch.cuda.current_stream(device)
         if current == self.compute:  # the input buffer: FSDP fills it on the compute stream
+            return torch.empty(*size, dtype=dtype, device=device)
+        dtype = output_dtype(dtype, self.params)
+        if not self.in_compute_pool:
             return torch.empty(*size, dtype=dtype, device=device)
         with torch.cuda.stream(self.compute):
             tensor = torch.empty(*size, dtype=dtype, device=device)
@@ -89,19 +114,40 @@ class ComputePoolReduceScatter(ReduceScatter):
         self._streams.clear()
 
     def __call__(self, output_tensor, input_tensor, group, op, async_op: bool = False):
-        return dist.reduce_scatter_tensor(output_tensor, input_tensor, op=op, group=group, async_op=async_op)
+        if self.sum_dtype is not None and output_tensor.dtype == self.sum_dtype != input_tensor.dtype:
+            if async_op:
+                raise ValueError("the bf16-wire reduce-scatter runs synchronously on its stream")
+            return all_to_all_sum(output_tensor, input_tensor, group, op)
+        return reduce_scatter_into(output_tensor, input_tensor, group, op, async_op)
 
 
-def allocate_gradients_in_compute_pool(units: list[nn.Module | list[nn.Module]], device: torch.device) -> bool:
-    """Install a compute-pool reduce-scatter on every FSDP unit (a module, or a list of modules
-    wrapped as one unit; the compute stream is the current one); False where this torch build
-    has no custom reduce-scatter hook."""
-    groups = [unit if isinstance(unit, list) else [unit] for unit in units]
-    if not all(hasattr(m, "set_custom_reduce_scatter") for group in groups for m in group):
+def reduce_scatter_into(output: torch.Tensor, input: torch.Tensor, group: dist.ProcessGroup, op,
+                        async_op: bool = False) -> dist.Work | None:
+    """Reduce-scatter `input` in its own dtype into `output`, cast where `output`'s dtype differs
+    (through a transient buffer of the current stream, freed after its use there)."""
+    if output.dtype == input.dtype:
+        return reduce_scatter_single(output, input, op=op, group=group, async_op=async_op)
+    if async_op:
+        raise ValueError(f"a reduce-scatter cast from {input.dtype} to {output.dtype} runs synchronously on its stream")
+    reduced = torch.empty(output.shape, dtype=input.dtype, device=output.device)
+    reduce_scatter_single(reduced, input, op=op, group=group)
+    output.copy_(reduced)
+    return None
+
+
+def install_reduce_scatters(units: list[tuple[nn.Module | list[nn.Module], torch.dtype | None]],
+                            device: torch.device, in_compute_pool: bool) -> bool:
+    """Install a `UnitReduceScatter` on every FSDP unit (a module, or a list of modules wrapped as
+    one unit), each with the dtype its gradients sum in where it is not the one FSDP sends (else
+    None); the compute stream is the current one. False where this torch build has no custom
+    reduce-scatter hook."""
+    groups = [(unit if isinstance(unit, list) else [unit], sums) for unit, sums in units]
+    if not all(hasattr(m, "set_custom_reduce_scatter") for group, _ in groups for m in group):
         return False
     compute = torch.cuda.current_stream(device)
-    for group in groups:
+    for group, sums in groups:
         # The modules of one unit share its state: one hook covers all their parameters.
         params = [p for module in group for p in own_parameters(module)]
-        group[0].set_custom_reduce_scatter(ComputePoolReduceScatter(compute, params))
+        group[0].set_custom_reduce_scatter(
+            UnitReduceScatter(compute, params, in_compute_pool=in_compute_pool, sum_dtype=sums))
     return True

@@ -83,6 +83,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from kenotron.estimate.static_memory import data_parallel_kind, ddp_by_hooks, master_weights, zero1_ranks
+from kenotron.parallel.fsdp_wire import wire_dtype
 from kenotron.planner.analytic_model import AnalyticModel
 from kenotron.planner.analytic_moe import all_to_all_seconds
 from kenotron.planner.hardware import Hardware
@@ -242,8 +243,12 @@ def step_time(run: ResolvedRun, model: AnalyticModel, hw: Hardware | None = None
 
     kind = data_parallel_kind(run)
     dp_time, tail = 0.0, 0.0
-    # params.local counts fp32 bytes; under fsdp_reduce_dtype auto the routed experts reduce in bf16.
-    reduce_scale, expert_scale = (0.5 if dtype == "bfloat16" else 1.0 for dtype in run.plan.settings.reduce_dtypes())
+    # params.local counts fp32 bytes; under fsdp_reduce_dtype auto the routed experts reduce in bf16,
+    # and under plain FSDP bf16 gradients summed in fp32 travel as bf16 (parallel/fsdp_wire.py).
+    st = run.plan.settings
+    wires = [wire_dtype(dtype, st.param_dtype, kind, "cuda", True) for dtype in st.reduce_dtypes()]
+    reduce_scale, expert_scale = (0.5 if dtype == "bfloat16" else 1.0 for dtype in wires)
+    summed_apart = wires[0] != st.reduce_dtypes()[0]  # the all-to-all's chunks summed by a kernel of their own
     if ddp_by_hooks(run):  # DDP alone all-reduces the gradients in their own dtype: bf16 under master weights
         reduce_scale = expert_scale = 0.5 if master_weights(run) else 1.0
     # The last gradients of the backward: the root's (the embedding; the final norm and output are
@@ -271,7 +276,7 @@ def step_time(run: ResolvedRun, model: AnalyticModel, hw: Hardware | None = None
             # it in the compute dtype, its copy-out reads and writes the gathered weights; the
             # reduce-scatter's copy-in reads the gradients and writes them in the reduce dtype.
             copy_in = gathered / ranks * (1 + 4 // c)
-            copies = group_gathers * (2 * gathered + copy_in) + gathered + reduced
+            copies = group_gathers * (2 * gathered + copy_in) + gathered + reduced * (2 if summed_apart else 1)
             compute += run.grad_accum_steps * copies * stage / hw.memory_bytes_per_s
         # The first block's gradients are complete only after its own backward, the last but the
         # embedding's: its reduction runs after the last matmul too (docs/performance.md: the

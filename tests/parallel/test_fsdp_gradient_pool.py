@@ -18,14 +18,14 @@ def _stream_of(ptr: int) -> int:
     raise AssertionError(f"no segment holds address {ptr:#x}")
 
 
-def _gradients_and_their_pools() -> list[tuple[dict, set]]:
+def _gradients_and_their_pools(reduce_dtype: torch.dtype) -> list[tuple[dict, set]]:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    from kenotron.parallel.fsdp_gradient_pool import allocate_gradients_in_compute_pool
+    from kenotron.parallel.fsdp_gradient_pool import install_reduce_scatters
 
     mesh = init_device_mesh("cuda", (1,))
-    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=reduce_dtype)
     compute = torch.cuda.current_stream().cuda_stream
     results = []
     for in_compute_pool in (False, True):
@@ -35,7 +35,7 @@ def _gradients_and_their_pools() -> list[tuple[dict, set]]:
             fully_shard(layer, mesh=mesh, mp_policy=mp)
         fully_shard(model, mesh=mesh, mp_policy=mp)
         if in_compute_pool:
-            assert allocate_gradients_in_compute_pool([*model, model], torch.device("cuda"))
+            assert install_reduce_scatters([(m, None) for m in [*model, model]], torch.device("cuda"), True)
         x = torch.randn(64, 256, device="cuda", generator=torch.Generator("cuda").manual_seed(1))
         model(x).float().square().mean().backward()
         torch.cuda.synchronize()
@@ -46,8 +46,10 @@ def _gradients_and_their_pools() -> list[tuple[dict, set]]:
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_cuda_sharded_gradients_come_from_the_compute_pool_with_the_same_values():
-    (plain, plain_pools), (pooled, pooled_pools) = run_on_ranks(1, _gradients_and_their_pools)[0]
+@pytest.mark.parametrize("reduce_dtype", [torch.float32, torch.bfloat16])
+def test_cuda_sharded_gradients_come_from_the_compute_pool_with_the_same_values(reduce_dtype):
+    # bf16: FSDP would cast the sum to the fp32 parameters' dtype on its own stream.
+    (plain, plain_pools), (pooled, pooled_pools) = run_on_ranks(1, _gradients_and_their_pools, reduce_dtype)[0]
     assert plain_pools == {False}  # the reduce-scatter stream's pool
     assert pooled_pools == {True}
     assert plain.keys() == pooled.keys()
@@ -71,7 +73,7 @@ def _freed_gradient_states_while_the_gpu_is_behind() -> set[str]:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    from kenotron.parallel.fsdp_gradient_pool import allocate_gradients_in_compute_pool
+    from kenotron.parallel.fsdp_gradient_pool import install_reduce_scatters
 
     mesh = init_device_mesh("cuda", (1,))
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
@@ -79,7 +81,7 @@ def _freed_gradient_states_while_the_gpu_is_behind() -> set[str]:
     for layer in model:
         fully_shard(layer, mesh=mesh, mp_policy=mp)
     fully_shard(model, mesh=mesh, mp_policy=mp)
-    assert allocate_gradients_in_compute_pool([*model, model], torch.device("cuda"))
+    assert install_reduce_scatters([(m, None) for m in [*model, model]], torch.device("cuda"), True)
     loss = model(torch.randn(64, 1024, device="cuda")).float().square().mean()
     # Keep the GPU ~1 s behind the host, as in training, so the reduce-scatters are still
     # queued when the gradients are freed.

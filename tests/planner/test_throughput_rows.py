@@ -5,10 +5,14 @@ Throughput model, holds the same table with the ratios)."""
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+from unittest import mock
+
 import pytest
 
 from kenotron.config import load_config
-from kenotron.planner import AnalyticModel, Hardware, step_time
+from kenotron.planner import AnalyticModel, Hardware, step_time, throughput
 from kenotron.planner.hardware import for_gpu
 from kenotron.train.resolve import resolve_run
 
@@ -217,9 +221,15 @@ H100_SCALING_ROWS = [
 ]
 
 
-def modelled_tokens_per_s(ngpu: int, config: str, overrides: str, hw: Hardware | None = None) -> float:
+def modelled_tokens_per_s(ngpu: int, config: str, overrides: str, hw: Hardware | None = None,
+                          bf16_wire: bool = False) -> float:
+    """The model's tokens/s per GPU. `bf16_wire` False (every row measured before 2026-11-28):
+    FSDP sent gradients summed in fp32 as fp32 then (parallel/fsdp_wire.py came after)."""
     run = resolve_run(load_config(config, overrides.split()), ngpu, check_data=False)
-    return step_time(run, AnalyticModel(run), hw).tokens_per_s_per_gpu
+    with contextlib.ExitStack() as stack:
+        if not bf16_wire:
+            stack.enter_context(mock.patch.object(throughput, "wire_dtype", lambda sum_dtype, *_: sum_dtype))
+        return step_time(run, AnalyticModel(run), hw).tokens_per_s_per_gpu
 
 
 @pytest.mark.parametrize("row", ROWS, ids=[r[0] for r in ROWS])
@@ -287,6 +297,24 @@ def test_modelled_tokens_per_s_of_the_h100_scaling_rows_is_within_tolerance(row)
     name, ngpu, config, overrides, measured = row
     ratio = modelled_tokens_per_s(ngpu, config, overrides, H100) / measured
     assert abs(ratio - 1) <= TOLERANCE, f"{name} (docs/performance.md, runs 81-86 and 120-121): modelled / measured = {ratio:.3f}"
+
+
+# Runs 142-143 (one 4 x H100 host, 2026-11-28): FSDP's gradients summed in fp32 sent as bf16
+# (parallel/fsdp_wire.py), the defaults otherwise; the slow link at 24 GB/s (NCCL_P2P_DISABLE=1).
+H100_WIRE_ROWS = [
+    ("1B FSDP 2", 2, "llama3_1b", B1, 59_611, H100),
+    ("1B FSDP 4", 4, "llama3_1b", B1, 60_368, H100),
+    ("MoE FSDP 2 fp32 sums", 2, "qwen3_moe_30b_a3b", MOE + " --compile.enable true" + FP32, 92_749, H100),
+    ("MoE FSDP 2", 2, "qwen3_moe_30b_a3b", MOE + " --compile.enable true", 94_416, H100),
+    ("1B FSDP 2, slow link", 2, "llama3_1b", B1, 55_471, dataclasses.replace(H100, nvlink_bytes_per_s=24e9)),
+]
+
+
+@pytest.mark.parametrize("row", H100_WIRE_ROWS, ids=[r[0] for r in H100_WIRE_ROWS])
+def test_modelled_tokens_per_s_with_the_bf16_wire_is_within_tolerance_of_the_measured_row(row):
+    name, ngpu, config, overrides, measured, hw = row
+    ratio = modelled_tokens_per_s(ngpu, config, overrides, hw, bf16_wire=True) / measured
+    assert abs(ratio - 1) <= TOLERANCE, f"{name} (docs/performance.md, runs 142-143): modelled / measured = {ratio:.3f}"
 
 
 @pytest.mark.parametrize("row", DOCUMENT_ROWS, ids=[r[0] for r in DOCUMENT_ROWS])
