@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,6 +51,7 @@ from kenotron.checkpoint.preflight import (
     estimate_checkpoint_bytes,
     optimizer_states_per_param,
 )
+from kenotron.checkpoint.rank0 import on_rank0_for_all
 from kenotron.checkpoint.remote import BackgroundUploader, S3Store
 from kenotron.checkpoint.restore import restore_parts, verify_files
 from kenotron.checkpoint.resume import LoadChoice, abandon_later, choose
@@ -246,7 +247,7 @@ class CheckpointManager:
 
     def _prepare_folder(self, step: int) -> Path:
         """A new, stamped step folder (rank 0 makes it; every rank gets its error, if any)."""
-        return Path(self._on_rank0_for_all(self._new_step_folder, step))
+        return Path(on_rank0_for_all(self._new_step_folder, step, group=self.process_group))
 
     def _new_step_folder(self, step: int) -> str:
         path = self.folder / step_folder_name(step)
@@ -341,14 +342,14 @@ class CheckpointManager:
             return None
         wanted = self.config.load_step if step is None else step
         needed = estimate_checkpoint_bytes(self.model_parts, self._optimizer_states)
-        choice: LoadChoice | None = self._on_rank0_for_all(self._plan_load, wanted, needed)
+        choice: LoadChoice | None = on_rank0_for_all(self._plan_load, wanted, needed, group=self.process_group)
         loaded = None
         if choice is not None:
             exclude = set(self.config.exclude_from_loading)
             if choice.model_only:
                 exclude |= set(self.parts) - {"model"}
             loaded = self.load_from(Path(choice.path), exclude=exclude)
-        self._on_rank0_for_all(self._continue_from, self._resume_step(choice, loaded))
+        on_rank0_for_all(self._continue_from, self._resume_step(choice, loaded), group=self.process_group)
         return loaded
 
     def _plan_load(self, wanted: int, needed_bytes: int) -> LoadChoice | None:
@@ -388,27 +389,8 @@ class CheckpointManager:
         that does not fit (shape, missing or extra parameter). The restore itself: restore.py.
         """
         path = Path(path)
-        self._on_rank0_for_all(verify_files, str(path))  # checksums: read once, by rank 0
+        on_rank0_for_all(verify_files, str(path), group=self.process_group)  # checksums: read once, by rank 0
         return restore_parts(path, self.parts, exclude=exclude, model_info=self.model_info,
                              model_parts=self.model_parts, optimizers=self.optimizers,
                              masters_follow_model=self._masters_follow_model, run_folder=self.folder,
                              process_group=self.process_group)
-
-    def _on_rank0_for_all(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """Run `fn` on rank 0 and give every rank its result (or raise its error everywhere)."""
-        if not self.distributed:
-            return fn(*args)
-        box: list[Any] = [None]
-        if self.rank == 0:
-            try:
-                box[0] = ("ok", fn(*args))
-            # Any error must reach the other ranks (re-raised on all of them below); an escape
-            # here would leave them hanging in broadcast_object_list.
-            except Exception as exc:  # noqa: BLE001
-                box[0] = ("error", exc)
-        dist.broadcast_object_list(box, src=dist.get_global_rank(self.process_group, 0) if self.process_group
-                                   else 0, group=self.process_group)
-        kind, value = box[0]
-        if kind == "error":
-            raise value
-        return value
