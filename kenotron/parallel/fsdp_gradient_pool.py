@@ -85,7 +85,7 @@ class UnitReduceScatter(ReduceScatter):
         current = torch.cuda.current_stream(device)
         if current == self.compute:  # the input buffer: FSDP fills it on the compute stream
             return torch.empty(*size, dtype=dtype, device=device)
-        dtype = output_dtype(dtype, self.params)
+        dtype = self.sum_dtype or output_dtype(dtype, self.params)
         if not self.in_compute_pool:
             return torch.empty(*size, dtype=dtype, device=device)
         with torch.cuda.stream(self.compute):
