@@ -181,7 +181,7 @@ class Parallelism:
 
 
     fsdp_reduce_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
-    """Dtype of FSDP's gradient sums: float32 (exact sums; bf16 gradients still travel as bf16 under plain FSDP on CUDA), bfloat16 (sums rounded to bf16), or auto: with bf16 params, bf16 for the routed experts, float32 for the rest. DDP alone reduces gradients in their own dtype."""
+    """Dtype of FSDP's gradient sums: float32 (bf16 gradients still sent as bf16 on CUDA), bfloat16, or auto: with bf16 params, bf16 for the routed experts, float32 for the rest. DDP alone reduces gradients in their own dtype."""
 
     sequence_parallel: bool = True
     """With tp > 1, also split norms and the residual stream along the sequence."""
