@@ -24,10 +24,9 @@ pending. Two cases:
 A reduction in a lower precision than the parameters' (bf16 gradients of fp32 parameters:
 `fsdp_reduce_dtype` bfloat16, or auto's routed experts) would be cast by FSDP to the parameters'
 dtype on its reduce-scatter stream, in a new tensor of that stream's pool: the gradients out of
-reach again (+1.6–3.1 GiB reserved on the 1B, +7 GiB on the MoE, docs/performance.md). So the
-output is allocated in the parameters' dtype, which FSDP then leaves as it is, and the
-reduce-scatter writes its reduce-dtype result into a transient buffer and casts it into the
-output: the same values, one cast as before.
+reach again (docs/parallelism.md, fsdp_reduce_dtype). So the output is allocated in the
+parameters' dtype, which FSDP then leaves as it is, and the reduce-scatter writes its reduce-dtype
+result into a transient buffer and casts it into the output: the same values, one cast as before.
 Plain FSDP only: HSDP also works on the output on an all-reduce stream.
 """
 
@@ -114,7 +113,7 @@ class UnitReduceScatter(ReduceScatter):
         self._streams.clear()
 
     def __call__(self, output_tensor, input_tensor, group, op, async_op: bool = False):
-        if self.sum_dtype is not None and output_tensor.dtype == self.sum_dtype != input_tensor.dtype:
+        if self.sum_dtype is not None:  # allocate() gave the output the sum's dtype
             if async_op:
                 raise ValueError("the bf16-wire reduce-scatter runs synchronously on its stream")
             return all_to_all_sum(output_tensor, input_tensor, group, op)

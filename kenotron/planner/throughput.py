@@ -246,9 +246,10 @@ def step_time(run: ResolvedRun, model: AnalyticModel, hw: Hardware | None = None
     # params.local counts fp32 bytes; under fsdp_reduce_dtype auto the routed experts reduce in bf16,
     # and under plain FSDP bf16 gradients summed in fp32 travel as bf16 (parallel/fsdp_wire.py).
     st = run.plan.settings
-    wires = [wire_dtype(dtype, st.param_dtype, kind, "cuda", True) for dtype in st.reduce_dtypes()]
+    sums = st.reduce_dtypes()
+    wires = [wire_dtype(dtype, st.param_dtype, kind, "cuda", True) for dtype in sums]
     reduce_scale, expert_scale = (0.5 if dtype == "bfloat16" else 1.0 for dtype in wires)
-    summed_apart = wires[0] != st.reduce_dtypes()[0]  # the all-to-all's chunks summed by a kernel of their own
+    summed_apart = wires[0] != sums[0]  # the all-to-all's chunks summed by a kernel of their own
     if ddp_by_hooks(run):  # DDP alone all-reduces the gradients in their own dtype: bf16 under master weights
         reduce_scale = expert_scale = 0.5 if master_weights(run) else 1.0
     # The last gradients of the backward: the root's (the embedding; the final norm and output are

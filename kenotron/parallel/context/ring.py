@@ -69,8 +69,6 @@ class _Ring:
         return recv, works
 
 
-
-
 def _wait(works: list[dist.Work]) -> None:
     for work in works:
         work.wait()
