@@ -1,4 +1,4 @@
-"""The MoE experts' gate in one Triton kernel: silu(gate) * up * scale per row, for eager CUDA runs.
+"""The MoE experts' gate in one Triton kernel: silu(gate) * up * scale per row.
 
 The experts' first grouped GEMM writes h = [gate | up] (rows, 2F); the second reads
 silu(gate) * up scaled by each row's routing weight. In PyTorch ops that is a chunk, a silu, two
@@ -7,8 +7,12 @@ Qwen3-30B-A3B's width at 16k tokens). Here: one kernel forward (reads h and the 
 the (rows, F) product) and one backward (reads the gradient, h and the scales; writes dh
 (rows, 2F) and each row's scale gradient, a sum over F), computing in fp32.
 
-torch.compile fuses the PyTorch ops itself, so compiled blocks keep them (kernel_choice/tuning.py).
-Importing this module needs the `triton` package.
+Where it runs: eager CUDA blocks (`triton_expert_swiglu`; torch.compile fuses the PyTorch ops
+itself, so compiled blocks keep them: kernel_choice/tuning.py), and, with `end`, the gate of
+expert parallel's even split in eager and compiled blocks alike (models/common/grouped_tail.py):
+its grouped buffer is planned for the worst case, about twice the rows routing fills, and the
+rows from `end` (the last group's end, read on the device) on are in no group. The kernels
+leave those rows unwritten instead of passing over them. Importing this module needs `triton`.
 """
 
 from __future__ import annotations
@@ -19,10 +23,13 @@ import triton.language as tl
 
 
 @triton.jit
-def _fwd_kernel(h_ptr, s_ptr, out_ptr, F, BLOCK: tl.constexpr):
+def _fwd_kernel(h_ptr, s_ptr, out_ptr, end_ptr, F, BLOCK: tl.constexpr, BOUNDED: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     m = cols < F
+    if BOUNDED:  # rows from the last group's end on belong to no expert: left unwritten
+        # (compared as a vector: Triton's interpreter rejects a scalar mask and'ed with a vector)
+        m = m & (row + 0 * cols < tl.load(end_ptr))
     gate = tl.load(h_ptr + row * 2 * F + cols, mask=m, other=0.0).to(tl.float32)
     up = tl.load(h_ptr + row * 2 * F + F + cols, mask=m, other=0.0).to(tl.float32)
     s = tl.load(s_ptr + row).to(tl.float32)
@@ -30,10 +37,12 @@ def _fwd_kernel(h_ptr, s_ptr, out_ptr, F, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _bwd_kernel(g_ptr, h_ptr, s_ptr, dh_ptr, ds_ptr, F, BLOCK: tl.constexpr):
+def _bwd_kernel(g_ptr, h_ptr, s_ptr, dh_ptr, ds_ptr, end_ptr, F, BLOCK: tl.constexpr, BOUNDED: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     m = cols < F
+    if BOUNDED:
+        m = m & (row + 0 * cols < tl.load(end_ptr))
     g = tl.load(g_ptr + row * F + cols, mask=m, other=0.0).to(tl.float32)
     gate = tl.load(h_ptr + row * 2 * F + cols, mask=m, other=0.0).to(tl.float32)
     up = tl.load(h_ptr + row * 2 * F + F + cols, mask=m, other=0.0).to(tl.float32)
@@ -44,31 +53,47 @@ def _bwd_kernel(g_ptr, h_ptr, s_ptr, dh_ptr, ds_ptr, F, BLOCK: tl.constexpr):
     dgate = g * s * up * sig * (1.0 + gate * (1.0 - sig))
     tl.store(dh_ptr + row * 2 * F + cols, dgate.to(dh_ptr.dtype.element_ty), mask=m)
     tl.store(dh_ptr + row * 2 * F + F + cols, (g * s * silu).to(dh_ptr.dtype.element_ty), mask=m)
-    tl.store(ds_ptr + row, tl.sum(g * silu * up, axis=0).to(ds_ptr.dtype.element_ty))
+    ds = tl.sum(g * silu * up, axis=0).to(ds_ptr.dtype.element_ty)
+    if BOUNDED:
+        tl.store(ds_ptr + row, ds, mask=row < tl.load(end_ptr))
+    else:
+        tl.store(ds_ptr + row, ds)
+
+
+def expert_swiglu_forward(h: torch.Tensor, scale: torch.Tensor, end: torch.Tensor | None = None) -> torch.Tensor:
+    """silu(h[:, :F]) * h[:, F:] * scale[:, None]; with `end` (a 1-element int tensor on the
+    device), rows from end[0] on are left unwritten."""
+    h, scale = h.contiguous(), scale.contiguous()
+    rows, width = h.shape
+    out = torch.empty((rows, width // 2), dtype=h.dtype, device=h.device)
+    if rows:
+        _fwd_kernel[(rows,)](h, scale, out, scale if end is None else end, width // 2,
+                             BLOCK=triton.next_power_of_2(width // 2), BOUNDED=end is not None)
+    return out
+
+
+def expert_swiglu_backward(grad: torch.Tensor, h: torch.Tensor, scale: torch.Tensor,
+                           end: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dh, dscale) of `expert_swiglu_forward`; with `end`, rows from end[0] on are left unwritten."""
+    grad, h, scale = grad.contiguous(), h.contiguous(), scale.contiguous()
+    rows, width = h.shape
+    dh = torch.empty_like(h)
+    dscale = torch.empty_like(scale)
+    if rows:
+        _bwd_kernel[(rows,)](grad, h, scale, dh, dscale, scale if end is None else end, width // 2,
+                             BLOCK=triton.next_power_of_2(width // 2), BOUNDED=end is not None)
+    return dh, dscale
 
 
 class _ExpertSwiGLU(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-        h, scale = h.contiguous(), scale.contiguous()
-        rows, width = h.shape
-        ffn = width // 2
-        out = torch.empty((rows, ffn), dtype=h.dtype, device=h.device)
-        if rows:
-            _fwd_kernel[(rows,)](h, scale, out, ffn, BLOCK=triton.next_power_of_2(ffn))
         ctx.save_for_backward(h, scale)
-        return out
+        return expert_swiglu_forward(h, scale)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        h, scale = ctx.saved_tensors
-        grad = grad.contiguous()
-        rows, width = h.shape
-        dh = torch.empty_like(h)
-        dscale = torch.empty_like(scale)
-        if rows:
-            _bwd_kernel[(rows,)](grad, h, scale, dh, dscale, width // 2, BLOCK=triton.next_power_of_2(width // 2))
-        return dh, dscale
+        return expert_swiglu_backward(grad, *ctx.saved_tensors)
 
 
 def triton_expert_swiglu(h: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:

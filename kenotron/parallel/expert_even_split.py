@@ -15,8 +15,9 @@ What it costs (docs/performance.md, "expert parallel without the host read"):
   C(n - n/ep, k) / C(n, k); 0.996 for top-8 of 128 experts over 2 ranks, 0.90 over 4, 0.66 over 8);
 - memory: the grouped buffer is planned for the worst case, every received slot on this rank:
   P = ep * T * min(k, local) rows where even routing fills T * k (ep times the deduplicated
-  path's buffer; torch._grouped_mm computes only the rows up to the last group's end, so the time
-  is the real rows', but the buffer, the gate and the row copies span the whole of it). For
+  path's buffer; torch._grouped_mm computes only the rows up to the last group's end, and so do
+  the row gathers and the gate on CUDA (models/common/grouped_tail.py), so the time is the real
+  rows', but the buffer spans the whole of it). For
   backward the first expert GEMM keeps the ep * T received rows, not the P grouped ones: it
   gathers its rows itself and again in backward (experts.py's gather_grouped_mm, one more row
   copy of P * dim), so what stays ep times the deduplicated path's is the gate's P * 3F.
@@ -110,7 +111,7 @@ def even_split_grouping(local_ids: torch.Tensor, local: int, align: int) -> Grou
     src_copy = torch.full((static_rows(received, k, local, align),), copies, dtype=torch.int64, device=device)
     src_copy.scatter_(0, position, source)
     offsets = torch.cat([ends[:-1], zero_row + 1]).to(torch.int32)
-    return Grouping(src_copy, dest_row, offsets, counts[:local], k)
+    return Grouping(src_copy, dest_row, offsets, counts[:local], k, end=offsets[-1:])
 
 
 class EvenSplitDispatcher:

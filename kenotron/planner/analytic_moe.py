@@ -133,17 +133,26 @@ def remote_rows_per_token(n_experts: int, top_k: int, ep: int, even_split: bool)
     return (ep - 1) * (1.0 if even_split else rank_fill(n_experts, top_k, ep))
 
 
+def even_split_row_seconds(run: Any, local_tokens: int, memory_bytes_per_s: float) -> float:
+    """Per MoE layer, the even split's row work past the deduplicated exchange's: with the grouped
+    GEMM, backward gathers the rows of the received slots again (2·D·c bytes a row: the first
+    product keeps the received rows, not the gathered ones; models/common/experts.py's
+    gather_grouped_mm). The worst-case buffer's rows past the last group's end cost nothing: the
+    gathers and the gate stop there (models/common/grouped_tail.py)."""
+    if run.choices.expert_kernel != "grouped_mm":
+        return 0.0
+    c = 2 if run.cfg.training.param_dtype == "bfloat16" else FP32
+    return local_tokens * run.model_args.moe.top_k * 2 * run.model_args.dim * c / memory_bytes_per_s
+
+
 def all_to_all_seconds(run: Any, bandwidth: float, tokens: int, sync_seconds: float = 0.0,
                        memory_bytes_per_s: float = float("inf")) -> float:
     """Exposed all-to-all time of one optimizer step (0 without ep); `tokens` per micro-step on this
     rank. Each MoE layer sends every token's rows out and the results back, in forward and again
     in backward, not overlapped. Under the deduplicated exchange its forward also reads the split
     sizes on the host, after which the GPU waits `sync_seconds` for the host to launch the rest of
-    the layer; under the even split the row copies and the gate span the worst-case buffer: each
-    row past even routing's costs (2·D + 8·F)·c bytes at `memory_bytes_per_s` (the rows gathered
-    and their gradients, the gate's reads and writes both ways), and with the grouped GEMM the
-    backward gathers every row of the buffer again (2·D·c bytes a row: the first product keeps
-    the received rows, not the gathered ones; models/common/experts.py's gather_grouped_mm)."""
+    the layer; under the even split its backward gathers rows again at `memory_bytes_per_s`
+    (`even_split_row_seconds`)."""
     moe = getattr(run.model_args, "moe", None)
     ep = run.dims.ep
     if moe is None or ep == 1:
@@ -153,12 +162,6 @@ def all_to_all_seconds(run: Any, bandwidth: float, tokens: int, sync_seconds: fl
     even = pays_without_host_read(moe.n_experts, moe.top_k, ep, run.plan.settings.float8_experts)
     rows = remote_rows_per_token(moe.n_experts, moe.top_k, ep, even)
     per_layer = 4 * local * rows * run.model_args.dim * c / bandwidth
-    if even:
-        buffer = static_rows(ep * local, moe.top_k, moe.n_experts // ep, 1)
-        per_layer += (buffer - local * moe.top_k) * (2 * run.model_args.dim + 8 * moe.ffn_dim) * c / memory_bytes_per_s
-        if run.choices.expert_kernel == "grouped_mm":  # the gather again in backward
-            per_layer += buffer * 2 * run.model_args.dim * c / memory_bytes_per_s
-    else:
-        per_layer += sync_seconds
+    per_layer += even_split_row_seconds(run, local, memory_bytes_per_s) if even else sync_seconds
     layers = run.model_args.n_layers / run.dims.pp  # under pipeline parallel a rank runs its stages' blocks only
     return run.grad_accum_steps * layers * per_layer

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import torch
 
-from kenotron.kernels.expert_swiglu import triton_expert_swiglu
+from kenotron.kernels.expert_swiglu import expert_swiglu_backward, expert_swiglu_forward, triton_expert_swiglu
 from kenotron.models.common.experts import swiglu_rows
+
+SENTINEL = 7.0
+_empty, _empty_like = torch.empty, torch.empty_like
 
 
 def check(rows: int, ffn: int) -> None:
@@ -25,7 +28,31 @@ def check(rows: int, ffn: int) -> None:
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
+def check_bounded(rows: int, ffn: int, end: int) -> None:
+    """With a bound, the rows before it as without; the rows from it on (outputs started as the
+    sentinel) left as they were, forward and backward."""
+    h = torch.randn(rows, 2 * ffn, dtype=torch.float64)
+    scale = torch.rand(rows, dtype=torch.float64)
+    grad = torch.randn(rows, ffn, dtype=torch.float64)
+    bound = torch.tensor([end], dtype=torch.int32)
+    torch.empty = lambda *a, **kw: _empty(*a, **kw).fill_(SENTINEL)
+    torch.empty_like = lambda *a, **kw: _empty_like(*a, **kw).fill_(SENTINEL)
+    try:
+        out = expert_swiglu_forward(h, scale, bound)
+        dh, dscale = expert_swiglu_backward(grad, h, scale, bound)
+    finally:
+        torch.empty, torch.empty_like = _empty, _empty_like
+    full = expert_swiglu_forward(h, scale)
+    full_dh, full_dscale = expert_swiglu_backward(grad, h, scale)
+    for bounded, whole in ((out, full), (dh, full_dh), (dscale, full_dscale)):
+        torch.testing.assert_close(bounded[:end], whole[:end], rtol=0, atol=0)
+        assert bool((bounded[end:] == SENTINEL).all()), "rows from the bound on were written"
+
+
 check(7, 48)   # F not a power of two
 check(5, 64)
 check(0, 32)   # an empty expert buffer
+check_bounded(9, 48, 4)
+check_bounded(9, 48, 9)
+check_bounded(3, 32, 0)
 print("ok")

@@ -12,7 +12,8 @@ from unittest import mock
 import pytest
 
 from kenotron.config import load_config
-from kenotron.planner import AnalyticModel, Hardware, step_time, throughput
+from kenotron.parallel.expert_even_split import static_rows
+from kenotron.planner import AnalyticModel, Hardware, analytic_moe, step_time, throughput
 from kenotron.planner.hardware import for_gpu
 from kenotron.train.resolve import resolve_run
 
@@ -221,14 +222,32 @@ H100_SCALING_ROWS = [
 ]
 
 
+def _even_split_rows_before_the_bound(run, local_tokens: int, memory_bytes_per_s: float) -> float:
+    """The even split's row work as it ran before 2026-11-28's bounded gathers and gate
+    (models/common/grouped_tail.py): every row of the worst-case buffer, gathered, gated and, with
+    the grouped GEMM, gathered again in backward."""
+    moe, ep, dim = run.model_args.moe, run.dims.ep, run.model_args.dim
+    c = 2 if run.cfg.training.param_dtype == "bfloat16" else 4
+    buffer = static_rows(ep * local_tokens, moe.top_k, moe.n_experts // ep, 1)
+    seconds = (buffer - local_tokens * moe.top_k) * (2 * dim + 8 * moe.ffn_dim) * c / memory_bytes_per_s
+    if run.choices.expert_kernel == "grouped_mm":
+        seconds += buffer * 2 * dim * c / memory_bytes_per_s
+    return seconds
+
+
 def modelled_tokens_per_s(ngpu: int, config: str, overrides: str, hw: Hardware | None = None,
-                          bf16_wire: bool = False) -> float:
-    """The model's tokens/s per GPU. `bf16_wire` False (every row measured before 2026-11-28):
-    FSDP sent gradients summed in fp32 as fp32 then (parallel/fsdp_wire.py came after)."""
+                          bf16_wire: bool = False, bounded_rows: bool = False) -> float:
+    """The model's tokens/s per GPU, priced as the code ran when the row was measured. `bf16_wire`
+    False (every row measured before 2026-11-28): FSDP sent gradients summed in fp32 as fp32 then
+    (parallel/fsdp_wire.py came after). `bounded_rows` False (every row before the eleventh
+    session): the even split's gathers and gate passed over its whole worst-case buffer."""
     run = resolve_run(load_config(config, overrides.split()), ngpu, check_data=False)
     with contextlib.ExitStack() as stack:
         if not bf16_wire:
             stack.enter_context(mock.patch.object(throughput, "wire_dtype", lambda sum_dtype, *_: sum_dtype))
+        if not bounded_rows:
+            stack.enter_context(mock.patch.object(analytic_moe, "even_split_row_seconds",
+                                                  _even_split_rows_before_the_bound))
         return step_time(run, AnalyticModel(run), hw).tokens_per_s_per_gpu
 
 
@@ -337,3 +356,27 @@ def test_with_documents_the_model_puts_ulysses_ahead_of_the_ring_as_run_99_measu
     # even. Priced before as fixed-length documents with even ranks: 0.997, the ring ahead.
     ring, ulysses = (modelled_tokens_per_s(2, "llama3_1b", _schemes(65536, s) + DOCUMENTS) for s in ("ring", "ulysses"))
     assert ulysses / ring == pytest.approx(36_052 / 33_494, abs=0.04), f"modelled ulysses / ring = {ulysses / ring:.3f}"
+
+
+# Runs 147-148 (one 2 x H100 host, 2026-11-28, eleventh session): the even split's gathers and gate
+# stop at the grouped buffer's last group (models/common/grouped_tail.py), the defaults otherwise.
+H100_BOUNDED_ROWS = [
+    ("MoE EP 2", 2, "qwen3_moe_30b_a3b", MOE + " --compile.enable true --parallelism.ep 2", 97_069),
+    ("DeepSeek-V3 16B width 6L EP 2", 2, "deepseek_v3_16b", DS + " --parallelism.ep 2", 77_984),
+]
+
+
+@pytest.mark.parametrize("row", H100_BOUNDED_ROWS, ids=[r[0] for r in H100_BOUNDED_ROWS])
+def test_modelled_tokens_per_s_of_the_even_split_stopping_at_its_last_group_is_within_tolerance(row):
+    name, ngpu, config, overrides, measured = row
+    ratio = modelled_tokens_per_s(ngpu, config, overrides, H100, bf16_wire=True, bounded_rows=True) / measured
+    assert abs(ratio - 1) <= TOLERANCE, f"{name} (docs/performance.md, runs 147-148): modelled / measured = {ratio:.3f}"
+
+
+def test_the_model_prices_the_bounded_gathers_and_gate_as_the_measured_gain_on_ep_2():
+    # Run 147, the same host: before 92,973 (MoE) and 74,992 (DeepSeek-V3), after 97,069 and 77,984.
+    for config, overrides, measured in (("qwen3_moe_30b_a3b", MOE + " --compile.enable true", 97_069 / 92_973),
+                                        ("deepseek_v3_16b", DS, 77_984 / 74_992)):
+        now, before = (modelled_tokens_per_s(2, config, overrides + " --parallelism.ep 2", H100, True, bounded)
+                       for bounded in (True, False))
+        assert now / before == pytest.approx(measured, abs=0.02), f"{config}: modelled gain {now / before:.3f}"

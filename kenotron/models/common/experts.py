@@ -19,7 +19,9 @@ deterministic:
 Under expert parallel's even split (parallel/expert_even_split.py) the grouped buffer is planned
 for the worst case, ep·min(k, local) rows per received token, so the "grouped_mm" kernel gathers
 the rows inside its first product (`gather_grouped_mm`): it keeps the received rows for the weight
-gradient, not the gathered ones, and gathers them again in backward.
+gradient, not the gathered ones, and gathers them again in backward. The rows past the last
+group's end (about half that buffer) are in no group: the gathers and the gate stop there
+(`Grouping.end`, grouped_tail.py).
 
 Expert compute (`kernel`): "grouped_mm" runs `torch._grouped_mm` (bf16 on Hopper GPUs; torch's
 per-group fallback elsewhere); "for_loop" runs one matrix product per expert over the rows
@@ -36,6 +38,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kenotron.dtensor import local_tensor
+from kenotron.models.common.grouped_tail import gather_rows_until, gather_token_rows, swiglu_rows, swiglu_rows_until
 from kenotron.models.common.init import InitSpec, trunc_normal
 
 EXPERT_KERNELS = ("grouped_mm", "for_loop")
@@ -61,6 +64,10 @@ class Grouping:
     """(groups,) int64: copies per group (padding excluded)."""
     k: int
     """Copies per token (top-k); 1 for a grouping of single rows."""
+    end: torch.Tensor | None = None
+    """(1,) int32 on the device, the last group's end, where rows from it on belong to no group
+    (the even split's worst-case buffer): the row gathers and the gate stop there
+    (grouped_tail.py). None where the last group ends at `rows`."""
 
     @property
     def rows(self) -> int:
@@ -105,12 +112,6 @@ def group_by_expert(expert_ids: torch.Tensor, n_groups: int, k: int, align: int 
     return Grouping(src_copy, dest_row, ends.to(torch.int32), counts, k)
 
 
-def _gather_rows(x: torch.Tensor, src_copy: torch.Tensor, k: int) -> torch.Tensor:
-    # Padding rows name copy `copies`, i.e. token `tokens`: one zero row past the end.
-    padded = torch.cat([x, x.new_zeros((1, *x.shape[1:]))])
-    return padded.index_select(0, torch.div(src_copy, k, rounding_mode="floor"))
-
-
 def _sum_rows(y: torch.Tensor, dest_row: torch.Tensor, k: int) -> torch.Tensor:
     picked = y.index_select(0, dest_row)
     return picked.view(dest_row.shape[0] // k, k, *y.shape[1:]).sum(1) if k > 1 else picked
@@ -121,7 +122,7 @@ class _GatherRows(torch.autograd.Function):
     def forward(ctx, x: torch.Tensor, src_copy: torch.Tensor, dest_row: torch.Tensor, k: int) -> torch.Tensor:
         ctx.save_for_backward(dest_row)
         ctx.k = k
-        return _gather_rows(x, src_copy, k)
+        return gather_token_rows(x, src_copy, k)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
@@ -131,15 +132,17 @@ class _GatherRows(torch.autograd.Function):
 
 class _SumRows(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, y: torch.Tensor, src_copy: torch.Tensor, dest_row: torch.Tensor, k: int) -> torch.Tensor:
-        ctx.save_for_backward(src_copy)
+    def forward(ctx, y: torch.Tensor, src_copy: torch.Tensor, dest_row: torch.Tensor, k: int,
+                end: torch.Tensor | None) -> torch.Tensor:
+        ctx.save_for_backward(src_copy, end)
         ctx.k = k
         return _sum_rows(y, dest_row, k)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        (src_copy,) = ctx.saved_tensors
-        return _gather_rows(grad, src_copy, ctx.k), None, None, None
+        src_copy, end = ctx.saved_tensors
+        rows = gather_token_rows(grad, src_copy, ctx.k) if end is None else gather_rows_until(grad, src_copy, end, ctx.k)
+        return rows, None, None, None, None
 
 
 def gather_rows(x: torch.Tensor, g: Grouping) -> torch.Tensor:
@@ -149,7 +152,7 @@ def gather_rows(x: torch.Tensor, g: Grouping) -> torch.Tensor:
 
 def sum_rows(y: torch.Tensor, g: Grouping) -> torch.Tensor:
     """(g.rows, ...) -> (tokens, ...): each token the sum of its k copies' rows (padding unread)."""
-    return _SumRows.apply(y, g.src_copy, g.dest_row, g.k)
+    return _SumRows.apply(y, g.src_copy, g.dest_row, g.k, g.end)
 
 
 def copy_weights(weights: torch.Tensor, g: Grouping) -> torch.Tensor:
@@ -168,7 +171,7 @@ def grouped_mm(x: torch.Tensor, w_t: torch.Tensor, offsets: torch.Tensor) -> tor
 # keeps the gathered rows again; a custom op is opaque to it, so only its inputs are kept.
 def _gathered_product(x: torch.Tensor, w: torch.Tensor, src_copy: torch.Tensor, dest_row: torch.Tensor,
                       offsets: torch.Tensor, k: int) -> torch.Tensor:
-    return torch._grouped_mm(_gather_rows(x, src_copy, k), w.transpose(-2, -1), offs=offsets)
+    return torch._grouped_mm(gather_rows_until(x, src_copy, offsets[-1:], k), w.transpose(-2, -1), offs=offsets)
 
 
 def _gathered_product_grads(grad: torch.Tensor, x: torch.Tensor, w: torch.Tensor, src_copy: torch.Tensor,
@@ -177,7 +180,7 @@ def _gathered_product_grads(grad: torch.Tensor, x: torch.Tensor, w: torch.Tensor
     # torch's own derivative of _grouped_mm (FunctionsManual's _grouped_mm_mat1/2_backward for a
     # row-major x and a transposed w), on the rows gathered again, then the gather's adjoint. The
     # weight's first: the gathered rows are freed before the rows' gradient exists.
-    grad_w = torch._grouped_mm(grad.transpose(-2, -1), _gather_rows(x, src_copy, k), offs=offsets)
+    grad_w = torch._grouped_mm(grad.transpose(-2, -1), gather_rows_until(x, src_copy, offsets[-1:], k), offs=offsets)
     grad_x = _sum_rows(torch._grouped_mm(grad, w, offs=offsets), dest_row, k)
     return grad_x, grad_w
 
@@ -207,12 +210,6 @@ def gather_grouped_mm(x: torch.Tensor, w: torch.Tensor, g: Grouping) -> torch.Te
     """grouped_mm(gather_rows(x, g), w^T, g.offsets) for w (groups, N, K), keeping x (tokens, K)
     for backward instead of the (g.rows, K) gathered rows, which backward gathers again."""
     return _gather_grouped_mm(x, w, g.src_copy, g.dest_row, g.offsets, g.k)
-
-
-def swiglu_rows(h: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """silu(gate) * up * scale per row, for h = [gate | up] (rows, 2F) and scale (rows,)."""
-    gate, up = h.chunk(2, dim=-1)
-    return F.silu(gate) * up * scale.unsqueeze(-1).to(h.dtype)
 
 
 class GroupedExperts(nn.Module):
@@ -269,6 +266,8 @@ class GroupedExperts(nn.Module):
                 h = gather_grouped_mm(x, w13.to(dtype), gather)
             else:
                 h = self.grouped_mm(x, w13.to(dtype).transpose(-2, -1), offsets)
+            if fused_gather and gather.end is not None:  # the even split's buffer: stop at its end
+                return self.grouped_mm(swiglu_rows_until(h, scale, gather.end), w2.to(dtype).transpose(-2, -1), offsets)
             return self.grouped_mm(self.swiglu(h, scale), w2.to(dtype).transpose(-2, -1), offsets)
         return self._for_loop(x, w13, w2, offsets, scale)
 
