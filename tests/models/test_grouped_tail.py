@@ -13,7 +13,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from kenotron.models.common.experts import GroupedExperts, copy_weights, sum_rows
-from kenotron.models.common.grouped_tail import gather_rows_until, sum_token_rows_fused, swiglu_rows_until
+from kenotron.models.common.grouped_tail import gather_rows_until, swiglu_rows_until
 from kenotron.parallel.expert_even_split import even_split_grouping
 
 DIM, FFN, LOCAL, K = 64, 96, 4, 3
@@ -25,7 +25,6 @@ def test_bounded_ops_pass_torch_library_opcheck():
     torch.library.opcheck(gather_rows_until, (torch.randn(4, 6), torch.tensor([0, 11, 12, 3, 7, 12, 1]), end, 3))
     h, scale = torch.randn(7, 8, requires_grad=True), torch.rand(7, requires_grad=True)
     torch.library.opcheck(swiglu_rows_until, (h, scale, end))
-    torch.library.opcheck(sum_token_rows_fused, (torch.randn(9, 4), torch.tensor([0, 8, 8, 3, 2, 2]), 2))
 
 
 class _Ops(TorchDispatchMode):

@@ -28,31 +28,6 @@ def gather_token_rows(x: Tensor, src_copy: Tensor, k: int) -> Tensor:
     return padded.index_select(0, torch.div(src_copy, k, rounding_mode="floor"))
 
 
-def sum_token_rows(y: Tensor, dest_row: Tensor, k: int) -> Tensor:
-    """(rows, ...) -> (len(dest_row) // k, ...): each token the sum of its k copies' rows
-    y[dest_row[t * k + j]] (PyTorch ops, which compiled code fuses)."""
-    picked = y.index_select(0, dest_row)
-    return picked.view(dest_row.shape[0] // k, k, *y.shape[1:]).sum(1) if k > 1 else picked
-
-
-@torch.library.custom_op("kenotron::sum_token_rows", mutates_args=())
-def sum_token_rows_fused(y: Tensor, dest_row: Tensor, k: int) -> Tensor:
-    """sum_token_rows, on CUDA in one Triton kernel (fp32 sums rounded once, as PyTorch's sum of
-    the gathered bf16 rows) that never writes the (tokens * k, ...) gathered rows: for code that
-    runs eagerly (inside a custom op), where nothing fuses the gather and the sum."""
-    if y.is_cuda:
-        # optional package: the Triton kernel, loaded on the first CUDA call
-        from kenotron.kernels.row_gather import sum_token_rows as kernel
-
-        return kernel(y, dest_row, k)
-    return sum_token_rows(y, dest_row, k)
-
-
-@sum_token_rows_fused.register_fake
-def _(y: Tensor, dest_row: Tensor, k: int) -> Tensor:
-    return y.new_empty((dest_row.shape[0] // k, *y.shape[1:]))
-
-
 def swiglu_rows(h: Tensor, scale: Tensor) -> Tensor:
     """silu(gate) * up * scale per row, for h = [gate | up] (rows, 2F) and scale (rows,)."""
     gate, up = h.chunk(2, dim=-1)
