@@ -3,7 +3,10 @@
 - `adamw`: the AdamW update, one Triton kernel per tensor.
 - `loss`: the fused loss's cross-entropy-with-gradient and backward scale.
 - `rope_swiglu`: RoPE and SwiGLU's gate for uncompiled blocks.
-- `expert_swiglu`: SwiGLU's gate of the eager MoE experts.
+- `expert_swiglu`: SwiGLU's gate of the eager MoE experts, and (with a bound read on the
+  device) of expert parallel's even split in any block.
+- `row_gather`: the experts' row gather that stops at the grouped buffer's last group (this
+  one's and the bounded gate's custom ops: models/common/grouped_tail.py, beside the experts).
 - `sum_of_squares`: the gradient norm's sum of squares.
 - `ssd`, `ssd_backward`, `ssd_op`: Mamba-2's chunked scan, forward and backward, as a custom op.
 - `mamba_mixer`, `mamba_mixer_op`: the Mamba-2 mixer's convolution, scan and gated norm as one op.
