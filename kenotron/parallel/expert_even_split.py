@@ -42,8 +42,9 @@ from kenotron.parallel.expert_dispatch import pair_counts
 MAX_EVEN_SPLIT_EP = 2
 """The largest ep that exchanges by the even split. Above it the worst-case grouped buffer (ep x
 even routing's) and the extra bytes cost more than the host read saves: the even split was faster
-at ep 2 and slower at ep 4 (docs/performance.md, "Expert parallel without the host read" and
-"Expert parallel 4: the host read stays")."""
+at ep 2 and slower at ep 4, by 8.4% and then, with the gathers and gate stopping at the last
+group, by 1.8% and 6.4 GiB (docs/performance.md, "Expert parallel 4: the host read stays" and
+"Expert parallel 4: the even split with the bounded gathers and gate")."""
 MIN_FILL = 0.75
 """Below it the even split moves more than 4/3 of the deduplicated exchange's bytes."""
 
