@@ -133,15 +133,14 @@ def remote_rows_per_token(n_experts: int, top_k: int, ep: int, even_split: bool)
     return (ep - 1) * (1.0 if even_split else rank_fill(n_experts, top_k, ep))
 
 
-def even_split_row_seconds(run: Any, local_tokens: int, memory_bytes_per_s: float) -> float:
-    """Per MoE layer, the even split's row work past the deduplicated exchange's: with the grouped
-    GEMM, backward gathers the rows of the received slots again (2·D·c bytes a row: the first
-    product keeps the received rows, not the gathered ones; models/common/experts.py's
-    gather_grouped_mm). The worst-case buffer's rows past the last group's end cost nothing: the
-    gathers and the gate stop there (models/common/grouped_tail.py)."""
+def even_split_row_seconds(run: Any, local_tokens: int, c: int, memory_bytes_per_s: float) -> float:
+    """Per MoE layer, the even split's row work past the deduplicated exchange's (`c` bytes a
+    value): with the grouped GEMM, backward gathers the rows of the received slots again (2·D·c
+    bytes a row: the first product keeps the received rows, not the gathered ones;
+    models/common/experts.py's gather_grouped_mm). The worst-case buffer's rows past the last
+    group's end cost nothing: the gathers and the gate stop there (models/common/grouped_tail.py)."""
     if run.choices.expert_kernel != "grouped_mm":
         return 0.0
-    c = 2 if run.cfg.training.param_dtype == "bfloat16" else FP32
     return local_tokens * run.model_args.moe.top_k * 2 * run.model_args.dim * c / memory_bytes_per_s
 
 
@@ -162,6 +161,6 @@ def all_to_all_seconds(run: Any, bandwidth: float, tokens: int, sync_seconds: fl
     even = pays_without_host_read(moe.n_experts, moe.top_k, ep, run.plan.settings.float8_experts)
     rows = remote_rows_per_token(moe.n_experts, moe.top_k, ep, even)
     per_layer = 4 * local * rows * run.model_args.dim * c / bandwidth
-    per_layer += even_split_row_seconds(run, local, memory_bytes_per_s) if even else sync_seconds
+    per_layer += even_split_row_seconds(run, local, c, memory_bytes_per_s) if even else sync_seconds
     layers = run.model_args.n_layers / run.dims.pp  # under pipeline parallel a rank runs its stages' blocks only
     return run.grad_accum_steps * layers * per_layer

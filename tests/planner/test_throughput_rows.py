@@ -222,12 +222,11 @@ H100_SCALING_ROWS = [
 ]
 
 
-def _even_split_rows_before_the_bound(run, local_tokens: int, memory_bytes_per_s: float) -> float:
+def _even_split_rows_before_the_bound(run, local_tokens: int, c: int, memory_bytes_per_s: float) -> float:
     """The even split's row work as it ran before 2026-11-28's bounded gathers and gate
     (models/common/grouped_tail.py): every row of the worst-case buffer, gathered, gated and, with
     the grouped GEMM, gathered again in backward."""
     moe, ep, dim = run.model_args.moe, run.dims.ep, run.model_args.dim
-    c = 2 if run.cfg.training.param_dtype == "bfloat16" else 4
     buffer = static_rows(ep * local_tokens, moe.top_k, moe.n_experts // ep, 1)
     seconds = (buffer - local_tokens * moe.top_k) * (2 * dim + 8 * moe.ffn_dim) * c / memory_bytes_per_s
     if run.choices.expert_kernel == "grouped_mm":
