@@ -7,9 +7,7 @@ import torch
 
 from kenotron.kernels.expert_swiglu import expert_swiglu_backward, expert_swiglu_forward, triton_expert_swiglu
 from kenotron.models.common.experts import swiglu_rows
-
-SENTINEL = 7.0
-_empty, _empty_like = torch.empty, torch.empty_like
+from tests.kernels.sentinel_outputs import SENTINEL, outputs_start_as_sentinel
 
 
 def check(rows: int, ffn: int) -> None:
@@ -35,13 +33,9 @@ def check_bounded(rows: int, ffn: int, end: int) -> None:
     scale = torch.rand(rows, dtype=torch.float64)
     grad = torch.randn(rows, ffn, dtype=torch.float64)
     bound = torch.tensor([end], dtype=torch.int32)
-    torch.empty = lambda *a, **kw: _empty(*a, **kw).fill_(SENTINEL)
-    torch.empty_like = lambda *a, **kw: _empty_like(*a, **kw).fill_(SENTINEL)
-    try:
+    with outputs_start_as_sentinel():
         out = expert_swiglu_forward(h, scale, bound)
         dh, dscale = expert_swiglu_backward(grad, h, scale, bound)
-    finally:
-        torch.empty, torch.empty_like = _empty, _empty_like
     full = expert_swiglu_forward(h, scale)
     full_dh, full_dscale = expert_swiglu_backward(grad, h, scale)
     for bounded, whole in ((out, full), (dh, full_dh), (dscale, full_dscale)):

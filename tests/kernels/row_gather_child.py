@@ -8,13 +8,7 @@ import torch
 
 from kenotron.kernels.row_gather import gather_rows_until
 from kenotron.models.common.grouped_tail import gather_token_rows
-
-SENTINEL = 7.0
-_empty = torch.empty
-
-
-def _sentinel_empty(*args, **kwargs):  # the launcher's output starts as the sentinel, not garbage
-    return _empty(*args, **kwargs).fill_(SENTINEL)
+from tests.kernels.sentinel_outputs import SENTINEL, outputs_start_as_sentinel
 
 
 def check(tokens: int, dim: tuple[int, ...], k: int, rows: int, end: int) -> None:
@@ -22,11 +16,9 @@ def check(tokens: int, dim: tuple[int, ...], k: int, rows: int, end: int) -> Non
     copies = tokens * k
     src = torch.randint(0, copies + 1, (rows,))  # copies: a padding row
     src[::4] = copies
-    torch.empty = _sentinel_empty
-    try:
-        out = gather_rows_until(x, src, torch.tensor([end], dtype=torch.int32), k)
-    finally:
-        torch.empty = _empty
+    bound = torch.tensor([end], dtype=torch.int32)
+    with outputs_start_as_sentinel():
+        out = gather_rows_until(x, src, bound, k)
     ref = gather_token_rows(x, src, k)
     torch.testing.assert_close(out[:end], ref[:end], rtol=0, atol=0)
     assert bool((out[end:] == SENTINEL).all()), "rows from the bound on were written"
