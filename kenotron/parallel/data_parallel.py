@@ -15,7 +15,8 @@ back-propagates by `DataParallelState.averaging_size` (keeping the backends' nat
 collectives; gloo has no pre-multiplied sum).
 Gradients are reduced in `reduce_dtype` (auto: bf16 for the routed experts, each expert module an
 FSDP unit of its own, fp32 for the rest) and accumulated in fp32 in the sharded gradient even
-when compute runs in bf16.
+when compute runs in bf16. Under expert parallelism with ep = dp_shard x cp and no dp_replicate
+the experts' FSDP mesh would be one rank: they stay outside FSDP (`experts_outside_fsdp`).
 """
 
 from __future__ import annotations
@@ -146,6 +147,8 @@ def apply_data_parallel(model: nn.Module, meshes: Meshes, layout: ModelLayout, s
         # costs little memory.
         pipelined = pipeline is not None and meshes.get("pp") is not None
         experts = _shard_experts(model, meshes, layout, settings, expert_mp, pipelined, mesh)
+        # Experts outside FSDP: no unit may take their parameters, neither the block nor the root.
+        ignored = unsharded_expert_params(model, meshes, layout, settings) or None
         head = [] if pipelined or mesh.size() == 1 else head_modules(model, layout)
         for i, unit in enumerate(units):
             if st.reshard_after_forward == "default":
@@ -154,24 +157,24 @@ def apply_data_parallel(model: nn.Module, meshes: Meshes, layout: ModelLayout, s
                 reshard = i < len(units) - 1 and mesh.size() > 1 and not pipelined
             else:
                 reshard = st.reshard_after_forward == "always"
-            fully_shard(unit, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
+            fully_shard(unit, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard, ignored_params=ignored)
         if head:
             # The final norm and the output layer as one unit: its gradients are complete after the
             # norm's backward, the first of the step, so their reduce-scatter runs under the blocks'
             # backward instead of at the tail with the root's (the embedding's, complete only after
             # the last op). Kept gathered after forward: backward needs it at once, and the fused
             # loss reads the output weight without calling the output layer.
-            fully_shard(head, mesh=mesh, mp_policy=mp, reshard_after_forward=False)
+            fully_shard(head, mesh=mesh, mp_policy=mp, reshard_after_forward=False, ignored_params=ignored)
         # Left unset, the root keeps its parameters gathered after forward (backward needs them at
         # once, and a loss that reads the output weight after forward relies on it).
         root_kwargs = {"reshard_after_forward": False} if st.reshard_after_forward == "never" else {}
-        fully_shard(model, mesh=mesh, mp_policy=mp, **root_kwargs)
+        fully_shard(model, mesh=mesh, mp_policy=mp, ignored_params=ignored, **root_kwargs)
         dense_sums = DTYPES[dense_reduce] if dense_wire != dense_reduce else None
         expert_sums = DTYPES[expert_reduce] if expert_wire != expert_reduce else None
         if kind == "fsdp" and mesh.device_type == "cuda" and (st.gradients_in_compute_pool or dense_sums or expert_sums):
             device = torch.device("cuda", torch.cuda.current_device())
             wrapped = [(e, expert_sums) for e in experts] + [(u, dense_sums) for u in [*units, *([head] if head else []), model]]
-            if not install_reduce_scatters(wrapped, device, st.gradients_in_compute_pool):
+            if not install_reduce_scatters(wrapped, device, st.gradients_in_compute_pool, ignored or set()):
                 warnings.warn(
                     f"torch {torch.__version__} has no FSDPModule.set_custom_reduce_scatter: the sharded "
                     "gradients stay in the reduce-scatter stream's memory pool; set "
@@ -209,25 +212,50 @@ def expert_fsdp_mesh(meshes: Meshes) -> DeviceMesh | None:
     return meshes.root[("dp_replicate", "efsdp")] if "dp_replicate" in names else meshes.root["efsdp"]
 
 
+def experts_outside_fsdp(meshes: Meshes, layout: ModelLayout, settings: ParallelSettings) -> bool:
+    """Whether the routed experts stay outside FSDP: under expert parallelism where their FSDP
+    mesh is one rank (ep = dp_shard x cp, no dp_replicate). A unit there would shard nothing, yet
+    cost each step and MoE layer a cast copy-in, a 1-rank all-gather, its copy-out, the
+    reduce-scatter's copies and the cast of the sum. Left out, the weights stay fp32 DTensors
+    sharded over ep (parallel/expert.py), which compute casts (`GroupedExperts.forward`); their
+    gradients need no reduction: each rank holds its experts whole and received every token routed
+    to them through the all-to-all, and the 1/ep gradient scale of `weight_view` undoes the loss'
+    scaling by the data-parallel size (ep ranks here)."""
+    if not layout.experts or settings.dp_mode == "zero1" or fsdp_mesh(meshes) is None:
+        return False
+    mesh = expert_fsdp_mesh(meshes)
+    return mesh is not None and mesh.size() == 1
+
+
+def unsharded_expert_params(model: nn.Module, meshes: Meshes, layout: ModelLayout,
+                            settings: ParallelSettings) -> set[nn.Parameter]:
+    """The routed experts' parameters no FSDP unit may take (`experts_outside_fsdp`), else empty."""
+    if not experts_outside_fsdp(meshes, layout, settings):
+        return set()
+    return {p for _, experts in matching_modules(model, layout.experts) for p in experts.parameters()}
+
+
 def experts_are_fsdp_units(meshes: Meshes, layout: ModelLayout, settings: ParallelSettings) -> bool:
     """Whether the data-parallel step makes each routed-expert module an FSDP unit of its own
-    (`_shard_experts`): under expert parallelism, or where the experts reduce in another dtype
-    than the rest over a sharded mesh. A compiled block must then let Dynamo break its graph
-    around the experts' FSDP hooks (torch 2.11 refuses them inside a full graph)."""
+    (`_shard_experts`): under expert parallelism (but where its FSDP mesh is one rank:
+    `experts_outside_fsdp`), or where the experts reduce in another dtype than the rest over a
+    sharded mesh. A compiled block must then let Dynamo break its graph around the experts' FSDP
+    hooks (torch 2.11 refuses them inside a full graph)."""
     if not layout.experts or settings.dp_mode == "zero1":
         return False
     dense = fsdp_mesh(meshes)
     if dense is None:  # replicated (DDP) or no data parallel: nothing is sharded
         return False
     if expert_fsdp_mesh(meshes) is not None:
-        return True
+        return not experts_outside_fsdp(meshes, layout, settings)
     return dense.size() > 1 and len(set(settings.reduce_dtypes())) > 1
 
 
 def _shard_experts(model: nn.Module, meshes: Meshes, layout: ModelLayout, settings: ParallelSettings,
                    mp: MixedPrecisionPolicy, pipelined: bool, dense_mesh: DeviceMesh) -> list[nn.Module]:
     """Each routed-expert module becomes its own FSDP unit (resharded after forward as the blocks
-    are) under expert parallelism, over the ranks ep leaves, and without it where the experts
+    are) under expert parallelism, over the ranks ep leaves where they are more than one (else the
+    experts stay outside FSDP: `experts_outside_fsdp`), and without it where the experts
     reduce in another dtype than the rest (`mp`, fsdp_reduce_dtype auto), over the blocks' mesh.
     Averaging over the ep-left mesh, 1/ep the size of the dense parameters', is right because
     compute scales the experts' gradients by 1/ep (parallel/expert.py). Returns the modules wrapped."""

@@ -11,7 +11,9 @@ For every module of a plan's `layout.moe_modules` (models/common/moe.py):
   to each rank that holds one of its experts, the row counts exchanged first and read on the host
   (parallel/expert_dispatch.py); `pays_without_host_read` chooses. Either way the receiver
   computes its experts, weights and sums them, and sends one row back. FSDP then shards the
-  expert weights over the data-parallel ranks ep leaves ("efsdp", parallel/data_parallel.py).
+  expert weights over the data-parallel ranks ep leaves ("efsdp", parallel/data_parallel.py);
+  where those are one rank and there is no dp_replicate, the experts stay outside FSDP, fp32
+  DTensors over ep whose gradients need no reduction (`experts_outside_fsdp`).
 - Tensor parallel (a "tp" dimension): the MoE layer has no tensor-parallel split. It runs on
   this rank's shard of the sequence (under sequence parallel the residual stream is split
   already; without, its input is sliced and its output gathered), with every weight replicated
@@ -163,7 +165,9 @@ def apply_expert_parallel(model: nn.Module, meshes: Meshes, layout: ModelLayout,
                 setattr(experts, pname, _replicated_over_tp(getattr(experts, pname), mesh, placements))
             # Each expert's gradient gathers the tokens of its ep group: the step's loss is scaled by
             # the data-parallel averaging size (dp_shard x cp x dp_replicate), while FSDP averages
-            # the experts over 1/ep of those ranks; 1/ep makes the average the mean over all.
+            # the experts over 1/ep of those ranks; 1/ep makes the average the mean over all. Where
+            # those are one rank the experts stay outside FSDP, nothing averages them, and 1/ep of
+            # the loss' scale (ep) leaves the sum.
             grad_scale = 1.0 / ep_mesh.size() if ep_mesh is not None else 1.0
             experts.weight_view = _local_view(tuple(Shard(0) if d == "ep" else Partial() for d in dims), grad_scale)
         if ep_mesh is not None:

@@ -46,10 +46,13 @@ except ImportError:
     from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
 
 
-def own_parameters(module: nn.Module) -> list[nn.Parameter]:
-    """The parameters one FSDP module's reduce-scatter covers: its own, not its nested FSDP modules'."""
+def own_parameters(module: nn.Module, ignored: set[nn.Parameter] | frozenset[nn.Parameter] = frozenset()) -> list[nn.Parameter]:
+    """The parameters one FSDP module's reduce-scatter covers: its own, neither its nested FSDP
+    modules' nor those FSDP was told to ignore (`ignored`: experts outside FSDP, whose gradients,
+    made before the unit's reduce-scatter, would keep it from becoming the unit's gradients)."""
     nested = {id(p) for m in module.modules() if m is not module and isinstance(m, FSDPModule)
               for p in m.parameters()}
+    nested |= {id(p) for p in ignored}
     return [p for p in module.parameters() if id(p) not in nested]
 
 
@@ -135,18 +138,19 @@ def reduce_scatter_into(output: torch.Tensor, input: torch.Tensor, group: dist.P
 
 
 def install_reduce_scatters(units: list[tuple[nn.Module | list[nn.Module], torch.dtype | None]],
-                            device: torch.device, in_compute_pool: bool) -> bool:
+                            device: torch.device, in_compute_pool: bool,
+                            ignored: set[nn.Parameter] | frozenset[nn.Parameter] = frozenset()) -> bool:
     """Install a `UnitReduceScatter` on every FSDP unit (a module, or a list of modules wrapped as
     one unit), each with the dtype its gradients sum in where it is not the one FSDP sends (else
-    None); the compute stream is the current one. False where this torch build has no custom
-    reduce-scatter hook."""
+    None); the compute stream is the current one; `ignored`: the parameters no unit manages
+    (`fully_shard`'s ignored_params). False where this torch build has no custom reduce-scatter hook."""
     groups = [(unit if isinstance(unit, list) else [unit], sums) for unit, sums in units]
     if not all(hasattr(m, "set_custom_reduce_scatter") for group, _ in groups for m in group):
         return False
     compute = torch.cuda.current_stream(device)
     for group, sums in groups:
         # The modules of one unit share its state: one hook covers all their parameters.
-        params = [p for module in group for p in own_parameters(module)]
+        params = [p for module in group for p in own_parameters(module, ignored)]
         group[0].set_custom_reduce_scatter(
             UnitReduceScatter(compute, params, in_compute_pool=in_compute_pool, sum_dtype=sums))
     return True

@@ -135,4 +135,5 @@ class ModelLayout:
 
     def moe_summary(self) -> str:
         return (f"MoE layers: {self.moe_modules} (under tp: on this rank's sequence shard, weights replicated)   "
-                f"experts: {self.experts} (sharded over ep on the expert dim; own FSDP unit over efsdp)")
+                f"experts: {self.experts} (sharded over ep on the expert dim; own FSDP unit over efsdp, "
+                f"outside FSDP where efsdp x dp_replicate is 1)")

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from kenotron.config import load_config
@@ -83,6 +84,9 @@ def run_steps(
         name: tuple(local_tensor(p).shape) for name, p in named_parameters(trainer)
     }
     dtensors = sorted(name for name, p in named_parameters(trainer) if isinstance(p, DTensor))
+    # Which modules are FSDP units, and which parameters some unit manages (shards, gathers, reduces).
+    units = [(name, m) for part in job.model_parts for name, m in part.named_modules() if isinstance(m, FSDPModule)]
+    managed = {id(fp.sharded_param) for _, m in units for group in _param_groups(m) for fp in group.fsdp_params}
     # The parameters this rank's optimizers step (under ZeRO-1 the rank's own partition).
     names = {id(p): name for name, p in named_parameters(trainer)}
     stepped = sorted(names[id(p)] for o in job.torch_optimizers for g in o.param_groups for p in g["params"]
@@ -91,8 +95,18 @@ def run_steps(
         "losses": losses, "norms": norms, "mtp_losses": mtp_losses, "grads": grads if reports else None, "local_shapes": local_shapes,
         "dtensor_params": dtensors, "optimizer_params": stepped,
         "grad_local_shapes": grad_local_shapes, "stage_ids": list(job.applied.stage_ids),
-        "dispatchers": dispatchers,
+        "dispatchers": dispatchers, "fsdp_units": sorted(name for name, _ in units),
+        "fsdp_params": sorted(name for name, p in named_parameters(trainer) if id(p) in managed),
     }
+
+
+def _param_groups(module: FSDPModule) -> list:
+    """The FSDP parameter groups of one unit (private state: a list in newer torch, one group in 2.11)."""
+    state = module._get_fsdp_state()
+    groups = getattr(state, "_fsdp_param_groups", None)
+    if groups is None:
+        groups = [state._fsdp_param_group] if state._fsdp_param_group is not None else []
+    return list(groups)
 
 
 def assert_parity(reference: dict, results: list[dict], loss_tol: float, grad_tol: float) -> dict[str, float]:

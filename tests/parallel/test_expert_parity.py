@@ -29,7 +29,7 @@ LAYOUTS = {
     "ep2_tp2": (4, ["--parallelism.ep", "2", "--parallelism.tp", "2", "--training.local_batch_size", "4"]),
     "ep2_pp2": (4, ["--parallelism.ep", "2", "--parallelism.pp", "2", "--parallelism.pp_schedule", "GPipe",
                     "--parallelism.pp_microbatches", "1", "--training.local_batch_size", "4"]),
-    # Recomputation around the experts' own FSDP unit (selective: the profiler ranges FSDP opens).
+    # Recomputation around the experts (selective: the profiler ranges FSDP opens).
     "ep2_selective_ac": (2, ["--parallelism.ep", "2", "--training.local_batch_size", "4",
                              "--activation_checkpoint.mode", "selective-op"]),
     "ep2_full_ac": (2, ["--parallelism.ep", "2", "--training.local_batch_size", "4",
@@ -39,6 +39,11 @@ LAYOUTS = {
 # FSDP over what ep leaves.
 EXPECTED_W13 = {"ep2": (4, 512, 256), "ep4": (2, 512, 256), "ep2_fsdp4": (2, 512, 256), "ep2_tp2": (4, 512, 256),
                 "ep2_pp2": (4, 512, 256), "ep2_selective_ac": (4, 512, 256), "ep2_full_ac": (4, 512, 256)}
+
+
+# Where ep = dp_shard x cp (efsdp is one rank, no dp_replicate) the experts stay outside FSDP: no
+# unit of their own, none of the block's; ep 2 x FSDP 4 keeps them units over efsdp 2.
+EXPERTS_IN_FSDP = {"ep2_fsdp4"}
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +60,15 @@ def test_expert_parallel_layout_matches_one_rank(layout, reference, tmp_path):
     # Top-2 of 8 experts: the even split (no host read) at ep 2, the deduplicated exchange at ep 4.
     expected = "UnevenSplitDispatcher" if layout == "ep4" else "EvenSplitDispatcher"
     assert results[0]["dispatchers"] == [expected], results[0]["dispatchers"]
+    for res in results:
+        expert_units = [u for u in res["fsdp_units"] if u.endswith("experts")]
+        expert_params = {n for n in res["local_shapes"] if ".experts." in n}
+        managed = expert_params & set(res["fsdp_params"])
+        if layout in EXPERTS_IN_FSDP:
+            assert expert_units and managed == expert_params, (expert_units, managed)
+        else:
+            assert not expert_units and not managed, (expert_units, managed)
+            assert res["fsdp_units"] and set(res["fsdp_params"]) == set(res["local_shapes"]) - expert_params
     worst = assert_parity(reference, results, TOL, TOL)
     print(layout, worst)
 
@@ -77,5 +91,6 @@ def test_deepseek_v3_expert_parallel_layout_matches_one_rank(layout, tmp_path):
     reference = run_steps(DEEPSEEK + mtp + ["--training.local_batch_size", "8"], str(tmp_path / "ref"), STEPS)
     results = run_on_ranks(world, run_steps, DEEPSEEK + overrides, str(tmp_path), STEPS)
     shapes = {name: shape for r in results for name, shape in r["local_shapes"].items()}  # every stage's
+    assert not any(u.endswith("experts") for r in results for u in r["fsdp_units"])  # efsdp is one rank
     assert shapes["layers.2.feed_forward.experts.w13"] == (4, 256, 256)  # 8 experts of 128 split over ep 2
     assert_parity(reference, results, TOL, TOL)

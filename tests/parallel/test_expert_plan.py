@@ -21,7 +21,8 @@ def test_print_names_the_moe_layers_and_their_experts():
     _, plan = _model_and_plan()
     text = str(plan)
     assert "MoE layers: layers.*.feed_forward" in text
-    assert "experts: layers.*.feed_forward.experts (sharded over ep on the expert dim; own FSDP unit over efsdp)" in text
+    assert ("experts: layers.*.feed_forward.experts (sharded over ep on the expert dim; own FSDP unit over efsdp, "
+            "outside FSDP where efsdp x dp_replicate is 1)") in text
 
 
 def test_describe_places_expert_weights_over_ep_then_the_ranks_ep_leaves():

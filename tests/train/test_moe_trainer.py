@@ -1,10 +1,13 @@
 """The trainer with an MoE model on 4 CPU ranks: metrics.jsonl losses of every expert-parallel
 layout (EP x TP among them) equal the 1-rank run's, and every layer's expert loads reach
-metrics.jsonl and TensorBoard; checkpoints resume resharded from ep 2 to one rank; a checkpoint
+metrics.jsonl and TensorBoard; an ep 2 checkpoint resumes at ep 2 on 2 ranks (experts outside
+FSDP) and on 4 (experts FSDP units), and resharded on one rank; a checkpoint
 with another expert count is refused before training. The layouts run on the pool's ranks;
 `./run_train.sh` on several processes is launched end to end by tests/launch/test_two_nodes.py."""
 
 from __future__ import annotations
+
+import shutil
 
 import pytest
 
@@ -74,6 +77,16 @@ def test_ep2_checkpoint_resumes_on_one_rank_and_another_expert_count_is_refused(
                                                                 "4"], str(tmp_path))
     ep2 = read_records(tmp_path)
     assert_losses_match(one_rank, ep2)
+    # At ep 2 on 2 ranks the experts stay outside FSDP (efsdp is one rank); at ep 2 on 4 ranks they
+    # are FSDP units over efsdp 2: the step-4 checkpoint resumes in both layouts, each in a copy.
+    for world, batch in ((2, "4"), (4, "2")):
+        copy = tmp_path.parent / f"{tmp_path.name}_ep2_on_{world}"
+        shutil.copytree(tmp_path, copy)
+        (copy / "metrics.jsonl").unlink()
+        run_on_ranks(world, train_short_run, N_LAYERS, MOE + saving + [
+            "--checkpoint.load_step", "4", "--parallelism.ep", "2", "--training.local_batch_size", batch], str(copy))
+        resumed = read_records(copy)[-1]
+        assert resumed["step"] == 6 and abs(resumed["loss"] - ep2[-1]["loss"]) < 1e-5, (world, resumed["loss"])
     (tmp_path / "metrics.jsonl").unlink()
     resume = saving + ["--checkpoint.load_step", "4", "--training.local_batch_size", "8"]
     train_short_run(N_LAYERS, MOE + resume, str(tmp_path))

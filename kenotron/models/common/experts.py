@@ -278,8 +278,10 @@ class GroupedExperts(nn.Module):
         sizes = [end - start for start, end in zip([0, *ends[:-1]], ends)]
         outs = []
         for e, (xs, ss) in enumerate(zip(torch.split(x[:ends[-1]], sizes), torch.split(scale[:ends[-1]], sizes))):
-            h = F.linear(xs, w13[e])
-            outs.append(F.linear(self.swiglu(h, ss), w2[e]))
+            # In x's dtype: experts outside FSDP (parallel/data_parallel.py) keep fp32 weights
+            # beside bf16 activations; autocast, where on, casts both again.
+            h = F.linear(xs, w13[e].to(xs.dtype))
+            outs.append(F.linear(self.swiglu(h, ss), w2[e].to(xs.dtype)))
         # Rows in no group (none but under the even split), zero in the products' dtype (autocast's).
         # Appended also when there are none: under compile `ends` are unbacked, and a branch on
         # them would be a data-dependent guard.
