@@ -114,6 +114,12 @@ class ParallelDims:
         return self.dp_shard * self.cp // self.ep
 
     @property
+    def experts_outside_fsdp(self) -> bool:
+        """Under expert parallelism, whether the experts' FSDP mesh (efsdp x dp_replicate) is one rank:
+        the routed experts then stay outside FSDP (parallel/data_parallel.py's experts_outside_fsdp)."""
+        return self.ep > 1 and self.efsdp * self.dp_replicate == 1
+
+    @property
     def dp(self) -> int:
         """Data-parallel degree: how many different slices of the global batch are in flight."""
         return self.dp_replicate * self.dp_shard

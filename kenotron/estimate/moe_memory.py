@@ -68,8 +68,10 @@ def _experts_memory(experts: GroupedExperts, x: torch.Tensor, offsets: torch.Ten
     if gather is not None and not fused_gather:
         x = gather_rows(x, gather)
     if torch.is_autocast_enabled(x.device.type):
-        dtype = torch.get_autocast_dtype(x.device.type)
-        x, w13, w2 = x.to(dtype), w13.to(dtype), w2.to(dtype)
+        x = x.to(torch.get_autocast_dtype(x.device.type))
+    # As GroupedExperts.forward: the weights in the compute dtype, a copy (kept for backward) where
+    # they are fp32 outside FSDP (expert parallel with efsdp one rank, parallel/data_parallel.py).
+    w13, w2 = w13.to(x.dtype), w2.to(x.dtype)
     if experts.kernel == "grouped_mm" and x.dtype == torch.bfloat16:
         # torch._grouped_mm itself has a fake kernel (bf16): its allocations, and the op activation
         # checkpointing's selective policy saves.

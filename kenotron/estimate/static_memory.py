@@ -51,6 +51,12 @@ def ddp_by_hooks(run: ResolvedRun) -> bool:
     return ddp_alone(run.plan.settings.dp_mode, run.dims.degrees())
 
 
+def experts_outside_fsdp(run: ResolvedRun) -> bool:
+    """Whether the routed experts stay outside FSDP (ep = dp_shard x cp without dp_replicate,
+    kenotron.parallel.data_parallel): fp32 weights and gradients, a compute copy cast per forward."""
+    return bool(run.plan.layout.experts) and run.dims.experts_outside_fsdp and data_parallel_kind(run) == "fsdp"
+
+
 def one_gpu_fsdp(run: ResolvedRun) -> bool:
     """The trainer's choice of FSDP mixed precision on a single GPU."""
     return run.dims.world_size == 1 and run.choices.precision == "fsdp"

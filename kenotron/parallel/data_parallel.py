@@ -223,8 +223,7 @@ def experts_outside_fsdp(meshes: Meshes, layout: ModelLayout, settings: Parallel
     scaling by the data-parallel size (ep ranks here)."""
     if not layout.experts or settings.dp_mode == "zero1" or fsdp_mesh(meshes) is None:
         return False
-    mesh = expert_fsdp_mesh(meshes)
-    return mesh is not None and mesh.size() == 1
+    return meshes.dims.experts_outside_fsdp  # the estimators read the same rule off the degrees
 
 
 def unsharded_expert_params(model: nn.Module, meshes: Meshes, layout: ModelLayout,

@@ -72,6 +72,7 @@ from kenotron.estimate.static_memory import (
     ParameterBytes,
     data_parallel_kind,
     ddp_by_hooks,
+    experts_outside_fsdp,
     master_weights,
     one_gpu_fsdp,
 )
@@ -175,14 +176,25 @@ def gathered_bytes(run: ResolvedRun, params: ParameterBytes, layers: int, moment
     dense = getattr(run.model_args, "n_dense_layers", 0) if params.moe_block_gathered else 0
     moe_block = params.moe_block_gathered or params.block_gathered
     moe_experts = params.moe_block_experts or params.block_experts
+    if experts_outside_fsdp(run):  # FSDP gathers the rest of a block; the experts' copies are activations
+        moe_block -= moe_experts
     keep_all = kind in ("ddp", "zero1") or one_gpu_fsdp(run) or run.plan.settings.reshard_after_forward == "never"
     root = params.root_gathered + tied_second_copy(run)
     if keep_all:
         return root + dense * params.block_gathered + (layers - dense) * moe_block
     blocks = 2 if moment == "backward" else (0 if run.plan.settings.reshard_after_forward == "always" else 1)
-    # Experts FSDP-sharded over one rank (ep = dp_shard x cp) keep their compute copies throughout.
-    lone_experts = run.dims.ep > 1 and run.dims.efsdp * run.dims.dp_replicate == 1
-    return root + blocks * moe_block + ((layers - dense - blocks) * moe_experts if lone_experts else 0)
+    return root + blocks * moe_block
+
+
+def expert_copies(run: ResolvedRun, params: ParameterBytes, layers: int) -> int:
+    """The compute copies of the routed experts outside FSDP (`experts_outside_fsdp`) that the
+    blocks' forwards keep for backward: GroupedExperts casts its fp32 weights per forward, and the
+    grouped GEMM saves the copy unless activation checkpointing recomputes the block."""
+    if not experts_outside_fsdp(run):
+        return 0
+    dense = getattr(run.model_args, "n_dense_layers", 0) if params.moe_block_gathered else 0
+    moe_experts = params.moe_block_experts or params.block_experts
+    return round((layers - dense) * moe_experts * uncheckpointed_fraction(run))
 
 
 def tied_second_copy(run: ResolvedRun) -> int:
@@ -230,9 +242,14 @@ def peak_breakdown(run: ResolvedRun, params: ParameterBytes, O: int, kind: dict[
     blocks = round((s.layers - min(run.plan.settings.offload_blocks, s.layers)) * activations_per_block(run, s))
     if s.autocast:  # autocast keeps the bf16 copy of each matmul weight until its backward
         blocks += round(s.layers * params.block_gathered * uncheckpointed_fraction(run))
+    else:
+        blocks += expert_copies(run, params, s.layers)
     edges = 2 * allocated_bytes(s.residual_tokens * s.dim * s.residual)  # embedding output, final norm output
     kept, loss_temp = loss_bytes(run, s, fused)
     mtp_kept, mtp_temp = mtp_loss_bytes(run, s)
+    # Under multi-token prediction the last block backward meets is the MTP module's (its loss came
+    # last): the main head's loss still keeps its tensors there.
+    main_kept = kept if mtp_kept else 0
     kept, loss_temp = kept + mtp_kept, max(loss_temp, mtp_temp)
     loss_moment = Breakdown(
         parameters=P, unsharded_parameters=gathered_bytes(run, params, s.layers, "forward"), gradients=accumulated,
@@ -247,7 +264,7 @@ def peak_breakdown(run: ResolvedRun, params: ParameterBytes, O: int, kind: dict[
     backward_moment = Breakdown(
         parameters=P, unsharded_parameters=gathered_bytes(run, params, s.layers, "backward"),
         gradients=accumulated if sharded_grads or not accumulated else G, optimizer_state=O,
-        activations=blocks + edges, temporaries=backward_temp,
+        activations=blocks + edges + main_kept, temporaries=backward_temp,
     )
     # The optimizer updates a vocab-sharded parameter from a replicated gradient through a shard copy.
     optimizer_temp = allocated_bytes(s.vocab // s.tp * s.dim * FP32) if extra_grad else 0

@@ -82,8 +82,15 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from kenotron.estimate.static_memory import data_parallel_kind, ddp_by_hooks, master_weights, zero1_ranks
+from kenotron.estimate.static_memory import (
+    data_parallel_kind,
+    ddp_by_hooks,
+    experts_outside_fsdp,
+    master_weights,
+    zero1_ranks,
+)
 from kenotron.parallel.fsdp_wire import wire_dtype
+from kenotron.planner.analytic import uncheckpointed_fraction
 from kenotron.planner.analytic_model import AnalyticModel
 from kenotron.planner.analytic_moe import all_to_all_seconds
 from kenotron.planner.hardware import Hardware
@@ -260,12 +267,21 @@ def step_time(run: ResolvedRun, model: AnalyticModel, hw: Hardware | None = None
     if kind in ("fsdp", "hsdp") and shard > 1:
         gathers = 1 if run.plan.settings.reshard_after_forward == "never" or d.pp > 1 else 2
         # Under expert parallelism the routed experts are FSDP units of their own over the ranks
-        # ep leaves (efsdp = shard / ep): a rank gathers only its experts, from fewer ranks; so
-        # are they over the blocks' ranks where they reduce in another dtype than the rest.
+        # ep leaves (efsdp = shard / ep; outside FSDP where that is one rank without dp_replicate):
+        # a rank gathers only its experts, from fewer ranks; so are they over the blocks' ranks
+        # where they reduce in another dtype than the rest.
         split = d.ep > 1 or expert_scale != reduce_scale
         experts = a.n_layers * params.block_experts if split else 0
         groups = [(params.root_gathered + a.n_layers * params.block_gathered - experts, shard, gathers, reduce_scale)]
-        if experts:
+        if experts and experts_outside_fsdp(run):
+            # Where ep = dp_shard x cp the experts are no FSDP unit: each forward (and recomputation)
+            # casts their fp32 weights to the compute dtype, the backward casts the gradient back.
+            # Under pipeline parallel each microbatch casts (FSDP gathered once per step there).
+            forwards = 1 + (1 - uncheckpointed_fraction(run))
+            casts = (forwards + 1) * experts * (1 + 4 // c)
+            micro = run.plan.pipeline.microbatches if run.plan.pipeline is not None and d.pp > 1 else 1
+            compute += run.grad_accum_steps * micro * casts * stage / hw.memory_bytes_per_s
+        elif experts:
             efsdp = shard // d.ep
             groups.append((experts, efsdp, gathers if efsdp > 1 else 1, expert_scale))
         for gathered, ranks, group_gathers, scale in groups:

@@ -37,3 +37,15 @@ def test_compiled_blocks_train_when_experts_reduce_in_bf16_as_their_own_fsdp_uni
     for r in results:
         assert len(r["losses"]) == 1 and all(torch.isfinite(torch.tensor(r["losses"])))
 
+
+
+def test_compiled_blocks_train_at_ep2_with_bf16_compute_on_fp32_experts_outside_fsdp(tmp_path):
+    # ep 2 on 2 ranks: the experts' FSDP mesh would be one rank, so they are no FSDP unit (no hooks
+    # inside the block) and keep fp32 weights that compute casts to bf16, the block's FSDP dtype.
+    overrides = [*MOE_BF16, "--parallelism.ep", "2", "--training.local_batch_size", "4"]
+    results = run_on_ranks(2, _steps_with_dynamo_only, overrides, str(tmp_path), timeout=300)
+    for r in results:
+        assert len(r["losses"]) == 1 and all(torch.isfinite(torch.tensor(r["losses"])))
+        assert not any(u.endswith("experts") for u in r["fsdp_units"])
+        assert r["local_shapes"]["layers.0.feed_forward.experts.w13"][0] == 2  # 4 experts over ep 2
+    assert results[0]["losses"] == results[1]["losses"]
