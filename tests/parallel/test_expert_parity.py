@@ -34,16 +34,20 @@ LAYOUTS = {
                              "--activation_checkpoint.mode", "selective-op"]),
     "ep2_full_ac": (2, ["--parallelism.ep", "2", "--training.local_batch_size", "4",
                         "--activation_checkpoint.mode", "full"]),
+    # The same around experts that are FSDP units of their own (efsdp 2).
+    "ep2_fsdp4_selective_ac": (4, ["--parallelism.ep", "2", "--training.local_batch_size", "2",
+                                   "--activation_checkpoint.mode", "selective-op"]),
 }
 # Local shape of layer 0's w13 (8 experts x 512 x 256) on rank 0: experts split over ep, then
 # FSDP over what ep leaves.
 EXPECTED_W13 = {"ep2": (4, 512, 256), "ep4": (2, 512, 256), "ep2_fsdp4": (2, 512, 256), "ep2_tp2": (4, 512, 256),
-                "ep2_pp2": (4, 512, 256), "ep2_selective_ac": (4, 512, 256), "ep2_full_ac": (4, 512, 256)}
+                "ep2_pp2": (4, 512, 256), "ep2_selective_ac": (4, 512, 256), "ep2_full_ac": (4, 512, 256),
+                "ep2_fsdp4_selective_ac": (2, 512, 256)}
 
 
 # Where ep = dp_shard x cp (efsdp is one rank, no dp_replicate) the experts stay outside FSDP: no
 # unit of their own, none of the block's; ep 2 x FSDP 4 keeps them units over efsdp 2.
-EXPERTS_IN_FSDP = {"ep2_fsdp4"}
+EXPERTS_IN_FSDP = {"ep2_fsdp4", "ep2_fsdp4_selective_ac"}
 
 
 @pytest.fixture(scope="module")
