@@ -270,6 +270,17 @@ def peak_breakdown(run: ResolvedRun, params: ParameterBytes, O: int, kind: dict[
     optimizer_temp = allocated_bytes(s.vocab // s.tp * s.dim * FP32) if extra_grad else 0
     optimizer_moment = Breakdown(parameters=P, gradients=G, optimizer_state=O, temporaries=optimizer_temp)
     moments = [loss_moment, backward_moment, optimizer_moment]
+    moe_layers = s.layers - (getattr(run.model_args, "n_dense_layers", 0) if params.moe_block_gathered else 0)
+    if experts_outside_fsdp(run) and moe_layers > 1 and run.plan.settings.ac_mode != "none":
+        # Experts outside FSDP keep their gradients whole, in fp32, from their block's backward on:
+        # late in the backward every MoE block's but the last one's are made, beside the blocks
+        # still to come (the dense ones and that one) and the working block. Under recomputation
+        # this is the backward's highest point (the blocks keep little); without, its start is.
+        left = s.layers - moe_layers + 1
+        done = (moe_layers - 1) * (params.moe_block_experts or params.block_experts) * FP32 // c
+        moments.append(dataclasses.replace(
+            backward_moment, gradients=backward_moment.gradients + done,
+            activations=round(blocks * left / s.layers) + edges))
     tied = getattr(run.model_args, "tie_embeddings", False)
     if tied and not sharded_grads and s.tp == 1:
         # The last backward step of a tied embedding: the output projection's gradient waits in
