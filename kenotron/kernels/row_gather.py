@@ -17,20 +17,23 @@ import torch
 import triton
 import triton.language as tl
 
-_BLOCK = 1024
-"""Columns a program copies: the grid is (rows, column blocks)."""
+_ROWS, _BLOCK, _WARPS = 16, 512, 8
+"""Rows and columns a program copies, and its warps: the grid is (row blocks, column blocks).
+Sixteen rows of 512 columns keep more loads in flight per thread than one row of 1,024 did: the
+gather of 98,304 rows x 2048 (bf16) on H200 took 0.185 ms against 0.292 (docs/performance.md)."""
 
 
 @triton.jit
-def _gather_kernel(x_ptr, src_ptr, end_ptr, out_ptr, copies, dim, K: tl.constexpr, BLOCK: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
+def _gather_kernel(x_ptr, src_ptr, end_ptr, out_ptr, copies, n_rows, dim, K: tl.constexpr, ROWS: tl.constexpr,
+                   BLOCK: tl.constexpr):
+    rows = (tl.program_id(0) * ROWS + tl.arange(0, ROWS)).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    copy = tl.load(src_ptr + row)
-    # Masks compared as vectors: Triton's interpreter rejects a scalar mask and'ed with a vector.
-    live = (cols < dim) & (row + 0 * cols < tl.load(end_ptr))
-    real = live & (copy + 0 * cols < copies)  # padding rows name copy `copies`: zeros
-    v = tl.load(x_ptr + (copy // K) * dim + cols, mask=real, other=0.0)
-    tl.store(out_ptr + row * dim + cols, v, mask=live)
+    in_rows = (rows < n_rows) & (rows < tl.load(end_ptr))
+    copy = tl.load(src_ptr + rows, mask=in_rows, other=copies)
+    live = in_rows[:, None] & (cols < dim)[None, :]
+    real = live & (copy < copies)[:, None]  # padding rows name copy `copies`: zeros
+    v = tl.load(x_ptr + (copy // K)[:, None] * dim + cols[None, :], mask=real, other=0.0)
+    tl.store(out_ptr + rows[:, None] * dim + cols[None, :], v, mask=live)
 
 
 def gather_rows_until(x: torch.Tensor, src_copy: torch.Tensor, end: torch.Tensor, k: int) -> torch.Tensor:
@@ -41,5 +44,7 @@ def gather_rows_until(x: torch.Tensor, src_copy: torch.Tensor, end: torch.Tensor
     out = torch.empty((rows, *x.shape[1:]), dtype=x.dtype, device=x.device)
     dim = math.prod(x.shape[1:])
     if rows and dim:
-        _gather_kernel[(rows, triton.cdiv(dim, _BLOCK))](x, src_copy, end, out, x.shape[0] * k, dim, K=k, BLOCK=_BLOCK)
+        grid = (triton.cdiv(rows, _ROWS), triton.cdiv(dim, _BLOCK))
+        _gather_kernel[grid](x, src_copy, end, out, x.shape[0] * k, rows, dim, K=k, ROWS=_ROWS, BLOCK=_BLOCK,
+                             num_warps=_WARPS)
     return out

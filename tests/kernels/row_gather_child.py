@@ -26,6 +26,6 @@ def check(tokens: int, dim: tuple[int, ...], k: int, rows: int, end: int) -> Non
 
 check(5, (12,), 3, 20, 11)       # some rows past the bound
 check(5, (12,), 3, 20, 20)       # the bound at the end: every row
-check(4, (1500,), 2, 9, 6)       # a row wider than one loop turn (1024 columns)
+check(4, (1500,), 2, 9, 6)       # a row wider than one program's 512 columns
 check(3, (2, 5), 1, 7, 0)        # rows of two dims; nothing before the bound
 print("ok")
