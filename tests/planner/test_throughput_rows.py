@@ -379,3 +379,18 @@ def test_the_model_prices_the_bounded_gathers_and_gate_as_the_measured_gain_on_e
         now, before = (modelled_tokens_per_s(2, config, overrides + " --parallelism.ep 2", H100, True, bounded)
                        for bounded in (True, False))
         assert now / before == pytest.approx(measured, abs=0.02), f"{config}: modelled gain {now / before:.3f}"
+
+
+# Run 163 (2 x H200, 2026-11-28, twelfth session): EP 2 with the routed experts outside FSDP (their
+# FSDP mesh is one rank) and the bounded gather's sixteen rows a program, the defaults otherwise.
+H200_EP2_ROWS = [
+    ("MoE EP 2", 2, "qwen3_moe_30b_a3b", MOE + " --compile.enable true --parallelism.ep 2", 107_255),
+    ("DeepSeek-V3 16B width 6L EP 2", 2, "deepseek_v3_16b", DS + " --parallelism.ep 2", 87_772),
+]
+
+
+@pytest.mark.parametrize("row", H200_EP2_ROWS, ids=[r[0] for r in H200_EP2_ROWS])
+def test_modelled_tokens_per_s_of_ep_2_with_the_experts_outside_fsdp_is_within_tolerance(row):
+    name, ngpu, config, overrides, measured = row
+    ratio = modelled_tokens_per_s(ngpu, config, overrides, bf16_wire=True, bounded_rows=True) / measured
+    assert abs(ratio - 1) <= TOLERANCE, f"{name} (docs/performance.md, run 163): modelled / measured = {ratio:.3f}"
