@@ -4,6 +4,7 @@
     python scripts/bench_kernels.py attention   # SDPA backends and q/k/v layouts, fwd + bwd
                                                 # (and FlashAttention-4 when flash-attn-4 is installed)
     python scripts/bench_kernels.py pcie        # pinned host <-> device copies (activation offloading)
+    python scripts/bench_kernels.py moe         # the even split's bounded row gather and gate (ep 2)
 
 What the step's profile cannot say: how fast each matmul shape can run alone (so whether the
 step's matmul time is at cuBLAS's limit), and which attention kernel and layout is fastest.
@@ -113,9 +114,53 @@ def bench_pcie(gib: int = 4) -> None:
         print(f"| {name} | {direction} | {gib} GiB | {n / ms / 1e6:.1f} GB/s |", flush=True)
 
 
+# name: (tokens per rank, dim, top-k, expert ffn): the EP 2 rows of docs/performance.md.
+MOE_SHAPES = {
+    "Qwen3-30B-A3B b4x4096": (16384, 2048, 8, 768),
+    "DeepSeek-V3 16B b4x4096": (16384, 2048, 6, 1408),
+}
+
+
+def _moe_rows(shape: str, tokens: int, dim: int, k: int, ffn: int) -> None:
+    """One shape's rows of `bench_moe`."""
+    from kenotron.kernels.expert_swiglu import expert_swiglu_backward, expert_swiglu_forward
+    from kenotron.kernels.row_gather import gather_rows_until
+
+    dev, dt = torch.device("cuda"), torch.bfloat16
+    rows, end = 2 * tokens * k, tokens * k
+    bound = torch.tensor([end], dtype=torch.int32, device=dev)
+    x = torch.randn(tokens, dim, device=dev, dtype=dt)
+    src = torch.randint(0, tokens * k, (rows,), device=dev)
+    h = torch.randn(rows, 2 * ffn, device=dev, dtype=dt)
+    scale = torch.rand(rows, device=dev, dtype=dt)
+    grad = torch.randn(rows, ffn, device=dev, dtype=dt)
+    cases = {  # name: (bounded, over every row, bytes moved per row before the bound)
+        "row gather": (lambda: gather_rows_until(x, src, bound, k), lambda: x.index_select(0, src // k), 4 * dim),
+        "gate forward": (lambda: expert_swiglu_forward(h, scale, bound),
+                         lambda: F.silu(h[:, :ffn]) * h[:, ffn:] * scale[:, None], 6 * ffn),
+        "gate backward": (lambda: expert_swiglu_backward(grad, h, scale, bound),
+                          lambda: expert_swiglu_backward(grad, h, scale), 10 * ffn),
+    }
+    for name, (bounded, full, bytes_per_row) in cases.items():
+        ms, full_ms = median_cuda_ms(bounded), median_cuda_ms(full)
+        print(f"| {shape} | {name} | {rows:,} ({end:,}) | {ms:.3f} | {full_ms:.3f} | "
+              f"{end * bytes_per_row / ms / 1e6:,.0f} |", flush=True)
+
+
+def bench_moe() -> None:
+    """Expert parallel's even split at ep 2: a grouped buffer of 2 T k rows (every received slot on
+    this rank) of which routing fills T k. The bounded gather and gate (kernels/row_gather.py,
+    kernels/expert_swiglu.py) stop at the last group; PyTorch's ops (and the unbounded gate) pass
+    over every row."""
+    print("| shape | kernel | rows (bound) | bounded ms | every row ms | GB/s (bounded, rows before the bound) |\n"
+          "|---|---|---|---|---|---|")
+    for shape, sizes in MOE_SHAPES.items():
+        _moe_rows(shape, *sizes)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("what", choices=["matmul", "attention", "pcie", "all"])
+    parser.add_argument("what", choices=["matmul", "attention", "pcie", "moe", "all"])
     args = parser.parse_args()
     if args.what in ("matmul", "all"):
         bench_matmuls()
@@ -123,6 +168,8 @@ def main() -> None:
         bench_attention()
     if args.what in ("pcie", "all"):
         bench_pcie()
+    if args.what in ("moe", "all"):
+        bench_moe()
 
 
 if __name__ == "__main__":
