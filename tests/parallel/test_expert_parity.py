@@ -1,9 +1,9 @@
 """Expert parallelism on CPU/gloo against one rank: ep 2 (the even split) and 4 (the deduplicated
-exchange), EP x FSDP, EP x TP (dense parts), EP x PP, EP under activation checkpointing. fp32,
+exchange), EP x FSDP, EP x TP (dense parts), EP x PP, EP x CP, EP under activation checkpointing. fp32,
 SGD, 2 steps of qwen3_moe's debug model with the auxiliary loss, the z-loss and the bias updates
 on: losses and gradient norms within 1e-5, first-step gradients within 1e-5.
 deepseek_v3 (a dense first block, MLA, shared experts, grouped sigmoid routing) under EP x TP
-with its MTP module and EP x PP with full activation checkpointing.
+with its MTP module, EP x CP with it, and EP x PP with full activation checkpointing.
 
 Every layout here takes the whole global batch in one micro-step (one pipeline microbatch under
 PP), as the reference does: the auxiliary loss is computed over each micro-batch of all
@@ -37,17 +37,21 @@ LAYOUTS = {
     # The same around experts that are FSDP units of their own (efsdp 2).
     "ep2_fsdp4_selective_ac": (4, ["--parallelism.ep", "2", "--training.local_batch_size", "2",
                                    "--activation_checkpoint.mode", "selective-op"]),
+    # ep taken from cp: the sequence's halves route to experts on either rank (ep = cp, experts
+    # outside FSDP), and with dp_shard 2 beside cp 2 the experts are FSDP units over efsdp 2.
+    "ep2_cp2": (2, ["--parallelism.ep", "2", "--parallelism.cp", "2", "--training.local_batch_size", "8"]),
+    "ep2_cp2_fsdp4": (4, ["--parallelism.ep", "2", "--parallelism.cp", "2", "--training.local_batch_size", "4"]),
 }
 # Local shape of layer 0's w13 (8 experts x 512 x 256) on rank 0: experts split over ep, then
 # FSDP over what ep leaves.
 EXPECTED_W13 = {"ep2": (4, 512, 256), "ep4": (2, 512, 256), "ep2_fsdp4": (2, 512, 256), "ep2_tp2": (4, 512, 256),
                 "ep2_pp2": (4, 512, 256), "ep2_selective_ac": (4, 512, 256), "ep2_full_ac": (4, 512, 256),
-                "ep2_fsdp4_selective_ac": (2, 512, 256)}
+                "ep2_fsdp4_selective_ac": (2, 512, 256), "ep2_cp2": (4, 512, 256), "ep2_cp2_fsdp4": (2, 512, 256)}
 
 
 # Where ep = dp_shard x cp (efsdp is one rank, no dp_replicate) the experts stay outside FSDP: no
 # unit of their own, none of the block's; ep 2 x FSDP 4 keeps them units over efsdp 2.
-EXPERTS_IN_FSDP = {"ep2_fsdp4", "ep2_fsdp4_selective_ac"}
+EXPERTS_IN_FSDP = {"ep2_fsdp4", "ep2_fsdp4_selective_ac", "ep2_cp2_fsdp4"}
 
 
 @pytest.fixture(scope="module")
@@ -85,6 +89,9 @@ DEEPSEEK_LAYOUTS = {
     "ep2_pp2_full_ac": (4, ["--parallelism.ep", "2", "--parallelism.pp", "2", "--parallelism.pp_schedule", "GPipe",
                             "--parallelism.pp_microbatches", "1", "--training.local_batch_size", "4",
                             "--activation_checkpoint.mode", "full"]),
+    # MLA's attention over cp, the sequence-wise auxiliary loss over both halves, MTP on each.
+    "ep2_cp2_mtp": (2, ["--model.mtp_depth", "1", "--parallelism.ep", "2", "--parallelism.cp", "2",
+                        "--training.local_batch_size", "8"]),
 }
 
 
