@@ -114,3 +114,17 @@ def test_each_mtp_head_is_priced_as_one_more_output_projection_and_its_loss():
     r = rates(run, units, model.kind, recompute(run), hw)
     # One GPU: the main head's loss and the MTP heads' are both the fused chunked one.
     assert kernel_seconds(run, [output, mtp], r, 1024, hw) == pytest.approx(3 * kernel_seconds(run, [output], r, 1024, hw))
+
+
+def test_fsdp_traffic_of_deepseek_v3_counts_its_moe_blocks_not_only_its_leading_dense_one():
+    # deepseek_v3_16b leads with one dense block; the MoE blocks' parameters (64 routed experts
+    # each) are ~8x a dense block's. FSDP gathers and reduces every parameter, so the data-parallel
+    # time grows as the parameters do (the model priced every block as the first, dense one: 1.56
+    # of the parameters' 3.16 between 2 and 6 layers).
+    ds = "--model.mtp_depth 0 --training.local_batch_size 4 --training.seq_len 4096 --activation_checkpoint.mode none"
+    dp, params = {}, {}
+    for n_layers in (2, 6):
+        run = resolve_run(load_config("deepseek_v3_16b", f"{ds} --model.n_layers {n_layers}".split()), 2, check_data=False)
+        model = AnalyticModel(run)
+        dp[n_layers], params[n_layers] = step_time(run, model).data_parallel, model.parameter_count
+    assert dp[6] / dp[2] == pytest.approx(params[6] / params[2], rel=0.02)
