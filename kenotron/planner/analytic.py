@@ -241,7 +241,9 @@ def peak_breakdown(run: ResolvedRun, params: ParameterBytes, O: int, kind: dict[
     # Offloaded blocks keep their saved tensors in host memory (only tensors under 1 MiB stay).
     blocks = round((s.layers - min(run.plan.settings.offload_blocks, s.layers)) * activations_per_block(run, s))
     if s.autocast:  # autocast keeps the bf16 copy of each matmul weight until its backward
-        blocks += round(s.layers * params.block_gathered * uncheckpointed_fraction(run))
+        dense = getattr(run.model_args, "n_dense_layers", 0) if params.moe_block_gathered else 0
+        weights = dense * params.block_gathered + (s.layers - dense) * (params.moe_block_gathered or params.block_gathered)
+        blocks += round(weights * uncheckpointed_fraction(run))
     else:
         blocks += expert_copies(run, params, s.layers)
     edges = 2 * allocated_bytes(s.residual_tokens * s.dim * s.residual)  # embedding output, final norm output
