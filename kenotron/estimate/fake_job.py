@@ -20,15 +20,10 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor, debug
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
-try:  # private, and not in every torch version
-    from torch.distributed.tensor._redistribute import clear_redistribute_planner_cache
-except ImportError:
-    clear_redistribute_planner_cache = None
-
 from kenotron.data import MicroBatch
+from kenotron.dtensor import forget_dtensor_caches
 from kenotron.estimate.cp_ring_memory import use_flex_memory, use_torch_ring
 from kenotron.estimate.cuda_kernels import use_fused_gate_memory
 from kenotron.estimate.moe_memory import plan_even_routing, use_moe_memory
@@ -52,26 +47,6 @@ def ignored_features(run: ResolvedRun) -> list[str]:
     if run.cfg.model.attention_backend in ("flex", "flash_attn") or run.cfg.data.document_masking:
         notes.append("flex / flash_attn attention: estimated as SDPA's fused kernels (none of them keeps the scores)")
     return notes
-
-
-def forget_dtensor_caches() -> None:
-    """Drop DTensor's caches of sharding decisions and redistribution plans.
-
-    They are keyed by DeviceMesh, and meshes compare equal by shape and names, not by process
-    group: after one fake process group is destroyed and another made (the next estimate in
-    this process), a cached decision would hand back a mesh whose groups no longer exist.
-    The names differ between torch versions, so each cache is cleared if it exists.
-    """
-    clear_all = getattr(debug, "_clear_sharding_prop_cache", None)
-    if clear_all is not None:  # the Python cache and the C++ fast path's
-        clear_all()
-    propagator = DTensor._op_dispatcher.sharding_propagator
-    for name in ("propagate_op_sharding", "_propagate_tensor_meta_cached", "_propagate_tensor_meta"):
-        clear = getattr(getattr(propagator, name, None), "cache_clear", None)
-        if clear is not None:
-            clear()
-    if clear_redistribute_planner_cache is not None:
-        clear_redistribute_planner_cache()
 
 
 @contextlib.contextmanager
@@ -163,7 +138,6 @@ __all__ = [
     "build_fake_job",
     "estimated_run",
     "fake_process_group",
-    "forget_dtensor_caches",
     "ignored_features",
     "simulated_micro_steps",
 ]

@@ -11,10 +11,14 @@ import torch
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from kenotron.degrees import EP_MESH_DIM_ORDER, MESH_DIM_ORDER, ParallelDims
+from kenotron.dtensor import forget_dtensor_caches
 
 
 def build_device_meshes(dims: ParallelDims, device_type: str) -> Meshes:
     """The named mesh and its flattened views (the default process group must exist)."""
+    # A job's meshes equal an earlier job's of the same shape; DTensor's caches must not hand
+    # this job's parameters that job's mesh and groups (kenotron/dtensor.py).
+    forget_dtensor_caches()
     names, sizes = dims.mesh_shape()
     if not names:
         return Meshes(dims, None)

@@ -130,23 +130,13 @@ def _clean_after_call() -> None:
 
 
 def _clear_dtensor_caches() -> None:
-    """DeviceMesh equality ignores process groups, so DTensor's caches (sharding propagation in
-    Python and C++, redistribute planners, the RNG tracker) would hand a later call an old, equal
-    mesh whose groups were destroyed. They must not outlive a call. All private, hence guarded."""
+    """DTensor's caches must not outlive a call (kenotron/dtensor.py's forget_dtensor_caches says
+    why); not imported here before a call has imported DTensor."""
     if "torch.distributed.tensor" not in sys.modules:
         return
-    import torch.distributed.tensor._random as dtensor_random
-    import torch.distributed.tensor._redistribute as redistribute
-    import torch.distributed.tensor.debug as dtensor_debug
+    from kenotron.dtensor import forget_dtensor_caches
 
-    dtensor_random._rng_tracker = None
-    for clear in (
-        getattr(dtensor_debug, "_clear_sharding_prop_cache", None),
-        getattr(redistribute, "clear_redistribute_planner_cache", None),
-        getattr(getattr(redistribute, "_gen_transform_infos", None), "cache_clear", None),
-    ):
-        if clear is not None:
-            clear()
+    forget_dtensor_caches()
 
 
 def _worker_main(rank: int, world_size: int, port: int, conn, log_dir: str) -> None:
