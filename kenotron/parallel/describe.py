@@ -5,7 +5,7 @@ The placements follow what `Plan.apply` produces: tensor parallel shards a weigh
 over dp_shard x cp (and replicates over dp_replicate); DDP and ZeRO-1 replicate parameters.
 Under expert parallelism an expert weight is sharded over ep on dim 0 (the experts), then
 FSDP-sharded over the dp_shard x cp / ep ranks ep leaves (shown as S(0) in dp_shard: "efsdp"; where
-those are one rank without dp_replicate the experts stay outside FSDP, each ep rank holding its own whole);
+those are one rank without dp_replicate or pp the experts stay outside FSDP, each ep rank holding its own whole);
 every other parameter treats the ep ranks as data-parallel ones ("(dp)" in the ep column).
 Local shapes use torch.chunk's rule (the first ranks hold ceil(n / k) rows), so they are
 those of rank 0, the largest.

@@ -60,17 +60,11 @@ from kenotron.estimate.static_memory import (
     FP32,
     ParameterBytes,
     data_parallel_kind,
-    experts_outside_fsdp,
     optimizer_state_bytes,
     parameter_bytes,
 )
 from kenotron.parallel.pipeline import PipelineSplit, stage_module
-from kenotron.planner.analytic import (
-    activations_per_block,
-    backward_scratch,
-    kinds_activations,
-    uncheckpointed_fraction,
-)
+from kenotron.planner.analytic import activations_per_block, backward_scratch, kinds_activations
 from kenotron.planner.analytic_loss import loss_bytes, mtp_loss_bytes
 from kenotron.planner.step_shape import StepShape
 from kenotron.train.resolve import ResolvedRun
@@ -193,11 +187,6 @@ def stage_memory(run: ResolvedRun, model: nn.Module, kind: dict[str, bool], stag
     # the routed experts in bf16 under fsdp_reduce_dtype auto); gathered blocks stay gathered.
     reduce_size = [FP32 if dtype == "float32" else 2 for dtype in run.plan.settings.reduce_dtypes()]
     experts = (blocks - dense) * moe_experts
-    # Experts outside FSDP (ep = dp_shard x cp): fp32 gradients, none gathered, their compute copies
-    # cast by each microbatch's forward and saved with it (as autocast's below).
-    outside = experts_outside_fsdp(run)
-    if outside:
-        reduce_size[1] = FP32
     full = ((blocks_gathered - experts + params.root_gathered) * reduce_size[0] + experts * reduce_size[1]) // c
     G = full if dp in ("fsdp", "hsdp") else params.local
     if run.grad_accum_steps > 1 and dp != "none":
@@ -206,7 +195,7 @@ def stage_memory(run: ResolvedRun, model: nn.Module, kind: dict[str, bool], stag
         # parallel the schedule accumulates into .grad in place).
         G += params.local
     # FSDP keeps the stage gathered through the step; DDP / ZeRO-1 cast the whole stage once.
-    U = blocks_gathered + params.root_gathered - (experts if outside else 0) if dp != "none" else 0
+    U = blocks_gathered + params.root_gathered if dp != "none" else 0
     hidden = allocated_bytes(s.residual_tokens * s.dim * s.residual)
     per_micro = round(blocks * activations_per_block(run, s)) + hidden  # blocks + the stage's output (fwd_cache)
     if first:
@@ -218,8 +207,6 @@ def stage_memory(run: ResolvedRun, model: nn.Module, kind: dict[str, bool], stag
     autocast_cache = blocks_gathered - experts if s.autocast else 0
     if s.autocast:
         per_micro += experts
-    elif outside:
-        per_micro += round(experts * uncheckpointed_fraction(run))
     buffers = (0 if first else m * hidden) + (0 if last else m * hidden)
     static = Breakdown(parameters=P, unsharded_parameters=U, gradients=G, optimizer_state=O,
                        activations=autocast_cache, temporaries=buffers)
@@ -249,8 +236,8 @@ def stage_memory(run: ResolvedRun, model: nn.Module, kind: dict[str, bool], stag
     if last:
         pending += allocated_bytes(tokens * V * c) - loss_kept - mtp_kept
     # The gradient has the parameters' dtype: fp32 without data parallel (autocast), else the compute dtype.
-    experts_grad = moe_experts * (FP32 // c if dp == "none" or outside else 1) if blocks > dense else 0
-    experts_copy = moe_experts if (s.autocast or outside) and blocks > dense else 0
+    experts_grad = moe_experts * (FP32 // c if dp == "none" else 1) if blocks > dense else 0
+    experts_copy = moe_experts if s.autocast and blocks > dense else 0
     return StageMemory(first, last, static, per_micro, pending, params.root_gathered * reduce_size[0] // c,
                        blocks_gathered, loss, embedding_grad, experts_grad, experts_copy)
 

@@ -279,13 +279,12 @@ def step_time(run: ResolvedRun, model: AnalyticModel, hw: Hardware | None = None
         experts = (a.n_layers - dense) * moe_experts if split else 0
         groups = [(params.root_gathered + blocks - experts, shard, gathers, reduce_scale)]
         if experts and experts_outside_fsdp(run):
-            # Where ep = dp_shard x cp the experts are no FSDP unit: each forward (and recomputation)
-            # casts their fp32 weights to the compute dtype, the backward casts the gradient back.
-            # Under pipeline parallel each microbatch casts (FSDP gathered once per step there).
+            # Where ep = dp_shard x cp (no PP) the experts are no FSDP unit: each forward (and
+            # recomputation) casts their fp32 weights to the compute dtype, the backward casts the
+            # gradient back.
             forwards = 1 + (1 - uncheckpointed_fraction(run))
             casts = (forwards + 1) * experts * (1 + 4 // c)
-            micro = run.plan.pipeline.microbatches if run.plan.pipeline is not None and d.pp > 1 else 1
-            compute += run.grad_accum_steps * micro * casts * stage / hw.memory_bytes_per_s
+            compute += run.grad_accum_steps * casts / hw.memory_bytes_per_s
         elif experts:
             efsdp = shard // d.ep
             groups.append((experts, efsdp, gathers if efsdp > 1 else 1, expert_scale))
