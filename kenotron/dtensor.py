@@ -5,7 +5,7 @@ uses these instead of writing its own."""
 from __future__ import annotations
 
 import torch
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, _random, _redistribute, debug
 
 
 def local_tensor(t: torch.Tensor) -> torch.Tensor:
@@ -28,8 +28,6 @@ def forget_dtensor_caches() -> None:
     `to_empty` return DTensors on the earlier job's mesh, whose groups may be destroyed (a routed
     expert outside FSDP then fails at gradient clipping: "Could not resolve the process group").
     The names are private and differ between torch versions: each is cleared where it exists."""
-    from torch.distributed.tensor import _random, _redistribute, debug
-
     clear_all = getattr(debug, "_clear_sharding_prop_cache", None)
     if clear_all is not None:  # the Python cache and the C++ fast path's
         clear_all()

@@ -16,12 +16,12 @@ from kenotron.dtensor import forget_dtensor_caches
 
 def build_device_meshes(dims: ParallelDims, device_type: str) -> Meshes:
     """The named mesh and its flattened views (the default process group must exist)."""
-    # A job's meshes equal an earlier job's of the same shape; DTensor's caches must not hand
-    # this job's parameters that job's mesh and groups (kenotron/dtensor.py).
-    forget_dtensor_caches()
     names, sizes = dims.mesh_shape()
     if not names:
         return Meshes(dims, None)
+    # A job's meshes equal an earlier job's of the same shape; DTensor's caches must not hand
+    # this job's parameters that job's mesh and groups (kenotron/dtensor.py).
+    forget_dtensor_caches()
     root = init_device_mesh(device_type, sizes, mesh_dim_names=names)
     views: dict[str, DeviceMesh] = {}
     for flat_name, parts in dims.flattened_dims.items():
