@@ -361,19 +361,29 @@ def test_with_documents_the_model_puts_ulysses_ahead_of_the_ring_as_run_99_measu
     assert ulysses / ring == pytest.approx(36_052 / 33_494, abs=0.04), f"modelled ulysses / ring = {ulysses / ring:.3f}"
 
 
-# Runs 147-148 (one 2 x H100 host, 2026-11-28, eleventh session): the even split's gathers and gate
-# stop at the grouped buffer's last group (models/common/grouped_tail.py), the defaults otherwise.
-H100_BOUNDED_ROWS = [
-    ("MoE EP 2", 2, "qwen3_moe_30b_a3b", MOE + " --compile.enable true --parallelism.ep 2", 97_069),
-    ("DeepSeek-V3 16B width 6L EP 2", 2, "deepseek_v3_16b", DS + " --parallelism.ep 2", 77_984),
+# EP 2 since the even split's gathers and gate stop at the grouped buffer's last group
+# (models/common/grouped_tail.py), the defaults otherwise: runs 147-148 (one 2 x H100 host, eleventh
+# session), and run 163 (2 x H200, twelfth session) with the routed experts outside FSDP (their
+# FSDP mesh is one rank) and the bounded gather's sixteen rows a program.
+# (row, config, overrides, tok/s/GPU, hardware, runs, experts outside FSDP)
+EP2_ROWS = [
+    ("MoE EP 2, H100", "qwen3_moe_30b_a3b", MOE + " --compile.enable true --parallelism.ep 2", 97_069, H100,
+     "147-148", False),
+    ("DeepSeek-V3 16B width 6L EP 2, H100", "deepseek_v3_16b", DS + " --parallelism.ep 2", 77_984, H100,
+     "147-148", False),
+    ("MoE EP 2, H200", "qwen3_moe_30b_a3b", MOE + " --compile.enable true --parallelism.ep 2", 107_255, None,
+     "163", True),
+    ("DeepSeek-V3 16B width 6L EP 2, H200", "deepseek_v3_16b", DS + " --parallelism.ep 2", 87_772, None,
+     "163", True),
 ]
 
 
-@pytest.mark.parametrize("row", H100_BOUNDED_ROWS, ids=[r[0] for r in H100_BOUNDED_ROWS])
-def test_modelled_tokens_per_s_of_the_even_split_stopping_at_its_last_group_is_within_tolerance(row):
-    name, ngpu, config, overrides, measured = row
-    ratio = modelled_tokens_per_s(ngpu, config, overrides, H100, bf16_wire=True, bounded_rows=True) / measured
-    assert abs(ratio - 1) <= TOLERANCE, f"{name} (docs/performance.md, runs 147-148): modelled / measured = {ratio:.3f}"
+@pytest.mark.parametrize("row", EP2_ROWS, ids=[r[0] for r in EP2_ROWS])
+def test_modelled_tokens_per_s_of_ep_2_with_the_bounded_gathers_is_within_tolerance(row):
+    name, config, overrides, measured, hw, runs, experts_outside = row
+    ratio = modelled_tokens_per_s(2, config, overrides, hw, bf16_wire=True, bounded_rows=True,
+                                  experts_outside=experts_outside) / measured
+    assert abs(ratio - 1) <= TOLERANCE, f"{name} (docs/performance.md, runs {runs}): modelled / measured = {ratio:.3f}"
 
 
 def test_the_model_prices_the_bounded_gathers_and_gate_as_the_measured_gain_on_ep_2():
@@ -383,19 +393,3 @@ def test_the_model_prices_the_bounded_gathers_and_gate_as_the_measured_gain_on_e
         now, before = (modelled_tokens_per_s(2, config, overrides + " --parallelism.ep 2", H100, True, bounded)
                        for bounded in (True, False))
         assert now / before == pytest.approx(measured, abs=0.02), f"{config}: modelled gain {now / before:.3f}"
-
-
-# Run 163 (2 x H200, 2026-11-28, twelfth session): EP 2 with the routed experts outside FSDP (their
-# FSDP mesh is one rank) and the bounded gather's sixteen rows a program, the defaults otherwise.
-H200_EP2_ROWS = [
-    ("MoE EP 2", 2, "qwen3_moe_30b_a3b", MOE + " --compile.enable true --parallelism.ep 2", 107_255),
-    ("DeepSeek-V3 16B width 6L EP 2", 2, "deepseek_v3_16b", DS + " --parallelism.ep 2", 87_772),
-]
-
-
-@pytest.mark.parametrize("row", H200_EP2_ROWS, ids=[r[0] for r in H200_EP2_ROWS])
-def test_modelled_tokens_per_s_of_ep_2_with_the_experts_outside_fsdp_is_within_tolerance(row):
-    name, ngpu, config, overrides, measured = row
-    ratio = modelled_tokens_per_s(ngpu, config, overrides, bf16_wire=True, bounded_rows=True,
-                                  experts_outside=True) / measured
-    assert abs(ratio - 1) <= TOLERANCE, f"{name} (docs/performance.md, run 163): modelled / measured = {ratio:.3f}"
