@@ -119,8 +119,7 @@ class ParallelDims:
         (efsdp x dp_replicate) is one rank: the routed experts then stay outside FSDP
         (parallel/data_parallel.py's experts_outside_fsdp). Under pipeline parallel they stay FSDP
         units: there FSDP gathers them once a step, where outside it each microbatch would cast
-        them again and keep its copy (the throughput model: 1.4% slower at 2 microbatches, 4.5%
-        at 8; the fake tensors: +1.5 GiB on PP 2's last stage of 16B widths)."""
+        them again and keep its copy (slower and larger by the estimators: docs/parallelism.md)."""
         return self.ep > 1 and self.efsdp * self.dp_replicate == 1 and self.pp == 1
 
     @property

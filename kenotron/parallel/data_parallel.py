@@ -217,7 +217,7 @@ def experts_outside_fsdp(meshes: Meshes, layout: ModelLayout, settings: Parallel
     mesh is one rank (ep = dp_shard x cp, no dp_replicate), without pipeline parallel (degrees.py
     says why). A unit there would shard nothing, yet cost each step and MoE layer a cast
     copy-in, a 1-rank all-gather, its copy-out, the reduce-scatter's copies and the cast of the
-    sum (runs 156-158: 1.9-3.6% of EP 2's step). Left out, the weights stay fp32 DTensors
+    sum (docs/performance.md has what that cost EP 2). Left out, the weights stay fp32 DTensors
     sharded over ep (parallel/expert.py), which compute casts (`GroupedExperts.forward`); their
     gradients need no reduction: each rank holds its experts whole and received every token routed
     to them through the all-to-all, and the 1/ep gradient scale of `weight_view` undoes the loss'
