@@ -100,6 +100,26 @@ class ParameterBytes:
     moe_block_experts: int = 0
     """block_experts of that block (0 likewise)."""
 
+    @property
+    def moe_block(self) -> int:
+        """block_gathered of an MoE block: the first MoE block's where dense blocks lead, else the first's."""
+        return self.moe_block_gathered or self.block_gathered
+
+    @property
+    def moe_experts(self) -> int:
+        """block_experts of an MoE block, likewise."""
+        return self.moe_block_experts or self.block_experts
+
+    def blocks_gathered(self, layers: int, dense: int) -> int:
+        """`layers` blocks gathered, the first `dense` of them dense (`leading_dense_blocks`)."""
+        return dense * self.block_gathered + (layers - dense) * self.moe_block
+
+
+def leading_dense_blocks(run: ResolvedRun, params: ParameterBytes) -> int:
+    """Dense blocks before the MoE ones (deepseek_v3's n_dense_layers) where the parameter table
+    sizes an MoE block apart (moe_block_gathered); else 0, the first block standing for all."""
+    return getattr(run.model_args, "n_dense_layers", 0) if params.moe_block_gathered else 0
+
 
 def parameter_bytes(run: ResolvedRun, model: nn.Module) -> ParameterBytes:
     degrees = {k: v for k, v in run.dims.degrees().items() if k != "pp"}

@@ -73,6 +73,7 @@ from kenotron.estimate.static_memory import (
     data_parallel_kind,
     ddp_by_hooks,
     experts_outside_fsdp,
+    leading_dense_blocks,
     master_weights,
     one_gpu_fsdp,
 )
@@ -173,11 +174,10 @@ def gathered_bytes(run: ResolvedRun, params: ParameterBytes, layers: int, moment
         return 0
     # Dense blocks first (deepseek_v3): those are the first block's size, the others (and the MTP
     # modules) an MoE block's; the blocks kept gathered are the last ones, MoE blocks.
-    dense = getattr(run.model_args, "n_dense_layers", 0) if params.moe_block_gathered else 0
-    moe_block = params.moe_block_gathered or params.block_gathered
-    moe_experts = params.moe_block_experts or params.block_experts
+    dense = leading_dense_blocks(run, params)
+    moe_block = params.moe_block
     if experts_outside_fsdp(run):  # FSDP gathers the rest of a block; the experts' copies are activations
-        moe_block -= moe_experts
+        moe_block -= params.moe_experts
     keep_all = kind in ("ddp", "zero1") or one_gpu_fsdp(run) or run.plan.settings.reshard_after_forward == "never"
     root = params.root_gathered + tied_second_copy(run)
     if keep_all:
@@ -192,9 +192,7 @@ def expert_copies(run: ResolvedRun, params: ParameterBytes, layers: int) -> int:
     grouped GEMM saves the copy unless activation checkpointing recomputes the block."""
     if not experts_outside_fsdp(run):
         return 0
-    dense = getattr(run.model_args, "n_dense_layers", 0) if params.moe_block_gathered else 0
-    moe_experts = params.moe_block_experts or params.block_experts
-    return round((layers - dense) * moe_experts * uncheckpointed_fraction(run))
+    return round((layers - leading_dense_blocks(run, params)) * params.moe_experts * uncheckpointed_fraction(run))
 
 
 def tied_second_copy(run: ResolvedRun) -> int:
@@ -241,8 +239,7 @@ def peak_breakdown(run: ResolvedRun, params: ParameterBytes, O: int, kind: dict[
     # Offloaded blocks keep their saved tensors in host memory (only tensors under 1 MiB stay).
     blocks = round((s.layers - min(run.plan.settings.offload_blocks, s.layers)) * activations_per_block(run, s))
     if s.autocast:  # autocast keeps the bf16 copy of each matmul weight until its backward
-        dense = getattr(run.model_args, "n_dense_layers", 0) if params.moe_block_gathered else 0
-        weights = dense * params.block_gathered + (s.layers - dense) * (params.moe_block_gathered or params.block_gathered)
+        weights = params.blocks_gathered(s.layers, leading_dense_blocks(run, params))
         blocks += round(weights * uncheckpointed_fraction(run))
     else:
         blocks += expert_copies(run, params, s.layers)
@@ -272,14 +269,14 @@ def peak_breakdown(run: ResolvedRun, params: ParameterBytes, O: int, kind: dict[
     optimizer_temp = allocated_bytes(s.vocab // s.tp * s.dim * FP32) if extra_grad else 0
     optimizer_moment = Breakdown(parameters=P, gradients=G, optimizer_state=O, temporaries=optimizer_temp)
     moments = [loss_moment, backward_moment, optimizer_moment]
-    moe_layers = s.layers - (getattr(run.model_args, "n_dense_layers", 0) if params.moe_block_gathered else 0)
+    moe_layers = s.layers - leading_dense_blocks(run, params)
     if experts_outside_fsdp(run) and moe_layers > 1 and run.plan.settings.ac_mode != "none":
         # Experts outside FSDP keep their gradients whole, in fp32, from their block's backward on:
         # late in the backward every MoE block's but the last one's are made, beside the blocks
         # still to come (the dense ones and that one) and the working block. Under recomputation
         # this is the backward's highest point (the blocks keep little); without, its start is.
         left = s.layers - moe_layers + 1
-        done = (moe_layers - 1) * (params.moe_block_experts or params.block_experts) * FP32 // c
+        done = (moe_layers - 1) * params.moe_experts * FP32 // c
         moments.append(dataclasses.replace(
             backward_moment, gradients=backward_moment.gradients + done,
             activations=round(blocks * left / s.layers) + edges))

@@ -180,9 +180,8 @@ def stage_memory(run: ResolvedRun, model: nn.Module, kind: dict[str, bool], stag
     c = s.compute
     # The stage's blocks gathered: a leading dense block is the first block's size, the others an
     # MoE block's (static_memory's moe_block_gathered where the first block is a dense one).
-    moe_block = params.moe_block_gathered or params.block_gathered
-    moe_experts = params.moe_block_experts or params.block_experts
-    blocks_gathered = dense * params.block_gathered + (blocks - dense) * moe_block
+    moe_experts = params.moe_experts
+    blocks_gathered = params.blocks_gathered(blocks, dense)
     # FSDP under PP: gradients stay unsharded until the step's reduction, in the reduce dtype (fp32;
     # the routed experts in bf16 under fsdp_reduce_dtype auto); gathered blocks stay gathered.
     reduce_size = [FP32 if dtype == "float32" else 2 for dtype in run.plan.settings.reduce_dtypes()]

@@ -86,6 +86,7 @@ from kenotron.estimate.static_memory import (
     data_parallel_kind,
     ddp_by_hooks,
     experts_outside_fsdp,
+    leading_dense_blocks,
     master_weights,
     zero1_ranks,
 )
@@ -271,13 +272,12 @@ def step_time(run: ResolvedRun, model: AnalyticModel, hw: Hardware | None = None
         # a rank gathers only its experts, from fewer ranks; so are they over the blocks' ranks
         # where they reduce in another dtype than the rest.
         split = d.ep > 1 or expert_scale != reduce_scale
-        # Leading dense blocks (deepseek_v3's n_dense_layers): block_gathered and block_experts are
-        # the first block's, so the MoE blocks count with the first MoE block's (static_memory).
-        dense = getattr(a, "n_dense_layers", 0) if params.moe_block_gathered else 0
-        blocks = dense * params.block_gathered + (a.n_layers - dense) * (params.moe_block_gathered or params.block_gathered)
-        moe_experts = params.moe_block_experts or params.block_experts
-        experts = (a.n_layers - dense) * moe_experts if split else 0
-        groups = [(params.root_gathered + blocks - experts, shard, gathers, reduce_scale)]
+        # Leading dense blocks (deepseek_v3's n_dense_layers) count as what they are, the MoE
+        # blocks as an MoE block (static_memory).
+        dense = leading_dense_blocks(run, params)
+        experts = (a.n_layers - dense) * params.moe_experts if split else 0
+        groups = [(params.root_gathered + params.blocks_gathered(a.n_layers, dense) - experts, shard, gathers,
+                   reduce_scale)]
         if experts and experts_outside_fsdp(run):
             # Where ep = dp_shard x cp (no PP) the experts are no FSDP unit: each forward (and
             # recomputation) casts their fp32 weights to the compute dtype, the backward casts the
