@@ -15,8 +15,8 @@ back-propagates by `DataParallelState.averaging_size` (keeping the backends' nat
 collectives; gloo has no pre-multiplied sum).
 Gradients are reduced in `reduce_dtype` (auto: bf16 for the routed experts, each expert module an
 FSDP unit of its own, fp32 for the rest) and accumulated in fp32 in the sharded gradient even
-when compute runs in bf16. Under expert parallelism with ep = dp_shard x cp and no dp_replicate
-the experts' FSDP mesh would be one rank: they stay outside FSDP (`experts_outside_fsdp`).
+when compute runs in bf16. Under expert parallelism with ep = dp_shard x cp, no dp_replicate and no
+pp the experts' FSDP mesh would be one rank: they stay outside FSDP (`experts_outside_fsdp`).
 """
 
 from __future__ import annotations
