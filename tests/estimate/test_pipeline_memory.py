@@ -140,7 +140,8 @@ def test_context_parallel_inside_stages_halves_each_stages_activations_and_shard
     [
         ("--training.local_batch_size", "8"),
         ("--training.local_batch_size", "8", "--parallelism.pp_schedule", "GPipe"),
-        ("--model.n_layers", "20", "--training.local_batch_size", "6", "--parallelism.dp_shard", "2"),
+        # 8 blocks a stage: the shortest that extrapolates (2 shallow runs of 4 and 5 blocks cost less)
+        ("--model.n_layers", "16", "--training.local_batch_size", "4", "--parallelism.dp_shard", "2"),
     ],
     ids=["1f1b", "gpipe", "deep-stages-fsdp"],
 )
@@ -150,7 +151,7 @@ def test_shortcuts_equal_the_full_simulation(overrides, shared_estimate):
     quick = shared_estimate(ngpu, "--parallelism.pp", "2", *overrides)
     full = estimate(ngpu, "--parallelism.pp", "2", *overrides, full_depth=True)
     assert "extended" in quick.method and "every block" in full.method
-    if "20" in overrides:
+    if "16" in overrides:
         assert "extrapolated" in quick.method
     for q, f in zip(quick.ranks, full.ranks):
         assert q.peak.as_dict() == pytest.approx(f.peak.as_dict(), rel=1e-3, abs=65536)

@@ -29,6 +29,9 @@ BASE = [
     "--training.local_batch_size", "2", "--optimizer.name", "sgd", "--optimizer.lr", "0.5",
     "--training.max_norm", "1.0", "--lr_scheduler.warmup_steps", "0", "--lr_scheduler.decay", "constant",
     "--metrics.tensorboard", "false",
+    # CPU on every machine: the pool's ranks share one gloo group, so on a GPU machine "auto" would
+    # put every rank's CUDA tensors on that group (ranks sharing a GPU), a layout no launcher builds.
+    "--training.device", "cpu",
 ]
 
 

@@ -13,11 +13,12 @@ from kenotron.train.trainer import Trainer, run_training
 
 
 def short_run_args(n_layers: int) -> list[str]:
-    """Global batch 8 of 32-token windows, 6 steps, a record every 2 steps, no TensorBoard."""
+    """Global batch 8 of 32-token windows, 6 steps, a record every 2 steps, no TensorBoard, on the CPU."""
     return [
         "--model.n_layers", str(n_layers), "--training.seq_len", "32", "--training.global_batch_size", "8",
         "--training.steps", "6", "--metrics.log_freq", "2", "--lr_scheduler.warmup_steps", "2",
         "--metrics.tensorboard", "false",
+        "--training.device", "cpu",  # as tests/parallel/parity.py's BASE: the pool's gloo group
     ]
 
 
