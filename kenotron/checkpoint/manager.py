@@ -123,7 +123,7 @@ class CheckpointManager:
         self._masters_follow_model = [
             o.masters_from_params for o in optimizers or () if hasattr(o, "masters_from_params")
         ]
-        self.parts: dict[str, HasState] = {"model": ModelState(model_parts)}
+        self.parts: dict[str, HasState] = {"model": ModelState(model_parts, optimizers or ())}
         if optimizers:
             self.parts["optimizer"] = OptimizerState(model_parts, optimizers)
         if lr_schedulers:

@@ -56,16 +56,37 @@ class HasState(Protocol):
 
 
 class ModelState:
-    """The parameters of one or more model parts (pipeline stages hold disjoint names)."""
+    """The parameters of one or more model parts (pipeline stages hold disjoint names).
 
-    def __init__(self, model_parts: Sequence[nn.Module]) -> None:
+    A parameter whose fp32 master an optimizer keeps for the model part (`checkpointed_master`:
+    bf16 routed experts outside FSDP, train/master_weights.py) is saved as that master under the
+    parameter's name, and loaded into it in place: the checkpoint holds fp32 weights whatever the
+    layout trains them in. Loading then copies the master into the parameter."""
+
+    def __init__(self, model_parts: Sequence[nn.Module], optimizers: Sequence[torch.optim.Optimizer] = ()) -> None:
         self.model_parts = list(model_parts)
+        self.optimizers = list(optimizers)
 
     def state_dict(self) -> dict[str, Any]:
         merged: dict[str, Any] = {}
         for part in self.model_parts:
             merged.update(get_model_state_dict(part))
+        masters = self._masters()
+        if unknown := sorted(set(masters) - set(merged)):
+            raise KeyError(f"parameters {unknown} have fp32 masters but are not in the model's state dict")
+        merged.update(masters)
         return merged
+
+    def _masters(self) -> dict[str, torch.Tensor]:
+        """{parameter name: the fp32 master saved in its place}, over every optimizer that keeps some."""
+        holders = [o for o in self.optimizers if hasattr(o, "checkpointed_master")]
+        masters = {}
+        for part in self.model_parts if holders else ():
+            for name, p in part.named_parameters():
+                for optimizer in holders:
+                    if p in optimizer.state and (master := optimizer.checkpointed_master(p)) is not None:
+                        masters[name] = master
+        return masters
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         # Each part takes its own names from the merged dict; the manager has already checked

@@ -57,6 +57,22 @@ def experts_outside_fsdp(run: ResolvedRun) -> bool:
     return bool(run.plan.layout.experts) and run.dims.experts_outside_fsdp and data_parallel_kind(run) == "fsdp"
 
 
+def expert_masters(run: ResolvedRun) -> bool:
+    """Whether the routed experts outside FSDP are bf16 with fp32 masters in AdamW
+    (Choices.expert_masters): no compute copy, bf16 gradients, the masters optimizer state."""
+    return run.choices.expert_masters and experts_outside_fsdp(run)
+
+
+def held_parameter_bytes(run: ResolvedRun, params: ParameterBytes) -> int:
+    """The parameters (and as much again of gradients) a rank holds: bf16 under master weights,
+    the routed experts alone in bf16 under `expert_masters`, else fp32 (`ParameterBytes.local`)."""
+    if master_weights(run):
+        return params.local_bf16
+    if expert_masters(run):
+        return params.local - params.experts_local + params.experts_local_bf16
+    return params.local
+
+
 def one_gpu_fsdp(run: ResolvedRun) -> bool:
     """The trainer's choice of FSDP mixed precision on a single GPU."""
     return run.dims.world_size == 1 and run.choices.precision == "fsdp"
@@ -99,6 +115,10 @@ class ParameterBytes:
     n_dense_layers, its MTP modules); 0 where the first block is representative."""
     moe_block_experts: int = 0
     """block_experts of that block (0 likewise)."""
+    experts_local: int = 0
+    """Of `local`, the routed experts of every layer (fp32, as allocated)."""
+    experts_local_bf16: int = 0
+    """The same tensors in bf16, as allocated (`expert_masters`)."""
 
     @property
     def moe_block(self) -> int:
@@ -143,6 +163,7 @@ def parameter_bytes(run: ResolvedRun, model: nn.Module) -> ParameterBytes:
     split_head = (data_parallel_kind(run) in ("fsdp", "hsdp") and run.dims.dp_shard * run.dims.cp > 1
                   and run.dims.pp == 1 and head)
     head_bytes = sum(math.prod(r["local_shape"]) * c_p for r in tp_only if r["name"].split(".")[0] in head)
+    sharded_experts = [r for r in sharded if experts and fqn_matches(experts, r["name"].rpartition(".")[0])]
     return ParameterBytes(
         head_gathered=head_bytes if split_head else 0,
         local=sum(allocated_bytes(r["bytes"]) for r in sharded),
@@ -152,6 +173,8 @@ def parameter_bytes(run: ResolvedRun, model: nn.Module) -> ParameterBytes:
         moe_block_gathered=gathered(first_moe) if first_moe != first_block else 0,
         moe_block_experts=gathered(first_moe, only_experts=True) if first_moe != first_block else 0,
         local_bf16=sum(allocated_bytes(r["bytes"] // 2) for r in sharded),
+        experts_local=sum(allocated_bytes(r["bytes"]) for r in sharded_experts),
+        experts_local_bf16=sum(allocated_bytes(r["bytes"] // 2) for r in sharded_experts),
     )
 
 
@@ -198,6 +221,8 @@ def optimizer_state_bytes(run: ResolvedRun, model: nn.Module, params: ParameterB
         return 0
     if master_weights(run):  # the fp32 masters beside the moments (params.local counts fp32 bytes)
         return 3 * params.local + STEP_COUNTER * params.count
+    if expert_masters(run):  # the routed experts' fp32 masters beside every parameter's moments
+        return 2 * params.local + params.experts_local + STEP_COUNTER * params.count
     if data_parallel_kind(run) != "zero1":
         return 2 * params.local + STEP_COUNTER * params.count
     rows = {r["name"]: r for r in run.plan.describe(model, {"tp": run.dims.tp})}

@@ -56,6 +56,8 @@ class Choices:
     empty_cache_after_first_step: bool
     expert_kernel: str = "for_loop"
     """MoE experts: "grouped_mm" (torch._grouped_mm) or "for_loop"."""
+    expert_masters: bool = False
+    """The routed experts outside FSDP keep bf16 weights with fp32 masters in AdamW (config_checks.py's expert_masters)."""
 
     @property
     def compute_dtype(self) -> torch.dtype:
@@ -109,4 +111,5 @@ def resolve_choices(cfg: JobConfig, dims: ParallelDims, target: Target, meta_mod
         expandable_segments=u.expandable_segments and device_type == "cuda",
         empty_cache_after_first_step=u.empty_cache_after_first_step and device_type == "cuda",
         expert_kernel=kernels.expert_kernel,
+        expert_masters=kernels.expert_masters,
     )

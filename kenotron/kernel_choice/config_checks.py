@@ -54,6 +54,7 @@ class Kernels:
     adamw: str
     precision: str
     expert_kernel: str
+    expert_masters: bool = False
 
 
 def resolve_attention_backend(backend: str, document_masking: bool) -> str:
@@ -246,4 +247,14 @@ def settle_kernels(cfg: JobConfig, dims: ParallelDims, spec: ModelSpec, args: An
         adamw=resolve_adamw_implementation(u.adamw_implementation, device_type, target.triton),
         precision=precision,
         expert_kernel=resolve_expert_kernel(u.expert_kernel, device_type, target.cuda_major, precision != "float32"),
+        expert_masters=expert_masters(cfg, dims, precision, accum),
     )
+
+
+def expert_masters(cfg: JobConfig, dims: ParallelDims, precision: str, accum: int) -> bool:
+    """Whether the routed experts outside FSDP (degrees.py's experts_outside_fsdp) train in bf16
+    with fp32 masters in AdamW (train/master_weights.py), as one GPU trains every weight: under
+    FSDP's mixed precision with AdamW, without accumulation (bf16 gradients would be summed in
+    bf16) and without ZeRO-1 (no FSDP). Otherwise they are fp32 and cast for each forward."""
+    return (precision == "fsdp" and cfg.optimizer.name == "adamw" and accum == 1 and dims.experts_outside_fsdp
+            and cfg.parallelism.dp_mode != "zero1")

@@ -29,6 +29,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from kenotron.kernel_choice.attention_backend import BlockMasks, use_attention_kernel
 from kenotron.models.common.eager_kernels import use_eager_kernels, use_expert_kernel
 from kenotron.models.common.mamba import use_scan_kernel
+from kenotron.parallel.data_parallel import unsharded_expert_params
 from kenotron.parallel.dims import Meshes, build_device_meshes
 from kenotron.parallel.early_gather import EarlyGather
 from kenotron.parallel.zero1 import Zero1Optimizer
@@ -110,10 +111,15 @@ def build_job(
                 # Fake tensors: init_weights' truncated normal asks data-dependent questions.
                 part.init_buffers(device)
             part.train()
-        # With master weights, building the optimizer turns the parameters bf16 (fp32 masters in its state).
-        factory = optimizer_factory(cfg.optimizer, choices.adamw, master_weights=choices.precision == "master_weights",
+        # With master weights, building the optimizer turns the parameters bf16 (fp32 masters in its
+        # state): all of them on one device, or the routed experts outside FSDP (Choices.expert_masters).
+        masters_for = (unsharded_expert_params(model, meshes, run.plan.layout, run.plan.settings)
+                       if choices.expert_masters else None)
+        factory = optimizer_factory(cfg.optimizer, choices.adamw,
+                                    master_weights=choices.precision == "master_weights" or bool(masters_for),
                                     device_type=device.type,
-                                    muon_tuning=(cfg.tuning.muon_redistribution, cfg.tuning.muon_compile))
+                                    muon_tuning=(cfg.tuning.muon_redistribution, cfg.tuning.muon_compile),
+                                    masters_for=masters_for or None)
         optimizers: list[Any] = []
         for part in applied.model_parts:
             groups = build_param_groups(part, cfg.optimizer, cfg.model.parametrization)

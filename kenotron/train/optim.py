@@ -3,7 +3,7 @@ Muon (train/muon.py) or SGD, and their parameter groups."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 
 import torch
 from torch import nn
@@ -92,10 +92,12 @@ def adamw_kernel_kwargs(implementation: str) -> dict[str, bool]:
 
 def optimizer_factory(cfg: OptimizerConfig, implementation: str, master_weights: bool = False,
                       device_type: str = "cpu", muon_tuning: tuple[str, str] = ("owner", "auto"),
+                      masters_for: Collection[torch.Tensor] | None = None,
                       ) -> Callable[[list[dict]], torch.optim.Optimizer]:
     """A function from parameter groups to the configured optimizer. `implementation`: AdamW's
     kernel as resolve_run chose it (Choices.adamw). `master_weights`: AdamW keeps fp32 masters
-    and turns the parameters bf16 when built (kenotron/train/master_weights.py). `device_type`
+    and turns the parameters bf16 when built (kenotron/train/master_weights.py); those in
+    `masters_for` only, when given (the others stay fp32). `device_type`
     and `muon_tuning` (tuning.muon_redistribution, tuning.muon_compile) set how Muon's
     Newton–Schulz runs: bf16 and compiled on CUDA, fp32 eager elsewhere."""
     if master_weights and cfg.name != "adamw":
@@ -116,7 +118,8 @@ def optimizer_factory(cfg: OptimizerConfig, implementation: str, master_weights:
     if cfg.name != "adamw":
         raise ConfigError(f"optimizer.name={cfg.name!r} is not supported; use 'adamw', 'muon' or 'sgd'")
     if master_weights:
-        return lambda groups: MasterWeightAdamW(groups, lr=cfg.lr, betas=betas, eps=cfg.eps, kernel=implementation)
+        return lambda groups: MasterWeightAdamW(groups, lr=cfg.lr, betas=betas, eps=cfg.eps, kernel=implementation,
+                                                masters_for=masters_for)
     if implementation == "triton":
         return lambda groups: TritonAdamW(groups, lr=cfg.lr, betas=betas, eps=cfg.eps)
     kernel = adamw_kernel_kwargs(implementation)
