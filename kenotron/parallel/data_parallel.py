@@ -217,8 +217,9 @@ def experts_outside_fsdp(meshes: Meshes, layout: ModelLayout, settings: Parallel
     mesh is one rank (ep = dp_shard x cp, no dp_replicate), without pipeline parallel (degrees.py
     says why). A unit there would shard nothing, yet cost each step and MoE layer a cast
     copy-in, a 1-rank all-gather, its copy-out, the reduce-scatter's copies and the cast of the
-    sum (docs/performance.md has what that cost EP 2). Left out, the weights stay fp32 DTensors
-    sharded over ep (parallel/expert.py), which compute casts (`GroupedExperts.forward`); their
+    sum (docs/performance.md has what that cost EP 2). Left out, the weights stay DTensors sharded
+    over ep (parallel/expert.py): bf16 with fp32 masters in AdamW where Choices.expert_masters, else
+    fp32 weights which compute casts (`GroupedExperts.forward`); their
     gradients need no reduction: each rank holds its experts whole and received every token routed
     to them through the all-to-all, and the 1/ep gradient scale of `weight_view` undoes the loss'
     scaling by the data-parallel size (ep ranks here)."""

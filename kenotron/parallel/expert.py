@@ -12,8 +12,9 @@ For every module of a plan's `layout.moe_modules` (models/common/moe.py):
   (parallel/expert_dispatch.py); `pays_without_host_read` chooses. Either way the receiver
   computes its experts, weights and sums them, and sends one row back. FSDP then shards the
   expert weights over the data-parallel ranks ep leaves ("efsdp", parallel/data_parallel.py);
-  where those are one rank, without dp_replicate or pp, the experts stay outside FSDP, fp32
-  DTensors over ep whose gradients need no reduction (`experts_outside_fsdp`).
+  where those are one rank, without dp_replicate or pp, the experts stay outside FSDP, DTensors
+  over ep whose gradients need no reduction (`experts_outside_fsdp`; bf16 with fp32 masters in
+  AdamW where Choices.expert_masters).
 - Tensor parallel (a "tp" dimension): the MoE layer has no tensor-parallel split. It runs on
   this rank's shard of the sequence (under sequence parallel the residual stream is split
   already; without, its input is sliced and its output gathered), with every weight replicated

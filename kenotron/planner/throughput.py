@@ -85,6 +85,7 @@ from dataclasses import dataclass
 from kenotron.estimate.static_memory import (
     data_parallel_kind,
     ddp_by_hooks,
+    expert_masters,
     experts_outside_fsdp,
     leading_dense_blocks,
     master_weights,
@@ -279,11 +280,11 @@ def step_time(run: ResolvedRun, model: AnalyticModel, hw: Hardware | None = None
         groups = [(params.root_gathered + params.blocks_gathered(a.n_layers, dense) - experts, shard, gathers,
                    reduce_scale)]
         if experts and experts_outside_fsdp(run):
-            # Where ep = dp_shard x cp (no PP) the experts are no FSDP unit: each forward (and
-            # recomputation) casts their fp32 weights to the compute dtype, the backward casts the
-            # gradient back.
+            # Where ep = dp_shard x cp (no PP) the experts are no FSDP unit: with fp32 weights each
+            # forward (and recomputation) casts them to the compute dtype, the backward casts the
+            # gradient back; bf16 weights with fp32 masters (expert_masters) cast nothing.
             forwards = 1 + (1 - uncheckpointed_fraction(run))
-            casts = (forwards + 1) * experts * (1 + 4 // c)
+            casts = 0 if expert_masters(run) else (forwards + 1) * experts * (1 + 4 // c)
             compute += run.grad_accum_steps * casts / hw.memory_bytes_per_s
         elif experts:
             efsdp = shard // d.ep

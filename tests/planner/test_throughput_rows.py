@@ -235,15 +235,19 @@ def _even_split_rows_before_the_bound(run, local_tokens: int, c: int, memory_byt
 
 
 def modelled_tokens_per_s(ngpu: int, config: str, overrides: str, hw: Hardware | None = None,
-                          bf16_wire: bool = False, bounded_rows: bool = False, experts_outside: bool = False) -> float:
+                          bf16_wire: bool = False, bounded_rows: bool = False, experts_outside: bool = False,
+                          masters: bool = False) -> float:
     """The model's tokens/s per GPU, priced as the code ran when the row was measured. `bf16_wire`
     False (every row measured before 2026-11-28): FSDP sent gradients summed in fp32 as fp32 then
     (parallel/fsdp_wire.py came after). `bounded_rows` False (every row before the eleventh
     session): the even split's gathers and gate passed over its whole worst-case buffer.
     `experts_outside` False (every row before the twelfth session): the routed experts were FSDP
-    units also where their FSDP mesh is one rank."""
+    units also where their FSDP mesh is one rank. `masters` False (every row before the thirteenth
+    session): those experts outside FSDP were fp32 weights cast for each forward."""
     run = resolve_run(load_config(config, overrides.split()), ngpu, check_data=False)
     with contextlib.ExitStack() as stack:
+        if not masters:
+            stack.enter_context(mock.patch.object(throughput, "expert_masters", lambda run: False))
         if not experts_outside:
             stack.enter_context(mock.patch.object(throughput, "experts_outside_fsdp", lambda run: False))
         if not bf16_wire:
@@ -364,8 +368,9 @@ def test_with_documents_the_model_puts_ulysses_ahead_of_the_ring_as_run_99_measu
 # EP 2 since the even split's gathers and gate stop at the grouped buffer's last group
 # (models/common/grouped_tail.py), the defaults otherwise: runs 147-148 (one 2 x H100 host, eleventh
 # session), and run 163 (2 x H200, twelfth session) with the routed experts outside FSDP (their
-# FSDP mesh is one rank) and the bounded gather's sixteen rows a program.
-# (row, config, overrides, tok/s/GPU, hardware, runs, experts outside FSDP)
+# FSDP mesh is one rank) and the bounded gather's sixteen rows a program; run 166 (2 x H200,
+# thirteenth session) with those experts in bf16 with fp32 masters.
+# (row, config, overrides, tok/s/GPU, hardware, runs, experts outside FSDP: True, or "masters")
 EP2_ROWS = [
     ("MoE EP 2, H100", "qwen3_moe_30b_a3b", MOE + " --compile.enable true --parallelism.ep 2", 97_069, H100,
      "147-148", False),
@@ -375,14 +380,18 @@ EP2_ROWS = [
      "163", True),
     ("DeepSeek-V3 16B width 6L EP 2, H200", "deepseek_v3_16b", DS + " --parallelism.ep 2", 87_772, None,
      "163", True),
+    ("MoE EP 2, H200, expert masters", "qwen3_moe_30b_a3b", MOE + " --compile.enable true --parallelism.ep 2",
+     111_939, None, "166", "masters"),
+    ("DeepSeek-V3 16B width 6L EP 2, H200, expert masters", "deepseek_v3_16b", DS + " --parallelism.ep 2", 88_963,
+     None, "166", "masters"),
 ]
 
 
 @pytest.mark.parametrize("row", EP2_ROWS, ids=[r[0] for r in EP2_ROWS])
 def test_modelled_tokens_per_s_of_ep_2_with_the_bounded_gathers_is_within_tolerance(row):
-    name, config, overrides, measured, hw, runs, experts_outside = row
+    name, config, overrides, measured, hw, runs, experts = row
     ratio = modelled_tokens_per_s(2, config, overrides, hw, bf16_wire=True, bounded_rows=True,
-                                  experts_outside=experts_outside) / measured
+                                  experts_outside=bool(experts), masters=experts == "masters") / measured
     assert abs(ratio - 1) <= TOLERANCE, f"{name} (docs/performance.md, runs {runs}): modelled / measured = {ratio:.3f}"
 
 

@@ -10,7 +10,6 @@ import shutil
 from pathlib import Path
 from unittest import mock
 
-import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
@@ -19,7 +18,7 @@ from kenotron.config import load_config
 from kenotron.train.master_weights import MasterWeightAdamW
 from kenotron.train.resolve import resolve_run
 from tests.distributed.pool import run_on_ranks
-from tests.train.short_run import read_records, short_run_args, train_short_run
+from tests.train.short_run import read_records, short_run_args
 
 # No clipping (max_norm far above the norm): the clip multiplies bf16 gradients in bf16 where the
 # optimizer does not divide inside its kernel (CPU), the one step that would round differently.
