@@ -17,7 +17,7 @@ from torch import nn
 from kenotron.errors import ConfigError
 
 TP_STYLES = ("embedding", "colwise", "rowwise", "norm", "block_input", "output", "head_norm", "channels",
-             "latent_attention")
+             "latent_attention", "token_linear")
 
 
 class PlanError(ConfigError):

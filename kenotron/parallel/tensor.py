@@ -80,6 +80,34 @@ class ReplicatedOverShards(ParallelStyle):
         return distribute_module(module, device_mesh, input_fn=to_dtensor, output_fn=to_local)
 
 
+class LinearOnSequenceShards(ParallelStyle):
+    """A Linear applied token by token to this rank's sequence shard under sequence parallel (the
+    residual stream's layout), with its weights replicated over tp: DeepSeek-V3's MTP projection.
+
+    The product runs on local tensors, the weights read as their local copies whose gradients are
+    marked Partial (each rank saw other tokens), so they are summed over tp before clipping and
+    the optimizer step, as `ReplicatedOverShards` gets them. The input may come as a
+    sequence-sharded DTensor (the norms' output); the output is the local shard. F.linear on a
+    sequence-sharded (batch, seq, dim) DTensor would flatten a sharded dimension, which torch
+    2.11's view rule refuses.
+    """
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        if not isinstance(module, nn.Linear):
+            raise TypeError(f"the 'token_linear' style takes an nn.Linear, got {type(module).__name__}")
+        distribute_module(module, device_mesh)  # every parameter Replicate over tp
+
+        def local(weight: torch.Tensor | None) -> torch.Tensor | None:
+            return weight.to_local(grad_placements=(Partial(),)) if isinstance(weight, DTensor) else weight
+
+        def forward(x: torch.Tensor) -> torch.Tensor:
+            x = x.to_local() if isinstance(x, DTensor) else x
+            return F.linear(x, local(module.weight), local(module.bias))
+
+        module.forward = forward  # type: ignore[method-assign]
+        return module
+
+
 class ShardedChannels(ParallelStyle):
     """A module's own per-channel parameters split along dim 0 over tp, each rank computing on its
     channels only (local tensors in and out, no communication).
@@ -168,6 +196,8 @@ def style_object(style: str, module: nn.Module, *, sp: bool, loss_parallel: bool
         return RowwiseParallel(output_layouts=SEQ if sp else Replicate())
     if style == "norm":
         return SequenceParallel() if sp else None
+    if style == "token_linear":
+        return LinearOnSequenceShards() if sp else None
     if style == "block_input":
         # The colwise projections read the input as a Replicate DTensor, so that each one's input
         # gradient stays a partial sum: autograd adds them, and the input's conversion reduces the

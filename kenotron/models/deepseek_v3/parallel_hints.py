@@ -26,15 +26,16 @@ DEEPSEEK_V3_TP_STYLES: dict[str, str] = {
     "layers.*.mlp.w2": "rowwise",
     "layers.*.enorm": "norm",
     "layers.*.hnorm": "norm",
-    "layers.*.eh_proj": "norm",
+    "layers.*.eh_proj": "token_linear",
     "layers.*.head_norm": "norm",
     "norm": "norm",
     "output": "output",
 }
 MTP_PARTS = ("layers.*.enorm", "layers.*.hnorm", "layers.*.eh_proj", "layers.*.head_norm")
 """The MTP modules' own parts: per-token maps on the residual stream, so under sequence parallel they
-take the norms' style (replicated weights on sequence shards, gradients summed over tp); eh_proj
-is a Linear, which that style serves the same way."""
+run on the sequence shards with replicated weights, gradients summed over tp: the norms' style, and
+"token_linear" for eh_proj, a Linear (parallel/tensor.py's LinearOnSequenceShards: its product on
+local tensors, which torch 2.11 refuses on a sequence-sharded DTensor)."""
 
 
 

@@ -11,6 +11,8 @@ are style names that kenotron.parallel.plan understands:
 - "output":      the output projection, vocabulary-sharded (feeds the vocab-parallel loss)
 - "head_norm":   a norm applied per attention head to the tp-sharded heads (replicated weight,
                  gradient summed over tp)
+- "token_linear": a Linear applied token by token to the sequence shards (replicated weight,
+                 gradient summed over tp; DeepSeek-V3's MTP projection)
 
 This file says nothing about meshes or torch.distributed: it is data the plan reads.
 """
