@@ -20,6 +20,7 @@ FSDP-sharded over efsdp (x dp_replicate); "dp_shard" becomes the view efsdp x dp
 
 from __future__ import annotations
 
+import importlib.metadata
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -258,9 +259,12 @@ def check_ulysses_heads(dims: ParallelDims, heads: int, kv_heads: int) -> None:
 ZERO_BUBBLE_SCHEDULES = ("InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
 """Pipeline schedules that split each backward into an input and a weight pass."""
 
-def check_split_backward(schedule: str, ac_mode: str) -> None:
+def check_split_backward(schedule: str, ac_mode: str, moe: bool = False) -> None:
     """torch's selective activation checkpointing allows one backward per checkpointed region; a
-    zero-bubble schedule's weight pass is a second one ("Trying to backward an extra time")."""
+    zero-bubble schedule's weight pass is a second one ("Trying to backward an extra time").
+    `moe`: the model has routed experts, whose weights enter custom autograd functions (the
+    grouped GEMMs and gathers): torch before 2.13 cannot start a weight pass from such a function's
+    node (it reads `_input_metadata`, which 2.11 refuses on them; measured on GPU, 2026-11-28)."""
     if ac_mode == "selective-op" and schedule in ZERO_BUBBLE_SCHEDULES:
         raise ParallelConfigError(
             f"parallelism.pp_schedule={schedule!r} runs each backward as an input and a weight pass, which "
@@ -268,6 +272,19 @@ def check_split_backward(schedule: str, ac_mode: str) -> None:
             f"block); use activation_checkpoint.mode 'full' or 'none', or a schedule among GPipe, 1F1B, "
             f"Interleaved1F1B, LoopedBFS"
         )
+    if moe and schedule in ZERO_BUBBLE_SCHEDULES and torch_release() < (2, 13):
+        raise ParallelConfigError(
+            f"parallelism.pp_schedule={schedule!r} runs each backward as an input and a weight pass, which torch "
+            f"{'.'.join(map(str, torch_release()))} cannot start from the routed experts' custom autograd functions; "
+            f"use torch >= 2.13, or a schedule among GPipe, 1F1B, Interleaved1F1B, LoopedBFS"
+        )
+
+
+def torch_release() -> tuple[int, int]:
+    """torch's (major, minor), read from the installed package's metadata: the launcher checks
+    before it imports torch."""
+    major, minor = importlib.metadata.version("torch").split(".")[:2]
+    return int(major), int(minor)
 
 
 def check_compile(schedule: str, compile_blocks: bool) -> None:

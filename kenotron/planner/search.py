@@ -209,7 +209,8 @@ def _candidate_run(base: ResolvedRun, cfg: JobConfig, meta_model: Any, splits: d
         return None
 
 
-def pipeline_schedules(pp: int, ac: str, local_batch: int, layers: int, compile_blocks: bool) -> list[tuple[str, int]]:
+def pipeline_schedules(pp: int, ac: str, local_batch: int, layers: int, compile_blocks: bool,
+                       moe: bool = False) -> list[tuple[str, int]]:
     """The (schedule, stages per rank) pairs searched for a pipeline of `pp` ranks (module doc):
     at least pp microbatches (one sequence each), a block per stage, and the schedules that split
     the backward without AC and without compile; [("", 0)] without a pipeline."""
@@ -219,7 +220,7 @@ def pipeline_schedules(pp: int, ac: str, local_batch: int, layers: int, compile_
     for schedule, v in PIPELINE_SCHEDULES:
         try:  # the trainer's own refusals, checked before the layout is resolved
             check_compile(schedule, compile_blocks)
-            check_split_backward(schedule, ac)
+            check_split_backward(schedule, ac, moe)
         except ParallelConfigError:
             continue
         if local_batch >= pp and pp * v <= layers and (ac == "none" or schedule not in ZERO_BUBBLE_SCHEDULES):
@@ -252,7 +253,8 @@ def _trials(
             schemes = CP_SCHEMES if cp > 1 else ("ring",)
             out += [(dims, dp_mode, ep, ac, local, scheme, schedule, v) for ep in eps for ac in AC_CHOICES
                     for local in (1, 2, 4, 8, MAX_LOCAL_BATCH) if per_rank % local == 0 for scheme in schemes
-                    for schedule, v in pipeline_schedules(pp, ac, local, layers, base.cfg.compile.enable)]
+                    for schedule, v in pipeline_schedules(pp, ac, local, layers, base.cfg.compile.enable,
+                                                          base.spec.is_moe)]
     return out
 
 

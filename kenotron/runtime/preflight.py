@@ -109,7 +109,7 @@ def resolve_degrees(cfg: JobConfig, world_size: int, spec: ModelSpec, args: Any,
         raise ConfigError(f"model.name={spec.name!r} has no tensor-parallel plan yet; use parallelism.tp=1")
     if dims.pp > 1:
         check_compile(p.pp_schedule, cfg.compile.enable)
-        check_split_backward(p.pp_schedule, cfg.activation_checkpoint.mode)
+        check_split_backward(p.pp_schedule, cfg.activation_checkpoint.mode, spec.is_moe)
     return dims, global_batch, accum
 
 

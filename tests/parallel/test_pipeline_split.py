@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from kenotron import degrees
 from kenotron.config import load_config
 from kenotron.degrees import ParallelConfigError
 from kenotron.models import get_model_spec
@@ -130,3 +131,21 @@ def test_bad_pipeline_config_fails_before_any_process_group(case):
 def test_bad_split_errors_are_parallel_config_errors():
     with pytest.raises(ParallelConfigError):
         build_pipeline_split(meta_model(), pp=2, schedule="GPipe", local_batch_size=2, layers_per_stage=[1, 1, 2])
+
+
+@pytest.mark.parametrize("release,refused", [((2, 11), True), ((2, 13), False)])
+def test_zero_bubble_schedules_with_routed_experts_are_refused_before_torch_2_13(monkeypatch, release, refused):
+    # torch 2.11 on GPU, deepseek_v3 debug, ZBVZeroBubble: "Attribute '_input_metadata' is invalid for this
+    # instance of _C._FunctionBase" at the first weight pass (2026-11-28).
+    monkeypatch.setattr(degrees, "torch_release", lambda: release)
+    cfg = load_config(None, ["--model.name", "qwen3_moe", "--model.n_layers", "4", "--training.local_batch_size", "4",
+                             "--parallelism.pp", "2", "--parallelism.pp_schedule", "ZBVZeroBubble"])
+    if refused:
+        with pytest.raises(ParallelConfigError, match=r"torch 2.11 cannot start from the routed experts' custom "
+                                                      r"autograd functions; use torch >= 2.13, or a schedule among"):
+            resolve_run(cfg, 2)
+    else:
+        assert resolve_run(cfg, 2).plan.pipeline.schedule == "ZBVZeroBubble"
+    dense = load_config(None, ["--model.n_layers", "4", "--training.local_batch_size", "4", "--parallelism.pp", "2",
+                               "--parallelism.pp_schedule", "ZBVZeroBubble"])
+    assert resolve_run(dense, 2).plan.pipeline.schedule == "ZBVZeroBubble"  # no experts: any torch
