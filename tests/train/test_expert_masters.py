@@ -130,3 +130,10 @@ def test_ep2_experts_train_in_bf16_with_masters_as_fp32_experts_and_checkpoint_i
     # Either checkpoint resumes with masters exactly: nothing was rounded on the way.
     assert _resume(masters, "again") == steps[2:]
     assert _resume(fp32, "with_masters") == steps[2:]
+    # A model-only start from the masters checkpoint (the optimizer part not loaded): the masters
+    # come from the model part exactly, as fp32 experts do (a bf16 copy would round them).
+    start = ["--checkpoint.enable", "true", "--checkpoint.initial_load_path",
+             str(masters / "checkpoints" / step_folder_name(2))]
+    for name, keep in (("start_masters", True), ("start_fp32", False)):
+        run_on_ranks(2, _train_with_or_without_masters, str(tmp_path / name), keep, EP2_ON_2 + start)
+    assert _numbers(read_records(tmp_path / "start_masters")) == _numbers(read_records(tmp_path / "start_fp32"))
