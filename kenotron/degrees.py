@@ -264,7 +264,7 @@ def check_split_backward(schedule: str, ac_mode: str, moe: bool = False) -> None
     zero-bubble schedule's weight pass is a second one ("Trying to backward an extra time").
     `moe`: the model has routed experts, whose weights enter custom autograd functions (the
     grouped GEMMs and gathers): torch before 2.13 cannot start a weight pass from such a function's
-    node (it reads `_input_metadata`, which 2.11 refuses on them; measured on GPU, 2026-11-28)."""
+    node (it reads `_input_metadata`, which 2.11 refuses on them: docs/performance.md, "Torch 2.11 on GPU")."""
     if ac_mode == "selective-op" and schedule in ZERO_BUBBLE_SCHEDULES:
         raise ParallelConfigError(
             f"parallelism.pp_schedule={schedule!r} runs each backward as an input and a weight pass, which "

@@ -26,14 +26,12 @@ For every module of a plan's `layout.moe_modules` (models/common/moe.py):
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed._functional_collectives import all_to_all_single_autograd
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
+from torch.distributed.tensor import Partial, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import PrepareModuleInput, PrepareModuleOutput, parallelize_module
 
 from kenotron.models.common.experts import GroupedExperts, copy_weights, gather_rows, sum_rows
@@ -52,6 +50,7 @@ from kenotron.parallel.expert_dispatch import (
 from kenotron.parallel.expert_even_split import EvenSplitDispatcher, pays_without_host_read
 from kenotron.parallel.model_layout import ModelLayout, matching_modules
 from kenotron.parallel.parallel_settings import ParallelSettings
+from kenotron.parallel.tensor import linear_on_local_weight, local_view
 
 SEQ = Shard(1)
 
@@ -114,35 +113,6 @@ def _replicated_over_tp(tensor: torch.Tensor, mesh: DeviceMesh, placements: list
     return nn.Parameter(distribute_tensor(tensor.detach(), mesh, placements, src_data_rank=None))
 
 
-class _ScaleGrad(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, factor: float) -> torch.Tensor:
-        ctx.factor = factor
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        return grad * ctx.factor, None
-
-
-def _local_view(grad_placements: tuple, grad_scale: float = 1.0) -> Callable[[torch.Tensor], torch.Tensor]:
-    """How compute reads a DTensor weight: its local shard, whose gradient has `grad_placements`
-    (Partial on tp: each tp rank computed with other tokens), times `grad_scale`."""
-
-    def view(weight: torch.Tensor) -> torch.Tensor:
-        local = weight.to_local(grad_placements=grad_placements) if isinstance(weight, DTensor) else weight
-        return _ScaleGrad.apply(local, grad_scale) if grad_scale != 1.0 else local
-
-    return view
-
-
-def _linear_on_local_weight(linear: nn.Linear, view: Callable[[torch.Tensor], torch.Tensor]) -> None:
-    def forward(x: torch.Tensor) -> torch.Tensor:
-        return torch.nn.functional.linear(x, view(linear.weight), None if linear.bias is None else view(linear.bias))
-
-    linear.forward = forward  # type: ignore[method-assign]
-
-
 def apply_expert_parallel(model: nn.Module, meshes: Meshes, layout: ModelLayout, settings: ParallelSettings) -> None:
     """A plan's EP step: every MoE layer of `model` on the ep and tp dimensions (see the module docstring)."""
     pattern = layout.moe_modules
@@ -170,7 +140,7 @@ def apply_expert_parallel(model: nn.Module, meshes: Meshes, layout: ModelLayout,
             # those are one rank the experts stay outside FSDP, nothing averages them, and 1/ep of
             # the loss' scale (ep) leaves the sum.
             grad_scale = 1.0 / ep_mesh.size() if ep_mesh is not None else 1.0
-            experts.weight_view = _local_view(tuple(Shard(0) if d == "ep" else Partial() for d in dims), grad_scale)
+            experts.weight_view = local_view(tuple(Shard(0) if d == "ep" else Partial() for d in dims), grad_scale)
         if ep_mesh is not None:
             if experts.n_experts % ep_mesh.size():
                 raise ValueError(f"ep={ep_mesh.size()} does not divide the {experts.n_experts} experts of {name}")
@@ -184,13 +154,13 @@ def apply_expert_parallel(model: nn.Module, meshes: Meshes, layout: ModelLayout,
 def _replicate_over_tp(moe: MoE, tp_mesh: DeviceMesh, sequence_parallel: bool) -> None:
     """The layer's other weights replicated over tp (partial gradients); it runs on this rank's
     sequence shard."""
-    view = _local_view((Partial(),))
+    view = local_view((Partial(),))
     for module in moe.modules():
         if isinstance(module, nn.Linear):
             module.weight = _replicated_over_tp(module.weight, tp_mesh, [Replicate()])
             if module.bias is not None:
                 module.bias = _replicated_over_tp(module.bias, tp_mesh, [Replicate()])
-            _linear_on_local_weight(module, view)
+            linear_on_local_weight(module, view)
     parallelize_module(moe, tp_mesh, PrepareModuleInput(
         input_layouts=(SEQ if sequence_parallel else Replicate(),), desired_input_layouts=(SEQ,),
         use_local_output=True,

@@ -12,6 +12,7 @@ single block.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -36,6 +37,7 @@ from torch.distributed.tensor.parallel import (
 )
 from torch.distributed.tensor.parallel.style import ParallelStyle
 
+from kenotron.dtensor import local_tensor
 from kenotron.parallel.model_layout import ModelLayout, matching_modules
 from kenotron.parallel.parallel_settings import ParallelSettings
 
@@ -51,6 +53,37 @@ def _positional_arity(module: nn.Module) -> int:
 def _first_input(layout, arity: int) -> tuple:
     # Only the hidden states are converted; RoPE tables and other inputs pass as they are.
     return (layout,) + (None,) * (arity - 1)
+
+
+class _ScaleGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, factor: float) -> torch.Tensor:
+        ctx.factor = factor
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad * ctx.factor, None
+
+
+def local_view(grad_placements: tuple, grad_scale: float = 1.0) -> Callable[[torch.Tensor], torch.Tensor]:
+    """How compute reads a DTensor weight: its local shard, whose gradient has `grad_placements`
+    (Partial on tp: each tp rank computed with other tokens), times `grad_scale`."""
+
+    def view(weight: torch.Tensor) -> torch.Tensor:
+        local = weight.to_local(grad_placements=grad_placements) if isinstance(weight, DTensor) else weight
+        return _ScaleGrad.apply(local, grad_scale) if grad_scale != 1.0 else local
+
+    return view
+
+
+def linear_on_local_weight(linear: nn.Linear, view: Callable[[torch.Tensor], torch.Tensor]) -> None:
+    """`linear` computes on its weights as `view` reads them (`local_view`)."""
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, view(linear.weight), None if linear.bias is None else view(linear.bias))
+
+    linear.forward = forward  # type: ignore[method-assign]
 
 
 class ReplicatedOverShards(ParallelStyle):
@@ -95,16 +128,13 @@ class LinearOnSequenceShards(ParallelStyle):
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         if not isinstance(module, nn.Linear):
             raise TypeError(f"the 'token_linear' style takes an nn.Linear, got {type(module).__name__}")
-        distribute_module(module, device_mesh)  # every parameter Replicate over tp
 
-        def local(weight: torch.Tensor | None) -> torch.Tensor | None:
-            return weight.to_local(grad_placements=(Partial(),)) if isinstance(weight, DTensor) else weight
+        def local_inputs(_module, inputs, _mesh):
+            return tuple(local_tensor(x) for x in inputs)
 
-        def forward(x: torch.Tensor) -> torch.Tensor:
-            x = x.to_local() if isinstance(x, DTensor) else x
-            return F.linear(x, local(module.weight), local(module.bias))
-
-        module.forward = forward  # type: ignore[method-assign]
+        # Every parameter Replicate over tp; a sequence-sharded DTensor input read as its shard.
+        distribute_module(module, device_mesh, input_fn=local_inputs)
+        linear_on_local_weight(module, local_view((Partial(),)))
         return module
 
 

@@ -114,12 +114,12 @@ def build_job(
         # With master weights, building the optimizer turns the parameters bf16 (fp32 masters in its
         # state): all of them on one device, or the routed experts outside FSDP (Choices.expert_masters).
         masters_for = (unsharded_expert_params(model, meshes, run.plan.layout, run.plan.settings)
-                       if choices.expert_masters else None)
+                       if choices.expert_masters else None) or None
         factory = optimizer_factory(cfg.optimizer, choices.adamw,
-                                    master_weights=choices.precision == "master_weights" or bool(masters_for),
+                                    master_weights=choices.precision == "master_weights" or masters_for is not None,
                                     device_type=device.type,
                                     muon_tuning=(cfg.tuning.muon_redistribution, cfg.tuning.muon_compile),
-                                    masters_for=masters_for or None)
+                                    masters_for=masters_for)
         optimizers: list[Any] = []
         for part in applied.model_parts:
             groups = build_param_groups(part, cfg.optimizer, cfg.model.parametrization)
