@@ -1,7 +1,7 @@
 """Run a test script under Triton's CPU interpreter, in a process of its own. TRITON_INTERPRET=1
 must be set before triton is imported, so not in the pytest process. The script prints "ok" last.
 
-Seven test scripts need such a process; each is forked by a server that imported torch, triton
+Eight test scripts need such a process; each is forked by a server that imported torch, triton
 and kenotron once (tests/fork_server.py), so each still runs in a fresh process of its own but
 starts in a fraction of a second instead of seconds. Their tests run them ahead, in the background
 lane (`interpreter_job`), while the in-process tests run.

@@ -38,7 +38,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from kenotron.dtensor import local_tensor
-from kenotron.models.common.grouped_tail import gather_rows_until, gather_token_rows, swiglu_rows, swiglu_rows_until
+from kenotron.models.common.grouped_tail import (
+    gather_rows_until,
+    gather_token_rows,
+    sum_copy_rows_op,
+    sum_token_copies,
+    swiglu_rows,
+    swiglu_rows_until,
+)
 from kenotron.models.common.init import InitSpec, trunc_normal
 
 EXPERT_KERNELS = ("grouped_mm", "for_loop")
@@ -112,11 +119,6 @@ def group_by_expert(expert_ids: torch.Tensor, n_groups: int, k: int, align: int 
     return Grouping(src_copy, dest_row, ends.to(torch.int32), counts, k)
 
 
-def _sum_rows(y: torch.Tensor, dest_row: torch.Tensor, k: int) -> torch.Tensor:
-    picked = y.index_select(0, dest_row)
-    return picked.view(dest_row.shape[0] // k, k, *y.shape[1:]).sum(1) if k > 1 else picked
-
-
 class _GatherRows(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, src_copy: torch.Tensor, dest_row: torch.Tensor, k: int) -> torch.Tensor:
@@ -127,7 +129,7 @@ class _GatherRows(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         (dest_row,) = ctx.saved_tensors
-        return _sum_rows(grad, dest_row, ctx.k), None, None, None
+        return sum_token_copies(grad, dest_row, ctx.k), None, None, None
 
 
 class _SumRows(torch.autograd.Function):
@@ -136,7 +138,7 @@ class _SumRows(torch.autograd.Function):
                 end: torch.Tensor | None) -> torch.Tensor:
         ctx.save_for_backward(src_copy, end)
         ctx.k = k
-        return _sum_rows(y, dest_row, k)
+        return sum_token_copies(y, dest_row, k)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
@@ -181,7 +183,7 @@ def _gathered_product_grads(grad: torch.Tensor, x: torch.Tensor, w: torch.Tensor
     # row-major x and a transposed w), on the rows gathered again, then the gather's adjoint. The
     # weight's first: the gathered rows are freed before the rows' gradient exists.
     grad_w = torch._grouped_mm(grad.transpose(-2, -1), gather_rows_until(x, src_copy, offsets[-1:], k), offs=offsets)
-    grad_x = _sum_rows(torch._grouped_mm(grad, w, offs=offsets), dest_row, k)
+    grad_x = sum_copy_rows_op(torch._grouped_mm(grad, w, offs=offsets), dest_row, k)
     return grad_x, grad_w
 
 

@@ -10,7 +10,9 @@ every row: they cannot know the end without reading it on the host. These ops ta
 (torch._grouped_mm stops at its last offset; the sums back per token read real rows only).
 
 On other devices they compute every row with the PyTorch ops: the same values on the rows that
-count. Custom ops rather than autograd functions: torch.compile keeps them whole inside compiled
+count. Beside them, `sum_copy_rows_op`: each token's k rows summed where they lie (on CUDA one
+Triton kernel instead of PyTorch's copy of the k rows and its sum), for the first product's
+backward (models/common/experts.py). Custom ops rather than autograd functions: torch.compile keeps them whole inside compiled
 blocks (Inductor would otherwise fuse the PyTorch ops back over the whole buffer).
 """
 
@@ -26,6 +28,31 @@ def gather_token_rows(x: Tensor, src_copy: Tensor, k: int) -> Tensor:
     slot); copy tokens * k, the padding's mark, reads one zero row past the end."""
     padded = torch.cat([x, x.new_zeros((1, *x.shape[1:]))])
     return padded.index_select(0, torch.div(src_copy, k, rounding_mode="floor"))
+
+
+def sum_token_copies(y: Tensor, dest_row: Tensor, k: int) -> Tensor:
+    """(rows, ...) -> (len(dest_row) // k, ...): token t the sum of y's rows dest_row[t*k:(t+1)*k]
+    (PyTorch's ops: Inductor fuses them inside compiled blocks)."""
+    picked = y.index_select(0, dest_row)
+    return picked.view(dest_row.shape[0] // k, k, *y.shape[1:]).sum(1) if k > 1 else picked
+
+
+@torch.library.custom_op("kenotron::sum_copy_rows", mutates_args=())
+def sum_copy_rows_op(y: Tensor, dest_row: Tensor, k: int) -> Tensor:
+    """sum_token_copies(y, dest_row, k); on CUDA one Triton kernel that reads each row where it is
+    (kernels/row_sum.py), in fp32 in slot order as PyTorch's sum. For eager callers (a custom op's
+    body): it has no derivative."""
+    if y.is_cuda and k > 1:
+        # optional package: the Triton kernel, loaded on the first CUDA call
+        from kenotron.kernels.row_sum import sum_copy_rows
+
+        return sum_copy_rows(y, dest_row, k)
+    return sum_token_copies(y, dest_row, k)
+
+
+@sum_copy_rows_op.register_fake
+def _(y: Tensor, dest_row: Tensor, k: int) -> Tensor:
+    return y.new_empty((dest_row.shape[0] // k, *y.shape[1:]))
 
 
 def swiglu_rows(h: Tensor, scale: Tensor) -> Tensor:
