@@ -219,8 +219,11 @@ class CheckpointManager:
             pending.inflight.staged = None
 
     def wait(self) -> None:
-        """Block until the save in flight is written and marked complete; CheckpointSaveError if it failed."""
-        pending, self._pending = self._pending, None
+        """Block until the save in flight is written and marked complete; CheckpointSaveError if it failed.
+        A wait cut by an interrupt (Ctrl-C) leaves the save in flight: the next wait (the stop's,
+        runtime/interrupt.py) finishes it, where forgetting it would call a save abandoned that
+        then completes in the background."""
+        pending = self._pending
         if pending is None:
             return
         if pending.inflight.written is not None:
@@ -232,6 +235,7 @@ class CheckpointManager:
                 if not (isinstance(exc, Exception) or is_checkpoint_exception(exc)):
                     raise
         pending.finished.wait()
+        self._pending = None
         if pending.error is not None:
             raise self._save_failed(pending.step, pending.inflight.path, pending.error) from pending.error
 

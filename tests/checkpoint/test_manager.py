@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import threading
+from concurrent.futures import Future
 
 import pytest
 import torch
@@ -16,6 +18,7 @@ from kenotron.checkpoint import (
     list_step_folders,
 )
 from kenotron.checkpoint.folders import STAMP_NAME
+from kenotron.checkpoint.saver import SaveInFlight
 from kenotron.config import ConfigError
 from kenotron.config.sections import Checkpoint
 from kenotron.config.validate import check_checkpoint_config
@@ -219,3 +222,37 @@ def test_disabled_manager_neither_saves_nor_loads(tmp_path):
     manager = CheckpointManager(Checkpoint(enable=False, interval=1), tmp_path, model_parts=[model], optimizers=[opt])
     assert manager.load() is None and manager.maybe_save(2) is None
     assert [f.step for f in list_step_folders(tmp_path)] == [1]
+
+
+class _InterruptedOnce(Future):
+    """A write whose first wait is cut by Ctrl-C (a KeyboardInterrupt inside result())."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cut = True
+
+    def result(self, timeout=None):
+        if self.cut:
+            self.cut = False
+            raise KeyboardInterrupt
+        return super().result(timeout)
+
+
+def test_a_wait_cut_by_ctrl_c_leaves_the_save_in_flight_for_the_next_wait(tmp_path):
+    *_, manager, _, _ = make_run("single", tmp_path, async_mode="async")
+    written = _InterruptedOnce()
+
+    class HeldSaver:  # the write goes on "in the background" until the test ends it
+        def start(self, state, path):
+            return SaveInFlight(path, None, written)
+
+        def close(self):
+            pass
+
+    manager._saver = HeldSaver()
+    path = manager.save(3)
+    with pytest.raises(KeyboardInterrupt):  # the training loop's wait, cut by the signal
+        manager.wait()
+    threading.Timer(0.3, written.set_result, (None,)).start()  # the write ends a moment later
+    manager.wait()  # the stop's wait (runtime/interrupt.py) must still wait for it
+    assert [f.step for f in list_step_folders(tmp_path) if f.complete] == [3], path
