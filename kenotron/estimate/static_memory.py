@@ -57,18 +57,20 @@ def experts_outside_fsdp(run: ResolvedRun) -> bool:
     return bool(run.plan.layout.experts) and run.dims.experts_outside_fsdp and data_parallel_kind(run) == "fsdp"
 
 
-def expert_masters(run: ResolvedRun) -> bool:
-    """Whether the routed experts outside FSDP are bf16 with fp32 masters in AdamW
-    (Choices.expert_masters): no compute copy, bf16 gradients, the masters optimizer state."""
+def experts_with_masters(run: ResolvedRun) -> bool:
+    """Whether this run's routed experts are outside FSDP and bf16 with fp32 masters in AdamW: the
+    trainer's rule (Choices.expert_masters, kernel_choice/config_checks.py) where the model has
+    routed experts and FSDP holds the rest. No compute copy, bf16 gradients, the masters'
+    optimizer state."""
     return run.choices.expert_masters and experts_outside_fsdp(run)
 
 
 def held_parameter_bytes(run: ResolvedRun, params: ParameterBytes) -> int:
     """The parameters (and as much again of gradients) a rank holds: bf16 under master weights,
-    the routed experts alone in bf16 under `expert_masters`, else fp32 (`ParameterBytes.local`)."""
+    the routed experts alone in bf16 under `experts_with_masters`, else fp32 (`ParameterBytes.local`)."""
     if master_weights(run):
         return params.local_bf16
-    if expert_masters(run):
+    if experts_with_masters(run):
         return params.local - params.experts_local + params.experts_local_bf16
     return params.local
 
@@ -118,7 +120,7 @@ class ParameterBytes:
     experts_local: int = 0
     """Of `local`, the routed experts of every layer (fp32, as allocated)."""
     experts_local_bf16: int = 0
-    """The same tensors in bf16, as allocated (`expert_masters`)."""
+    """The same tensors in bf16, as allocated (`experts_with_masters`)."""
 
     @property
     def moe_block(self) -> int:
@@ -221,7 +223,7 @@ def optimizer_state_bytes(run: ResolvedRun, model: nn.Module, params: ParameterB
         return 0
     if master_weights(run):  # the fp32 masters beside the moments (params.local counts fp32 bytes)
         return 3 * params.local + STEP_COUNTER * params.count
-    if expert_masters(run):  # the routed experts' fp32 masters beside every parameter's moments
+    if experts_with_masters(run):  # the routed experts' fp32 masters beside every parameter's moments
         return 2 * params.local + params.experts_local + STEP_COUNTER * params.count
     if data_parallel_kind(run) != "zero1":
         return 2 * params.local + STEP_COUNTER * params.count

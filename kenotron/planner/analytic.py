@@ -72,8 +72,8 @@ from kenotron.estimate.static_memory import (
     ParameterBytes,
     data_parallel_kind,
     ddp_by_hooks,
-    expert_masters,
     experts_outside_fsdp,
+    experts_with_masters,
     held_parameter_bytes,
     leading_dense_blocks,
     master_weights,
@@ -192,7 +192,7 @@ def expert_copies(run: ResolvedRun, params: ParameterBytes, layers: int) -> int:
     """The compute copies of the routed experts outside FSDP (`experts_outside_fsdp`) that the
     blocks' forwards keep for backward: GroupedExperts casts its fp32 weights per forward, and the
     grouped GEMM saves the copy unless activation checkpointing recomputes the block."""
-    if not experts_outside_fsdp(run) or expert_masters(run):  # bf16 weights: the GEMM saves the parameter
+    if not experts_outside_fsdp(run) or experts_with_masters(run):  # bf16 weights: the GEMM saves the parameter
         return 0
     return round((layers - leading_dense_blocks(run, params)) * params.moe_experts * uncheckpointed_fraction(run))
 
@@ -232,7 +232,7 @@ def peak_breakdown(run: ResolvedRun, params: ParameterBytes, O: int, kind: dict[
     s = StepShape.of(run, kind)
     mw = master_weights(run)
     # Master weights: bf16 parameters and gradients (the fp32 masters are optimizer state, in O);
-    # the routed experts' alone under expert_masters.
+    # the routed experts' alone under experts_with_masters.
     local = held_parameter_bytes(run, params)
     P = local + params.buffers
     extra_grad = replicated_embedding_gradient(run, s)
@@ -274,12 +274,12 @@ def peak_breakdown(run: ResolvedRun, params: ParameterBytes, O: int, kind: dict[
     moments = [loss_moment, backward_moment, optimizer_moment]
     moe_layers = s.layers - leading_dense_blocks(run, params)
     if experts_outside_fsdp(run) and moe_layers > 1 and run.plan.settings.ac_mode != "none":
-        # Experts outside FSDP keep their gradients whole (fp32, or bf16 under expert_masters) from their block's backward on:
+        # Experts outside FSDP keep their gradients whole (fp32, or bf16 under experts_with_masters) from their block's backward on:
         # late in the backward every MoE block's but the last one's are made, beside the blocks
         # still to come (the dense ones and that one) and the working block. Under recomputation
         # this is the backward's highest point (the blocks keep little); without, its start is.
         left = s.layers - moe_layers + 1
-        done = (moe_layers - 1) * params.moe_experts * (1 if expert_masters(run) else FP32 // c)
+        done = (moe_layers - 1) * params.moe_experts * (1 if experts_with_masters(run) else FP32 // c)
         moments.append(dataclasses.replace(
             backward_moment, gradients=backward_moment.gradients + done,
             activations=round(blocks * left / s.layers) + edges))

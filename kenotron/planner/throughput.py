@@ -85,8 +85,8 @@ from dataclasses import dataclass
 from kenotron.estimate.static_memory import (
     data_parallel_kind,
     ddp_by_hooks,
-    expert_masters,
     experts_outside_fsdp,
+    experts_with_masters,
     leading_dense_blocks,
     master_weights,
     zero1_ranks,
@@ -282,9 +282,9 @@ def step_time(run: ResolvedRun, model: AnalyticModel, hw: Hardware | None = None
         if experts and experts_outside_fsdp(run):
             # Where ep = dp_shard x cp (no PP) the experts are no FSDP unit: with fp32 weights each
             # forward (and recomputation) casts them to the compute dtype, the backward casts the
-            # gradient back; bf16 weights with fp32 masters (expert_masters) cast nothing.
+            # gradient back; bf16 weights with fp32 masters (experts_with_masters) cast nothing.
             forwards = 1 + (1 - uncheckpointed_fraction(run))
-            casts = 0 if expert_masters(run) else (forwards + 1) * experts * (1 + 4 // c)
+            casts = 0 if experts_with_masters(run) else (forwards + 1) * experts * (1 + 4 // c)
             compute += run.grad_accum_steps * casts / hw.memory_bytes_per_s
         elif experts:
             efsdp = shard // d.ep

@@ -247,7 +247,7 @@ def modelled_tokens_per_s(ngpu: int, config: str, overrides: str, hw: Hardware |
     run = resolve_run(load_config(config, overrides.split()), ngpu, check_data=False)
     with contextlib.ExitStack() as stack:
         if not masters:
-            stack.enter_context(mock.patch.object(throughput, "expert_masters", lambda run: False))
+            stack.enter_context(mock.patch.object(throughput, "experts_with_masters", lambda run: False))
         if not experts_outside:
             stack.enter_context(mock.patch.object(throughput, "experts_outside_fsdp", lambda run: False))
         if not bf16_wire:
