@@ -10,10 +10,12 @@ every row: they cannot know the end without reading it on the host. These ops ta
 (torch._grouped_mm stops at its last offset; the sums back per token read real rows only).
 
 On other devices they compute every row with the PyTorch ops: the same values on the rows that
-count. Beside them, `sum_copy_rows_op`: each token's k rows summed where they lie (on CUDA one
-Triton kernel instead of PyTorch's copy of the k rows and its sum), for the first product's
-backward (models/common/experts.py). Custom ops rather than autograd functions: torch.compile keeps them whole inside compiled
+count. Custom ops rather than autograd functions: torch.compile keeps them whole inside compiled
 blocks (Inductor would otherwise fuse the PyTorch ops back over the whole buffer).
+
+Beside them, `sum_copy_rows_op`: each token's k rows summed where they lie, for the experts' first
+product's backward (models/common/experts.py), which runs eager inside a custom op: on CUDA one
+Triton kernel instead of PyTorch's copy of the k rows and its sum.
 """
 
 from __future__ import annotations
@@ -40,8 +42,8 @@ def sum_token_copies(y: Tensor, dest_row: Tensor, k: int) -> Tensor:
 @torch.library.custom_op("kenotron::sum_copy_rows", mutates_args=())
 def sum_copy_rows_op(y: Tensor, dest_row: Tensor, k: int) -> Tensor:
     """sum_token_copies(y, dest_row, k); on CUDA one Triton kernel that reads each row where it is
-    (kernels/row_sum.py), in fp32 in slot order as PyTorch's sum. For eager callers (a custom op's
-    body): it has no derivative."""
+    (kernels/row_sum.py), summing in fp32 in slot order. For eager callers (a custom op's body):
+    it has no derivative."""
     if y.is_cuda and k > 1:
         # optional package: the Triton kernel, loaded on the first CUDA call
         from kenotron.kernels.row_sum import sum_copy_rows
