@@ -33,18 +33,9 @@ def pytest_collection_finish(session):
     gc.freeze()
 
 
-def _starts_ranks(item) -> bool:
-    """Whether the item's module runs tests on the multi-rank worker pools (tests/distributed/pool.py)."""
-    module = getattr(item, "module", None)
-    return module is not None and any(hasattr(module, name) for name in ("run_on_ranks", "multirank", "get_pool"))
-
-
 def pytest_collection_modifyitems(config, items):
-    """The in-process tests first, then the modules whose tests run on rank pools, then the tests
-    whose command runs ahead (tests/ahead.py), their commands having run meanwhile. The lane's
-    processes keep the second core busy for the session's first minutes, beside the one-thread
-    in-process tests; ranks, two or more processes a test, use both cores themselves."""
-    items[:] = ahead.marked_last(sorted(items, key=_starts_ranks))
+    """The tests whose command runs ahead (tests/ahead.py) come last: their commands run meanwhile."""
+    items[:] = ahead.marked_last(items)
 
 
 def pytest_terminal_summary(terminalreporter, config):
