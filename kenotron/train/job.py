@@ -113,8 +113,9 @@ def build_job(
             part.train()
         # With master weights, building the optimizer turns the parameters bf16 (fp32 masters in its
         # state): all of them on one device, or the routed experts outside FSDP (Choices.expert_masters).
-        masters_for = (unsharded_expert_params(model, meshes, run.plan.layout, run.plan.settings)
-                       if choices.expert_masters else None) or None
+        masters_for = None
+        if choices.expert_masters:  # None also where no expert is outside FSDP (an empty set)
+            masters_for = unsharded_expert_params(model, meshes, run.plan.layout, run.plan.settings) or None
         factory = optimizer_factory(cfg.optimizer, choices.adamw,
                                     master_weights=choices.precision == "master_weights" or masters_for is not None,
                                     device_type=device.type,
