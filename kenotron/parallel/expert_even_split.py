@@ -22,7 +22,8 @@ What it costs (docs/performance.md, "expert parallel without the host read"):
   gathers its rows itself and again in backward (experts.py's gather_grouped_mm, one more row
   copy of P * dim), so what stays ep times the deduplicated path's is the gate's P * 3F.
 Both grow with ep while the host read's cost (the GPU idle while the host launches the rest of
-the layer) does not: `pays_without_host_read` chooses (ep 2 today, MAX_EVEN_SPLIT_EP).
+the layer) does not: `pays_without_host_read` chooses (ep up to MAX_EVEN_SPLIT_EP, at most
+MAX_EMPTY_ROWS rows a token sent for nothing).
 
 float8 experts keep the deduplicated exchange: torchao's grouped GEMM has not been run on a buffer
 whose rows past the last group are left unwritten (torch._grouped_mm leaves them so).
@@ -39,14 +40,15 @@ from kenotron.models.common.moe import expert_alignment
 from kenotron.models.common.router import RouterOutput
 from kenotron.parallel.expert_dispatch import pair_counts
 
-MAX_EVEN_SPLIT_EP = 2
-"""The largest ep that exchanges by the even split. Above it the worst-case grouped buffer (ep x
-even routing's) and the extra bytes cost more than the host read saves: the even split was faster
-at ep 2 and slower at ep 4, by 8.4% and then, with the gathers and gate stopping at the last
-group, by 1.8% and 6.4 GiB (docs/performance.md, "Expert parallel 4: the host read stays" and
-"Expert parallel 4: the even split with the bounded gathers and gate")."""
-MIN_FILL = 0.75
-"""Below it the even split moves more than 4/3 of the deduplicated exchange's bytes."""
+MAX_EVEN_SPLIT_EP = 4
+"""The largest ep that exchanges by the even split, the largest measured (4 GPUs): its buffers grow
+with ep (module docstring)."""
+MAX_EMPTY_ROWS = 0.4
+"""The most rows per local token, per direction, that the even split may send to ranks holding none
+of the token's experts: (ep - 1) * (1 - fill), what it moves beyond the deduplicated exchange. At
+ep 4 (docs/performance.md, "Issues 33 and 36: four GPUs (fifteenth session)") 0.28 was 3.2-4.5%
+faster (Qwen3-30B-A3B, top-8 of 128) and 0.49 1.1% slower with 10 GiB more (DeepSeek-V3 16B,
+top-6 of 64); at ep 2 both are under 0.02."""
 
 
 def rank_fill(n_experts: int, top_k: int, ep: int) -> float:
@@ -58,10 +60,18 @@ def rank_fill(n_experts: int, top_k: int, ep: int) -> float:
     return 1.0 - miss
 
 
+def empty_rows(n_experts: int, top_k: int, ep: int) -> float:
+    """Rows per local token that the even split sends, and gets back, for nothing: one to each
+    other rank, of which a fraction 1 - fill holds none of the token's experts."""
+    return (ep - 1) * (1.0 - rank_fill(n_experts, top_k, ep))
+
+
 def pays_without_host_read(n_experts: int, top_k: int, ep: int, float8_experts: bool) -> bool:
     """Whether the even split (no host read) beats the deduplicated exchange: ep at most
-    MAX_EVEN_SPLIT_EP, the rank fill at least MIN_FILL, and not float8 experts (module docstring)."""
-    return not float8_experts and ep <= MAX_EVEN_SPLIT_EP and rank_fill(n_experts, top_k, ep) >= MIN_FILL
+    MAX_EVEN_SPLIT_EP, at most MAX_EMPTY_ROWS empty rows a token, and not float8 experts (module
+    docstring)."""
+    return (not float8_experts and ep <= MAX_EVEN_SPLIT_EP
+            and empty_rows(n_experts, top_k, ep) <= MAX_EMPTY_ROWS)
 
 
 def to_every_rank(x: torch.Tensor, group: dist.ProcessGroup, ep: int) -> torch.Tensor:
