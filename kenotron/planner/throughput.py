@@ -45,10 +45,12 @@ m micro-steps of b sequences, t = tp, p = cp, q = pp, T = b·s/p the rank's toke
              b_µ·s/p·d·c_r bytes each (c_r: 4 under autocast's fp32 residual stream), taken as
              exposed: torch's schedule posts them between the compute of consecutive slots; / t
              under sequence parallel)
-  fsdp     = m · (n-1)/n · (a·U + P_full) / B_fsdp   (a = 2 all-gathers of the compute copies U
-             per micro-step, 1 with reshard `never` or under pipeline parallel, whose stages stay
-             gathered through the schedule step; one reduce-scatter of the fp32 gradients, P_full
-             bytes; n = dp_shard·cp; under pipeline parallel U and P_full are a stage's, the model's / q);
+  fsdp     = m · (n-1)/n · (U + U' + P_full) / B_fsdp   (the forward's all-gather of the compute
+             copies U and the backward's of U', what forward resharded: U less the root, the head
+             unit and, under the default policy, the last block; 0 with reshard `never` or under
+             pipeline parallel, whose stages stay gathered through the schedule step; one
+             reduce-scatter of the fp32 gradients, P_full bytes; n = dp_shard·cp; under pipeline
+             parallel U and P_full are a stage's, the model's / q);
              its copies (each all-gather's copy-in reads the fp32 shard and writes U/n, its
              copy-out reads and writes U; the reduce-scatter's copy-in reads the gradients and
              writes P_full) are added to compute at B_mem
@@ -277,8 +279,14 @@ def step_time(run: ResolvedRun, model: AnalyticModel, hw: Hardware | None = None
         # blocks as an MoE block (static_memory).
         dense = leading_dense_blocks(run, params)
         experts = (a.n_layers - dense) * params.moe_experts if split else 0
-        groups = [(params.root_gathered + params.blocks_gathered(a.n_layers, dense) - experts, shard, gathers,
-                   reduce_scale)]
+        # What backward gathers again (reshard after forward, data_parallel.py): not the root, the
+        # head unit or, under the default policy, the last block and its experts.
+        policy = run.plan.settings.reshard_after_forward
+        last_block = params.moe_block if a.n_layers > dense else params.block_gathered
+        last_experts = params.moe_experts if a.n_layers > dense else 0
+        gathered = params.root_gathered + params.blocks_gathered(a.n_layers, dense) - experts
+        kept = params.root_gathered + ((last_block - (last_experts if split else 0)) if policy == "default" else 0)
+        groups = [(gathered, shard, gathered - kept if gathers == 2 else 0, reduce_scale)]
         if experts and experts_outside_fsdp(run):
             # Where ep = dp_shard x cp (no PP) the experts are no FSDP unit: with fp32 weights each
             # forward (and recomputation) casts them to the compute dtype, the backward casts the
@@ -288,17 +296,18 @@ def step_time(run: ResolvedRun, model: AnalyticModel, hw: Hardware | None = None
             compute += run.grad_accum_steps * casts / hw.memory_bytes_per_s
         elif experts:
             efsdp = shard // d.ep
-            groups.append((experts, efsdp, gathers if efsdp > 1 else 1, expert_scale))
-        for gathered, ranks, group_gathers, scale in groups:
+            again = experts - (last_experts if policy == "default" else 0) if gathers == 2 and efsdp > 1 else 0
+            groups.append((experts, efsdp, again, expert_scale))
+        for gathered, ranks, again, scale in groups:
             reduced = gathered * (4 // c) * scale  # the fp32 gradients, in the reduce dtype
             if ranks > 1:
-                per_micro = (ranks - 1) / ranks * (group_gathers * gathered + reduced) * stage
+                per_micro = (ranks - 1) / ranks * (gathered + again + reduced) * stage
                 dp_time += run.grad_accum_steps * per_micro / _bandwidth(ranks, d.tp, hw)
             # Copies beside the compute: each all-gather's copy-in reads the fp32 shard and writes
             # it in the compute dtype, its copy-out reads and writes the gathered weights; the
             # reduce-scatter's copy-in reads the gradients and writes them in the reduce dtype.
-            copy_in = gathered / ranks * (1 + 4 // c)
-            copies = group_gathers * (2 * gathered + copy_in) + gathered + reduced * (2 if summed_apart else 1)
+            copies = ((gathered + again) * (2 + (1 + 4 // c) / ranks) + gathered
+                      + reduced * (2 if summed_apart else 1))
             compute += run.grad_accum_steps * copies * stage / hw.memory_bytes_per_s
         # The first block's gradients are complete only after its own backward, the last but the
         # embedding's: its reduction runs after the last matmul too (docs/performance.md: the

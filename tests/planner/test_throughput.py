@@ -120,11 +120,35 @@ def test_fsdp_traffic_of_deepseek_v3_counts_its_moe_blocks_not_only_its_leading_
     # deepseek_v3_16b leads with one dense block; the MoE blocks' parameters (64 routed experts
     # each) are ~8x a dense block's. FSDP gathers and reduces every parameter, so the data-parallel
     # time grows as the parameters do (the model priced every block as the first, dense one: 1.56
-    # of the parameters' 3.16 between 2 and 6 layers).
-    ds = "--model.mtp_depth 0 --training.local_batch_size 4 --training.seq_len 4096 --activation_checkpoint.mode none"
+    # of the parameters' 3.16 between 2 and 6 layers). Reshard `never`: one all-gather of every
+    # parameter (by default backward gathers again all but the root and the last block).
+    ds = ("--model.mtp_depth 0 --training.local_batch_size 4 --training.seq_len 4096 --activation_checkpoint.mode none"
+          " --parallelism.fsdp_reshard_after_forward never")
     dp, params = {}, {}
     for n_layers in (2, 6):
         run = resolve_run(load_config("deepseek_v3_16b", f"{ds} --model.n_layers {n_layers}".split()), 2, check_data=False)
         model = AnalyticModel(run)
         dp[n_layers], params[n_layers] = step_time(run, model).data_parallel, model.parameter_count
     assert dp[6] / dp[2] == pytest.approx(params[6] / params[2], rel=0.02)
+
+
+def test_fsdp_traffic_gathers_again_in_backward_only_what_forward_resharded():
+    # data_parallel.py: the root, the head unit and, under the default policy, the last block stay
+    # gathered after forward. Between 2 and 6 blocks of the 1B the default adds four blocks
+    # gathered twice; `never` gathers each once, `always` twice but the root.
+    b1 = "--training.seq_len 4096 --training.local_batch_size 4"
+    dp = {}
+    for policy in ("never", "default", "always"):
+        for n_layers in (2, 6):
+            run = resolve_run(load_config("llama3_1b", f"{b1} --model.n_layers {n_layers} "
+                                          f"--parallelism.fsdp_reshard_after_forward {policy}".split()), 2,
+                              check_data=False)
+            dp[policy, n_layers] = step_time(run, AnalyticModel(run)).data_parallel
+    # Four blocks more: gathered once and reduced in fp32 (never), gathered twice (default, always).
+    per_block = {p: (dp[p, 6] - dp[p, 2]) / 4 for p in ("never", "default", "always")}
+    assert per_block["default"] == pytest.approx(per_block["always"], rel=1e-9)
+    assert per_block["default"] > per_block["never"]
+    # At 2 blocks the default regathers one block, `always` two, `never` none.
+    one_gather = per_block["default"] - per_block["never"]
+    assert dp["default", 2] - dp["never", 2] == pytest.approx(one_gather, rel=1e-6)
+    assert dp["always", 2] - dp["never", 2] == pytest.approx(2 * one_gather, rel=1e-6)
