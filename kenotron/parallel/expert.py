@@ -10,10 +10,8 @@ For every module of a plan's `layout.moe_modules` (models/common/moe.py):
   (and for float8 experts or a sparse routing), `UnevenSplitDispatcher`: each token travels once
   to each rank that holds one of its experts, the row counts exchanged first and read on the host
   (parallel/expert_dispatch.py); `pays_without_host_read` chooses. Either way the receiver
-  computes its experts, weights and sums them, and sends one row back; a layer's shared experts
-  (DeepSeek-V3, Qwen2-MoE) are computed while the rows travel, forward and backward
-  (parallel/expert_overlap.py). FSDP then shards the expert weights over the data-parallel
-  ranks ep leaves ("efsdp", parallel/data_parallel.py);
+  computes its experts, weights and sums them, and sends one row back. FSDP then shards the
+  expert weights over the data-parallel ranks ep leaves ("efsdp", parallel/data_parallel.py);
   where those are one rank, without dp_replicate or pp, the experts stay outside FSDP, DTensors
   over ep whose gradients need no reduction (`experts_outside_fsdp`; bf16 with fp32 masters in
   AdamW where Choices.expert_masters).
@@ -27,9 +25,6 @@ For every module of a plan's `layout.moe_modules` (models/common/moe.py):
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable
-from functools import partial
 
 import torch
 import torch.distributed as dist
@@ -53,7 +48,6 @@ from kenotron.parallel.expert_dispatch import (
     send_order,
 )
 from kenotron.parallel.expert_even_split import EvenSplitDispatcher, pays_without_host_read
-from kenotron.parallel.expert_overlap import dispatch_rows
 from kenotron.parallel.model_layout import ModelLayout, matching_modules
 from kenotron.parallel.parallel_settings import ParallelSettings
 from kenotron.parallel.tensor import linear_on_local_weight, local_view
@@ -90,8 +84,7 @@ class UnevenSplitDispatcher:
         sizes = torch.cat([header[:, 0], received[:, 0], padded_rows(pairs, align).view(1)]).tolist()
         return sizes[:self.ep], sizes[self.ep:2 * self.ep], sizes[-1], pairs
 
-    def __call__(self, x: torch.Tensor, r: RouterOutput, experts: GroupedExperts,
-                 shared: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, r: RouterOutput, experts: GroupedExperts) -> torch.Tensor:
         ep, n_experts, (tokens, k) = self.ep, experts.n_experts, r.experts.shape
         local = n_experts // ep
         align = expert_alignment(experts, x)
@@ -106,13 +99,14 @@ class UnevenSplitDispatcher:
         here = torch.div(ids, local, rounding_mode="floor") == rank.unsqueeze(1)
         local_ids = torch.where(here, ids - rank.unsqueeze(1) * local, local)
         weights = SelectRows.apply(r.weights, token, slot, ep) * here
-        got = dispatch_rows(SelectRows.apply(x, token, slot, ep), weights, local_ids, send_splits, recv_splits,
-                            self.group, partial(shared, x) if shared is not None else None)
-        g = received_grouping(got.ids, pairs_here, k, align, real_rows)
-        y = sum_rows(experts(gather_rows(got.rows, g), g.offsets, g.counts, copy_weights(got.weights, g)), g)
+        recv_x = all_to_all_single_autograd(SelectRows.apply(x, token, slot, ep), recv_splits, send_splits, self.group)
+        recv_w = all_to_all_single_autograd(weights, recv_splits, send_splits, self.group)
+        recv_ids = local_ids.new_empty((sum(recv_splits), k))
+        dist.all_to_all_single(recv_ids, local_ids, recv_splits, send_splits, group=self.group)
+        g = received_grouping(recv_ids, pairs_here, k, align, real_rows)
+        y = sum_rows(experts(gather_rows(recv_x, g), g.offsets, g.counts, copy_weights(recv_w, g)), g)
         back = all_to_all_single_autograd(y, send_splits, recv_splits, self.group)
-        out = CombineRows.apply(back, token, slot, tokens, ep)
-        return out if got.shared is None else out + got.shared
+        return CombineRows.apply(back, token, slot, tokens, ep)
 
 
 def _replicated_over_tp(tensor: torch.Tensor, mesh: DeviceMesh, placements: list) -> nn.Parameter:

@@ -31,18 +31,14 @@ whose rows past the last group are left unwritten (torch._grouped_mm leaves them
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from functools import partial
-
 import torch
 import torch.distributed as dist
-from torch.distributed._functional_collectives import all_to_all_single_autograd
+from torch.distributed._functional_collectives import all_to_all_single, all_to_all_single_autograd
 
 from kenotron.models.common.experts import GroupedExperts, Grouping, copy_weights, padded_counts, sum_rows
 from kenotron.models.common.moe import expert_alignment
 from kenotron.models.common.router import RouterOutput
 from kenotron.parallel.expert_dispatch import pair_counts
-from kenotron.parallel.expert_overlap import dispatch_rows
 
 MAX_EVEN_SPLIT_EP = 4
 """The largest ep that exchanges by the even split, the largest measured (4 GPUs): its buffers grow
@@ -78,16 +74,18 @@ def pays_without_host_read(n_experts: int, top_k: int, ep: int, float8_experts: 
             and empty_rows(n_experts, top_k, ep) <= MAX_EMPTY_ROWS)
 
 
-def for_every_rank(x: torch.Tensor, ep: int) -> torch.Tensor:
-    """(T, ...) -> (ep * T, ...): the rows to send, all T to each rank. After the all-to-all each
-    rank holds every rank's rows, rank s's at [s * T, (s + 1) * T); backward returns each rank its
-    rows' gradients and adds them over the ranks (in rank order)."""
-    return x.unsqueeze(0).expand(ep, *x.shape).reshape(ep * x.shape[0], *x.shape[1:])
+def to_every_rank(x: torch.Tensor, group: dist.ProcessGroup, ep: int) -> torch.Tensor:
+    """(T, ...) on each rank -> (ep * T, ...): every rank's rows, rank s's at [s * T, (s + 1) * T).
+    Backward returns each rank its rows' gradients and adds them over the ranks (in rank order)."""
+    send = x.unsqueeze(0).expand(ep, *x.shape).reshape(ep * x.shape[0], *x.shape[1:])
+    if x.requires_grad:
+        return all_to_all_single_autograd(send, None, None, group)
+    return all_to_all_single(send, None, None, group)
 
 
 def sum_over_ranks(rows: torch.Tensor, group: dist.ProcessGroup, ep: int) -> torch.Tensor:
     """(ep * T, ...) computed for every rank's rows -> (T, ...): this rank's rows back from every
-    rank, added in rank order (the adjoint of `for_every_rank` and the all-to-all)."""
+    rank, added in rank order (the adjoint of `to_every_rank`)."""
     back = all_to_all_single_autograd(rows, None, None, group)
     return back.view(ep, rows.shape[0] // ep, *rows.shape[1:]).sum(0)
 
@@ -137,15 +135,14 @@ class EvenSplitDispatcher:
         self.rank = dist.get_rank(group)
         """This rank's place in the ep group: it holds experts [rank * local, (rank + 1) * local)."""
 
-    def __call__(self, x: torch.Tensor, r: RouterOutput, experts: GroupedExperts,
-                 shared: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, r: RouterOutput, experts: GroupedExperts) -> torch.Tensor:
         ep, group = self.ep, self.group
         local = experts.n_experts // ep
-        got = dispatch_rows(for_every_rank(x, ep), for_every_rank(r.weights, ep), for_every_rank(r.experts, ep),
-                            None, None, group, partial(shared, x) if shared is not None else None)
+        recv_x = to_every_rank(x, group, ep)
+        recv_w = to_every_rank(r.weights, group, ep)
+        recv_ids = to_every_rank(r.experts, group, ep)
         first = self.rank * local
-        here = (got.ids >= first) & (got.ids < first + local)
-        g = even_split_grouping(torch.where(here, got.ids - first, local), local, expert_alignment(experts, x))
-        y = experts(got.rows, g.offsets, g.counts, copy_weights(got.weights, g), gather=g)
-        out = sum_over_ranks(sum_rows(y, g), group, ep)
-        return out if got.shared is None else out + got.shared
+        here = (recv_ids >= first) & (recv_ids < first + local)
+        g = even_split_grouping(torch.where(here, recv_ids - first, local), local, expert_alignment(experts, x))
+        y = experts(recv_x, g.offsets, g.counts, copy_weights(recv_w, g), gather=g)
+        return sum_over_ranks(sum_rows(y, g), group, ep)

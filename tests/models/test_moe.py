@@ -183,9 +183,9 @@ class _DispatcherWithGraphBreak:
     """The local dispatcher behind a graph break, as a compiled block meets the experts when they are
     FSDP units of their own (expert parallel, or the experts' bf16 reduction: parallel/plan.py)."""
 
-    def __call__(self, x, r, experts, shared=None):
+    def __call__(self, x, r, experts):
         torch._dynamo.graph_break()
-        return LocalDispatcher()(x, r, experts, shared)
+        return LocalDispatcher()(x, r, experts)
 
 
 def _balance_gradient_of_the_gate(layer: MoE, x: torch.Tensor, compiled: bool) -> torch.Tensor:

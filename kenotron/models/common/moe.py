@@ -6,8 +6,7 @@
                            all-to-all, kenotron/parallel/expert.py)
                         -> the experts compute them (experts.py) scaled by the routing weights
                         -> each token sums its k results
-                        -> + the shared experts' output (Qwen2-MoE: through a sigmoid gate),
-                           which the dispatcher computes while its exchange is in flight
+                        -> + the shared experts' output (Qwen2-MoE: through a sigmoid gate)
 
 Parameter names follow transformers' in-memory layout where one exists (`router.gate` is HF's
 `mlp.gate`, `experts.w13` its `gate_up_proj`); families map them in their hf.py.
@@ -15,7 +14,6 @@ Parameter names follow transformers' in-memory layout where one exists (`router.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Protocol
 
 import torch
@@ -37,12 +35,9 @@ from kenotron.models.common.router import RouterOutput, TopKRouter, attach_loss
 
 class TokenDispatcher(Protocol):
     """Runs the experts on the token copies the router chose: (tokens, dim) -> (tokens, dim),
-    each token the routing-weighted sum of its k experts' outputs, plus `shared(x)` where given
-    (the shared experts): an expert-parallel dispatcher computes it while its token exchange is in
-    flight (parallel/expert_overlap.py)."""
+    each token the routing-weighted sum of its k experts' outputs."""
 
-    def __call__(self, x: torch.Tensor, r: RouterOutput, experts: GroupedExperts,
-                 shared: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor: ...
+    def __call__(self, x: torch.Tensor, r: RouterOutput, experts: GroupedExperts) -> torch.Tensor: ...
 
 
 def expert_alignment(experts: GroupedExperts, x: torch.Tensor) -> int:
@@ -58,12 +53,10 @@ def expert_alignment(experts: GroupedExperts, x: torch.Tensor) -> int:
 class LocalDispatcher:
     """All experts on this rank: group the copies by expert, compute, sum back per token."""
 
-    def __call__(self, x: torch.Tensor, r: RouterOutput, experts: GroupedExperts,
-                 shared: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, r: RouterOutput, experts: GroupedExperts) -> torch.Tensor:
         g = group_by_expert(r.experts.reshape(-1), experts.n_experts, r.experts.shape[1], expert_alignment(experts, x))
         y = experts(gather_rows(x, g), g.offsets, g.counts, copy_weights(r.weights, g))
-        out = sum_rows(y, g)
-        return out if shared is None else out + shared(x)
+        return sum_rows(y, g)
 
 
 class MoE(nn.Module):
@@ -93,17 +86,13 @@ class MoE(nn.Module):
             # (tokens x dim): attach_loss's forward reads the term (router.py says why), and this
             # is the smallest tensor on the path to the loss.
             r.weights = attach_loss(r.weights, term)
-        out = self.dispatcher(x, r, self.experts, self.shared if self.shared_experts is not None else None)
+        out = self.dispatcher(x, r, self.experts)
+        if self.shared_experts is not None:
+            shared = self.shared_experts(x)
+            if self.shared_gate is not None:
+                shared = torch.sigmoid(self.shared_gate(x)) * shared
+            out = out + shared
         return out.view(*shape[:-1], out.shape[-1])
-
-    def shared(self, x: torch.Tensor) -> torch.Tensor:
-        """The shared experts' output (through the sigmoid gate where there is one), which the
-        dispatcher adds to the routed experts'."""
-        assert self.shared_experts is not None
-        shared = self.shared_experts(x)
-        if self.shared_gate is not None:
-            shared = torch.sigmoid(self.shared_gate(x)) * shared
-        return shared
 
     def param_init_specs(self, init_std: float, out_std: float) -> dict[str, InitSpec]:
         specs = {
