@@ -26,9 +26,9 @@ _STRAY_BEFORE = _STRAY.exists()
 
 def pytest_collection_finish(session):
     """Freeze what collection built (torch, kenotron, the test modules: ~400k objects) out of the
-    garbage collector's reach. Every full collection would walk them again to find nothing to free:
-    Python's own, and the estimator's per tracked step (kenotron/estimate/tracker.py, 0.2 s each;
-    a third of the estimate tests' time). Objects made by the tests are collected as usual."""
+    garbage collector's reach. Every full collection would walk them again to find nothing to free
+    (Python's own; the estimator's per tracked step used to, 0.2 s each, until it recorded its fake
+    tensors instead of scanning the heap). Objects made by the tests are collected as usual."""
     gc.collect()
     gc.freeze()
 

@@ -37,6 +37,7 @@ from kenotron.estimate.fake_job import (
     ignored_features,
     simulated_micro_steps,
 )
+from kenotron.estimate.fake_tensor_recorder import FakeTensorRecorder
 from kenotron.estimate.pipeline_memory import estimate_pipeline_run
 from kenotron.estimate.rank_classes import RankClass, rank_classes
 from kenotron.estimate.report import MemoryReport, RankEstimate, describe_model, describe_settings, phase_peaks
@@ -63,13 +64,16 @@ def track_step(run: ResolvedRun, n_layers: int | None, rank: int) -> TrackedStep
     batches = DeviceBatches(run, simulated_micro_steps(run))
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     with fake_process_group(run.dims.world_size, rank), cuda_kernel_memory(), torch_cp_state():
-        job = build_fake_job(run, mode)
+        # What the build and the warm-up make, for the state libraries keep (register_other_live_tensors).
+        with FakeTensorRecorder(mode) as made:
+            job = build_fake_job(run, mode)
+            with mode:
+                train_step(job, batches)
         with mode:
-            train_step(job, batches)
             tracker = StepMemoryTracker(job.model, job.blocks())
             tracker.register_static([*job.model.parameters(), *job.model.buffers()], "parameters")
             tracker.register_static(job.optimizer_state(), "optimizer_state")
-            tracker.register_other_live_tensors("parameters")
+            tracker.register_other_live_tensors("parameters", made.alive())
             for offloader in job.applied.offloaders:  # prefetch by the tracked memory, as on a GPU
                 offloader.memory_in_use = tracker.live_bytes
             with tracker:

@@ -22,6 +22,7 @@ from kenotron.estimate.fake_job import (
     fake_process_group,
     simulated_micro_steps,
 )
+from kenotron.estimate.fake_tensor_recorder import FakeTensorRecorder
 from kenotron.estimate.pipeline_order import Action, counts_before, microbatch_roles, rank_actions
 from kenotron.estimate.pipeline_replay import Numbering, SimulatedPipeline, StagesTracker, run_actions
 from kenotron.train.resolve import ResolvedRun
@@ -86,16 +87,19 @@ def track_pipeline_step(run: ResolvedRun, rank: int, reduced: bool = False) -> R
     run = estimated_run(run)
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     with fake_process_group(run.dims.world_size, rank), cuda_kernel_memory():
-        job = build_fake_job(run, mode, pipeline=lambda j: SimulatedPipeline(j, mode))
-        pipe = job.pipeline
-        assert isinstance(pipe, SimulatedPipeline)
+        # What the build and the warm-up make, for the state libraries keep (register_other_live_tensors).
+        with FakeTensorRecorder(mode) as made:
+            job = build_fake_job(run, mode, pipeline=lambda j: SimulatedPipeline(j, mode))
+            pipe = job.pipeline
+            assert isinstance(pipe, SimulatedPipeline)
+            with mode:
+                _warmup(job, pipe)
         pp_mesh = job.meshes.get("pp")
         assert pp_mesh is not None
         actions = rank_actions(pipe.split, pp_mesh.get_local_rank(), reduced)
         local = sorted(pipe.stages)
         numbering = Numbering(tuple(local), pipe.split.microbatches, len(actions))
         with mode:
-            _warmup(job, pipe)
             pipe.actions, pipe.numbering = actions, numbering
             tracker = StagesTracker(job.model_parts, [pipe.stages[s].blocks for s in local])
             tracker.register_static([t for p in job.model_parts for t in [*p.parameters(), *p.buffers()]],
@@ -103,7 +107,7 @@ def track_pipeline_step(run: ResolvedRun, rank: int, reduced: bool = False) -> R
             tracker.register_static(job.optimizer_state(), "optimizer_state")
             # Communication buffers, allocated once by torch's stages (one per microbatch).
             tracker.register_static(pipe.receive_buffers(), "temporaries")
-            tracker.register_other_live_tensors("parameters")
+            tracker.register_other_live_tensors("parameters", made.alive())
             with tracker:
                 train_step(job, DeviceBatches(run, simulated_micro_steps(run)), tracker)
         counts = {s: len(pipe.stages[s].blocks) for s in local}

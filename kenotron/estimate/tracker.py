@@ -10,7 +10,8 @@ wrapped while the tracker is active.
 Categories are decided after the step, when each storage's fate is known:
 
 - parameters / optimizer_state: registered before the step (the sharded or local weights,
-  the buffers, the AdamW moments created by the warm-up step),
+  the buffers, the AdamW moments created by the warm-up step; with the parameters, what else
+  the build and the warm-up left alive, FSDP's buffers among it: fake_tensor_recorder.py),
 - unsharded_parameters: storages FSDP resizes (its gathered compute copies),
 - gradients: storages that some `param.grad` points to after backward or clipping, and
   whatever else a backward creates that outlives it (FSDP keeps gradients accumulated
@@ -28,7 +29,6 @@ position by position between models of different depth (see depth.py). What it r
 
 from __future__ import annotations
 
-import gc
 import os
 import sys
 import weakref
@@ -94,8 +94,9 @@ class StepMemoryTracker(TorchDispatchMode):
     """Track the memory of one training step run under FakeTensorMode (see the module doc).
 
     Use: build it inside the step's FakeTensorMode, `register_static(...)` the persistent
-    tensors, enter it, drive the step calling `set_phase` / `end_forward` / `end_backward` /
-    `mark_gradients` (fake_job.StepObserver), exit, then `result()`.
+    tensors and `register_other_live_tensors(...)` the rest, enter it, drive the step calling
+    `set_phase` / `end_forward` / `end_backward` / `mark_gradients` (fake_job.StepObserver),
+    exit, then `result()`.
     """
 
     def __init__(self, model: nn.Module, blocks: list[nn.Module]) -> None:
@@ -154,14 +155,15 @@ class StepMemoryTracker(TorchDispatchMode):
             local = local_tensor(t)
             self._add(local.untyped_storage(), f"static:{category}")
 
-    def register_other_live_tensors(self, category: str) -> None:
-        """Every other fake tensor of this step's mode alive now, as `category`: state that
-        libraries keep besides the parameters and the optimizer's (it is GPU memory too)."""
-        gc.collect()
-        for obj in gc.get_objects():
+    def register_other_live_tensors(self, category: str, made: Iterable[torch.Tensor]) -> None:
+        """Every other fake tensor of this step's mode among `made` (FakeTensorRecorder.alive():
+        those the job's build and warm-up made and that are still alive), as `category`: state
+        that libraries keep besides the parameters and the optimizer's (it is GPU memory too).
+        Recorded as they were made, not searched for on the heap (fake_tensor_recorder.py says why)."""
+        for t in made:
             # Only this step's fake mode: tensors of earlier estimates in the process are not this rank's.
-            if type(obj) is FakeTensor and obj.fake_mode is self._fake_mode and obj.untyped_storage() not in self._by_storage:
-                self.register_static([obj], category)
+            if type(t) is FakeTensor and t.fake_mode is self._fake_mode and t.untyped_storage() not in self._by_storage:
+                self.register_static([t], category)
 
     def live_bytes(self) -> int:
         """Bytes of the tracked tensors alive now (the activation offloader's memory probe)."""
