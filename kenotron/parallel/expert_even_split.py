@@ -41,14 +41,12 @@ from kenotron.models.common.router import RouterOutput
 from kenotron.parallel.expert_dispatch import pair_counts
 
 MAX_EVEN_SPLIT_EP = 4
-"""The largest ep that exchanges by the even split, the largest measured (4 GPUs): its buffers grow
-with ep (module docstring)."""
+"""The largest ep that exchanges by the even split: its buffers grow with ep (module docstring),
+and no larger ep has been compared on GPUs (docs/performance.md)."""
 MAX_EMPTY_ROWS = 0.4
 """The most rows per local token, per direction, that the even split may send to ranks holding none
-of the token's experts: (ep - 1) * (1 - fill), what it moves beyond the deduplicated exchange. At
-ep 4 (docs/performance.md, "Issues 33 and 36: four GPUs (fifteenth session)") 0.28 was 3.2-4.5%
-faster (Qwen3-30B-A3B, top-8 of 128) and 0.49 1.1% slower with 10 GiB more (DeepSeek-V3 16B,
-top-6 of 64); at ep 2 both are under 0.02."""
+of the token's experts: (ep - 1) * (1 - fill), what it moves beyond the deduplicated exchange
+(the rows behind the bound: docs/performance.md, "Issues 33 and 36: four GPUs")."""
 
 
 def rank_fill(n_experts: int, top_k: int, ep: int) -> float:

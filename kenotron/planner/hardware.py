@@ -47,9 +47,7 @@ class Hardware:
     """Bus bandwidth of a collective across nodes, per GPU (400 Gb/s InfiniBand)."""
     collective_sm_share: float = 0.25
     """Compute time lost per second of communication that runs beside it (NCCL's kernels take SMs
-    and memory bandwidth from the matmuls; fitted to the 2 × H200 FSDP rows, then refitted over
-    every measured row once the backward's all-gathers counted only what forward resharded:
-    0.25, the worst row 1.149 of its measurement where 0.2 left one at 1.171)."""
+    and memory bandwidth from the matmuls; fitted over the throughput rows, docs/estimation.md)."""
     ep_sync_s: float = 2.5e-3
     """GPU idle per MoE layer's forward under expert parallelism: the host reads the split sizes
     (a synchronization), then launches the rest of the layer (fitted to the 2 × H200 EP row)."""

@@ -269,7 +269,12 @@ def step_time(run: ResolvedRun, model: AnalyticModel, hw: Hardware | None = None
     shard = d.dp_shard * d.cp
     stage = 1 / d.pp  # under pipeline parallel a rank holds one stage: about 1/pp of the model's bytes
     if kind in ("fsdp", "hsdp") and shard > 1:
-        gathers = 1 if run.plan.settings.reshard_after_forward == "never" or d.pp > 1 else 2
+        policy = run.plan.settings.reshard_after_forward
+        # Backward gathers again what forward resharded (data_parallel.py): nothing under `never`
+        # or pipeline parallel, else every unit but the root and the head unit, and under the
+        # default policy not the last block and its experts either.
+        regathers = policy != "never" and d.pp == 1
+        last_kept = policy == "default"
         # Under expert parallelism the routed experts are FSDP units of their own over the ranks
         # ep leaves (efsdp = shard / ep; outside FSDP where that is one rank without dp_replicate):
         # a rank gathers only its experts, from fewer ranks; so are they over the blocks' ranks
@@ -279,14 +284,13 @@ def step_time(run: ResolvedRun, model: AnalyticModel, hw: Hardware | None = None
         # blocks as an MoE block (static_memory).
         dense = leading_dense_blocks(run, params)
         experts = (a.n_layers - dense) * params.moe_experts if split else 0
-        # What backward gathers again (reshard after forward, data_parallel.py): not the root, the
-        # head unit or, under the default policy, the last block and its experts.
-        policy = run.plan.settings.reshard_after_forward
         last_block = params.moe_block if a.n_layers > dense else params.block_gathered
         last_experts = params.moe_experts if a.n_layers > dense else 0
+        if split:  # the last block's experts are a unit of their own (or no unit)
+            last_block -= last_experts
         gathered = params.root_gathered + params.blocks_gathered(a.n_layers, dense) - experts
-        kept = params.root_gathered + ((last_block - (last_experts if split else 0)) if policy == "default" else 0)
-        groups = [(gathered, shard, gathered - kept if gathers == 2 else 0, reduce_scale)]
+        again = gathered - params.root_gathered - (last_block if last_kept else 0) if regathers else 0
+        groups = [(gathered, shard, again, reduce_scale)]
         if experts and experts_outside_fsdp(run):
             # Where ep = dp_shard x cp (no PP) the experts are no FSDP unit: with fp32 weights each
             # forward (and recomputation) casts them to the compute dtype, the backward casts the
@@ -296,7 +300,7 @@ def step_time(run: ResolvedRun, model: AnalyticModel, hw: Hardware | None = None
             compute += run.grad_accum_steps * casts / hw.memory_bytes_per_s
         elif experts:
             efsdp = shard // d.ep
-            again = experts - (last_experts if policy == "default" else 0) if gathers == 2 and efsdp > 1 else 0
+            again = experts - (last_experts if last_kept else 0) if regathers and efsdp > 1 else 0
             groups.append((experts, efsdp, again, expert_scale))
         for gathered, ranks, again, scale in groups:
             reduced = gathered * (4 // c) * scale  # the fp32 gradients, in the reduce dtype
