@@ -1,6 +1,6 @@
 """Context parallel through the real trainer on CPU/gloo, against the 1-rank reference.
 
-Same model, seed and global batches (tests/parallel/parity.py): fp32 losses over 3 SGD steps
+Same model, seed and global batches (tests/parallel/parity.py): fp32 losses over 2 SGD steps
 within 1e-6 and first-step gradients within 1e-5, for cp 2 and 4 with the head-tail layout and
 the contiguous one, both ways of rotating keys/values, and CP combined with FSDP and with TP on
 4 ranks. Then the trainer end to end: metrics.jsonl of a cp run equals the 1-rank run's, with

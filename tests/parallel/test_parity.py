@@ -1,6 +1,6 @@
 """Parity matrix on CPU/gloo: every data/tensor-parallel layout against the 1-rank reference.
 
-Same model, seed and global batches; fp32: loss over 3 steps within 1e-6 and first-step
+Same model, seed and global batches; fp32: loss over 2 steps within 1e-6 and first-step
 gradients within 1e-6 (max abs); bf16 at a loose tolerance.
 """
 
