@@ -70,6 +70,7 @@ _PRELOAD = [
     "torch.distributed.checkpoint",
     "numpy",
     "pytest",
+    "tests.distributed.preload",  # kenotron's trainer modules and the built-in corpus (preload.py)
 ]
 
 

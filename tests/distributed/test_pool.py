@@ -18,6 +18,7 @@ from tests.ahead import Lane
 from tests.distributed.pool import (
     RankError,
     RankTimeout,
+    close_pool,
     get_pool,
     multirank,
     run_on_ranks,
@@ -196,6 +197,17 @@ def test_timeout_surfaces_and_pool_recovers():
     assert "ranks [1] did not finish" in message
     assert "_sleep_on_rank_1" in message  # faulthandler's dump of the hung rank's stack
     assert run_on_ranks(2, _sleep_on_rank_1, 0) == [0, 1]
+
+
+def _preloaded_modules() -> list[str]:
+    return [name for name in ("kenotron.train.trainer", "kenotron.data.corpus") if name in sys.modules]
+
+
+def test_new_workers_start_with_the_trainer_and_the_corpus_imported_by_the_fork_server():
+    """tests/distributed/preload.py runs once in the fork server (pool.py's _PRELOAD), not once per
+    worker: it was missing from the list, and every worker paid the imports on its first call."""
+    close_pool(2)  # workers forked now, before any call imported anything in them
+    assert run_on_ranks(2, _preloaded_modules) == [["kenotron.train.trainer", "kenotron.data.corpus"]] * 2
 
 
 def test_dead_rank_surfaces_and_pool_recovers():
