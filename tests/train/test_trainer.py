@@ -18,15 +18,15 @@ TINY = [
 
 
 def test_loss_falls_and_metrics_jsonl_has_one_record_per_log_step(tmp_path):
-    cfg = load_config(None, TINY + ["--training.steps", "40", "--job.dump_folder", str(tmp_path)])
+    cfg = load_config(None, TINY + ["--training.steps", "10", "--job.dump_folder", str(tmp_path)])
     records = run_training(cfg)
-    assert [r["step"] for r in records] == [1, 5, 10, 15, 20, 25, 30, 35, 40]  # the first step, then every 5
+    assert [r["step"] for r in records] == [1, 5, 10]  # the first step, then every 5
     assert records[0]["loss"] > 7.0
     assert records[-1]["loss"] < records[0]["loss"] - 1.0
     written = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert written == records
     assert (tmp_path / "config.toml").is_file()
-    assert records[-1]["tokens_seen"] == 40 * 4 * 64
+    assert records[-1]["tokens_seen"] == 10 * 4 * 64
 
 
 def test_gradient_accumulation_matches_one_big_batch(tmp_path):
