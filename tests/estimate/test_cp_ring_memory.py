@@ -104,7 +104,8 @@ def test_the_simulated_attention_is_torchs_ring_and_torchs_state_is_restored(mon
 def test_rank_0_keeps_one_more_attention_output_per_block_than_the_last_cp_rank():
     # torch's load-balanced ring rebuilds rank r's output with chunk + cat at every step after r:
     # contiguous in (batch, heads, seq, dim), so the output projection keeps its own copy.
-    run = resolve_run(load_config(DEBUG, [*LONG, "--parallelism.cp", "2"]), 2)
+    # Two blocks: one copy per block, whatever the depth.
+    run = resolve_run(load_config(DEBUG, [*LONG, "--parallelism.cp", "2", "--model.n_layers", "2"]), 2)
     first, last = (track_step(run, None, rank).peak[1] for rank in (0, 1))
     a = run.model_args
     copy = allocated_bytes(2048 // 2 * a.n_heads * a.head_dim * 2)
