@@ -20,7 +20,8 @@ from kenotron.train.trainer import run_training
 from tests.distributed.pool import run_on_ranks
 from tests.parallel.parity import assert_parity, run_steps
 
-# One micro-step per optimizer step (dp is 1), except cp2_fsdp2, which accumulates over 4.
+# One micro-step per optimizer step (dp is 1), except cp2_fsdp2, which accumulates over 2 (a third
+# or fourth micro-step adds to the same gradients the same way).
 CP2 = ["--parallelism.cp", "2", "--training.local_batch_size", "8"]
 CP4 = ["--parallelism.cp", "4", "--training.local_batch_size", "8"]
 CONTIGUOUS = ["--tuning.cp_load_balance", "false"]
@@ -32,7 +33,7 @@ LAYOUTS = {
     "cp4_contiguous": (4, CP4 + CONTIGUOUS),
     "cp4_alltoall_contiguous": (4, CP4 + CONTIGUOUS + ["--tuning.cp_rotate_method", "alltoall"]),
     "cp2_full_ac": (2, CP2 + ["--activation_checkpoint.mode", "full"]),
-    "cp2_fsdp2": (4, CP2 + ["--parallelism.dp_shard", "2", "--training.local_batch_size", "1"]),
+    "cp2_fsdp2": (4, CP2 + ["--parallelism.dp_shard", "2", "--training.local_batch_size", "2"]),
     "cp2_tp2": (4, CP2 + ["--parallelism.tp", "2"]),
     "cp2_tp2_no_sp": (4, CP2 + ["--parallelism.tp", "2", "--parallelism.sequence_parallel", "false"]),
 }

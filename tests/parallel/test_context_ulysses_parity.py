@@ -23,8 +23,9 @@ LAYOUTS = {
     "cp4": (4, ULYSSES + ["--parallelism.cp", "4"]),
     # The all-to-all's outputs are saved, the chunk gathers around it recomputed.
     "cp2_selective_ac": (2, ULYSSES + ["--parallelism.cp", "2", "--activation_checkpoint.mode", "selective-op"]),
+    # 2 micro-steps a step (4 sequences a dp rank, 2 at a time): gradients accumulate under FSDP x CP.
     "cp2_fsdp2": (4, ULYSSES[:2] + ["--parallelism.cp", "2", "--parallelism.dp_shard", "2",
-                                    "--training.local_batch_size", "1"]),
+                                    "--training.local_batch_size", "2"]),
     "cp2_tp2": (4, ULYSSES + ["--parallelism.cp", "2", "--parallelism.tp", "2"]),
     "pp2_cp2": (4, ULYSSES + ["--parallelism.cp", "2", "--parallelism.pp", "2"]),
 }
