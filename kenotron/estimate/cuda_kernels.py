@@ -17,6 +17,11 @@ CUDA runs as one kernel, and the decomposition keeps different tensors for backw
   gives each SwiGLU a stand-in with the kernel's allocations. (The fused RoPE keeps what the
   PyTorch ops keep, so RoPE stays as it is.)
 
+- MLA's attention with values narrower than the keys (`Choices.narrow_values`): CUDA runs
+  cuDNN's kernel, which keeps q, k, v, its output (laid out as q is) and an fp32 log-sum-exp; on
+  the CPU SDPA falls back to its math kernel, which keeps the whole score matrix.
+  `use_narrow_value_memory` gives each MLA module a stand-in with cuDNN's allocations.
+
 `cuda_kernel_memory()` swaps in, for the duration of an estimate, an autograd function with
 the CUDA kernel's allocations (output, rstd; grad input, grad weight) and no values, and the
 CUDA branch of the gradient norm. The RMSNorm stand-in refuses real tensors, so it can never
@@ -34,6 +39,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.distributed.tensor import DTensor
 
 from kenotron.dtensor import local_tensor
+from kenotron.models.common.latent_attention import LatentAttention
 from kenotron.models.common.mlp import SwiGLU, silu_mul
 from kenotron.parallel import grad_norm
 
@@ -93,6 +99,38 @@ def use_fused_gate_memory(model: torch.nn.Module) -> None:
     for module in model.modules():
         if isinstance(module, SwiGLU):
             module.silu_mul = _silu_mul_memory
+
+
+class _CudnnAttentionMemory(torch.autograd.Function):
+    """Allocations of cuDNN's causal SDPA on (batch, heads, seq, width): the output, as wide as v and
+    laid out as q is (q here: heads-major views of (batch, seq, heads, width) tensors), and the fp32
+    log-sum-exp forward (q, k, v kept); dq, dk and dv backward."""
+
+    @staticmethod
+    def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        batch, heads, seq, _ = q.shape
+        out = q.new_empty((batch, seq, heads, v.shape[-1])).transpose(1, 2)
+        lse = q.new_empty((batch, heads, seq, 1), dtype=torch.float32)
+        ctx.save_for_backward(q, k, v, out, lse)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):
+        q, k, v, _out, _lse = ctx.saved_tensors
+        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _cudnn_attention_memory(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    if not _is_fake(q):
+        raise RuntimeError("the estimator's cuDNN attention stand-in only runs on fake tensors; it computes no values")
+    return _CudnnAttentionMemory.apply(q, k, v)
+
+
+def use_narrow_value_memory(model: torch.nn.Module) -> None:
+    """Every MLA module that gives SDPA its values unpadded allocates as cuDNN's kernel does."""
+    for module in model.modules():
+        if isinstance(module, LatentAttention) and module.narrow_value_attention is not None:
+            module.narrow_value_attention = _cudnn_attention_memory
 
 
 def _sum_of_squares_cuda_path(tensors: list[torch.Tensor], kernel: str) -> torch.Tensor:

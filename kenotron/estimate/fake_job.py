@@ -25,7 +25,7 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 from kenotron.data import MicroBatch
 from kenotron.dtensor import forget_dtensor_caches
 from kenotron.estimate.cp_ring_memory import use_flex_memory, use_torch_ring
-from kenotron.estimate.cuda_kernels import use_fused_gate_memory
+from kenotron.estimate.cuda_kernels import use_fused_gate_memory, use_narrow_value_memory
 from kenotron.estimate.moe_memory import plan_even_routing, use_moe_memory
 from kenotron.train.job import BuildHooks, build_job, build_meshes
 from kenotron.train.pipeline_step import PipelineExecutor
@@ -89,6 +89,7 @@ def build_fake_job(run: ResolvedRun, fake_mode: Any, pipeline: Any = None) -> Tr
         if gate:  # the fused Triton gate of eager CUDA runs, as its allocations
             use_fused_gate_memory(model)
         use_moe_memory(model, fused_gate=gate)
+        use_narrow_value_memory(model)  # MLA under Choices.narrow_values: cuDNN's allocations
 
     def applied(model: torch.nn.Module, meshes: Any) -> None:
         use_torch_ring(run, meshes)

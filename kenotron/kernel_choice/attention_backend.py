@@ -36,7 +36,7 @@ from kenotron.config import ConfigError, JobConfig
 from kenotron.data import document_ids
 from kenotron.kernel_choice.config_checks import FLASH_ATTN_MISSING, NOT_SDPA, window_shorter_than
 from kenotron.kernel_choice.target import Target
-from kenotron.models.common.attention import GQAttention
+from kenotron.models.common.attention import GQAttention, causal_attention
 from kenotron.models.common.flash_attention import (
     MIN_COMPILE_VERSION,
     FlashAttnUnavailable,
@@ -45,6 +45,7 @@ from kenotron.models.common.flash_attention import (
     load_flash_attention,
 )
 from kenotron.models.common.flex_attention import causal_block_mask, document_block_mask
+from kenotron.models.common.latent_attention import LatentAttention
 from kenotron.parallel.context.documents import SequenceDocuments
 
 NAMED = {
@@ -77,10 +78,12 @@ def auto_picks_flash_attn(cfg: JobConfig, cp: int, model_or_args: Any, device_ma
 
 
 def attention_context(backend: str, device: torch.device) -> contextlib.AbstractContextManager:
-    """The SDPA kernel choice around forward (nothing for flex and flash_attn, which skip SDPA)."""
-    if backend in NOT_SDPA:
+    """The SDPA kernel choice around forward: nothing for flex; for flash_attn, SDPA's order of
+    "auto" on CUDA for the attention modules flash-attn does not replace (MLA's, see
+    use_attention_kernel)."""
+    if backend == "flex" or (backend == "flash_attn" and device.type != "cuda"):
         return contextlib.nullcontext()
-    if backend == "auto":
+    if backend in ("auto", "flash_attn"):
         if device.type != "cuda":
             return contextlib.nullcontext()
         return sdpa_kernel(CUDA_AUTO_ORDER, set_priority=True)
@@ -90,15 +93,56 @@ def attention_context(backend: str, device: torch.device) -> contextlib.Abstract
 
 
 def use_attention_kernel(model: nn.Module, backend: str, device: torch.device) -> None:
-    """For flash_attn, make every attention module's `attention_fn` flash-attn's kernel
+    """For flash_attn, make every grouped-query attention module's `attention_fn` flash-attn's kernel
     (the best one installed for the GPU, see load_flash_attention). Call it on the (meta) model before
-    `plan.apply`, so pipeline stages, which are copies, keep it. Other backends: no change."""
+    `plan.apply`, so pipeline stages, which are copies, keep it. Other backends: no change. MLA
+    (LatentAttention) keeps SDPA: cuDNN takes its values at their own width (use_narrow_values),
+    where flash-attn would take them zero-padded to the keys' width."""
     if backend != "flash_attn":
         return
     kernel = load_flash_attention(cuda_major(device))
     for module in model.modules():
         if isinstance(module, GQAttention):
             module.attention_fn = kernel
+
+
+def sdpa_takes_narrow_values(backend: str, target: Target, meta_model: nn.Module, seq_len: int,
+                             dtype: torch.dtype) -> bool:
+    """Whether MLA's values, narrower than its keys, go to SDPA at their own width (LatentAttention's
+    `narrow_value_attention`) rather than zero-padded: on CUDA under "auto" or "flash_attn" (cuDNN
+    first, attention_context) or "cudnn", where cuDNN takes two head sizes. DeepSeek-V3 16B's heads
+    (192 and 128 wide, b4 x 4096) on an H200: 2.83 ms a layer forward and backward against 4.31 with
+    the values padded (docs/performance.md). On this process's GPU torch is asked with the model's
+    head sizes (a cuDNN that refuses them would leave SDPA its slow kernel); a GPU machine planned
+    from elsewhere is taken to be one where cuDNN takes them."""
+    widths = {(m.shape.qk_dim, m.shape.v_dim) for m in model_latent_attentions(meta_model)}
+    if (target.device_type != "cuda" or backend not in ("auto", "flash_attn", "cudnn")
+            or not any(qk != v for qk, v in widths)):
+        return False
+    if not target.packages_here:
+        return True
+    return all(cudnn_takes(qk, v, seq_len, dtype) for qk, v in widths if qk != v)
+
+
+def model_latent_attentions(model: nn.Module) -> list[LatentAttention]:
+    return [m for m in model.modules() if isinstance(m, LatentAttention)]
+
+
+def cudnn_takes(qk_dim: int, v_dim: int, seq_len: int, dtype: torch.dtype) -> bool:
+    """Whether cuDNN's SDPA runs causal attention of one head over `seq_len` tokens with keys
+    `qk_dim` and values `v_dim` wide on the current CUDA device (torch's own check, nothing run)."""
+    device = torch.device("cuda", torch.cuda.current_device())
+    q = torch.empty(1, 1, seq_len, qk_dim, device=device, dtype=dtype)
+    v = torch.empty(1, 1, seq_len, v_dim, device=device, dtype=dtype)
+    params = torch.backends.cuda.SDPAParams(q, q, v, None, 0.0, True, False)
+    return bool(torch.backends.cuda.can_use_cudnn_attention(params))
+
+
+def use_narrow_values(model: nn.Module, narrow: bool) -> None:
+    """Where `narrow` (Choices.narrow_values): every MLA module gives SDPA its values unpadded."""
+    if narrow:
+        for module in model_latent_attentions(model):
+            module.narrow_value_attention = causal_attention
 
 
 class BlockMasks:

@@ -16,6 +16,11 @@ attention keeps for backward:
   selective-op  the matmul outputs kept by the policy (wq_a, wq_b or wq, wkv_a, wkv_b, wo in that
                 order, then the MLP's), the attention's padded output and log-sum-exp
   full          nothing here: the block keeps its input only (analytic.py)
+
+With the values unpadded (`narrow_values`: cuDNN's SDPA takes them at their own width) the
+attention's 4·T·H_t·q·c + T·H_t·v·c become 2·T·H_t·q·c (q and k) + T·H_t·(nope + v)·c (v is a view
+of wkv_b's output, whose storage it keeps whole) + T·H_t·v·c (the output, laid out as q is, so the
+output projection's input is a view of it, not a copy); under selective-op the output is v wide.
 """
 
 from __future__ import annotations
@@ -37,13 +42,15 @@ class LatentDims:
     nope_dim: int
     rope_dim: int
     v_dim: int
+    narrow_values: bool = False
+    """The attention takes the values at their own width (Choices.narrow_values), not padded."""
 
     @classmethod
-    def of(cls, args: Any) -> LatentDims | None:
+    def of(cls, args: Any, narrow_values: bool = False) -> LatentDims | None:
         """The MLA sizes of a model's args, None for other attention."""
         if not hasattr(args, "kv_rank"):
             return None
-        return cls(args.q_rank, args.kv_rank, args.nope_dim, args.rope_dim, args.v_dim)
+        return cls(args.q_rank, args.kv_rank, args.nope_dim, args.rope_dim, args.v_dim, narrow_values)
 
     @property
     def qk_dim(self) -> int:
@@ -60,13 +67,17 @@ def latent_attention_activations(m: LatentDims, s: Any, mode: str) -> int:
     """Bytes the attention of one block keeps under `mode` "none" (see the module docstring); for
     selective-op, only the attention's own output (the matmul outputs are counted with the MLP's)."""
     T, c, heads = s.tokens, s.compute, s.heads // s.tp
-    padded = allocated_bytes(T * heads * m.qk_dim * c)
+    query_wide = allocated_bytes(T * heads * m.qk_dim * c)
+    value_wide = allocated_bytes(T * heads * m.v_dim * c)
     lse = allocated_bytes(s.batch * heads * s.seq * FP32)
     if mode == "selective-op":
-        return padded + lse
+        return (value_wide if m.narrow_values else query_wide) + lse
     query = 2 * allocated_bytes(T * m.q_rank * c) + allocated_bytes(T * FP32) if m.q_rank else 0
     latent = (allocated_bytes(T * (m.kv_rank + m.rope_dim) * c) + allocated_bytes(T * FP32)
               + allocated_bytes(T * m.kv_rank * c))
-    attention = 4 * padded + lse + allocated_bytes(T * heads * m.v_dim * c)
+    if m.narrow_values:
+        attention = 2 * query_wide + allocated_bytes(T * heads * (m.nope_dim + m.v_dim) * c) + value_wide + lse
+    else:
+        attention = 4 * query_wide + lse + value_wide
     rope_tables = 2 * allocated_bytes(s.seq * m.rope_dim * c) if c != FP32 else 0
     return query + latent + attention + rope_tables

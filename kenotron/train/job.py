@@ -26,7 +26,7 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 
-from kenotron.kernel_choice.attention_backend import BlockMasks, use_attention_kernel
+from kenotron.kernel_choice.attention_backend import BlockMasks, use_attention_kernel, use_narrow_values
 from kenotron.models.common.eager_kernels import use_eager_kernels, use_expert_kernel
 from kenotron.models.common.mamba import use_scan_kernel
 from kenotron.parallel.data_parallel import unsharded_expert_params
@@ -87,6 +87,7 @@ def build_job(
     with torch.device("meta"):
         model = run.spec.build(run.model_args)
     use_attention_kernel(model, choices.attention_backend, device)
+    use_narrow_values(model, choices.narrow_values)
     use_eager_kernels(model, choices.eager_kernels)
     use_expert_kernel(model, choices.expert_kernel)
     use_scan_kernel(model, choices.ssm_kernel)
@@ -178,6 +179,7 @@ def _reference_model(run: ResolvedRun, device: torch.device, meshes: Meshes,
     with torch.device("meta"):
         model = run.spec.build(run.model_args)
     use_attention_kernel(model, run.choices.attention_backend, device)
+    use_narrow_values(model, run.choices.narrow_values)
     use_eager_kernels(model, run.choices.eager_kernels)
     if hooks.meta_model is not None:
         hooks.meta_model(model)

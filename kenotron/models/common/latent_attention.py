@@ -16,7 +16,9 @@ interleaved pairs (DeepSeek's `rope_interleave`) have those rows reordered on co
 (`deinterleave_rows`). Under YaRN the softmax temperature is scaled too: q is multiplied by
 `softmax_scale_factor`, so the attention itself keeps SDPA's 1/sqrt(head_dim) and any
 `attention_fn` (context parallel's, flash-attn) serves unchanged; the values, narrower than the
-keys, are zero-padded to the keys' width where a kernel needs one head size.
+keys, are zero-padded to the keys' width where a kernel needs one head size. cuDNN's SDPA takes
+both widths: where the kernel choice says it runs (`narrow_value_attention`, set by
+kernel_choice/attention_backend.py's use_narrow_values), the values go to it unpadded.
 
 Tensor parallel splits the heads (wq or wq_b, wkv_b colwise, wo rowwise); the latent path (wq_a,
 q_norm, wkv_a, kv_norm) is replicated. The latent's gradient comes back whole through the
@@ -94,6 +96,9 @@ class LatentAttention(nn.Module):
         self.attention_fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] = causal_attention
         self.rope_fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] = apply_rope
         self.rope_key_grad: Callable[[torch.Tensor], torch.Tensor] = _identity
+        # Causal attention taking values narrower than the keys, used in place of the padded values
+        # while attention_fn is SDPA's; None pads them.
+        self.narrow_value_attention: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None = None
 
     def queries(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """(batch, heads, seq, qk_dim): [q_nope | rotated q_rope], times YaRN's softmax factor."""
@@ -155,10 +160,13 @@ class LatentAttention(nn.Module):
         """The attention_fn, given values as wide as the keys: flash-attn and the ring kernels take one
         head size, and so do SDPA's flash kernels, CUDA's and the CPU's (with two sizes SDPA falls
         back to its math kernel, which keeps the whole score matrix for backward: 1.3 GiB a block
-        at 16 heads x 4096 tokens). v is padded with zeros and the padding cut from the output."""
+        at 16 heads x 4096 tokens). v is padded with zeros and the padding cut from the output, unless
+        `narrow_value_attention` is set and attention_fn is still SDPA's: then it takes v as it is."""
         extra = () if documents is None else (documents,)  # context parallel's document ids
         if v.shape[-1] == q.shape[-1]:
             return self.attention_fn(q, k, v, *extra)
+        if self.narrow_value_attention is not None and self.attention_fn is causal_attention and documents is None:
+            return self.narrow_value_attention(q, k, v)
         return self.attention_fn(q, k, _pad_last(v, q.shape[-1]), *extra)[..., : v.shape[-1]]
 
     def param_init_specs(self, init_std: float, out_std: float) -> dict[str, InitSpec]:
