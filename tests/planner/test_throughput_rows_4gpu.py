@@ -39,3 +39,11 @@ def test_modelled_tokens_per_s_of_the_4_gpu_rows_is_within_tolerance(row):
     ratio = modelled_tokens_per_s(ngpu, config, overrides, hw, bf16_wire=True, bounded_rows=True,
                                   experts_outside=True, masters=True) / measured
     assert abs(ratio - 1) <= TOLERANCE, f"{name} (docs/performance.md, run {run}): modelled / measured = {ratio:.3f}"
+
+
+def test_modelled_tokens_per_s_of_deepseek_v3_with_its_values_unpadded_is_within_tolerance():
+    """One H200, 2026-11-29 (docs/performance.md, run 194): MLA's values at their own width through
+    cuDNN, the means of two runs alternating with the tree before (96,977 against 92,293)."""
+    ratio = modelled_tokens_per_s(1, "deepseek_v3_16b", DS, H200, bf16_wire=True, bounded_rows=True,
+                                  experts_outside=True, masters=True, narrow_values=True) / 96_977
+    assert abs(ratio - 1) <= TOLERANCE, f"modelled / measured = {ratio:.3f}"
