@@ -19,6 +19,11 @@ device's time for it. "sync" synchronizes the device before and after each step 
 on the host clock: it also counts the device's idle while the host launches the step's first
 kernels, which training (that synchronizes only at logging steps) does not pay. On CPU both
 time each step on the host clock.
+
+`--slow-link` (2 GPUs or more) routes NCCL through host memory instead of NVLink (NCCL_P2P_DISABLE=1
+in every rank's environment): a link about 9x slower on one host, standing for nodes joined by a
+slow network (issue 33's slow-link rows). The same call first times each collective alone over
+those ranks (kenotron/tools/collectives.py) and prints the link's bus bandwidth above the table.
 """
 
 from __future__ import annotations
@@ -201,9 +206,28 @@ PRESETS: dict[str, dict[str, list[str]]] = {
 }
 
 
+SLOW_LINK_ENV = {"NCCL_P2P_DISABLE": "1"}
+"""What `--slow-link` sets for every process it starts: NCCL without peer-to-peer access between
+the GPUs, so that its collectives go through host memory (~24 GB/s bus on H200s, ~210 by NVLink)."""
+
+
+def link_bandwidth(ngpu: int, env: dict[str, str], timeout: float, mib: float = 512) -> str:
+    """The table of kenotron/tools/collectives.py over `ngpu` ranks started with `env` (one buffer
+    of `mib` MiB a collective), or why it could not be measured."""
+    cmd = ["torchrun", "--standalone", "--nproc-per-node", str(ngpu), "-m", "kenotron.tools.collectives",
+           "--mib", str(mib), "--reps", "5"]
+    returncode, output = _run_bounded(cmd, timeout, env)
+    lines = output.strip().splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith("Collectives over")), None)
+    if returncode != 0 or start is None:
+        return "link not measured: " + (failure_tail(lines)[-1] if lines else f"exit code {returncode}")
+    return "\n".join(line for line in lines[start:] if line.startswith(("Collectives over", "|")))
+
+
 def run_case(
     name: str, overrides: list[str], ngpu: int, warmup: int, steps: int, timeout: float, profile: bool = False,
     timing: str = "stream", trace: bool = False, timeline: str | None = None, optimizer: bool = False,
+    env: dict[str, str] | None = None,
 ) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "result.json")
@@ -223,7 +247,7 @@ def run_case(
         else:
             cmd = [sys.executable, *worker, *overrides]
         t0 = time.perf_counter()
-        returncode, output = _run_bounded(cmd, timeout)
+        returncode, output = _run_bounded(cmd, timeout, env)
         wall = time.perf_counter() - t0
         if returncode != 0 or not os.path.exists(out):
             tail = failure_tail(output.strip().splitlines())
@@ -234,12 +258,14 @@ def run_case(
     return {"name": name, **result, "wall_s": wall, "args": overrides}
 
 
-def _run_bounded(cmd: list[str], timeout: float | None) -> tuple[int | None, str]:
+def _run_bounded(cmd: list[str], timeout: float | None, env: dict[str, str] | None = None) -> tuple[int | None, str]:
     """(exit code, stdout + stderr) of a case; None past `timeout`, its whole process group killed.
+    `env`: variables set for it on top of this process's environment.
 
     A timed-out case is a failed row, not the end of the table; torchrun's ranks are in the
     killed group too, so none is left holding a GPU for the next case."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            env={**os.environ, **env} if env else None)
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
         return proc.returncode, stdout + stderr
@@ -317,7 +343,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="also time the optimizer step alone and print its share of the step")
     parser.add_argument("--timing", choices=["stream", "sync"], default="stream",
                         help="stream: steps back to back, timed by CUDA events; sync: synchronize around each step")
+    parser.add_argument("--slow-link", action="store_true",
+                        help="NCCL through host memory (NCCL_P2P_DISABLE=1) for every case, the link's bandwidth "
+                             "measured first and printed above the table (2 GPUs or more)")
     args = parser.parse_known_args(argv)[0]
+    if args.slow_link and args.ngpu < 2:
+        parser.error(f"--slow-link slows the link between GPUs and --ngpu is {args.ngpu}; use --ngpu 2 or more")
     cases: dict[str, list[str]] = {}
     for preset in args.preset:
         cases.update(PRESETS[preset])
@@ -341,11 +372,16 @@ def main(argv: list[str] | None = None) -> int:
         write_sample_data(folder)
         cases = {name: [arg.replace("{sample_data}", str(folder)) for arg in overrides]
                  for name, overrides in cases.items()}
+    env = SLOW_LINK_ENV if args.slow_link else None
+    if args.slow_link:
+        print(f"Slow link: {' '.join(f'{k}={v}' for k, v in SLOW_LINK_ENV.items())} for every rank", flush=True)
+        print(link_bandwidth(args.ngpu, SLOW_LINK_ENV, args.timeout) + "\n", flush=True)
     print(HEADER, flush=True)
     rows = []
     for name, overrides in cases.items():
         row = run_case(name, overrides + extra, args.ngpu, args.warmup, args.steps, args.timeout, args.profile,
-                       args.timing, args.trace, args.timeline, args.optimizer)
+                       args.timing, args.trace, args.timeline, args.optimizer, env)
+        row["slow_link"] = args.slow_link
         rows.append(row)
         print(format_row(row), flush=True)
         if "optimizer_ms" in row:

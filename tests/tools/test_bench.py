@@ -135,3 +135,42 @@ def test_a_case_past_its_timeout_is_a_failed_row_and_the_table_goes_on():
     row = run_case("slow", TINY, ngpu=1, warmup=1, steps=1, timeout=1)
     assert row["error"].splitlines()[-1] == "timed out after 1 s (the case's --timeout)"
     assert "failed:" in format_row(row)
+
+
+def test_the_slow_link_is_refused_on_one_device():
+    from kenotron.tools.bench import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--case", "tiny=" + " ".join(TINY), "--slow-link"])
+    assert exit_info.value.code == 2
+
+
+def test_the_slow_link_reaches_the_link_measurement_and_every_case(monkeypatch, capsys):
+    """Every process `--slow-link` starts (the collectives' timing, then each case's torchrun) gets
+    NCCL_P2P_DISABLE=1; without it, none does. The processes are recorded, not run."""
+    from kenotron.tools import bench
+
+    started: list[tuple[list[str], dict | None]] = []
+
+    def record(cmd, timeout, env=None):
+        started.append((cmd, env))
+        return 1, "RuntimeError: recorded, not run"
+
+    monkeypatch.setattr(bench, "_run_bounded", record)
+    cases = ["--case", "a=" + " ".join(TINY), "--case", "b=" + " ".join(TINY), "--ngpu", "2"]
+    assert bench.main([*cases, "--slow-link"]) == 1  # the recorded cases "fail"
+    assert [cmd[cmd.index("-m") + 1] for cmd, _ in started] == ["kenotron.tools.collectives"] + ["kenotron.tools.bench_worker"] * 2
+    assert all(env == {"NCCL_P2P_DISABLE": "1"} for _, env in started)
+    out = capsys.readouterr().out
+    assert "Slow link: NCCL_P2P_DISABLE=1" in out and "link not measured: RuntimeError: recorded, not run" in out
+    started.clear()
+    bench.main(cases)
+    assert len(started) == 2 and all(env is None for _, env in started)
+
+
+def test_the_link_measurement_prints_the_collectives_table_of_its_ranks():
+    from kenotron.tools.bench import link_bandwidth
+
+    table = link_bandwidth(2, {"NCCL_P2P_DISABLE": "1"}, timeout=300, mib=1).splitlines()
+    assert table[0].startswith("Collectives over 2 ranks")
+    assert [row.split("|")[1].strip() for row in table[3:]] == ["all-gather", "reduce-scatter", "all-reduce", "all-to-all"]
