@@ -102,12 +102,15 @@ def test_every_gpu_preset_is_a_valid_config_for_its_gpu_count(monkeypatch):
     import torch
 
     from kenotron.config import load_config, split_config_arg
+    from kenotron.kernel_choice import attention_backend
     from kenotron.tools.bench import PRESETS, SYNTHETIC
     from kenotron.train.resolve import resolve_run
 
-    # The flash_attn presets are checked as on an H200 with flash-attn-4 installed.
+    # The flash_attn presets are checked as on an H200 with flash-attn-4 installed, whose cuDNN
+    # takes MLA's narrower values (asked of the GPU itself otherwise).
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *device: (9, 0))
+    monkeypatch.setattr(attention_backend, "cudnn_takes", lambda *shape: True)
     monkeypatch.setitem(sys.modules, "flash_attn_interface", None)
     monkeypatch.setitem(sys.modules, "flash_attn", types.ModuleType("flash_attn"))  # found installed, not imported
     monkeypatch.setitem(sys.modules, "flash_attn.cute.interface", fake_flash_attn4())
