@@ -153,11 +153,17 @@ def _step_spans(events: list[dict], device: list[dict]) -> tuple[list[Interval],
     The profiler's device-side range of a step ends before kernels launched inside nested
     ranges (the optimizer's), so a step's device span runs from its range's start to the next
     step's (the last one to the trace's last kernel). Without device-side ranges (a CPU run),
-    the host-side ranges serve for both."""
+    the host-side ranges serve for both. A step whose kernels ran on several streams has a
+    device-side range on each, all with the host range's "External id": the step starts at the
+    first of them."""
     host = sorted((e["ts"], e["ts"] + e["dur"]) for e in events
                   if e.get("cat") == "user_annotation" and e.get("name") == STEP_RANGE and "dur" in e)
-    starts = sorted(e["ts"] for e in events
-                    if e.get("cat") == "gpu_user_annotation" and e.get("name") == STEP_RANGE and "dur" in e)
+    first: dict[object, float] = {}
+    for e in events:
+        if e.get("cat") == "gpu_user_annotation" and e.get("name") == STEP_RANGE and "dur" in e:
+            step = (e.get("args") or {}).get("External id", id(e))
+            first[step] = min(first.get(step, e["ts"]), e["ts"])
+    starts = sorted(first.values())
     if not starts:
         return host, host
     end = max((e["ts"] + e["dur"] for e in device), default=starts[-1])

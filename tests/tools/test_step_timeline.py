@@ -62,6 +62,19 @@ def test_exposed_time_is_collective_time_without_compute():
     assert (t.host_syncs, t.host_sync_us, t.stream_waits) == (1, 3.0, 2)
 
 
+def test_a_step_with_kernels_on_two_streams_is_one_step():
+    """The profiler gives a step's range on each stream its kernels ran on, with the host range's
+    External id (a side stream's copy, say): one step, starting at the first of them."""
+    trace = _trace()
+    for e in trace["traceEvents"]:
+        if e["name"] == STEP_RANGE:
+            e["args"] = {"External id": 7}
+    side = {"cat": "gpu_user_annotation", "name": STEP_RANGE, "ts": 2.0, "dur": 3.0, "args": {"External id": 7}}
+    trace["traceEvents"] += [side, _kernel("copy_on_a_side_stream", 2.0, 3.0, stream=30)]
+    t = analyse(trace)
+    assert t.steps == 1 and t.wall == 100.0
+
+
 def test_a_trace_without_step_ranges_is_refused_naming_the_range():
     with pytest.raises(ValueError, match=STEP_RANGE):
         analyse({"traceEvents": [_kernel("x", 0, 1)]})
