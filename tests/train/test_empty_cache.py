@@ -39,6 +39,6 @@ def test_cuda_cache_is_emptied_once_after_the_first_step(monkeypatch, tmp_path):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_cuda_cache_is_never_emptied_with_the_option_off(monkeypatch):
-    assert _empty_cache_calls(monkeypatch, "--training.device", "cuda",
+def test_cuda_cache_is_never_emptied_with_the_option_off(monkeypatch, tmp_path):
+    assert _empty_cache_calls(monkeypatch, tmp_path, "--training.device", "cuda",
                               "--tuning.empty_cache_after_first_step", "false") == [0, 0, 0]
