@@ -106,20 +106,21 @@ def use_attention_kernel(model: nn.Module, backend: str, device: torch.device) -
             module.attention_fn = kernel
 
 
-def sdpa_takes_narrow_values(backend: str, target: Target, meta_model: nn.Module, seq_len: int,
-                             dtype: torch.dtype) -> bool:
-    """Whether MLA's values, narrower than its keys, go to SDPA at their own width (LatentAttention's
-    `narrow_value_attention`) rather than zero-padded: on CUDA under "auto" or "flash_attn" (cuDNN
-    first, attention_context) or "cudnn", where cuDNN takes two head sizes. DeepSeek-V3 16B's heads
-    (192 and 128 wide, b4 x 4096) on an H200: 2.83 ms a layer forward and backward against 4.31 with
-    the values padded (docs/performance.md). On this process's GPU torch is asked with the model's
-    head sizes (a cuDNN that refuses them would leave SDPA its slow kernel); a GPU machine planned
-    from elsewhere is taken to be one where cuDNN takes them."""
+def takes_narrow_values(backend: str, target: Target, meta_model: nn.Module, seq_len: int,
+                        dtype: torch.dtype) -> bool:
+    """Whether MLA's values, narrower than its keys, go to the attention kernel at their own width
+    (LatentAttention's `narrow_value_attention`) rather than zero-padded, on CUDA: under "flex",
+    whose compiled kernel takes two head sizes, and under "auto" or "flash_attn" (SDPA with cuDNN
+    first, attention_context) or "cudnn", where cuDNN does. DeepSeek-V3 16B's heads (192 and 128
+    wide, b4 x 4096) on an H200, forward and backward a layer: cuDNN 2.83 ms against 4.31 with the
+    values padded, flex 7.76 against 12.45 (docs/performance.md). For cuDNN, torch is asked on this
+    process's GPU with the model's head sizes (a cuDNN that refuses them would leave SDPA its slow
+    kernel); a GPU machine planned from elsewhere is taken to be one where cuDNN takes them."""
     widths = {(m.shape.qk_dim, m.shape.v_dim) for m in model_latent_attentions(meta_model)}
-    if (target.device_type != "cuda" or backend not in ("auto", "flash_attn", "cudnn")
+    if (target.device_type != "cuda" or backend not in ("auto", "flash_attn", "cudnn", "flex")
             or not any(qk != v for qk, v in widths)):
         return False
-    if not target.packages_here:
+    if backend == "flex" or not target.packages_here:
         return True
     return all(cudnn_takes(qk, v, seq_len, dtype) for qk, v in widths if qk != v)
 
@@ -139,7 +140,8 @@ def cudnn_takes(qk_dim: int, v_dim: int, seq_len: int, dtype: torch.dtype) -> bo
 
 
 def use_narrow_values(model: nn.Module, narrow: bool) -> None:
-    """Where `narrow` (Choices.narrow_values): every MLA module gives SDPA its values unpadded."""
+    """Where `narrow` (Choices.narrow_values): every MLA module gives its attention kernel (SDPA's
+    causal path, or FlexAttention) the values unpadded."""
     if narrow:
         for module in model_latent_attentions(model):
             module.narrow_value_attention = causal_attention

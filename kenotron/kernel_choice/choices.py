@@ -26,7 +26,7 @@ from kenotron.degrees import ParallelDims
 from kenotron.kernel_choice.attention_backend import (
     auto_picks_flash_attn,
     check_flash_attn_kernel,
-    sdpa_takes_narrow_values,
+    takes_narrow_values,
 )
 from kenotron.kernel_choice.config_checks import Kernels
 from kenotron.kernel_choice.target import Target
@@ -63,8 +63,8 @@ class Choices:
     expert_masters: bool = False
     """The routed experts outside FSDP keep bf16 weights with fp32 masters in AdamW (config_checks.py's expert_masters)."""
     narrow_values: bool = False
-    """MLA's values go to SDPA at their own width, not zero-padded to the keys' (attention_backend.py's
-    sdpa_takes_narrow_values)."""
+    """MLA's values go to the attention kernel at their own width, not zero-padded to the keys'
+    (attention_backend.py's takes_narrow_values)."""
 
     @property
     def compute_dtype(self) -> torch.dtype:
@@ -119,6 +119,6 @@ def resolve_choices(cfg: JobConfig, dims: ParallelDims, target: Target, meta_mod
         empty_cache_after_first_step=u.empty_cache_after_first_step and device_type == "cuda",
         expert_kernel=kernels.expert_kernel,
         expert_masters=kernels.expert_masters,
-        narrow_values=sdpa_takes_narrow_values(attention, target, meta_model, cfg.training.seq_len,
+        narrow_values=takes_narrow_values(attention, target, meta_model, cfg.training.seq_len,
                                                torch.float32 if kernels.precision == "float32" else torch.bfloat16),
     )

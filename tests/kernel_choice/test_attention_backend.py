@@ -240,12 +240,12 @@ def test_a_cuda_only_sdpa_kernel_is_refused_on_a_cpu_before_any_process_group(ba
 @pytest.mark.parametrize(("model", "device", "backend", "narrow"), [
     ("deepseek_v3", "cuda", "auto", True),  # MLA on a GPU machine planned from here: cuDNN takes both widths
     ("deepseek_v3", "cuda", "cudnn", True),
-    ("deepseek_v3", "cuda", "flex", False),  # FlexAttention: values padded, as before
+    ("deepseek_v3", "cuda", "flex", True),  # FlexAttention's compiled kernel takes both widths too
     ("deepseek_v3", "cuda", "efficient", False),
     ("deepseek_v3", "cpu", "auto", False),  # the CPU's SDPA falls back to its math kernel with two widths
     ("llama3", "cuda", "auto", False),  # keys and values of one width: nothing to choose
 ])
-def test_mla_values_go_unpadded_only_to_sdpa_with_cudnn_first_on_cuda(model, device, backend, narrow):
+def test_mla_values_go_unpadded_only_to_cudnn_or_flex_on_cuda(model, device, backend, narrow):
     cfg = load_config(None, ["--model.name", model, "--model.attention_backend", backend])
     target = Target("cuda", 9, True, packages_here=False) if device == "cuda" else Target("cpu")
     assert resolve_run(cfg, 1, target).choices.narrow_values is narrow

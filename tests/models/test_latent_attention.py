@@ -1,7 +1,8 @@
 """MLA's values at their own width (LatentAttention.narrow_value_attention, set where cuDNN's SDPA
-takes them: kernel_choice/attention_backend.py): the same logits and gradients as the values
-zero-padded to the keys' width, on the CPU (SDPA's math kernel) and, on a GPU, through cuDNN;
-an attention_fn that replaced SDPA's (context parallel's, flash-attn's) still gets them padded."""
+or FlexAttention takes them: kernel_choice/attention_backend.py): the same logits and gradients
+as the values zero-padded to the keys' width, on the CPU (SDPA's math kernel, with and without a
+document mask) and, on a GPU, through cuDNN and compiled FlexAttention; an attention_fn that
+replaced SDPA's (context parallel's, flash-attn's) still gets them padded."""
 
 from __future__ import annotations
 
@@ -83,3 +84,41 @@ def test_cudnn_takes_the_unpadded_values_and_matches_the_padded_path_on_the_gpu(
     for name, grad in grads.items():
         scale = grad.abs().max().clamp_min(1e-6)
         assert (narrow_grads[name] - grad).abs().max() <= 0.05 * scale, name
+
+
+def test_unpadded_values_under_a_document_mask_give_the_padded_values_results_on_cpu():
+    """The FlexAttention path (a BlockMask: document masking), as the CPU runs it in training
+    (SDPA with the mask made dense)."""
+    from kenotron.models.common.flex_attention import document_block_mask
+
+    model, tokens = _model("cpu", torch.float32)
+    documents = (torch.arange(tokens.shape[1]) >= 40).long().expand(tokens.shape[0], -1)  # two documents a row
+    mask = document_block_mask(documents)
+    attentions = model_latent_attentions(model)
+
+    def run():
+        model.zero_grad(set_to_none=True)
+        logits = model(tokens, block_mask=mask)
+        logits.pow(2).mean().backward()
+        return logits.detach(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+
+    logits, grads = run()
+    use_narrow_values(model, True)
+    assert all(m.narrow_value_attention is not None for m in attentions)
+    narrow_logits, narrow_grads = run()
+    torch.testing.assert_close(narrow_logits, logits, rtol=1e-5, atol=1e-5)
+    for name, grad in grads.items():
+        torch.testing.assert_close(narrow_grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="FlexAttention's kernel needs a CUDA GPU here")
+def test_flex_attention_takes_the_unpadded_values_and_matches_the_padded_path_on_the_gpu():
+    from kenotron.models.common.flex_attention import document_block_mask
+
+    model, tokens = _model("cuda", torch.bfloat16)
+    documents = (torch.arange(tokens.shape[1], device="cuda") >= 40).long().expand(tokens.shape[0], -1)
+    mask = document_block_mask(documents)
+    padded = model(tokens, block_mask=mask).detach().float()
+    use_narrow_values(model, True)
+    narrow = model(tokens, block_mask=mask).detach().float()
+    torch.testing.assert_close(narrow, padded, rtol=2e-2, atol=2e-2)

@@ -16,9 +16,10 @@ interleaved pairs (DeepSeek's `rope_interleave`) have those rows reordered on co
 (`deinterleave_rows`). Under YaRN the softmax temperature is scaled too: q is multiplied by
 `softmax_scale_factor`, so the attention itself keeps SDPA's 1/sqrt(head_dim) and any
 `attention_fn` (context parallel's, flash-attn) serves unchanged; the values, narrower than the
-keys, are zero-padded to the keys' width where a kernel needs one head size. cuDNN's SDPA takes
-both widths: where the kernel choice says it runs (`narrow_value_attention`, set by
-kernel_choice/attention_backend.py's use_narrow_values), the values go to it unpadded.
+keys, are zero-padded to the keys' width where a kernel needs one head size. cuDNN's SDPA and
+FlexAttention's CUDA kernel take both widths: where the kernel choice says one of them runs
+(`narrow_value_attention`, set by kernel_choice/attention_backend.py's use_narrow_values), the
+values go to it unpadded.
 
 Tensor parallel splits the heads (wq or wq_b, wkv_b colwise, wo rowwise); the latent path (wq_a,
 q_norm, wkv_a, kv_norm) is replicated. The latent's gradient comes back whole through the
@@ -97,7 +98,7 @@ class LatentAttention(nn.Module):
         self.rope_fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] = apply_rope
         self.rope_key_grad: Callable[[torch.Tensor], torch.Tensor] = _identity
         # Causal attention taking values narrower than the keys, used in place of the padded values
-        # while attention_fn is SDPA's; None pads them.
+        # while attention_fn is SDPA's (and set, FlexAttention gets them unpadded too); None pads them.
         self.narrow_value_attention: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None = None
 
     def queries(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -150,8 +151,9 @@ class LatentAttention(nn.Module):
                 f"this attention's attention_fn was replaced by {type(self.attention_fn).__name__}, which supports "
                 f"plain causal attention only; an attention mask, a block mask or a KV cache needs the default"
             )
-        elif block_mask is not None:
-            out = flex_attend(q, k, _pad_last(v, q.shape[-1]), block_mask)[..., : v.shape[-1]]
+        elif block_mask is not None:  # FlexAttention's CUDA kernel takes values narrower than the keys
+            narrow = self.narrow_value_attention is not None
+            out = flex_attend(q, k, v if narrow else _pad_last(v, q.shape[-1]), block_mask)[..., : v.shape[-1]]
         else:
             out = attend(q, k, v, attn_mask)
         return self.wo(out.transpose(1, 2).reshape(bsz, seqlen, -1))
