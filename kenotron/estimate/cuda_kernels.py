@@ -127,7 +127,8 @@ def _cudnn_attention_memory(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -
 
 
 def use_narrow_value_memory(model: torch.nn.Module) -> None:
-    """Every MLA module that gives SDPA its values unpadded allocates as cuDNN's kernel does."""
+    """Every MLA module that gives its kernel the values unpadded allocates as cuDNN's does (the
+    estimate runs FlexAttention's jobs through SDPA too: fake_job.estimated_run)."""
     for module in model.modules():
         if isinstance(module, LatentAttention) and module.narrow_value_attention is not None:
             module.narrow_value_attention = _cudnn_attention_memory

@@ -120,5 +120,5 @@ def resolve_choices(cfg: JobConfig, dims: ParallelDims, target: Target, meta_mod
         expert_kernel=kernels.expert_kernel,
         expert_masters=kernels.expert_masters,
         narrow_values=takes_narrow_values(attention, target, meta_model, cfg.training.seq_len,
-                                               torch.float32 if kernels.precision == "float32" else torch.bfloat16),
+                                          torch.float32 if kernels.precision == "float32" else torch.bfloat16),
     )

@@ -17,7 +17,7 @@ attention keeps for backward:
                 order, then the MLP's), the attention's padded output and log-sum-exp
   full          nothing here: the block keeps its input only (analytic.py)
 
-With the values unpadded (`narrow_values`: cuDNN's SDPA takes them at their own width) the
+With the values unpadded (`narrow_values`: cuDNN's SDPA or FlexAttention takes them as they are) the
 attention's 4·T·H_t·q·c + T·H_t·v·c become 2·T·H_t·q·c (q and k) + T·H_t·(nope + v)·c (v is a view
 of wkv_b's output, whose storage it keeps whole) + T·H_t·v·c (the output, laid out as q is, so the
 output projection's input is a view of it, not a copy); under selective-op the output is v wide.
