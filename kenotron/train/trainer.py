@@ -119,8 +119,9 @@ class Trainer:
             torch.use_deterministic_algorithms(True)
         self.dump_folder = Path(cfg.job.dump_folder)  # config.toml and records: runtime/run_folder.py
         if self.is_rank0:
-            logger.info("attention: %s (model.attention_backend=%s)", self.run.choices.attention_backend,
-                        cfg.model.attention_backend)
+            logger.info("attention: %s (model.attention_backend=%s)%s", self.run.choices.attention_backend,
+                        cfg.model.attention_backend,
+                        ", MLA's values unpadded" if self.run.choices.narrow_values else "")
             if self.run.dims.cp > 1:
                 logger.info("%s", self.cp_scheme)
             logger.info("%s", self.reshard)
