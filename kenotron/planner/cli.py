@@ -19,7 +19,7 @@ from kenotron.config import ConfigError, load_config, split_config_arg
 from kenotron.estimate.memory import default_gpu_memory_gib, estimate_run
 from kenotron.planner.closed_form_column import add_closed_form
 from kenotron.planner.cp_scheme_choice import settle_cp_scheme
-from kenotron.planner.hardware import HBM_BYTES_PER_S, Hardware, for_gpu, gpu_kind
+from kenotron.planner.hardware import GPU_MEMORY_GIB, HBM_BYTES_PER_S, Hardware, for_gpu, gpu_kind
 from kenotron.planner.prediction import predict
 from kenotron.planner.reshard_choice import settle_reshard_after_forward
 from kenotron.planner.search import SEARCH_LEGEND, format_search, search_layouts
@@ -47,7 +47,7 @@ def parser(prog: str = "python estimation.py") -> argparse.ArgumentParser:
                    "the dataclass defaults without it")
     p.add_argument("--ngpu", type=int, required=True, help="world size (number of GPUs)")
     p.add_argument("--gpu-memory-gib", type=float, default=None,
-                   help="memory per GPU for the verdict (default: the visible GPU's, else 80)")
+                   help="memory per GPU for the verdict (default: --gpu's, else the visible GPU's, else 80)")
     p.add_argument("--json", type=Path, default=None, help="also write the report (or the search) as JSON here")
     p.add_argument("--search", action="store_true",
                    help="search layouts, AC modes and local batch sizes that fit, ranked by modelled throughput")
@@ -62,8 +62,8 @@ def parser(prog: str = "python estimation.py") -> argparse.ArgumentParser:
     p.add_argument("--confirm", type=int, default=3, help="--search: best candidates re-checked on fake tensors")
     defaults = Hardware()
     p.add_argument("--gpu", choices=sorted(HBM_BYTES_PER_S), default=None,
-                   help="the GPUs of the predicted tokens/s (their memory bandwidth; default: the visible GPU's "
-                        "kind, else h200)")
+                   help="the GPUs of the predicted tokens/s and of the verdict (their memory bandwidth and size; "
+                        "default: the visible GPU's kind, else h200 for the prediction)")
     p.add_argument("--gpus-per-node", type=int, default=defaults.gpus_per_node,
                    help="GPUs joined by NVLink, for the predicted tokens/s (default %(default)s)")
     p.add_argument("--node-gb-s", type=float, default=defaults.nvlink_bytes_per_s / 1e9,
@@ -97,7 +97,10 @@ def main(argv: list[str] | None = None, prog: str = "python estimation.py") -> i
         return 2
     hw = dataclasses.replace(for_gpu(args.gpu or visible_gpu_kind()), gpus_per_node=args.gpus_per_node,
                              nvlink_bytes_per_s=args.node_gb_s * 1e9, network_bytes_per_s=args.network_gb_s * 1e9)
-    budget = args.gpu_memory_gib if args.gpu_memory_gib is not None else default_gpu_memory_gib()
+    if args.gpu_memory_gib is not None:
+        budget = args.gpu_memory_gib
+    else:  # a named GPU's memory, else the visible one's
+        budget = GPU_MEMORY_GIB[args.gpu] if args.gpu else default_gpu_memory_gib()
     try:
         cfg = load_config(config_path, overrides)
         if args.search:

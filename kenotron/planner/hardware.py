@@ -59,6 +59,12 @@ the model's H100 keeps the H200's fitted constants and scales B_mem by the ratio
 holds: docs/estimation.md, Throughput model; tests/planner/test_throughput_rows.py)."""
 
 
+GPU_MEMORY_GIB = {"h200": 139.8, "h100": 79.1}
+"""Each kind's memory as torch reports it (`total_memory`): an H200's 150,109,880,320 bytes (run
+200, docs/performance.md) and an H100's 79.1 GiB (a training log's, docs/parallelism.md): the
+estimate's budget for a named GPU."""
+
+
 def for_gpu(kind: str) -> Hardware:
     """The default cluster with `kind`'s GPUs ("h100" or "h200")."""
     if kind not in HBM_BYTES_PER_S:

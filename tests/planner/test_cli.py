@@ -124,6 +124,15 @@ def test_the_prediction_names_the_gpu_and_an_h100_predicts_less_than_an_h200(cap
     assert _predicted(h100) < _predicted(h200)
 
 
+def test_a_named_gpu_sets_the_verdicts_memory_unless_one_is_given(capsys):
+    args = ["--config", "debug", "--ngpu", "1"]
+    for gpu, memory in (("h200", "139.8 GiB"), ("h100", "79.1 GiB")):
+        assert main([*args, "--gpu", gpu]) == 0
+        assert f"of {memory}" in capsys.readouterr().out
+    assert main([*args, "--gpu", "h200", "--gpu-memory-gib", "40"]) == 0
+    assert "of 40 GiB" in capsys.readouterr().out
+
+
 def test_gpu_kinds_are_read_from_cuda_device_names_and_unknown_ones_are_refused():
     from kenotron.planner.hardware import for_gpu, gpu_kind
 
