@@ -4,6 +4,7 @@
     python scripts/bench.py --case "1B eager=--config llama3_1b" \\
                             --case "1B compiled=--config llama3_1b --compile.enable true"
     python scripts/bench.py --ngpu 4 --preset h200-4gpu --json results.json
+    python scripts/bench.py --ngpu 4 --preset 4gpu-scaling --slow-link   # NCCL through host memory
 
 Each case runs in its own process (kenotron/tools/bench_worker.py; torchrun for several GPUs) so compile caches, CUDA memory
 statistics and allocator state never carry over. A case trains `--warmup` steps (excluded:
