@@ -62,6 +62,8 @@ class Choices:
     """MoE experts: "grouped_mm" (torch._grouped_mm) or "for_loop"."""
     expert_masters: bool = False
     """The routed experts outside FSDP keep bf16 weights with fp32 masters in AdamW (config_checks.py's expert_masters)."""
+    expert_gate: str = "torch"
+    """The routed experts' gate: "triton" (one kernel each way) or "torch" (tuning.py's resolve_expert_gate)."""
     narrow_values: bool = False
     """MLA's values go to the attention kernel at their own width, not zero-padded to the keys'
     (attention_backend.py's takes_narrow_values)."""
@@ -119,6 +121,7 @@ def resolve_choices(cfg: JobConfig, dims: ParallelDims, target: Target, meta_mod
         empty_cache_after_first_step=u.empty_cache_after_first_step and device_type == "cuda",
         expert_kernel=kernels.expert_kernel,
         expert_masters=kernels.expert_masters,
+        expert_gate=kernels.expert_gate,
         narrow_values=takes_narrow_values(attention, target, meta_model, cfg.training.seq_len,
                                           torch.float32 if kernels.precision == "float32" else torch.bfloat16),
     )

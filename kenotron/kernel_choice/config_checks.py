@@ -21,6 +21,7 @@ from kenotron.kernel_choice.target import Target
 from kenotron.kernel_choice.tuning import (
     resolve_adamw_implementation,
     resolve_eager_kernels,
+    resolve_expert_gate,
     resolve_expert_kernel,
     resolve_grad_norm_kernel,
     resolve_loss_kernel,
@@ -55,6 +56,8 @@ class Kernels:
     precision: str
     expert_kernel: str
     expert_masters: bool = False
+    expert_gate: str = "torch"
+    """The routed experts' gate: "triton" (kernels/expert_swiglu.py) or "torch" (tuning.py's resolve_expert_gate)."""
 
 
 def resolve_attention_backend(backend: str, document_masking: bool) -> str:
@@ -238,6 +241,7 @@ def settle_kernels(cfg: JobConfig, dims: ParallelDims, spec: ModelSpec, args: An
     check_attention(cfg, dims, args, target, attention)
     check_fused_loss_layout(u.loss, dims.pp > 1)
     precision = settle_precision(cfg, dims, target, accum)
+    expert_kernel = resolve_expert_kernel(u.expert_kernel, device_type, target.cuda_major, precision != "float32")
     return Kernels(
         attention_backend=attention,
         eager_kernels=resolve_eager_kernels(u.eager_kernels, device_type, cfg.compile.enable, target.triton),
@@ -246,8 +250,9 @@ def settle_kernels(cfg: JobConfig, dims: ParallelDims, spec: ModelSpec, args: An
         grad_norm_kernel=resolve_grad_norm_kernel(u.grad_norm_kernel, device_type, target.triton),
         adamw=resolve_adamw_implementation(u.adamw_implementation, device_type, target.triton),
         precision=precision,
-        expert_kernel=resolve_expert_kernel(u.expert_kernel, device_type, target.cuda_major, precision != "float32"),
+        expert_kernel=expert_kernel,
         expert_masters=expert_masters(cfg, dims, precision, accum),
+        expert_gate=resolve_expert_gate(expert_kernel, device_type, target.triton),
     )
 
 

@@ -7,12 +7,14 @@ Qwen3-30B-A3B's width at 16k tokens). Here: one kernel forward (reads h and the 
 the (rows, F) product) and one backward (reads the gradient, h and the scales; writes dh
 (rows, 2F) and each row's scale gradient, a sum over F), computing in fp32.
 
-Where it runs: eager CUDA blocks (`triton_expert_swiglu`; torch.compile fuses the PyTorch ops
-itself, so compiled blocks keep them: kernel_choice/tuning.py), and, with `end`, the gate of
-expert parallel's even split in eager and compiled blocks alike (models/common/grouped_tail.py):
-its grouped buffer is planned for the worst case, about twice the rows routing fills, and the
-rows from `end` (the last group's end, read on the device) on are in no group. The kernels
-leave those rows unwritten instead of passing over them. Importing this module needs `triton`.
+Where it runs: with `end`, the gate of every grouped GEMM on CUDA (`Choices.expert_gate`,
+kernel_choice/tuning.py's resolve_expert_gate), in eager and compiled blocks alike
+(models/common/grouped_tail.py's swiglu_rows_until): faster than Inductor's fusion of the PyTorch
+ops (docs/performance.md). The rows from `end` (the last group's end, read on the device) on are
+in no group; the kernels leave them unwritten instead of passing over them, which matters most in
+expert parallel's even split, whose grouped buffer is planned for the worst case, about twice the
+rows routing fills. Without `end` (`triton_expert_swiglu`): the per-expert loop's gate in eager
+CUDA blocks (tuning.eager_kernels). Importing this module needs `triton`.
 """
 
 from __future__ import annotations

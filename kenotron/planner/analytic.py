@@ -97,7 +97,7 @@ def block_activations(s: StepShape, mode: str, sp: bool, save_matmul_every: int 
     q_width, kv_width = s.heads * s.head_dim // t, s.kv_heads * s.head_dim // t
     lse = allocated_bytes(s.batch * s.heads // t * s.seq * FP32)
     if s.moe is not None:
-        mlp = moe_activations(s.moe, s.dim, c, s.fused_gate, mode)
+        mlp = moe_activations(s.moe, s.dim, c, s.fused_gate, s.fused_expert_gate, mode)
     else:
         mlp = ((3 if s.fused_gate else 4) if s.gated_mlp else 2) * allocated_bytes(T * s.ffn // t * c)
     if mode == "selective-op":

@@ -97,8 +97,10 @@ def moe_shape(run: Any, tokens: int, tp: int, compute: int) -> MoEShape | None:
                     moe.shared_gate, align, ep, even)
 
 
-def moe_activations(m: MoEShape, dim: int, c: int, fused_gate: bool, mode: str) -> int:
-    """Bytes one MoE layer keeps for backward (activation checkpointing `mode`: none or selective-op)."""
+def moe_activations(m: MoEShape, dim: int, c: int, fused_gate: bool, fused_expert_gate: bool, mode: str) -> int:
+    """Bytes one MoE layer keeps for backward (activation checkpointing `mode`: none or selective-op).
+    `fused_gate`: the shared experts' SwiGLU is the fused Triton kernel; `fused_expert_gate`: the
+    routed experts' gate is (neither keeps silu(gate))."""
     P, D, F, T = m.rows, dim, m.ffn, m.tokens
     if mode == "selective-op":  # the saved op outputs: router logits, both GEMMs, the all-to-alls
         kept = allocated_bytes(T * m.experts * c) + allocated_bytes(P * 2 * F * c) + allocated_bytes(P * D * c)
@@ -108,7 +110,7 @@ def moe_activations(m: MoEShape, dim: int, c: int, fused_gate: bool, mode: str) 
     router = allocated_bytes(T * m.experts * c) + allocated_bytes(T * m.experts * FP32) + allocated_bytes(
         T * m.top_k * 8) + allocated_bytes(T * m.top_k * FP32)
     experts = allocated_bytes(m.kept_input_rows * D * c) + allocated_bytes(P * 2 * F * c) + allocated_bytes(P * F * c)
-    if not fused_gate:
+    if not fused_expert_gate:
         experts += allocated_bytes(P * F * c)
     combine = allocated_bytes(m.copies * D * c) if m.ep > 1 and not m.even_split else 0
     shared = 0

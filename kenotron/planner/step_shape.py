@@ -47,6 +47,8 @@ class StepShape:
     input (cp_ring_memory.py's `ulysses_checkpoint_bytes`); 0 otherwise."""
     fused_gate: bool = False
     """SwiGLU's gate is the fused Triton kernel (eager CUDA runs): silu(a) is not kept."""
+    fused_expert_gate: bool = False
+    """The routed experts' gate is the Triton kernel (eager CUDA runs, or Choices.expert_gate)."""
     moe: MoEShape | None = None
     """The MoE feed-forward in place of the dense MLP (analytic_moe.py); None for a dense model."""
     mamba_blocks: int = 0
@@ -78,6 +80,8 @@ class StepShape:
             residual=FP32 if autocast else compute, autocast=autocast, cp_output_copy=attention_output_copy(run),
             ulysses_kept=ulysses_checkpoint_bytes(run, tokens, compute),
             fused_gate=(block_kind["gated_mlp"] or moe is not None) and run.choices.eager_kernels == "triton",
+            fused_expert_gate=moe is not None and (run.choices.eager_kernels == "triton"
+                                                   or run.choices.expert_gate == "triton"),
             moe=moe, mamba=MambaDims.of(a, tp) if block_kind["mamba_blocks"] else None,
             latent=LatentDims.of(a, run.choices.narrow_values),
             dense_blocks=getattr(a, "n_dense_layers", 0) if moe is not None else 0, **block_kind,

@@ -89,7 +89,7 @@ def build_job(
     use_attention_kernel(model, choices.attention_backend, device)
     use_narrow_values(model, choices.narrow_values)
     use_eager_kernels(model, choices.eager_kernels)
-    use_expert_kernel(model, choices.expert_kernel)
+    use_expert_kernel(model, choices.expert_kernel, choices.expert_gate)
     use_scan_kernel(model, choices.ssm_kernel)
     if hooks.meta_model is not None:
         hooks.meta_model(model)

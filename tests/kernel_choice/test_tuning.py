@@ -9,6 +9,7 @@ from kenotron.config import ConfigError
 from kenotron.kernel_choice.tuning import (
     resolve_adamw_implementation,
     resolve_eager_kernels,
+    resolve_expert_gate,
     resolve_grad_norm_kernel,
     resolve_loss_kernel,
 )
@@ -79,3 +80,24 @@ def test_loss_kernel_choice_follows_device_and_compile_and_refuses_triton_off_cu
         resolve_loss_kernel("triton", "cuda", compiled=False, triton_present=False)
     with pytest.raises(ConfigError, match="tuning.loss_kernel='fast' is not one of"):
         resolve_loss_kernel("fast", "cuda", compiled=False)
+
+
+@pytest.mark.parametrize(("expert_kernel", "device", "present", "expected"), [
+    ("grouped_mm", "cuda", True, "triton"),  # compiled or not
+    ("grouped_mm", "cuda", False, "torch"),
+    ("for_loop", "cuda", True, "torch"),  # the per-expert loop keeps its own gate (eager_kernels)
+    ("for_loop", "cpu", True, "torch"),
+])
+def test_the_experts_triton_gate_goes_with_the_grouped_gemm_on_cuda(expert_kernel, device, present, expected):
+    assert resolve_expert_gate(expert_kernel, device, present) == expected
+
+
+def test_a_planned_gpu_run_of_an_moe_model_takes_the_triton_gate_and_a_cpu_run_the_pytorch_ops():
+    from kenotron.config import load_config
+    from kenotron.kernel_choice.target import Target
+    from kenotron.train.resolve import resolve_run
+
+    cfg = load_config(None, ["--model.name", "qwen3_moe", "--training.param_dtype", "bfloat16", "--compile.enable", "true"])
+    assert resolve_run(cfg, 1, Target("cuda", 9, True, packages_here=False)).choices.expert_gate == "triton"
+    assert resolve_run(cfg, 1, Target("cpu")).choices.expert_gate == "torch"
+

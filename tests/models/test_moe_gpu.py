@@ -66,3 +66,21 @@ def test_float8_experts_follow_the_bf16_grouped_gemm():
     assert (out_f - out_b).norm() <= 0.1 * out_b.norm()
     for name in grads_b:
         assert (grads_f[name] - grads_b[name]).norm() <= 0.1 * grads_b[name].norm(), name
+
+
+def test_the_triton_gate_equals_the_pytorch_gate_in_compiled_blocks():
+    """Choices.expert_gate = "triton" (the default on CUDA with Triton): the experts' gate is
+    kernels/expert_swiglu.py's, up to the last group's end, also where the layer is compiled."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("torch._grouped_mm's bf16 kernel needs compute capability 9+")
+    layer, x, grad = _bf16_layer_and_batch()
+    layer.forward = torch.compile(layer.forward)
+    layer.experts.gate = "torch"
+    out_t, grads_t = _run(layer, x, grad, "grouped_mm")
+    torch._dynamo.reset()
+    layer.experts.gate = "triton"
+    out_g, grads_g = _run(layer, x, grad, "grouped_mm")
+    assert (out_g - out_t).abs().max() <= 2e-2 * out_t.abs().max()
+    for name in grads_t:
+        ref = grads_t[name]
+        assert (grads_g[name] - ref).abs().max() <= 3e-2 * ref.abs().max(), name

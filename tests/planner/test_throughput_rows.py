@@ -236,7 +236,7 @@ def _even_split_rows_before_the_bound(run, local_tokens: int, c: int, memory_byt
 
 def modelled_tokens_per_s(ngpu: int, config: str, overrides: str, hw: Hardware | None = None,
                           bf16_wire: bool = False, bounded_rows: bool = False, experts_outside: bool = False,
-                          masters: bool = False, narrow_values: bool = False) -> float:
+                          masters: bool = False, narrow_values: bool = False, triton_gate: bool = False) -> float:
     """The model's tokens/s per GPU, priced as the code ran when the row was measured. `bf16_wire`
     False (every row measured before 2026-11-28): FSDP sent gradients summed in fp32 as fp32 then
     (parallel/fsdp_wire.py came after). `bounded_rows` False (every row before the eleventh
@@ -244,10 +244,13 @@ def modelled_tokens_per_s(ngpu: int, config: str, overrides: str, hw: Hardware |
     `experts_outside` False (every row before the twelfth session): the routed experts were FSDP
     units also where their FSDP mesh is one rank. `masters` False (every row before the thirteenth
     session): those experts outside FSDP were fp32 weights cast for each forward. `narrow_values`
-    False (every row before the seventeenth session): MLA's values went to the attention padded."""
+    False (every row before the seventeenth session): MLA's values went to the attention padded.
+    `triton_gate` False (the same rows): compiled blocks ran the experts' gate as Inductor fused it."""
     run = resolve_run(load_config(config, overrides.split()), ngpu, check_data=False)
-    if not narrow_values:
-        run = dataclasses.replace(run, choices=dataclasses.replace(run.choices, narrow_values=False))
+    then = {} if narrow_values else {"narrow_values": False}
+    if not triton_gate:
+        then["expert_gate"] = "torch"
+    run = dataclasses.replace(run, choices=dataclasses.replace(run.choices, **then))
     with contextlib.ExitStack() as stack:
         if not masters:
             stack.enter_context(mock.patch.object(throughput, "experts_with_masters", lambda run: False))

@@ -55,8 +55,9 @@ def use_eager_kernels(model: nn.Module, kernels: str) -> None:
             module.swiglu = expert_gate
 
 
-def use_expert_kernel(model: nn.Module, kernel: str) -> None:
-    """Give every MoE layer's experts the resolved expert kernel ("grouped_mm" or "for_loop")."""
+def use_expert_kernel(model: nn.Module, kernel: str, gate: str = "torch") -> None:
+    """Give every MoE layer's experts the resolved expert kernel ("grouped_mm" or "for_loop") and
+    gate ("triton" or "torch", Choices.expert_gate)."""
     for module in model.modules():
         if isinstance(module, GroupedExperts):
-            module.kernel = kernel
+            module.kernel, module.gate = kernel, gate

@@ -230,6 +230,9 @@ class GroupedExperts(nn.Module):
         """"grouped_mm" or "for_loop" (see the module docstring); the trainer sets it from its choices."""
         self.swiglu: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = swiglu_rows
         """(h, scale) -> silu(gate) * up * scale; a fused kernel may replace it (models/common/eager_kernels.py)."""
+        self.gate = "torch"
+        """"triton": the "grouped_mm" kernel's gate is kernels/expert_swiglu.py's, up to the last
+        group's end (`swiglu_rows_until`), in compiled blocks too; the trainer sets it from its choices."""
         self.grouped_mm: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] = grouped_mm
         """The "grouped_mm" kernel's product (x, w_t, offsets); float8 experts swap in torchao's
         (kenotron/parallel/float8.py)."""
@@ -270,6 +273,8 @@ class GroupedExperts(nn.Module):
                 h = self.grouped_mm(x, w13.to(dtype).transpose(-2, -1), offsets)
             if fused_gather and gather.end is not None:  # the even split's buffer: stop at its end
                 return self.grouped_mm(swiglu_rows_until(h, scale, gather.end), w2.to(dtype).transpose(-2, -1), offsets)
+            if self.gate == "triton" and self.grouped_mm is grouped_mm:  # (float8's product quantizes every row)
+                return self.grouped_mm(swiglu_rows_until(h, scale, offsets[-1:]), w2.to(dtype).transpose(-2, -1), offsets)
             return self.grouped_mm(self.swiglu(h, scale), w2.to(dtype).transpose(-2, -1), offsets)
         return self._for_loop(x, w13, w2, offsets, scale)
 
