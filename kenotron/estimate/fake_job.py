@@ -88,8 +88,7 @@ def build_fake_job(run: ResolvedRun, fake_mode: Any, pipeline: Any = None) -> Tr
     def meta_model(model: torch.nn.Module) -> None:
         if gate:  # the fused Triton gate of eager CUDA runs, as its allocations
             use_fused_gate_memory(model)
-        # The experts' Triton gate (Choices.expert_gate) keeps what the eager fused one keeps.
-        use_moe_memory(model, fused_gate=gate or run.choices.expert_gate == "triton")
+        use_moe_memory(model, fused_gate=run.choices.fused_expert_gate)
         use_narrow_value_memory(model)  # MLA under Choices.narrow_values: cuDNN's allocations
 
     def applied(model: torch.nn.Module, meshes: Any) -> None:

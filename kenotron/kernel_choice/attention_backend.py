@@ -81,7 +81,7 @@ def attention_context(backend: str, device: torch.device) -> contextlib.Abstract
     """The SDPA kernel choice around forward: nothing for flex; for flash_attn, SDPA's order of
     "auto" on CUDA for the attention modules flash-attn does not replace (MLA's, see
     use_attention_kernel)."""
-    if backend == "flex" or (backend == "flash_attn" and device.type != "cuda"):
+    if backend == "flex":
         return contextlib.nullcontext()
     if backend in ("auto", "flash_attn"):
         if device.type != "cuda":
@@ -111,9 +111,8 @@ def takes_narrow_values(backend: str, target: Target, meta_model: nn.Module, seq
     """Whether MLA's values, narrower than its keys, go to the attention kernel at their own width
     (LatentAttention's `narrow_value_attention`) rather than zero-padded, on CUDA: under "flex",
     whose compiled kernel takes two head sizes, and under "auto" or "flash_attn" (SDPA with cuDNN
-    first, attention_context) or "cudnn", where cuDNN does. DeepSeek-V3 16B's heads (192 and 128
-    wide, b4 x 4096) on an H200, forward and backward a layer: cuDNN 2.83 ms against 4.31 with the
-    values padded, flex 7.76 against 12.45 (docs/performance.md). For cuDNN, torch is asked on this
+    first, attention_context) or "cudnn", where cuDNN does; either is faster than with the values
+    padded (docs/performance.md, "MLA's values at their own width"). For cuDNN, torch is asked on this
     process's GPU with the model's head sizes (a cuDNN that refuses them would leave SDPA its slow
     kernel); a GPU machine planned from elsewhere is taken to be one where cuDNN takes them."""
     widths = {(m.shape.qk_dim, m.shape.v_dim) for m in model_latent_attentions(meta_model)}

@@ -69,6 +69,12 @@ class Choices:
     (attention_backend.py's takes_narrow_values)."""
 
     @property
+    def fused_expert_gate(self) -> bool:
+        """The routed experts' gate runs as one Triton kernel: expert_gate's, or the eager kernels'
+        (the per-expert loop's, models/common/eager_kernels.py)."""
+        return self.expert_gate == "triton" or self.eager_kernels == "triton"
+
+    @property
     def compute_dtype(self) -> torch.dtype:
         return torch.float32 if self.precision == "float32" else torch.bfloat16
 

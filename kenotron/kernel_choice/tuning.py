@@ -135,7 +135,7 @@ def resolve_expert_kernel(choice: str, device_type: str, cuda_major: int, bf16: 
 def resolve_expert_gate(expert_kernel: str, device_type: str, triton_present: bool | None = None) -> str:
     """"triton" where the experts' grouped GEMM runs on CUDA with Triton: one kernel forward and one
     backward for silu(gate) * up * scale (kernels/expert_swiglu.py), in compiled blocks too, where it
-    beat Inductor's fusion of the PyTorch ops (DeepSeek-V3 16B width +3.3%, Qwen3-30B-A3B width
-    +2.1% on one H200, docs/performance.md); "torch" elsewhere (the CPU, the per-expert loop)."""
+    beats Inductor's fusion of the PyTorch ops (docs/performance.md, "the experts' Triton gate");
+    "torch" elsewhere (the CPU, the per-expert loop)."""
     cuda = expert_kernel == "grouped_mm" and device_type == "cuda"
     return "triton" if cuda and _present(triton_present) else "torch"

@@ -60,9 +60,8 @@ holds: docs/estimation.md, Throughput model; tests/planner/test_throughput_rows.
 
 
 GPU_MEMORY_GIB = {"h200": 139.8, "h100": 79.1}
-"""Each kind's memory as torch reports it (`total_memory`): an H200's 150,109,880,320 bytes (run
-200, docs/performance.md) and an H100's 79.1 GiB (a training log's, docs/parallelism.md): the
-estimate's budget for a named GPU."""
+"""Each kind's memory as torch reports it (`total_memory`; docs/performance.md): the estimate's
+budget for a named GPU."""
 
 
 def for_gpu(kind: str) -> Hardware:

@@ -80,8 +80,7 @@ class StepShape:
             residual=FP32 if autocast else compute, autocast=autocast, cp_output_copy=attention_output_copy(run),
             ulysses_kept=ulysses_checkpoint_bytes(run, tokens, compute),
             fused_gate=(block_kind["gated_mlp"] or moe is not None) and run.choices.eager_kernels == "triton",
-            fused_expert_gate=moe is not None and (run.choices.eager_kernels == "triton"
-                                                   or run.choices.expert_gate == "triton"),
+            fused_expert_gate=moe is not None and run.choices.fused_expert_gate,
             moe=moe, mamba=MambaDims.of(a, tp) if block_kind["mamba_blocks"] else None,
             latent=LatentDims.of(a, run.choices.narrow_values),
             dense_blocks=getattr(a, "n_dense_layers", 0) if moe is not None else 0, **block_kind,

@@ -22,7 +22,7 @@ kernels, which training (that synchronizes only at logging steps) does not pay. 
 time each step on the host clock.
 
 `--slow-link` (2 GPUs or more) routes NCCL through host memory instead of NVLink (NCCL_P2P_DISABLE=1
-in every rank's environment): a link about 9x slower on one host, standing for nodes joined by a
+in every rank's environment): a much slower link on one host, standing for nodes joined by a
 slow network (issue 33's slow-link rows). The same call first times each collective alone over
 those ranks (kenotron/tools/collectives.py) and prints the link's bus bandwidth above the table.
 """
@@ -209,7 +209,7 @@ PRESETS: dict[str, dict[str, list[str]]] = {
 
 SLOW_LINK_ENV = {"NCCL_P2P_DISABLE": "1"}
 """What `--slow-link` sets for every process it starts: NCCL without peer-to-peer access between
-the GPUs, so that its collectives go through host memory (~24 GB/s bus on H200s, ~210 by NVLink)."""
+the GPUs, so that its collectives go through host memory (docs/performance.md has both links' bandwidths)."""
 
 
 def link_bandwidth(ngpu: int, env: dict[str, str], timeout: float, mib: float = 512) -> str:

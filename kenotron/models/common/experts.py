@@ -271,11 +271,12 @@ class GroupedExperts(nn.Module):
                 h = gather_grouped_mm(x, w13.to(dtype), gather)
             else:
                 h = self.grouped_mm(x, w13.to(dtype).transpose(-2, -1), offsets)
-            if fused_gather and gather.end is not None:  # the even split's buffer: stop at its end
-                return self.grouped_mm(swiglu_rows_until(h, scale, gather.end), w2.to(dtype).transpose(-2, -1), offsets)
-            if self.gate == "triton" and self.grouped_mm is grouped_mm:  # (float8's product quantizes every row)
-                return self.grouped_mm(swiglu_rows_until(h, scale, offsets[-1:]), w2.to(dtype).transpose(-2, -1), offsets)
-            return self.grouped_mm(self.swiglu(h, scale), w2.to(dtype).transpose(-2, -1), offsets)
+            # The Triton gate up to the last group's end (gather.end is that end): always for the even
+            # split's worst-case buffer, and under Choices.expert_gate (not before float8's product,
+            # which quantizes every row).
+            bounded = (fused_gather and gather.end is not None) or (self.gate == "triton" and self.grouped_mm is grouped_mm)
+            gated = swiglu_rows_until(h, scale, offsets[-1:]) if bounded else self.swiglu(h, scale)
+            return self.grouped_mm(gated, w2.to(dtype).transpose(-2, -1), offsets)
         return self._for_loop(x, w13, w2, offsets, scale)
 
     def _for_loop(self, x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, offsets: torch.Tensor,
