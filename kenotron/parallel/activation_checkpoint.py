@@ -24,7 +24,7 @@ import torch
 import torch.utils.checkpoint as ckpt
 from torch import nn
 
-# Register kenotron::gather_grouped_mm (the even split's first expert GEMM) and kenotron::fa4_forward
+# Register kenotron::gather_grouped_mm (the experts' first GEMM) and kenotron::fa4_forward
 # (FlashAttention-4, model.attention_backend = "flash_attn"), whose outputs the selective policy keeps
 # like _grouped_mm's and SDPA's; the FA4 module imports no FA4 code until it runs.
 from kenotron.models.common import experts, flash_attention4  # noqa: F401
@@ -43,7 +43,7 @@ _SAVED_COLLECTIVES = ("reduce_scatter_tensor", "all_gather_into_tensor", "all_re
 # flash-attn's forward (model.attention_backend = "flash_attn"), a custom op once the package is imported.
 _SAVED_FLASH_ATTN_OPS = ("_flash_attn_forward",)
 # mamba_mixer: registered when a model runs it (models/common/mamba.py's use_scan_kernel, before plan.apply).
-# gather_grouped_mm: the even split's first expert GEMM, which gathers its rows itself (experts.py).
+# gather_grouped_mm: the experts' first GEMM, which gathers its rows itself (experts.py).
 _SAVED_KENOTRON_OPS = ("fa4_forward", "mamba_mixer", "gather_grouped_mm")
 
 

@@ -34,7 +34,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Partial, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import PrepareModuleInput, PrepareModuleOutput, parallelize_module
 
-from kenotron.models.common.experts import GroupedExperts, copy_weights, gather_rows, sum_rows
+from kenotron.models.common.experts import GroupedExperts, copy_weights, sum_rows
 from kenotron.models.common.moe import MoE, expert_alignment
 from kenotron.models.common.router import RouterOutput
 from kenotron.parallel.dims import Meshes
@@ -104,7 +104,7 @@ class UnevenSplitDispatcher:
         recv_ids = local_ids.new_empty((sum(recv_splits), k))
         dist.all_to_all_single(recv_ids, local_ids, recv_splits, send_splits, group=self.group)
         g = received_grouping(recv_ids, pairs_here, k, align, real_rows)
-        y = sum_rows(experts(gather_rows(recv_x, g), g.offsets, g.counts, copy_weights(recv_w, g)), g)
+        y = sum_rows(experts(recv_x, g.offsets, g.counts, copy_weights(recv_w, g), gather=g), g)
         back = all_to_all_single_autograd(y, send_splits, recv_splits, self.group)
         return CombineRows.apply(back, token, slot, tokens, ep)
 

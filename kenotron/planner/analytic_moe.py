@@ -11,14 +11,16 @@ the buffer is planned for the worst case instead, P = ep·Tm·min(k, E_l) + E_l�
 rounded up to a. Bytes kept for backward, c the compute dtype's size:
 
   router       Tm·E·(c + 4) (logits, fp32 probabilities) + Tm·k·(8 + 4) (choices, weights)
-  experts      P·D·c (the grouped rows, the first GEMM's input; under the even split with the
-               grouped GEMM ep·Tm·D·c, the received rows it gathers from: experts.py's
-               gather_grouped_mm) + P·2F·c (its output, the gate's input) + P·F·c (the gate's
+  experts      P·D·c (the grouped rows, the first GEMM's input; with the grouped GEMM, which
+               gathers them itself (experts.py's gather_grouped_mm), the rows it gathers from
+               instead: ep·Tm·D·c received under ep, none of its own on one rank, where the
+               router keeps the layer's input; float8's product takes grouped rows)
+               + P·2F·c (its output, the gate's input) + P·F·c (the gate's
                output, the second GEMM's input); PyTorch's gate ops also keep silu(gate)·up:
                + P·F·c (not with the fused Triton gate)
-  ep combine   Tm·k·D·c (the results back from the all-to-all, kept to weight the copies); none
-               under the even split (its sum over the ranks keeps nothing)
-  shared       as a dense SwiGLU of width F_s on Tm tokens, + Tm·4 for its sigmoid gate
+  ep exchange  nothing: the all-to-alls keep nothing for backward, the combine its token ids
+  shared       as a dense SwiGLU of width F_s on Tm tokens, + Tm·4 + Tm·D·c for its sigmoid gate
+               (the sigmoid and the output it scales)
 
 Backward temporaries of the layer: the gradients of its rows P·(D + 2F + F)·c, and under ep the
 all-to-all's receive buffers of the gradients, 2·Tm·k·D·c (the even split's: 2·ep·Tm·D·c).
@@ -32,6 +34,7 @@ sizes leaves the GPU idle a fitted `Hardware.ep_sync_s`.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,6 +63,9 @@ class MoEShape:
     even_split: bool = False
     """Under ep: the exchange without a host read (every token to every rank, the grouped buffer
     planned for the worst case), else the deduplicated one planned for even routing."""
+    gathers_in_first_product: bool = False
+    """The first grouped GEMM gathers the token rows itself (the grouped GEMM but float8's) and
+    keeps what it gathers from, not the grouped rows."""
 
     @property
     def copies(self) -> int:
@@ -72,10 +78,14 @@ class MoEShape:
 
     @property
     def kept_input_rows(self) -> int:
-        """Rows the first grouped GEMM keeps for its weight gradient: under the even split with the
-        grouped GEMM (align > 1; the per-expert loop pads nothing) the received rows, which it
-        gathers from again in backward, else the grouped buffer's."""
-        return self.received if self.even_split and self.align > 1 else self.rows
+        """Rows the first grouped GEMM keeps for its weight gradient. Where it gathers its rows
+        itself (models/common/experts.py's gather_grouped_mm: the grouped GEMM but float8's), the
+        rows it gathers from: none of its own on one rank (the layer's input, which the router
+        keeps), the received rows under ep (every rank's tokens, as the buffer is planned);
+        else the grouped buffer's."""
+        if not self.gathers_in_first_product:
+            return self.rows
+        return self.received if self.ep > 1 else 0
 
     @property
     def rows(self) -> int:
@@ -92,9 +102,10 @@ def moe_shape(run: Any, tokens: int, tp: int, compute: int) -> MoEShape | None:
     assert run.choices.expert_kernel in EXPERT_KERNELS
     align = 16 // compute if run.choices.expert_kernel == "grouped_mm" else 1
     ep = run.dims.ep
-    even = ep > 1 and pays_without_host_read(moe.n_experts, moe.top_k, ep, run.plan.settings.float8_experts)
+    float8 = run.plan.settings.float8_experts
+    even = ep > 1 and pays_without_host_read(moe.n_experts, moe.top_k, ep, float8)
     return MoEShape(tokens // tp, moe.n_experts, moe.n_experts // ep, moe.top_k, moe.ffn_dim, moe.shared_ffn_dim,
-                    moe.shared_gate, align, ep, even)
+                    moe.shared_gate, align, ep, even, gathers_in_first_product=align > 1 and not float8)
 
 
 def moe_activations(m: MoEShape, dim: int, c: int, fused_gate: bool, fused_expert_gate: bool, mode: str) -> int:
@@ -112,12 +123,23 @@ def moe_activations(m: MoEShape, dim: int, c: int, fused_gate: bool, fused_exper
     experts = allocated_bytes(m.kept_input_rows * D * c) + allocated_bytes(P * 2 * F * c) + allocated_bytes(P * F * c)
     if not fused_expert_gate:
         experts += allocated_bytes(P * F * c)
-    combine = allocated_bytes(m.copies * D * c) if m.ep > 1 and not m.even_split else 0
     shared = 0
     if m.shared_ffn:
         shared = (3 if fused_gate else 4) * allocated_bytes(T * m.shared_ffn * c)
-        shared += allocated_bytes(T * FP32) if m.shared_gate else 0
-    return router + experts + combine + shared
+        if m.shared_gate:  # its sigmoid, and the shared output the product scales
+            shared += allocated_bytes(T * FP32) + allocated_bytes(T * D * c)
+    return router + experts + shared
+
+
+def elementwise_pricing(m: MoEShape, dim: int, c: int) -> tuple[MoEShape, int]:
+    """What the throughput model's elementwise term (step_compute.py: κ times the bytes a block
+    keeps) reads for an MoE layer: the layer as if it kept the grouped rows (its first product's
+    gather writes them in forward and again in backward, kept or not), planned for even routing
+    (the even split's rows past it pass through the row copies and the gate only:
+    `all_to_all_seconds` prices them), and under ep the bytes of the results the exchange brings
+    back, which the combine reads though it keeps nothing."""
+    priced = dataclasses.replace(m, even_split=False, gathers_in_first_product=False)
+    return priced, allocated_bytes(m.copies * dim * c) if m.ep > 1 else 0
 
 
 def moe_backward_temporaries(m: MoEShape, dim: int, c: int) -> int:

@@ -40,6 +40,7 @@ from torch import nn
 from kenotron.models.common.mamba import MambaBlock
 from kenotron.parallel.pipeline import pipeline_units
 from kenotron.planner.analytic import kinds_activations
+from kenotron.planner.analytic_moe import elementwise_pricing
 from kenotron.planner.hardware import Hardware
 from kenotron.planner.step_shape import StepShape
 from kenotron.train.flops import active_matmul_params
@@ -129,12 +130,14 @@ def rates(run: ResolvedRun, units: list[Unit], kind: dict, recompute: Recompute,
     n_mamba = sum(u.kind == "mamba" for u in units) or 1
     per_flop = 1 / (hw.peak_flops * run.dims.tp)
     shape = StepShape.of(run, kind)
-    if shape.moe is not None and shape.moe.even_split:
-        # The even split's grouped rows past even routing's pass through the row copies and the
-        # gate only, not every elementwise kernel: analytic_moe.all_to_all_seconds prices them.
-        shape = dataclasses.replace(shape, moe=dataclasses.replace(shape.moe, even_split=False))
+    exchanged = 0.0  # per block, the MoE exchange's results (analytic_moe.elementwise_pricing)
+    if shape.moe is not None:
+        moe, results = elementwise_pricing(shape.moe, shape.dim, shape.compute)
+        exchanged = results * (shape.layers - min(shape.dense_blocks, shape.layers)) / (shape.layers or 1)
+        shape = dataclasses.replace(shape, moe=moe)
     sp = run.dims.tp > 1 and run.plan.settings.sequence_parallel
-    activations = kinds_activations(shape, "none", sp) / shape.tokens  # bytes a block keeps per token, without AC
+    # bytes a block keeps per token, without AC
+    activations = (kinds_activations(shape, "none", sp) + exchanged) / shape.tokens
     return Rates(6 * per_flop * recompute.matmul / hw.matmul_efficiency,
                  (mixing - scan) / n_attention * per_flop * recompute.attention / hw.attention_efficiency,
                  scan / n_mamba * per_flop * recompute.attention / hw.scan_efficiency,

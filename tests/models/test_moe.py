@@ -107,6 +107,26 @@ def test_the_two_kernels_agree_to_fp32_rounding_in_values_and_gradients():
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
+def test_one_rank_grouped_gemm_keeps_the_tokens_not_their_grouped_rows_for_backward():
+    # The first product gathers the rows itself (experts.py's gather_grouped_mm) and keeps the layer's
+    # input, which the router keeps anyway: top-2 of 6 experts on 10 tokens would keep 40 grouped rows.
+    if not hasattr(torch, "_grouped_mm"):
+        pytest.skip("torch._grouped_mm missing")
+    layer = _layer(dtype=torch.float32)
+    layer.experts.kernel = "grouped_mm"
+    x = torch.randn(10, 16, requires_grad=True)
+    kept: list[tuple[int, ...]] = []
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        kept.append(tuple(t.shape))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        layer(x)
+    grouped_rows = -(-(10 * 2 + 6 * 3) // 4) * 4  # each expert's group padded to 4 fp32 rows
+    assert (10, 16) in kept and (grouped_rows, 16) not in kept, kept
+
+
 def test_expert_bias_changes_the_choice_not_the_weights():
     layer = _layer(dtype=torch.float32)
     x = torch.randn(20, 16)

@@ -8,6 +8,7 @@ import torch
 from kenotron.config import load_config
 from kenotron.planner import estimate_with_closed_form
 from kenotron.planner.analytic_latent import latent_attention_activations
+from kenotron.planner.analytic_moe import moe_activations
 from kenotron.planner.step_shape import StepShape, block_kind
 from kenotron.train.resolve import resolve_run
 
@@ -138,6 +139,20 @@ def test_analytic_peak_of_moe_layouts_matches_the_fake_tensor_estimate(config, n
     assert rank.analytic.optimizer_state == rank.peak.optimizer_state
     # Exact but for a few KiB: the routers' step statistics while the optimizer phase replaces them.
     assert abs(rank.analytic.parameters - rank.peak.parameters) <= 4096
+    if cfg.activation_checkpoint.mode == "none":
+        analytic, traced = moe_layer_kept_bytes(cfg, ngpu, rank)
+        assert analytic == pytest.approx(traced, rel=0.01)
+
+
+def moe_layer_kept_bytes(cfg, ngpu: int, rank) -> tuple[int, int]:
+    """One MoE layer's bytes kept for backward without AC: the closed form's (analytic_moe.py) and
+    the fake tensors' (what the layer's modules created, per instance)."""
+    run = resolve_run(cfg, ngpu)
+    with torch.device("meta"):
+        model = run.spec.build(run.model_args)
+    s = StepShape.of(run, block_kind(model, run.plan.layout.blocks))
+    traced = sum(m.bytes_per_instance for m in rank.activations if m.module.startswith("layers.*.feed_forward"))
+    return moe_activations(s.moe, s.dim, s.compute, s.fused_gate, s.fused_expert_gate, "none"), traced
 
 
 # deepseek_v3 (MLA, a dense first block, then MoE blocks) with its MTP module: 16B widths with 2 blocks.
@@ -185,3 +200,7 @@ def test_analytic_peak_of_deepseek_v3_with_mtp_matches_the_fake_tensor_estimate(
     traced = sum(m.instances * m.bytes_per_instance for m in rank.activations
                  if m.module == "layers.*.attention" or m.module.startswith("layers.*.attention."))
     assert latent_attention_activations(s.latent, s, "none") == pytest.approx(traced / s.layers, rel=0.01)
+    # The MoE layer's too: the experts' first product keeps the tokens it gathers from (the layer's
+    # input on one rank, the received rows under ep), the exchange nothing.
+    analytic, traced = moe_layer_kept_bytes(cfg, ngpu, rank)
+    assert analytic == pytest.approx(traced, rel=0.01)

@@ -16,12 +16,14 @@ deterministic:
                               grouping.src_copy[p] (padding rows hold zeros)
     sum_rows(y, grouping)     (padded rows, dim) -> (tokens, dim): each token sums its k rows
 
-Under expert parallel's even split (parallel/expert_even_split.py) the grouped buffer is planned
-for the worst case, ep·min(k, local) rows per received token, so the "grouped_mm" kernel gathers
-the rows inside its first product (`gather_grouped_mm`): it keeps the received rows for the weight
-gradient, not the gathered ones, and gathers them again in backward. The rows past the last
-group's end (about half that buffer) are in no group: the gathers and the gate stop there
-(`Grouping.end`, grouped_tail.py).
+The "grouped_mm" kernel gathers the rows inside its first product (`gather_grouped_mm`, every
+dispatcher): it keeps the tokens for the weight gradient, not the k-times larger grouped rows
+(on one rank the layer's input, which the router keeps anyway; under expert parallelism the
+received rows), and gathers them again in backward, where each token's k row gradients are
+summed in one kernel. Under expert parallel's even split (parallel/expert_even_split.py) the
+grouped buffer is planned for the worst case, ep·min(k, local) rows per received token: the rows
+past the last group's end (about half that buffer) are in no group, and the gathers and the gate
+stop there (`Grouping.end`, grouped_tail.py).
 
 Expert compute (`kernel`): "grouped_mm" runs `torch._grouped_mm` (bf16 on Hopper GPUs; torch's
 per-group fallback elsewhere); "for_loop" runs one matrix product per expert over the rows

@@ -22,7 +22,6 @@ from torch import nn
 from kenotron.models.common.experts import (
     GroupedExperts,
     copy_weights,
-    gather_rows,
     group_by_expert,
     grouped_mm_alignment,
     sum_rows,
@@ -55,8 +54,7 @@ class LocalDispatcher:
 
     def __call__(self, x: torch.Tensor, r: RouterOutput, experts: GroupedExperts) -> torch.Tensor:
         g = group_by_expert(r.experts.reshape(-1), experts.n_experts, r.experts.shape[1], expert_alignment(experts, x))
-        y = experts(gather_rows(x, g), g.offsets, g.counts, copy_weights(r.weights, g))
-        return sum_rows(y, g)
+        return sum_rows(experts(x, g.offsets, g.counts, copy_weights(r.weights, g), gather=g), g)
 
 
 class MoE(nn.Module):
