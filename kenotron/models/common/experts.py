@@ -98,23 +98,22 @@ def group_by_expert(expert_ids: torch.Tensor, n_groups: int, k: int, align: int 
     multiple of `align` rows. The buffer has a static size, copies + n_groups * (align - 1) rounded
     up to a multiple of `align` (float8's grouped GEMM reads the buffer transposed in backward: its
     row count must be 16-byte aligned too): the last group takes the rows that the others' padding
-    leaves over. `counts` (n_groups,), the
-    copies per group, when the caller knows them: counting runs through an accumulating
-    index_put, whose CUDA kernel takes each run of equal ids serially (11 ms for one group of
-    130k copies)."""
+    leaves over. `counts` (n_groups,), the copies per group, when the caller knows them; else
+    each group's bounds in the sorted ids (a binary search per group: an accumulating index_add
+    would run on CUDA's sorting index_put, which adds each run of equal ids serially)."""
     copies = expert_ids.shape[0]
     device = expert_ids.device
     order = torch.argsort(expert_ids, stable=True)  # grouped (unpadded) position -> copy
+    sorted_ids = expert_ids[order]
     if counts is None:
-        counts = torch.zeros(n_groups, dtype=torch.int64, device=device)
-        counts.index_add_(0, expert_ids, torch.ones_like(expert_ids))
+        bounds = torch.searchsorted(sorted_ids, torch.arange(n_groups + 1, device=device, dtype=sorted_ids.dtype))
+        counts = bounds[1:] - bounds[:-1]
     padded = padded_counts(counts, align)
     rows = -(-(copies + n_groups * (align - 1)) // align) * align
     ends = torch.cumsum(padded, 0)
     ends[-1] = rows  # the tail of the static buffer belongs to the last group
     starts = torch.cumsum(padded, 0) - padded
     unpadded_starts = torch.cumsum(counts, 0) - counts
-    sorted_ids = expert_ids[order]
     position = torch.arange(copies, device=device) + (starts - unpadded_starts)[sorted_ids]
     dest_row = torch.empty_like(order).scatter_(0, order, position)
     src_copy = torch.full((rows,), copies, dtype=torch.int64, device=device).scatter_(0, position, order)
