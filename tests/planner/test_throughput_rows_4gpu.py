@@ -48,6 +48,10 @@ ONE_GPU_ROWS = [
     ("DeepSeek-V3 16B width 6L, values unpadded", "deepseek_v3_16b", DS, 96_977, False),
     ("DeepSeek-V3 16B width 6L, and the Triton gate", "deepseek_v3_16b", DS, 100_382, True),
     ("Qwen3-30B-A3B width 4L, the Triton gate", "qwen3_moe_30b_a3b", MOE_C, 121_257, True),
+    # The eighteenth session (runs 206-212): the gather inside the first product on one rank, the
+    # groups counted by binary search (means of run 212's two rows each).
+    ("DeepSeek-V3 16B width 6L, run 212", "deepseek_v3_16b", DS, 99_245, True),
+    ("Qwen3-30B-A3B width 4L, run 212", "qwen3_moe_30b_a3b", MOE_C, 121_445, True),
 ]
 
 
