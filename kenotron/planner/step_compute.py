@@ -136,7 +136,8 @@ def rates(run: ResolvedRun, units: list[Unit], kind: dict, recompute: Recompute,
         exchanged = results * (shape.layers - min(shape.dense_blocks, shape.layers)) / (shape.layers or 1)
         shape = dataclasses.replace(shape, moe=moe)
     sp = run.dims.tp > 1 and run.plan.settings.sequence_parallel
-    # bytes a block keeps per token, without AC
+    # the bytes per token the elementwise kernels are priced on: what a block keeps without AC, and
+    # the MoE exchange's results
     activations = (kinds_activations(shape, "none", sp) + exchanged) / shape.tokens
     return Rates(6 * per_flop * recompute.matmul / hw.matmul_efficiency,
                  (mixing - scan) / n_attention * per_flop * recompute.attention / hw.attention_efficiency,

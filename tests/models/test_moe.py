@@ -66,7 +66,7 @@ def test_grouping_puts_every_copy_once_in_aligned_contiguous_groups():
 
 def test_grouping_counts_the_groups_without_an_accumulating_index_put():
     # On CUDA an accumulating index_put (index_add_) sorts the ids and adds each run of equal ids
-    # serially: ~0.19 ms a layer of DeepSeek-V3 16B at b4 x 4096 (docs/performance.md, run 210).
+    # serially (docs/performance.md, "the one-rank grouping counts its groups by binary search").
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class Ops(TorchDispatchMode):

@@ -140,17 +140,21 @@ def test_analytic_peak_of_moe_layouts_matches_the_fake_tensor_estimate(config, n
     # Exact but for a few KiB: the routers' step statistics while the optimizer phase replaces them.
     assert abs(rank.analytic.parameters - rank.peak.parameters) <= 4096
     if cfg.activation_checkpoint.mode == "none":
-        analytic, traced = moe_layer_kept_bytes(cfg, ngpu, rank)
+        analytic, traced = moe_layer_kept_bytes(step_shape(cfg, ngpu), rank)
         assert analytic == pytest.approx(traced, rel=0.01)
 
 
-def moe_layer_kept_bytes(cfg, ngpu: int, rank) -> tuple[int, int]:
-    """One MoE layer's bytes kept for backward without AC: the closed form's (analytic_moe.py) and
-    the fake tensors' (what the layer's modules created, per instance)."""
+def step_shape(cfg, ngpu: int) -> StepShape:
+    """The closed form's shapes of `cfg` on `ngpu` ranks (its model built on the meta device)."""
     run = resolve_run(cfg, ngpu)
     with torch.device("meta"):
         model = run.spec.build(run.model_args)
-    s = StepShape.of(run, block_kind(model, run.plan.layout.blocks))
+    return StepShape.of(run, block_kind(model, run.plan.layout.blocks))
+
+
+def moe_layer_kept_bytes(s: StepShape, rank) -> tuple[int, int]:
+    """One MoE layer's bytes kept for backward without AC: the closed form's (analytic_moe.py) and
+    the fake tensors' (what the layer's modules created, per instance)."""
     traced = sum(m.bytes_per_instance for m in rank.activations if m.module.startswith("layers.*.feed_forward"))
     return moe_activations(s.moe, s.dim, s.compute, s.fused_gate, s.fused_expert_gate, "none"), traced
 
@@ -193,14 +197,11 @@ def test_analytic_peak_of_deepseek_v3_with_mtp_matches_the_fake_tensor_estimate(
     if cfg.training.param_dtype != "bfloat16" or cfg.activation_checkpoint.mode != "none" or case.endswith("autocast"):
         return  # (under autocast the attention modules also keep their weights' bf16 copies)
     # MLA's kept bytes per block in bf16 (analytic_latent.py) against the fake tensors' attention modules.
-    run = resolve_run(cfg, ngpu)
-    with torch.device("meta"):
-        model = run.spec.build(run.model_args)
-    s = StepShape.of(run, block_kind(model, run.plan.layout.blocks))
+    s = step_shape(cfg, ngpu)
     traced = sum(m.instances * m.bytes_per_instance for m in rank.activations
                  if m.module == "layers.*.attention" or m.module.startswith("layers.*.attention."))
     assert latent_attention_activations(s.latent, s, "none") == pytest.approx(traced / s.layers, rel=0.01)
     # The MoE layer's too: the experts' first product keeps the tokens it gathers from (the layer's
     # input on one rank, the received rows under ep), the exchange nothing.
-    analytic, traced = moe_layer_kept_bytes(cfg, ngpu, rank)
+    analytic, traced = moe_layer_kept_bytes(s, rank)
     assert analytic == pytest.approx(traced, rel=0.01)
